@@ -51,13 +51,16 @@ def run_command(
     swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder of the swap file (default: a temporary folder, removed)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
+    device: str = typer.Option("cpu", "--device", help="Where the step runs: cpu (numpy) or cuda (CuPy on the GPU; the measured peak is then the most device memory held by live arrays, from CuPy's pool)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Run the planned training step: every tensor at its planned offset in one arena.
 
     Prints the loss of each step, the median step latency, the arena and the planned peak
     (persistent + arena) next to the measured peak: the peak RSS increase of a fresh
-    process from just before the arena is allocated. Exit 0 ok, 1 mismatch with ONNX
+    process from just before the arena is allocated (with --device cuda: the most device
+    memory held at once by live CuPy arrays, counted by a hook on CuPy's pool from just
+    before the arena is allocated; no subprocess). Exit 0 ok, 1 mismatch with ONNX
     Runtime (--verify) or an arena check failed, 2 bad input (model, plan file, options).
     """
     plan_opts = {"order": order, "planner": planner, "interleave": interleave, "inplace": inplace,
@@ -65,12 +68,13 @@ def run_command(
     swap_args = (swap, lookahead, window_bytes, budget, swap_dir)
     handle_errors(_run)(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps,
                         warmup, seed, lr, verify, check_arena, threads, measure, json_out, swap_args,
-                        (checkpoint, profile))
+                        (checkpoint, profile), device)
 
 
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
-         checkpoint_args=(None, False)) -> None:
+         checkpoint_args=(None, False), device="cpu") -> None:
+    from onnxplan.device import array_module
     from onnxplan.executor.prepare import prepare
     from onnxplan.plan import Plan
     from onnxplan.planning import PlanOptions
@@ -81,6 +85,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         raise UsageError(f"invalid --lr {lr}: must be positive")
     if threads is not None and threads < 1:
         raise UsageError(f"invalid --threads {threads}: must be >= 1")
+    xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once
     req = model_request(model, batch, optimizer, loss, dim)
     swap, lookahead, window_bytes, budget, swap_dir = swap_args
     checkpoint, profile = checkpoint_args
@@ -100,7 +105,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         budget_bytes = parse_size(budget) if budget is not None else None
         how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile)
     prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
-    out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir)
+    out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp)
     if json_out:
         print_json(out)
     else:
@@ -134,12 +139,25 @@ def _predicted(plan) -> tuple[float | None, str]:
     return None, ""
 
 
-def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir=None) -> dict:
+def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir=None,
+             xp=None) -> dict:
+    import numpy as np
+
+    from onnxplan.device import DevicePeak, device_name
     from onnxplan.executor.runner import run_plan
     from onnxplan.executor.threads import blas_threads
 
-    res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
-                   learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir)
+    xp = np if xp is None else xp
+    on_gpu = xp is not np
+    device_peak = DevicePeak(xp) if on_gpu and measure else None
+    if device_peak is not None:
+        device_peak.__enter__()
+    try:
+        res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
+                       learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp)
+    finally:
+        if device_peak is not None:
+            device_peak.__exit__(None, None, None)
     plan = prep.plan
     out = {
         "model": plan.model, "folder": str(prep.folder), "steps": steps, "warmup": warmup, "seed": seed,
@@ -151,14 +169,23 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
         "measured_peak_bytes": None, "measured_minus_planned_bytes": None, "check_arena": check_arena,
         "verified": None, "max_rel_diff": None, "worst": [], "blas_threads": blas_threads(),
         "swap": None, "predicted_step_seconds": _predicted(prep.plan)[0],
-        "predicted_from": _predicted(prep.plan)[1],
+        "predicted_from": _predicted(prep.plan)[1], "device": device_name(xp),
     }
     if res.swap is not None:  # accounting, and the latency of the same plan without swap
         from onnxplan.swap.account import swap_accounting
 
         out["swap"] = swap_accounting(req, prep, res, steps=steps, warmup=warmup, seed=seed, lr=lr,
-                                      threads=threads)
-    if measure:
+                                      threads=threads, xp=xp)
+    if device_peak is not None:  # the run above, counted on the device: no subprocess needed
+        peak = device_peak.peak
+        out["measured_peak_bytes"] = peak
+        out["measured_minus_planned_bytes"] = peak - res.peak_bytes
+        if out["swap"] is not None:
+            out["swap"]["measured_peak_bytes"] = peak
+        out["measurement"] = {"method": "device memory held by live CuPy arrays (pool memory hook)",
+                              "pool_total_bytes": device_peak.pool_total_bytes,
+                              "state_alignment_bytes": res.state_region_bytes - res.persistent_bytes}
+    elif measure:
         from onnxplan.executor.measure import measure_run
         from onnxplan.memprobe import ProbeError
 
@@ -200,7 +227,7 @@ def _print(out: dict) -> None:
     for k, (l, s) in enumerate(zip(out["loss"], out["step_seconds"])):
         t.add_row(str(k), f"{l:.7g}", f"{s:.4f}", *([f"{out['ort_loss'][k]:.7g}"] if out["verified"] is not None else []))
     con.print(t)
-    con.print(f"median step latency {out['median_step_seconds'] * 1e3:.2f} ms")
+    con.print(f"median step latency {out['median_step_seconds'] * 1e3:.2f} ms on {out['device']}")
     if out.get("predicted_step_seconds"):
         pred, meas = out["predicted_step_seconds"], out["median_step_seconds"]
         con.print(f"predicted step {pred * 1e3:.2f} ms ({out['predicted_from']}) vs measured {meas * 1e3:.2f} ms "
@@ -213,10 +240,15 @@ def _print(out: dict) -> None:
         con.print(f"measured peak {format_bytes(out['measured_peak_bytes'])} ({out['measured_peak_bytes']} B, "
                   f"{m['method']}): {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))} "
                   f"({diff / max(out['peak_bytes'], 1):+.1%}) vs planned")
-        con.print(f"  the difference: state slots aligned to 64 B (+{m['state_alignment_bytes']} B), page "
-                  "granularity (4 KiB per touched page), Python objects for the views, and what "
-                  "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
-                  "pages of the arena never touched by a live buffer are not counted")
+        if "pool_total_bytes" in m:
+            con.print(f"  the difference: state slots aligned to 64 B (+{m['state_alignment_bytes']} B), the "
+                      "alignment slack of the two allocations, CuPy's 512-byte rounding, and small temporaries "
+                      f"of kernels; CuPy's pool holds {format_bytes(m['pool_total_bytes'])} in all (cached blocks)")
+        else:
+            con.print(f"  the difference: state slots aligned to 64 B (+{m['state_alignment_bytes']} B), page "
+                      "granularity (4 KiB per touched page), Python objects for the views, and what "
+                      "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
+                      "pages of the arena never touched by a live buffer are not counted")
     if out.get("swap") is not None:
         from onnxplan.swap.account import describe_accounting
 

@@ -9,6 +9,7 @@ Outputs are described the same way everywhere (`outs`):
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import numpy as np
@@ -22,13 +23,22 @@ from onnxplan.ir.tensor import TensorSpec, numpy_to_onnx_dtype
 from onnxplan.kernels.registry import KernelContext, find_kernel, scratch_bytes
 
 __all__ = [
-    "ATOL", "MS", "RNG", "RTOL", "F", "arena_run", "assert_close", "assert_sums_close", "call_kernel", "check",
+    "ATOL", "DEVICE", "MS", "RNG", "RTOL", "F", "arena_run", "assert_close", "assert_equal_on_cpu",
+    "assert_sums_close", "call_kernel", "check",
     "make_node", "one_node_model", "ort_run", "peak_bytes", "rand", "randn", "ref_run", "run_kernel",
 ]
 
 MS = "com.microsoft"
 F = np.float32
 RTOL, ATOL = 1e-5, 1e-6
+
+# ONNXPLAN_TEST_DEVICE=cuda runs every call_kernel (hence run_kernel and check) on CuPy arrays
+# on the GPU: the same tests, the same references, our kernels on the device.
+DEVICE = os.environ.get("ONNXPLAN_TEST_DEVICE", "cpu")
+if DEVICE == "cuda":
+    import cupy as XP
+else:
+    XP = np
 
 RNG = np.random.default_rng(0)  # one stream shared by every test module's rand() (data depend on test order)
 
@@ -115,8 +125,26 @@ def call_kernel(node: Node, inputs: list, outputs: list) -> None:
     spec = lambda a: None if a is None else TensorSpec(a.dtype, a.shape)
     in_specs, out_specs = [spec(a) for a in inputs], [spec(a) for a in outputs]
     nbytes = scratch_bytes(node, in_specs, out_specs)
-    scratch = np.full(nbytes, 0xFF, dtype=np.uint8) if nbytes else None
-    find_kernel(node).fn(KernelContext(np, node, in_specs, out_specs, scratch), inputs, outputs)
+    scratch = XP.full(nbytes, 0xFF, dtype=np.uint8) if nbytes else None
+    if XP is np:
+        find_kernel(node).fn(KernelContext(np, node, in_specs, out_specs, scratch), inputs, outputs)
+        return
+    # On the device: one device array per distinct host array (an output aliased to an input
+    # stays one buffer), then every array copied back, since a kernel may write its inputs.
+    device: dict[int, tuple] = {}
+
+    def up(a):
+        if a is None:
+            return None
+        if id(a) not in device:
+            device[id(a)] = (a, XP.asarray(a))
+        return device[id(a)][1]
+
+    d_in, d_out = [up(a) for a in inputs], [up(a) for a in outputs]
+    find_kernel(node).fn(KernelContext(XP, node, in_specs, out_specs, scratch), d_in, d_out)
+    for host, dev in device.values():
+        if host.flags.writeable:
+            host[...] = dev.get()
 
 
 def _garbage(dtype, shape):
@@ -196,6 +224,15 @@ def assert_close(got, want, rtol=RTOL, atol=ATOL) -> None:
     for g, w in zip(got, want):
         assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, g.dtype, w.shape, w.dtype)
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def assert_equal_on_cpu(got, want) -> None:
+    """Bit for bit on the CPU (our numpy kernels follow ORT's order of operations); on the GPU,
+    whose reductions sum in another order, within RTOL/ATOL."""
+    if XP is np:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
 
 
 def assert_sums_close(got, expected, rtol=1e-5):

@@ -83,20 +83,21 @@ def _plans(graph, opts: PlanOptions, planners: tuple[str, ...]):
         yield name, base.graph, plan
 
 
-def _run(model: str, optimizer: str, graph, plan, check_arena: bool = False):
+def _run(model: str, optimizer: str, graph, plan, check_arena: bool = False, xp=np):
     folder, _, params, batches = _loaded(model, optimizer)
     ex, losses, _ = execute(Prepared(folder, graph, plan), batches, params, steps=STEPS, warmup=0,
-                            learning_rate=None, check_arena=check_arena)
+                            learning_rate=None, check_arena=check_arena, xp=xp)
     return losses, ex.parameters()
 
 
 def check_against_ort(model: str, optimizer: str, opts: PlanOptions, planners: tuple[str, ...] | None = None,
-                      *, check_arena: bool = False) -> None:
-    """Every planner in `planners` (default: the one in opts) against ORT (see the module doc)."""
+                      *, check_arena: bool = False, xp=np) -> None:
+    """Every planner in `planners` (default: the one in opts) against ORT (see the module doc);
+    `xp`: the array module the executor runs on (cupy: tests/test_cuda.py)."""
     _, graph, _, _ = _loaded(model, optimizer)
     ref = _reference(model, optimizer)
     for planner, g, plan in _plans(graph, opts, planners or (opts.planner,)):
-        losses, params = _run(model, optimizer, g, plan, check_arena)
+        losses, params = _run(model, optimizer, g, plan, check_arena, xp)
         cmp = compare_results(losses, params, ref.losses, ref.params)
         what = (f"{model} {optimizer} order {plan.order_policy} planner {planner} interleave "
                 f"{opts.interleave} inplace {opts.inplace}: max rel diff {cmp.max_rel_diff:.3g}; "

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxplan.kernels import conv as conv_module
-from tests.kernel_harness import MS, assert_sums_close, ort_run, randn, ref_run, run_kernel
+from tests.kernel_harness import MS, assert_equal_on_cpu, assert_sums_close, ort_run, randn, ref_run, run_kernel
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_layer_norm_equals_ort_bit_for_bit(shape, axis, bias):
     attrs = {"axis": axis, "epsilon": 1e-5}
     expected = ort_run("LayerNormalization", inputs, outs, attrs)
     for got, want in zip(run_kernel("LayerNormalization", inputs, outs, attrs), expected):
-        np.testing.assert_array_equal(got, want)
+        assert_equal_on_cpu(got, want)
     (reference, *_) = ref_run("LayerNormalization", inputs, outs, attrs)
     np.testing.assert_allclose(expected[0], reference, rtol=1e-5, atol=1e-5)
 
@@ -48,10 +48,10 @@ def test_layer_norm_without_stat_outputs_and_in_chunks(small_chunks):
     attrs = {"axis": axis, "epsilon": 1e-5}
     expected = ort_run("LayerNormalization", inputs, outs, attrs)
     (y,) = [g for g in run_kernel("LayerNormalization", inputs, [outs[0], None, None], attrs) if g is not None]
-    np.testing.assert_array_equal(y, expected[0])
+    assert_equal_on_cpu(y, expected[0])
     got = run_kernel("LayerNormalization", inputs, outs, attrs)
     for g, e in zip(got, expected):
-        np.testing.assert_array_equal(g, e)
+        assert_equal_on_cpu(g, e)
 
 
 @pytest.mark.parametrize("shape,axis", LN_CASES[:3])
@@ -62,7 +62,7 @@ def test_simplified_layer_norm_equals_ort_bit_for_bit(shape, axis):
     attrs = {"axis": axis, "epsilon": 1e-5}
     expected = ort_run("SimplifiedLayerNormalization", inputs, outs[::2], attrs)
     for got, want in zip(run_kernel("SimplifiedLayerNormalization", inputs, outs[::2], attrs), expected):
-        np.testing.assert_array_equal(got, want)
+        assert_equal_on_cpu(got, want)
 
 
 def _ln_grad_case(rng, shape, axis):

@@ -159,11 +159,14 @@ class Executor:
         self._feed(batch)
         by_op: dict[str, float] = {}
         clock = time.perf_counter
+        sync = (lambda: None) if self.xp is np else self.xp.cuda.Device().synchronize
         for c in self.calls:
+            sync()
             t0 = clock()
             c.fn(c.ctx, c.inputs, c.outputs)
             for dst, src in c.writeback:
                 self.xp.copyto(dst, src)
+            sync()  # a GPU kernel's time is its completion, not its launch
             op = c.node.op_type
             by_op[op] = by_op.get(op, 0.0) + clock() - t0
         self._end_step()
@@ -213,7 +216,7 @@ def _upload(xp: Any, dst: Any, src: np.ndarray) -> None:
     if xp is np:
         np.copyto(dst, src, casting="same_kind")
     else:
-        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))
+        dst.set(np.asarray(src, dtype=dst.dtype, order="C").reshape(dst.shape))  # 0-d stays 0-d
 
 
 def _download(a: Any) -> np.ndarray:
@@ -301,13 +304,13 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
 def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
              *, steps: int = 3, warmup: int = 0, seed: int = 0, check_arena: bool = False,
              learning_rate: float | None = None, prepared: Prepared | None = None,
-             threads: int | None = None, swap_dir: str | Path | None = None) -> RunResult:
+             threads: int | None = None, swap_dir: str | Path | None = None, xp: Any = np) -> RunResult:
     """Plan (or adopt a plan), then run `steps` seeded training steps from the checkpoint.
 
     Step k feeds make_step_batch(seed, k), as the ONNX Runtime reference does. Warm-up steps
     run first on batches 0.., then the initial state is restored, so they never change the
     losses or parameters reported. `prepared` skips loading and planning; `threads` sets the
-    BLAS thread count of this process."""
+    BLAS thread count of this process; `xp` is the array module (numpy, or cupy: onnxplan.device)."""
     if steps < 0 or warmup < 0:
         raise ModelError("steps and warmup must be >= 0")
     prep = prepared or prepare(folder_or_request, plan_options_or_plan)
@@ -317,7 +320,7 @@ def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan:
     params = initial_parameters(prep.folder)
     ex, losses, seconds = execute(prep, batches, params, steps=steps, warmup=warmup,
                                   learning_rate=learning_rate, check_arena=check_arena, threads=threads,
-                                  swap_dir=swap_dir)
+                                  swap_dir=swap_dir, xp=xp)
     plan = prep.plan
     params = ex.parameters()
     swap = ex.swap.summary() if ex.swap is not None else None

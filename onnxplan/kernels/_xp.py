@@ -18,6 +18,7 @@ __all__ = [
     "erf",
     "host_ints",
     "host_scalar",
+    "is_cupy",
     "norm_axis",
     "quiet",
     "same_buffer",
@@ -102,7 +103,7 @@ def attr_str(value: Any, default: str = "") -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _is_cupy(xp) -> bool:
+def is_cupy(xp) -> bool:
     return getattr(xp, "__name__", "").startswith("cupy")
 
 
@@ -144,20 +145,15 @@ def same_buffer(a, b) -> bool:
 
 def take(xp, data, indices, axis: int, out) -> None:
     """Gather along axis into out; indices already checked to lie in [-n, n-1] (so wrap is exact)."""
-    if _is_cupy(xp):
+    if is_cupy(xp):
         xp.take(data, indices, axis=axis, out=out)
     else:  # mode="raise" buffers a whole copy of the result
         xp.take(data, indices, axis=axis, out=out, mode="wrap")
 
 
 def scatter_add(xp, target, index, values) -> None:
-    """target[index] += values, accumulating repeated indices."""
-    if _is_cupy(xp):
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)
-    else:
-        np.add.at(target, index, values)
+    """target[index] += values, accumulating repeated indices (numpy's and CuPy's add.at)."""
+    xp.add.at(target, index, values)
 
 
 # erf: numpy has none. Below 0.5 a Taylor series; above, 1 - erfc with the Chebyshev-fitted
@@ -196,7 +192,7 @@ def _erf_block(xp, out, x) -> None:
 
 def erf(xp, x, out) -> None:
     """out = erf(x), elementwise; out may be x's memory."""
-    if _is_cupy(xp):
+    if is_cupy(xp):
         import cupyx.scipy.special
 
         cupyx.scipy.special.erf(x, out=out)

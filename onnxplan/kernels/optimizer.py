@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from onnxplan.ir.graph import Node
+from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
@@ -195,7 +196,7 @@ def _scratch_one(ctx: KernelContext, dtype):
 def sgd_optimizer_v2(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """Flattened SGDOptimizerV2: [lr, p.., g..] -> [flag, p'..]."""
     k = int(ctx.attrs["num_params"])
-    lr = np.float32(inputs[0].reshape(-1)[0])
+    lr = np.float32(_xp.host_scalar(inputs[0]))
     s = _scratch_one(ctx, inputs[1].dtype)
     for i in range(k):
         _sgd_one(ctx.xp, lr, inputs[1 + i], inputs[1 + k + i], outputs[1 + i], s)
@@ -206,5 +207,5 @@ def sgd_optimizer_v2(ctx: KernelContext, inputs: list, outputs: list) -> None:
 @kernel("SGDUpdate", OURS, overwrites={0: (1,)}, updates_state=True, scratch=_chunk_scratch(1, slice(1, 2)))
 def sgd_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """One parameter of the interleaved optimizer: (lr, p, g) -> p'."""
-    lr = np.float32(inputs[0].reshape(-1)[0])
+    lr = np.float32(_xp.host_scalar(inputs[0]))
     _sgd_one(ctx.xp, lr, inputs[1], inputs[2], outputs[0], _scratch_one(ctx, inputs[1].dtype))

@@ -35,6 +35,9 @@ def _reduce(func_name: str):
             return
         result_shape = tuple(1 if (axes is None or i in axes) else d for i, d in enumerate(x.shape))
         target = out.reshape(result_shape) if not keepdims else out
+        if func_name in ("max", "min") and _xp.is_cupy(xp):  # CuPy's CUB min/max path rejects out=
+            xp.copyto(target, getattr(xp, func_name)(x, axis=axes, keepdims=True))
+            return
         getattr(xp, func_name)(x, axis=axes, keepdims=True, out=target)
 
     return fn

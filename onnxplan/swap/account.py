@@ -22,7 +22,7 @@ def no_swap_options(plan) -> Any:
 
 
 def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: float | None,
-                    threads: int | None, baseline: Any = None) -> dict:
+                    threads: int | None, baseline: Any = None, xp: Any = np) -> dict:
     """Planned peak with and without swap, swaps, bytes out/in and stalls per step (measured),
     and the latency overhead against the same plan without swap (run here unless `baseline`,
     a RunResult of that plan, is given)."""
@@ -33,7 +33,7 @@ def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: f
     if baseline is None:
         plain = prepare(req, no_swap_options(plan))
         baseline = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, learning_rate=lr,
-                            prepared=plain, threads=threads)
+                            prepared=plain, threads=threads, xp=xp)
     per_step = res.swap["steps"]
     med = float(np.median(res.step_seconds))
     base = float(np.median(baseline.step_seconds))
