@@ -79,7 +79,7 @@ def paired_overhead(none_prep, prep, pairs: int) -> tuple[float, list[float]]:
     the median over pairs of (swap step / no-swap step) - 1, and the ratios."""
     from onnxplan.executor.runner import Executor, initial_parameters, step_batches
 
-    params = initial_parameters(prep.folder)
+    params = initial_parameters(prep.folder)  # BLAS threads: set once in main()
     batch = step_batches(prep.folder, 1, 0)[0]
     a, b = Executor(none_prep.graph, none_prep.plan), Executor(prep.graph, prep.plan)
     for ex in (a, b):
@@ -110,7 +110,7 @@ def part1(args) -> list[dict]:
         plan_s = time.perf_counter() - t0
         none_prep = none_prep or prep
         child, measured = measure_run(req, None, steps=args.steps, warmup=args.warmup, prepared=prep,
-                                      timeout_s=3600)
+                                      timeout_s=3600, threads=args.threads)
         t = swap_totals(prep.plan.swaps)
         sw = child.get("swap") or {"steps": []}
         steps = sw["steps"] or [{}]
@@ -159,11 +159,12 @@ def _budget_row(args, name: str) -> dict:
     budget = int(none.plan.peak_bytes * args.fraction)
     prep = prepare(req, PlanOptions(planner=args.planner, time_limit=args.time_limit, swap="auto",
                                     budget=budget))
-    res = run_plan(req, None, steps=3, prepared=prep)
+    res = run_plan(req, None, steps=3, prepared=prep, threads=args.threads)
     ref = run_reference(prep.folder, steps=3)
     cmp = compare_results(res.losses, res.params, ref.losses, ref.params)
-    _, measured = measure_run(req, None, steps=3, warmup=args.warmup, prepared=prep, timeout_s=3600)
-    base = run_plan(req, None, steps=3, prepared=none)
+    _, measured = measure_run(req, None, steps=3, warmup=args.warmup, prepared=prep, timeout_s=3600,
+                              threads=args.threads)
+    base = run_plan(req, None, steps=3, prepared=none, threads=args.threads)
     t = swap_totals(prep.plan.swaps)
     row = {"model": name, "no_swap_peak": none.plan.peak_bytes, "budget": budget,
            "policy": prep.plan.options["swap"].get("described", "none"), "planned_peak": prep.plan.peak_bytes,
@@ -187,7 +188,7 @@ def report(args, rows: list[dict], budget_rows: list[dict]) -> str:
         f"# Swap policies: {args.model} (batch {args.batch or 'default'}, {args.optimizer}), {date.today()}",
         "",
         (f"`python benchmarks/bench_swap.py` on {platform.machine()} ({platform.processor() or 'cpu'}), "
-        f"numpy executor on the CPU, swap file on {rows[-1]['store'].get('store_fs') or '?'} "
+        f"numpy executor on the CPU with {args.threads} BLAS thread(s), swap file on {rows[-1]['store'].get('store_fs') or '?'} "
         f"(page cache: {rows[-1]['store'].get('cache') or '-'}); {args.warmup} warm-up + {args.steps} measured "
         f"steps per run, each run in a fresh process (peak: RSS increase from just before the arena). "
         f"No budget: each policy swaps every gap it can, the least memory it reaches, as in the paper."),
@@ -236,8 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fraction", type=float, default=0.25)
     p.add_argument("--pairs", type=int, default=3, help="alternated step pairs for the paired overhead (0: skip)")
     p.add_argument("--skip-policies", action="store_true")
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS threads of every run (default 1: the other core is the I/O worker's)")
     p.add_argument("--out", type=Path, default=Path("reports/swap-vgg16.md"))
     args = p.parse_args(argv)
+    from onnxplan.executor.threads import set_blas_threads
+
+    set_blas_threads(args.threads)  # this process's runs (the paired steps, part 2)
     if args.skip_policies:
         rows = json.loads(args.out.with_suffix(".json").read_text())["policies"]
     else:

@@ -34,6 +34,7 @@ def plan_command(
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (zoo / forward .onnx)."),
+    device: str = typer.Option("cpu", "--device", help="Where the step will run: cpu or cuda. The profile behind --checkpoint (and the recompute-or-swap choice) times our kernels there."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the plan and a planners list)."),
 ) -> None:
     """Plan one training step: execution order and an offset for every transient buffer.
@@ -44,23 +45,26 @@ def plan_command(
     --budget, 3 when no plan reaches it.
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
-                         batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile)
+                         batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
+                         device)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False) -> None:
+          profile=False, device="cpu") -> None:
+    from onnxplan.device import array_module
     from onnxplan.planning import PlanOptions, plan_step
     from onnxplan.resolve import load_model
 
     budget_bytes = parse_size(budget) if budget is not None else None
+    array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim)
     if out is not None and not out.parent.exists():
         raise UsageError(f"{out}: folder {out.parent} does not exist")
     graph = load_model(req)
     swap_opts = _swap_options(swap, lookahead, window_bytes, budget_bytes)
     res = _plan_with_memory_strategy(graph, PlanOptions(order, planner, interleave, inplace, time_limit, **swap_opts,
-                                                        profile=profile), checkpoint, swap)
+                                                        profile=profile, device=device), checkpoint, swap)
     plan = res.plan
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:

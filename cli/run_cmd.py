@@ -103,7 +103,8 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         from onnxplan.sizes import parse_size
 
         budget_bytes = parse_size(budget) if budget is not None else None
-        how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile)
+        how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile,
+                          device=device)
     prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
     out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp)
     if json_out:

@@ -41,6 +41,7 @@ class PlanOptions:
     slots: int = 500  # rotor: memory slots of its dynamic program
     recompute: str = ""  # a chosen recompute schedule (set by onnxplan.checkpoint; replayed by name)
     profile: bool = False  # checkpoint: time stages by a short run of our kernels (else FLOPs)
+    device: str = "cpu"  # where the step will run (cpu | cuda): the profile times our kernels there
 
 
 @dataclass(frozen=True)

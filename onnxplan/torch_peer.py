@@ -253,9 +253,12 @@ class OnnxModule(torch.nn.Module):
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
         env: dict[str, torch.Tensor] = {name: self.tensor(name) for name in self._names}
         env.update(inputs)
+        device = next(iter(inputs.values())).device if inputs else None
         for op, ins, outs, attrs in self._nodes:
             args = [env[n] if n else None for n in ins]
             result = TORCH_OPS[op](*args, **attrs)
+            if op == "Constant" and device is not None:
+                result = result.to(device)  # made on the host
             env[outs[0]] = result  # extra outputs (BN mean/var, LN stats) are not read by the zoo
         return env[self._output]
 
@@ -279,10 +282,15 @@ def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
 
 
 class TorchTrainer:
-    """One OnnxModule + loss + optimizer built from an artifact folder's forward.onnx and metadata."""
+    """One OnnxModule + loss + optimizer built from an artifact folder's forward.onnx and metadata,
+    on `device` ("cpu", or "cuda": then TF32 is off, as in our float32 CuPy kernels)."""
 
-    def __init__(self, model: onnx.ModelProto, meta: dict[str, Any]) -> None:
-        self.module = OnnxModule(model, meta["trainable"])
+    def __init__(self, model: onnx.ModelProto, meta: dict[str, Any], device: str = "cpu") -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        self.module = OnnxModule(model, meta["trainable"]).to(self.device)
         self.module.train()
         self.loss = loss_fn(meta["loss"])
         self.optimizer = make_optimizer(meta["optimizer"], [p for p in self.module.parameters()])
@@ -291,13 +299,16 @@ class TorchTrainer:
 
     def step(self, batch: dict[str, np.ndarray]) -> tuple[float, float]:
         """One training step (forward, loss, backward, update); returns (loss, seconds)."""
-        feeds = {name: torch.from_numpy(batch[name]) for name in self.input_names}
-        labels = torch.from_numpy(batch[self.label_name])
+        feeds = {name: torch.from_numpy(batch[name]).to(self.device) for name in self.input_names}
+        labels = torch.from_numpy(batch[self.label_name]).to(self.device)
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(self.module(**feeds), labels)
         loss.backward()
         self.optimizer.step()
+        sync()
         seconds = time.perf_counter() - start
         return float(loss.detach()), seconds
 

@@ -136,3 +136,33 @@ def test_cli_run_on_gpu_verifies_and_reports_the_device_peak():
     assert out["verified"] is True and out["device"].startswith("cuda:")
     assert out["peak_bytes"] <= out["measured_peak_bytes"] <= out["peak_bytes"] + 2 * MiB
     assert "pool" in out["measurement"]["method"]
+
+
+@gpu
+@pytest.mark.parametrize("pre,post", [(1, 1), (1, 64), (3, 5)])
+def test_scatter_add_on_gpu_is_deterministic_and_numpys_order(cp, pre, post):
+    """Repeated indices summed in index order, as numpy's add.at: the same bits every run."""
+    from onnxplan.kernels._xp import scatter_add
+
+    rng = np.random.default_rng(0)
+    rows, k = 50, 4000
+    index = rng.integers(0, rows, size=k)
+    values = rng.standard_normal((pre, k, post)).astype(np.float32) * 10.0 ** rng.integers(-3, 3, size=(pre, k, post))
+    want = np.zeros((pre, rows, post), np.float32)
+    scatter_add(np, want, index, values)
+    runs = []
+    for _ in range(3):
+        got = cp.zeros((pre, rows, post), cp.float32)
+        scatter_add(cp, got, cp.asarray(index), cp.asarray(values))
+        runs.append(got.get())
+    for got in runs:
+        np.testing.assert_array_equal(got, want)
+
+
+@gpu
+def test_checkpoint_profile_times_the_gpu_kernels():
+    """With device cuda the profile behind rotor runs our kernels on the GPU (its note says so)."""
+    folder, graph = load_request(small_artifacts("resnet18"))
+    res = plan_step(graph, PlanOptions(planner="best-fit", checkpoint="rotor", profile=True, device="cuda"))
+    notes = res.plan.options["checkpoint"]["notes"]
+    assert any("profile (wall clock, cuda)" in n for n in notes), notes

@@ -59,7 +59,7 @@ def fit_budget(graph: StepGraph, opts) -> tuple[Any, str]:
     if opts.profile and (budget is None or plain.plan.peak_bytes > budget):
         from onnxplan.checkpoint.profile import profile_times
 
-        times, _ = profile_times(plain.graph, inplace=opts.inplace, order=opts.order)
+        times, _ = profile_times(plain.graph, inplace=opts.inplace, order=opts.order, device=opts.device)
     rows = [("none", plain, predicted_step_seconds(plain, times))]
     if budget is None or plain.plan.peak_bytes <= budget:
         why = "the plan fits without recomputation or swap"

@@ -43,7 +43,7 @@ def _stand_in(graph: StepGraph, name: str) -> np.ndarray:
 
 
 def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, order: str = "auto",
-                  clock: str | None = None) -> tuple[TimeModel, str]:
+                  clock: str | None = None, device: str = "cpu") -> tuple[TimeModel, str]:
     """Plan `graph` (after realize / interleave) without recomputation as the step will be
     planned (`order`; best-fit offsets: kernel times depend on where their buffers lie and
     on the allocator's state, so the profiled plan should be the one that runs), run two
@@ -51,19 +51,24 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     node (what the kernel costs when nothing else competes for the machine), scaled so that
     they add up to the fastest whole step (the step's own costs spread over its nodes). `clock`:
     "wall", or "cpu" (this process's CPU time: robust on a shared machine with one BLAS
-    thread). Returns (time model, note); a step our kernels cannot run falls back to the
-    FLOP estimate, and the note says why."""
+    thread). `device`: where the kernels run (cuda: CuPy, wall clock, the device synchronised
+    around every kernel). Returns (time model, note); a step our kernels cannot run falls back
+    to the FLOP estimate, and the note says why."""
+    from onnxplan.device import array_module
     from onnxplan.executor.runner import Executor
     from onnxplan.planning import PlanOptions, plan_step
 
-    clock = clock or DEFAULT_CLOCK
+    xp = array_module(device)
+    clock = "wall" if xp is not np else (clock or DEFAULT_CLOCK)  # a GPU's time is not this process's CPU
+    sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     order = "auto" if order == "ilp" else order
-    key = (graph.name, len(graph.nodes), sum(v.nbytes for v in graph.values.values()), inplace, steps, clock, order)
+    key = (graph.name, len(graph.nodes), sum(v.nbytes for v in graph.values.values()), inplace, steps, clock, order,
+           device)
     if key in _CACHE:
         return _CACHE[key]
     try:
         out = plan_step(graph, PlanOptions(order=order, planner="best-fit", inplace=inplace))
-        ex = Executor(out.graph, out.plan)
+        ex = Executor(out.graph, out.plan, xp=xp)
         params = {p: np.asarray(graph.initializers[p]) if p in graph.initializers else _stand_in(graph, p)
                   for p in ex.classes["parameter"]}
         ex.load_state(params)
@@ -76,14 +81,18 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
         for _ in range(max(1, steps)):
             ex._feed(batch)
             for c in ex.calls:
+                sync()
                 t0 = tick()
                 c.fn(c.ctx, c.inputs, c.outputs)
                 for dst, src in c.writeback:
                     ex.xp.copyto(dst, src)
+                sync()
                 samples.setdefault(c.node.name, []).append(tick() - t0)
             ex._end_step()
+            sync()
             t0 = tick()
             ex.step(batch)  # the same step untimed inside: what a step costs in full
+            sync()
             whole.append(tick() - t0)
     except (OnnxplanError, KeyError, ValueError, RuntimeError) as exc:
         return TimeModel(), f"profile failed ({type(exc).__name__}: {exc}); FLOP estimate used"
@@ -95,7 +104,7 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
         measured[n.name] = 0.0
     total = sum(measured.values())
     _CACHE[key] = (TimeModel(measured=measured, source="profile"),
-                   f"profile ({clock} clock): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
+                   f"profile ({clock} clock, {device}): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
     return _CACHE[key]
 
 

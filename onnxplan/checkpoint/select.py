@@ -202,7 +202,7 @@ def plan_with_checkpoint(graph: StepGraph, opts) -> Any:
     if getattr(opts, "profile", False):
         from onnxplan.checkpoint.profile import profile_times
 
-        times, time_note = profile_times(pre, inplace=opts.inplace, order=opts.order)
+        times, time_note = profile_times(pre, inplace=opts.inplace, order=opts.order, device=opts.device)
     chain = build_chain(pre, times)
     if plain is not None and plain.plan.peak_bytes <= opts.budget:
         sel = Selection(opts.checkpoint, Schedule(store_all(chain.length), opts.checkpoint), chain,

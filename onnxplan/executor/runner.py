@@ -15,6 +15,7 @@ from onnxplan.executor.binding import bind, is_view_node, state_layout, state_va
 from onnxplan.executor.check_arena import ArenaChecker
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
+from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, find_kernel
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
@@ -83,8 +84,10 @@ class Executor:
             spec = lambda v: graph.values[v].spec if v else None
             ctx = KernelContext(xp, node, [spec(i) for i in node.inputs], [spec(o) for o in node.outputs],
                                 self.binding.scratch.get(name))
-            self.calls.append(_Call(decl.fn, ctx, [arrays[i] if i else None for i in node.inputs],
-                                    [arrays[o] if o else None for o in node.outputs], node,
+            ins = [arrays[i] if i else None for i in node.inputs]
+            outs = [arrays[o] if o else None for o in node.outputs]
+            both = _xp.one_object_per_buffer(ins + outs)  # an in-place output: its input's object
+            self.calls.append(_Call(decl.fn, ctx, ins, both[len(ins):], node,
                                     self.binding.writeback_after.get(name, [])))
         if self.swap is not None:
             self.swap.attach(self.calls)

@@ -21,6 +21,7 @@ __all__ = [
     "is_cupy",
     "norm_axis",
     "quiet",
+    "one_object_per_buffer",
     "same_buffer",
     "scatter_add",
     "sum_along",
@@ -28,12 +29,16 @@ __all__ = [
 ]
 
 # Temporaries a kernel may allocate itself: at most this many bytes each (larger ones are scratch).
+# On a GPU a block is larger: each block is a kernel launch (~10 us), and device memory is not
+# shared with the interpreter, so a few MiB of temporaries is the price of far fewer launches.
 BLOCK_BYTES = 64 * 1024
+GPU_BLOCK_BYTES = 1 << 20
 
 
-def block_elems(dtype=np.float64) -> int:
-    """Elements per block, sized so a float64 temporary of a block stays within BLOCK_BYTES."""
-    return BLOCK_BYTES // max(8, np.dtype(dtype).itemsize)
+def block_elems(dtype=np.float64, xp=np) -> int:
+    """Elements per block, sized so a float64 temporary of a block stays within BLOCK_BYTES
+    (GPU_BLOCK_BYTES on CuPy)."""
+    return (GPU_BLOCK_BYTES if is_cupy(xp) else BLOCK_BYTES) // max(8, np.dtype(dtype).itemsize)
 
 
 def blocks(shape: Sequence[int], max_elems: int) -> Iterator[tuple]:
@@ -66,7 +71,7 @@ def blockwise(xp, fn: Callable[..., None], out, *ins) -> None:
     the very memory of any input of out's shape; temporaries that fn makes are block-sized.
     """
     views = [xp.broadcast_to(x, out.shape) if hasattr(x, "shape") else x for x in ins]
-    for b in blocks(out.shape, block_elems(out.dtype)):
+    for b in blocks(out.shape, block_elems(out.dtype, xp)):
         fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views))
 
 
@@ -78,7 +83,7 @@ def sum_along(xp, fn: Callable[..., Any], arrays3: Sequence, acc) -> None:
     """
     shape = arrays3[0].shape
     views = [xp.broadcast_to(a, shape) for a in arrays3]
-    for b in blocks(shape, block_elems(arrays3[0].dtype)):
+    for b in blocks(shape, block_elems(arrays3[0].dtype, xp)):
         part = fn(*(v[b] for v in views))
         target = acc[(b[0], slice(None), b[2])]
         target += part.sum(axis=1, keepdims=True)
@@ -135,6 +140,18 @@ def host_scalar(x) -> float | int:
     return np.asarray(x).reshape(-1)[0].item()
 
 
+def one_object_per_buffer(arrays: list) -> list:
+    """The arrays, where two are views of the same bytes with the same shape, strides and dtype
+    the later replaced by the earlier object: CuPy copies an input that may overlap an `out=`
+    argument unless the two are one object (a full-size temporary outside the plan)."""
+    out = []
+    for a in arrays:
+        twin = next((b for b in out if b is not None and a is not None and b.shape == a.shape
+                     and b.strides == a.strides and b.dtype == a.dtype and same_buffer(a, b)), None)
+        out.append(a if twin is None else twin)
+    return out
+
+
 def same_buffer(a, b) -> bool:
     """True when two arrays start at the same address and span the same bytes."""
     def addr(x):
@@ -151,9 +168,42 @@ def take(xp, data, indices, axis: int, out) -> None:
         xp.take(data, indices, axis=axis, out=out, mode="wrap")
 
 
-def scatter_add(xp, target, index, values) -> None:
-    """target[index] += values, accumulating repeated indices (numpy's and CuPy's add.at)."""
-    xp.add.at(target, index, values)
+def scatter_add(xp, target3, index, values3) -> None:
+    """target3[:, index[k], :] += values3[:, k, :] for every k, in the order of k (repeated
+    indices accumulate). target3 is [pre, R, post], index 1-D in [0, R), values3 [pre, K, post].
+
+    numpy's add.at adds in that order. CuPy's add.at uses atomics, whose order varies from run
+    to run (float sums that differ in the last bits), so on a GPU each output element sums its
+    own entries sequentially, in the order of k, after a stable sort of the indices: the same
+    additions in the same order as on the CPU, the same bits every run."""
+    if not is_cupy(xp) or not target3.flags.c_contiguous or target3.dtype.kind != "f":
+        if target3.shape[0] == 1:  # numpy's fast path takes a plain index
+            xp.add.at(target3[0], index, values3[0])
+        else:
+            xp.add.at(target3, (slice(None), index), values3)
+        return
+    pre, rows, post = target3.shape
+    order = xp.argsort(index, kind="stable")
+    starts = xp.searchsorted(index[order], xp.arange(rows + 1, dtype=index.dtype))
+    vals = xp.ascontiguousarray(values3, dtype=target3.dtype)
+    _segment_sum_kernel(xp)(vals, order, starts, rows, index.size, post, target3)
+
+
+_SEGMENT_SUM = None
+
+
+def _segment_sum_kernel(xp):
+    global _SEGMENT_SUM
+    if _SEGMENT_SUM is None:
+        _SEGMENT_SUM = xp.ElementwiseKernel(
+            "raw T vals, raw I order, raw I starts, int64 rows, int64 k, int64 post", "T tgt",
+            """
+            long long q = i % post, r = (i / post) % rows, p = i / (post * rows);
+            T acc = tgt;
+            for (long long j = starts[r]; j < starts[r + 1]; ++j) acc += vals[(p * k + order[j]) * post + q];
+            tgt = acc;
+            """, "onnxplan_segment_sum")
+    return _SEGMENT_SUM
 
 
 # erf: numpy has none. Below 0.5 a Taylor series; above, 1 - erfc with the Chebyshev-fitted

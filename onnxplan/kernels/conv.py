@@ -325,7 +325,8 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
                 else:
                     acc = ctx.scratch_array(lay.acc, (mg, ckg), x.dtype)
                     xp.matmul(rows, cols.T, out=acc)
-                    xp.add(dw2[g], acc, out=dw2[g])
+                    dw_g = dw2[g]  # one object: CuPy copies an input that overlaps another out=
+                    xp.add(dw_g, acc, out=dw_g)
             if dx is not None:
                 xp.matmul(w2[g].T, rows, out=cols)
                 col2im_add(xp, sub, col, dx[n0:n0 + nb, g * cg:(g + 1) * cg])

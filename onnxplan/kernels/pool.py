@@ -131,8 +131,9 @@ def max_pool(ctx: KernelContext, inputs, outputs) -> None:
                 sel = every + _axis_index(nd, a, o)
                 yc[sel] = lowest
                 ic[sel] = n0 * c * step - sum(sst)
-                xp.add(ic[sel], chan.reshape((1, c) + (1,) * (nd - 1)), out=ic[sel])
-                xp.add(ic[sel], image.reshape((nb, 1) + (1,) * (nd - 1)), out=ic[sel])
+                ic_sel = ic[sel]  # one object for in and out (CuPy copies an overlapping input)
+                xp.add(ic_sel, chan.reshape((1, c) + (1,) * (nd - 1)), out=ic_sel)
+                xp.add(ic_sel, image.reshape((nb, 1) + (1,) * (nd - 1)), out=ic_sel)
 
 
 def _overlapping(win: Window) -> bool:
@@ -150,7 +151,7 @@ def max_pool_grad(ctx: KernelContext, inputs, outputs) -> None:
     if win is not None and not _overlapping(win) and not any(_empty_outputs(win)):
         flat[where] = values  # distinct windows: every index once
     else:
-        scatter_add(xp, flat, where, values)
+        scatter_add(xp, flat.reshape(1, -1, 1), where, values.reshape(1, -1, 1))
 
 
 def _window_counts(win: Window) -> list[list[int]]:
@@ -212,11 +213,13 @@ def global_sum_into(ctx: KernelContext, x2, out, offset: int = 0) -> None:
     else:
         lanes = ctx.scratch_array(offset, (4, rows), x2.dtype)
         for j in range(4):
-            xp.copyto(lanes[j], x2[:, j])
+            lane = lanes[j]  # one object for in and out (CuPy copies an overlapping input)
+            xp.copyto(lane, x2[:, j])
             for k in range(1, q):
-                xp.add(lanes[j], x2[:, 4 * k + j], out=lanes[j])
+                xp.add(lane, x2[:, 4 * k + j], out=lane)
         xp.add(lanes[0], lanes[2], out=out)
-        xp.add(lanes[1], lanes[3], out=lanes[1])
+        lane = lanes[1]
+        xp.add(lane, lanes[3], out=lane)
         xp.add(out, lanes[1], out=out)
     for i in range(4 * q, length):
         xp.add(out, x2[:, i], out=out)

@@ -26,7 +26,7 @@ def _views(shape, axis: int, coerce_2d: bool, *arrays):
         pre, d, post = math.prod(shape[:axis]), math.prod(shape[axis:]), 1
     else:
         pre, d, post = _xp.axis3(shape, axis)
-    return [a.reshape(pre, d, post) for a in arrays]
+    return _xp.one_object_per_buffer([a.reshape(pre, d, post) for a in arrays])
 
 
 def _softmax(xp, x3, out3, log: bool) -> None:
@@ -185,8 +185,8 @@ def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
     weight, ignore_input, bias = _optional(inputs, 3), _optional(inputs, 4), _optional(inputs, 5)
     n, c, d = _ncd(log_prob.shape)
     safe, kept, w = _label_weights(ctx, labels, weight, ignore_input, (n, c, d), out.dtype)
-    out3 = out.reshape(n, c, d)
-    xp.exp(log_prob.reshape(n, c, d), out=out3)  # elementwise: out may be log_prob's memory
+    lp3, out3 = _xp.one_object_per_buffer([log_prob.reshape(n, c, d), out.reshape(n, c, d)])
+    xp.exp(lp3, out=out3)  # elementwise: out may be log_prob's memory
     rows = xp.arange(n).reshape(n, 1)
     cols = xp.arange(d).reshape(1, d)
     out3[rows, safe, cols] -= kept

@@ -153,10 +153,7 @@ def gather_grad(ctx, inputs, outputs):
     out.fill(0)
     out3 = out.reshape(pre, dim, post)
     dy3 = dy.reshape(pre, flat.size, post)
-    if pre == 1:
-        _xp.scatter_add(xp, out3[0], flat, dy3[0])
-    else:
-        _xp.scatter_add(xp, out3, (slice(None), flat), dy3)
+    _xp.scatter_add(xp, out3, flat, dy3)
 
 
 @kernel("Shape")
