@@ -147,7 +147,8 @@ def test_scatter_add_on_gpu_is_deterministic_and_numpys_order(cp, pre, post):
     rng = np.random.default_rng(0)
     rows, k = 50, 4000
     index = rng.integers(0, rows, size=k)
-    values = rng.standard_normal((pre, k, post)).astype(np.float32) * 10.0 ** rng.integers(-3, 3, size=(pre, k, post))
+    scale = 10.0 ** rng.integers(-3, 3, size=(pre, k, post))
+    values = (rng.standard_normal((pre, k, post)) * scale).astype(np.float32)
     want = np.zeros((pre, rows, post), np.float32)
     scatter_add(np, want, index, values)
     runs = []
