@@ -167,3 +167,12 @@ def test_checkpoint_profile_times_the_gpu_kernels():
     res = plan_step(graph, PlanOptions(planner="best-fit", checkpoint="rotor", profile=True, device="cuda"))
     notes = res.plan.options["checkpoint"]["notes"]
     assert any("profile (wall clock, cuda)" in n for n in notes), notes
+
+
+@gpu
+def test_arena_check_on_gpu_passes_a_good_plan():
+    """--check-arena on the device: poisoned dead buffers, every read inside its lifetime."""
+    res = CliRunner().invoke(app, ["run", "gpt", "--batch", "2", "--device", "cuda", "--check-arena",
+                                   "--no-measure", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["check_arena"] is True
