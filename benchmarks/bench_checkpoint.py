@@ -3,7 +3,7 @@
 For each model: plan without recomputation (its peak is the top limit) and with each policy's
 least-memory schedule (the smallest of them is the bottom limit); then for 10 limits evenly
 spaced between, plan sqrt, chen and rotor with --budget LIMIT and, unless --no-run, run each
-plan that fits: each distinct plan 3 rounds (interleaved with the other plans) of 3 steps
+plan that fits: each distinct plan 5 rounds (interleaved with the other plans) of 3 steps
 after 1 warm-up, timed in CPU seconds of this process with one BLAS thread (the best step;
 wall seconds too: a shared machine makes them noisy), and once in a fresh process for the
 measured peak (the peak probe). Predicted step times come from one
@@ -170,7 +170,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--limits", type=int, default=10)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds over the distinct plans, interleaved")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over the distinct plans, interleaved")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (parent and probe)")
     ap.add_argument("--planner", default="best-fit")
     ap.add_argument("--no-run", action="store_true")
