@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -149,16 +150,10 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
     from onnxplan.executor.threads import blas_threads
 
     xp = np if xp is None else xp
-    on_gpu = xp is not np
-    device_peak = DevicePeak(xp) if on_gpu and measure else None
-    if device_peak is not None:
-        device_peak.__enter__()
-    try:
+    counted = DevicePeak(xp) if xp is not np and measure else contextlib.nullcontext()
+    with counted as device_peak:  # on a GPU the run itself is measured (None on the CPU)
         res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
                        learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp)
-    finally:
-        if device_peak is not None:
-            device_peak.__exit__(None, None, None)
     plan = prep.plan
     out = {
         "model": plan.model, "folder": str(prep.folder), "steps": steps, "warmup": warmup, "seed": seed,
