@@ -79,16 +79,8 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
         tick = time.process_time if clock == "cpu" else time.perf_counter
         whole: list[float] = []
         for _ in range(max(1, steps)):
-            ex._feed(batch)
-            for c in ex.calls:
-                sync()
-                t0 = tick()
-                c.fn(c.ctx, c.inputs, c.outputs)
-                for dst, src in c.writeback:
-                    ex.xp.copyto(dst, src)
-                sync()
-                samples.setdefault(c.node.name, []).append(tick() - t0)
-            ex._end_step()
+            for name, s in ex.timed_nodes(batch, tick)[1].items():
+                samples.setdefault(name, []).append(s)
             sync()
             t0 = tick()
             ex.step(batch)  # the same step untimed inside: what a step costs in full

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,12 +157,13 @@ class Executor:
         self._end_step()
         return float(self.loss.reshape(-1)[0])
 
-    def timed_step(self, batch: dict[str, np.ndarray]) -> tuple[float, dict[str, float]]:
-        """One step with a clock around every kernel: (loss, seconds by op type). For
-        profiles; the plain step has no per-node overhead."""
+    def timed_nodes(self, batch: dict[str, np.ndarray],
+                    clock: Callable[[], float] = time.perf_counter) -> tuple[float, dict[str, float]]:
+        """One step with `clock` around every kernel: (loss, seconds by node name). For
+        profiles; the plain step has no per-node overhead. On a GPU the device is synchronised
+        around each kernel: its time is its completion, not its launch."""
         self._feed(batch)
-        by_op: dict[str, float] = {}
-        clock = time.perf_counter
+        seconds: dict[str, float] = {}
         sync = (lambda: None) if self.xp is np else self.xp.cuda.Device().synchronize
         for c in self.calls:
             sync()
@@ -169,11 +171,18 @@ class Executor:
             c.fn(c.ctx, c.inputs, c.outputs)
             for dst, src in c.writeback:
                 self.xp.copyto(dst, src)
-            sync()  # a GPU kernel's time is its completion, not its launch
-            op = c.node.op_type
-            by_op[op] = by_op.get(op, 0.0) + clock() - t0
+            sync()
+            seconds[c.node.name] = clock() - t0
         self._end_step()
-        return float(self.loss.reshape(-1)[0]), by_op
+        return float(self.loss.reshape(-1)[0]), seconds
+
+    def timed_step(self, batch: dict[str, np.ndarray]) -> tuple[float, dict[str, float]]:
+        """timed_nodes summed by op type: (loss, seconds by op type)."""
+        loss, seconds = self.timed_nodes(batch)
+        by_op: dict[str, float] = {}
+        for c in self.calls:
+            by_op[c.node.op_type] = by_op.get(c.node.op_type, 0.0) + seconds[c.node.name]
+        return loss, by_op
 
     def _end_step(self) -> None:
         if self.swap is not None:
