@@ -83,6 +83,12 @@ class Plan:
     passes: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
     swaps: tuple[PlannedSwap, ...] = ()  # onnxplan.swap: evictions; the order holds their nodes
+    # what the plan was made for: StepGraph.fingerprint() of the loaded (pre-pass) graph, the
+    # onnxplan version, and the model reference `run --plan` resolves without a MODEL
+    # (model: zoo name or absolute path; batch, dims, optimizer, loss; content_hash)
+    graph_fingerprint: str = ""
+    onnxplan_version: str = ""
+    source: dict[str, Any] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -97,6 +103,9 @@ class Plan:
         return {
             "schema_version": SCHEMA_VERSION,
             "model": self.model,
+            "onnxplan_version": self.onnxplan_version,
+            "graph_fingerprint": self.graph_fingerprint,
+            "source": self.source,
             "order_policy": self.order_policy,
             "planner": self.planner,
             "passes": list(self.passes),
@@ -129,7 +138,9 @@ class Plan:
                        int(d["arena_bytes"]), int(d["lower_bound_bytes"]), d["planner"],
                        d["order_policy"], float(d["solve_seconds"]), tuple(d.get("passes", ())),
                        dict(d.get("options", {})),
-                       tuple(PlannedSwap.from_json(s) for s in d.get("swaps", ())))
+                       tuple(PlannedSwap.from_json(s) for s in d.get("swaps", ())),
+                       str(d.get("graph_fingerprint", "")), str(d.get("onnxplan_version", "")),
+                       dict(d.get("source") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelError(f"malformed plan: {type(exc).__name__}: {exc}") from None
 

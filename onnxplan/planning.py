@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from onnxplan import __version__
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
@@ -150,6 +151,8 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
                  "order_gap": order_res.gap, "order_notes": list(order_res.notes),
                  "swap": _swap_options(swap, opts)},
         swaps=swap.swaps if swap is not None else (),
+        graph_fingerprint=graph.fingerprint(),
+        onnxplan_version=__version__,
     )
     verify_plan(g, plan)
     return PlanOutcome(plan, g, rows, bounds, notes, swap)

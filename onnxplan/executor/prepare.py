@@ -35,48 +35,122 @@ def load_request(folder_or_request: str | Path | ModelRequest) -> tuple[Path, St
 
 def adopt_plan(graph: StepGraph, plan: Plan) -> StepGraph:
     """Re-run the plan's passes on `graph` and check the plan fits the result before trusting
-    it: same model, same nodes in a topological order, same buffers and sizes, and the
-    independent verifier. Returns the rewritten graph. A plan made for another model or
-    other shapes is a ModelError (exit 2); a plan that breaks an invariant is a PlanError."""
-    from onnxplan.passes._infra import run_pipeline
-    from onnxplan.passes.lifetimes import lifetimes
+    it: every check a fresh plan passes, on values recomputed from the graph. The same model
+    and graph (name, fingerprint), a pass list the planner writes (its recompute schedule the
+    one the checkpoint record names), swap entries that swap planning would write (sizes,
+    gaps, names), the same nodes in a topological order, the same buffers (sizes, classes,
+    lifetimes), persistent bytes and lower bound, an arena no larger than its buffers need,
+    then the independent verifiers (offsets, the swap checker). Returns the rewritten graph.
+    A plan made for another graph, or that fails any check (a corrupted or edited file), is a
+    ModelError (exit 2)."""
+    from onnxplan import __version__
+    from onnxplan.verify import PlanError
 
     if plan.model != graph.name:
         raise ModelError(f"the plan is for model {plan.model!r}, not {graph.name!r}")
-    g, _ = run_pipeline(graph, list(plan.passes))
-    if plan.swaps:  # the swap nodes and the swapped buffers' segments, rebuilt from the plan
-        from onnxplan.swap.insert import rewrite_graph
+    if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
+        raise ModelError(f"the plan does not match {graph.name!r} as loaded: it was made for another graph "
+                         f"(fingerprint {plan.graph_fingerprint[:12]}, this one {graph.fingerprint()[:12]}): "
+                         "another batch size, --dim, optimizer, loss or model file?")
+    try:
+        return _adopt(graph, plan)
+    except PlanError as exc:
+        made = (f" (made by onnxplan {plan.onnxplan_version}, this is {__version__})"
+                if plan.onnxplan_version and plan.onnxplan_version != __version__ else "")
+        raise ModelError(f"the plan file fails verification{made}: {exc}") from None
 
-        try:
-            g = rewrite_graph(g, plan.order, plan.swaps)
-        except (KeyError, ValueError) as exc:
-            raise ModelError(f"the plan's swaps do not fit {graph.name!r}: {exc}") from None
+
+def _check_passes(plan: Plan) -> None:
+    """The pass list must be one the planner writes (planning.pipeline_names), consistent with
+    the plan's options and checkpoint record."""
+    from onnxplan.verify import PlanError
+
+    passes = list(plan.passes)
+    recompute = [p for p in passes if p.startswith("recompute:")]
+    expected = ["realize", *(["interleave"] if "interleave" in passes else []), *recompute[:1],
+                "inplace-state" if "inplace-state" in passes else "inplace"]
+    if passes != expected:
+        raise PlanError(f"pass list {passes} is not one the planner writes (realize, [interleave], "
+                        "[recompute:SCHEDULE], inplace or inplace-state)")
+    opts = plan.options
+    for key, on in (("interleave", "interleave" in passes), ("inplace", "inplace" in passes)):
+        if key in opts and bool(opts[key]) != on:
+            raise PlanError(f"options say {key}={opts[key]} but the pass list says {on}")
+    ck = opts.get("checkpoint")
+    if isinstance(ck, dict) and "schedule" in ck:
+        code = recompute[0].partition(":")[2] if recompute else ""
+        if ck["schedule"] != code:
+            raise PlanError(f"the checkpoint record's schedule {ck['schedule']!r} is not the recompute pass's "
+                            f"{code!r}")
+
+
+def _check_order(g: StepGraph, order: list[str], what: str) -> None:
+    """`order` holds every node of `g` once, each after its dependencies."""
     names = {n.name for n in g.nodes}
-    order = list(plan.order)
     missing, unknown = sorted(names - set(order)), sorted(set(order) - names)
     if missing or unknown or len(order) != len(names):
-        what = f"{len(missing)} node(s) missing" + (f" (first {missing[0]!r})" if missing else "")
-        what += f", {len(unknown)} unknown" + (f" (first {unknown[0]!r})" if unknown else "")
-        raise ModelError(f"the plan's order does not match {graph.name!r} after passes "
-                         f"{', '.join(plan.passes)}: {what}")
+        told = f"{len(missing)} node(s) missing" + (f" (first {missing[0]!r})" if missing else "")
+        told += f", {len(unknown)} unknown" + (f" (first {unknown[0]!r})" if unknown else "")
+        told += ", a node listed twice" if not (missing or unknown) else ""
+        raise ModelError(f"the plan's order does not match {what}: {told}")
     eo = {name: i for i, name in enumerate(order)}
     for node, preds in node_preds(g).items():
         late = [p for p in preds if eo[p] > eo[node]]
         if late:
             raise ModelError(f"the plan's order runs {node!r} (EO {eo[node]}) before its "
                              f"dependency {late[0]!r} (EO {eo[late[0]]})")
+
+
+def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
+    from onnxplan.offsets import lower_bound
+    from onnxplan.offsets.buffers import align
+    from onnxplan.passes._infra import run_pipeline
+    from onnxplan.passes.lifetimes import lifetimes
+    from onnxplan.verify import PlanError
+
+    _check_passes(plan)
+    g, _ = run_pipeline(graph, list(plan.passes))
+    what = f"{graph.name!r} after passes {', '.join(plan.passes)}"
+    if plan.swaps:  # the swap nodes and the swapped buffers' segments, rebuilt from the plan
+        from onnxplan.swap.insert import rewrite_graph
+        from onnxplan.swap.verify import verify_swap_records
+
+        swap_nodes = {s.out_node for s in plan.swaps} | {s.in_node for s in plan.swaps}
+        if len(swap_nodes) != 2 * len(plan.swaps):
+            raise PlanError("two swap entries name the same swap node")
+        base_order = [n for n in plan.order if n not in swap_nodes]
+        _check_order(g, base_order, what)
+        verify_swap_records(g, base_order, plan.swaps)
+        try:
+            g = rewrite_graph(g, plan.order, plan.swaps)
+        except (KeyError, ValueError) as exc:
+            raise ModelError(f"the plan's swaps do not fit {graph.name!r}: {exc}") from None
+    order = list(plan.order)
+    _check_order(g, order, what)
     lt = lifetimes(g, order)
-    derived = {b.name: b.nbytes for b in lt.buffers}
-    planned = {b.name: b.bytes for b in plan.buffers}
+    derived = {b.name: b for b in lt.buffers}
+    planned = {b.name: b for b in plan.buffers}
     for name in sorted(set(derived) | set(planned)):
-        if derived.get(name) != planned.get(name):
+        d, p = derived.get(name), planned.get(name)
+        if d is None or p is None or d.nbytes != p.bytes:
             raise ModelError(
                 f"the plan does not fit {graph.name!r} as loaded: buffer {name!r} has "
-                f"{planned.get(name, 'no')} B in the plan and {derived.get(name, 'no')} B here "
+                f"{p.bytes if p else 'no'} B in the plan and {d.nbytes if d else 'no'} B here "
                 "(another batch size, --dim, optimizer or onnxplan version?)")
+        if (p.vclass, p.first_eo, p.last_eo, tuple(p.aliases)) != (d.vclass, d.first, d.last, tuple(d.aliases)):
+            raise PlanError(f"buffer {name!r}: class {p.vclass}, EO {p.first_eo}..{p.last_eo} in the plan, "
+                            f"{d.vclass}, EO {d.first}..{d.last} derived from the order (or other aliases)")
+    if len(plan.buffers) != len(planned):
+        raise PlanError("a buffer is listed twice")
     if lt.persistent_bytes != plan.persistent_bytes:
         raise ModelError(f"the plan's persistent bytes {plan.persistent_bytes} differ from the "
                          f"model's {lt.persistent_bytes}")
+    bound = lt.persistent_bytes + lower_bound(lt.buffers)
+    if plan.lower_bound_bytes != bound:
+        raise PlanError(f"lower bound {plan.lower_bound_bytes} B in the plan, {bound} B derived")
+    most = sum(align(b.nbytes) for b in lt.buffers)  # every buffer end to end: the naive arena
+    if plan.arena_bytes > most:
+        raise PlanError(f"arena of {plan.arena_bytes} B is larger than all its buffers end to end ({most} B)")
     verify_plan(g, plan)
     return g
 

@@ -137,6 +137,41 @@ class StepGraph:
     def unshaped_values(self) -> list[str]:
         return [v.name for v in self.values.values() if v.spec is None]
 
+    def fingerprint(self) -> str:
+        """sha256 of the graph's canonical form: nodes in file order (name, op, inputs,
+        outputs, attributes), every value's class, dtype and shape, the step's inputs and
+        outputs, opsets, optimizer settings, loss and constant tensors. A plan records it, so
+        a plan made for another model, batch, --dim, optimizer or loss is refused."""
+        import hashlib
+
+        h = hashlib.sha256()
+
+        def put(*parts: Any) -> None:
+            for p in parts:
+                if isinstance(p, np.ndarray):
+                    arr = np.ascontiguousarray(p)
+                    h.update(f"<{arr.dtype.str}{arr.shape}>".encode())
+                    h.update(arr.tobytes())
+                elif isinstance(p, (bytes, bytearray)):
+                    h.update(b"b" + bytes(p))
+                else:
+                    h.update(repr(p).encode("utf-8", "backslashreplace"))
+                h.update(b"\x00")
+
+        for n in self.nodes:
+            put("node", n.name, n.op_type, n.domain, tuple(n.inputs), tuple(n.outputs), n.phase)
+            for k in sorted(n.attrs):
+                put(k, n.attrs[k])
+        for name in sorted(self.values):
+            v = self.values[name]
+            put("value", name, v.vclass.value, v.trainable,
+                None if v.spec is None else (v.spec.dtype, v.spec.shape))
+        put("io", tuple(self.inputs), tuple(self.outputs), sorted(self.opsets.items()),
+            sorted((k, repr(v)) for k, v in self.optimizer.items()), self.loss)
+        for name in sorted(self.initializers):
+            put("init", name, np.asarray(self.initializers[name]))
+        return h.hexdigest()
+
     @property
     def persistent_bytes(self) -> int:
         """Bytes of the state that persists across steps (parameters, optimizer state,

@@ -36,6 +36,7 @@ __all__ = [
     "decide_writes",
     "is_swap_node",
     "rewrite_graph",
+    "swap_node_name",
 ]
 
 SWAP_DOMAIN = "onnxplan"
@@ -85,10 +86,12 @@ def decide_writes(model: SwapModel, gaps: list[Gap], timings: dict[Gap, Timing],
     return out
 
 
-def _name(kind: str, root: str, gap: Gap, end: bool) -> str:
+def swap_node_name(kind: str, gap: Gap, end: bool) -> str:
+    """The name of a gap's swap node: swap-out:ROOT:K / swap-in:ROOT:K (K: the gap's index;
+    "start" / "end" for a persistent value's wrap gap)."""
     if gap.wrap:
-        return f"swap-{kind}:{root}:{'end' if end else 'start'}"
-    return f"swap-{kind}:{root}:{gap.index}"
+        return f"swap-{kind}:{gap.root}:{'end' if end else 'start'}"
+    return f"swap-{kind}:{gap.root}:{gap.index}"
 
 
 def build_order(model: SwapModel, decisions: list[Decision]) -> tuple[list[str], list[PlannedSwap]]:
@@ -101,8 +104,8 @@ def build_order(model: SwapModel, decisions: list[Decision]) -> tuple[list[str],
     ins: dict[int, list[tuple]] = {}
     for d in decisions:
         g = d.gap
-        outs.setdefault(d.timing.release, []).append((g.after, g.root, _name("out", g.root, g, True)))
-        ins.setdefault(d.timing.issue, []).append((g.before, g.root, _name("in", g.root, g, False)))
+        outs.setdefault(d.timing.release, []).append((g.after, g.root, swap_node_name("out", g, True)))
+        ins.setdefault(d.timing.issue, []).append((g.before, g.root, swap_node_name("in", g, False)))
     order: list[str] = []
     taken = set(model.order)
     for t in range(n + 1):
@@ -118,7 +121,7 @@ def build_order(model: SwapModel, decisions: list[Decision]) -> tuple[list[str],
     for d in decisions:
         g = d.gap
         group = model.groups[g.root]
-        out_name, in_name = _name("out", g.root, g, True), _name("in", g.root, g, False)
+        out_name, in_name = swap_node_name("out", g, True), swap_node_name("in", g, False)
         records.append(PlannedSwap(
             g.root, group.nbytes, group.vclass, out_name, in_name, eo[out_name], eo[in_name],
             model.order[g.after] if g.after >= 0 else "", model.order[g.before], d.write, g.wrap))

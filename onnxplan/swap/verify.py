@@ -7,7 +7,42 @@ from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
 from onnxplan.verify import PlanError
 
-__all__ = ["verify_swaps"]
+__all__ = ["verify_swap_records", "verify_swaps"]
+
+
+def verify_swap_records(graph: StepGraph, base_order: list[str], swaps) -> None:
+    """Raise PlanError unless every swap entry of a plan file is what swap planning would write
+    for `graph` (after the plan's passes, without swap nodes) under `base_order`: a swappable
+    buffer group, one of its gaps (between two consecutive touches, or a persistent value's
+    wrap gap), that group's byte size and class, the gap's last and next use, and the node
+    names of onnxplan.swap.insert; no gap swapped twice. The byte sizes are recomputed from the
+    graph: a plan cannot make a swap move fewer bytes than its buffer holds."""
+    from onnxplan.swap.insert import swap_node_name
+    from onnxplan.swap.model import swap_model
+
+    model = swap_model(graph, base_order, lifetimes(graph, base_order), min_bytes=0)
+    seen: set[tuple[str, int]] = set()
+    for s in swaps:
+        group = model.groups.get(s.value)
+        if group is None or not group.swappable:
+            why = group.why_not if group is not None else "not a buffer of this step"
+            raise PlanError(f"swap of {s.value!r}: it cannot be swapped ({why})")
+        gap = next((gp for gp in model.gaps(s.value)
+                    if gp.wrap == s.wraps and (model.order[gp.after] if gp.after >= 0 else "") == s.last_use
+                    and model.order[gp.before] == s.next_use), None)
+        if gap is None:
+            raise PlanError(f"swap of {s.value!r}: no idle gap of that buffer from {s.last_use or 'the step start'!r} "
+                            f"to {s.next_use!r}")
+        if (s.value, gap.index) in seen:
+            raise PlanError(f"swap of {s.value!r}: the gap before {s.next_use!r} is swapped twice")
+        seen.add((s.value, gap.index))
+        if s.bytes != group.nbytes or s.vclass != group.vclass:
+            raise PlanError(f"swap of {s.value!r}: {s.bytes} B of class {s.vclass!r} in the plan, the buffer "
+                            f"holds {group.nbytes} B of class {group.vclass!r}")
+        names = (swap_node_name("out", gap, True), swap_node_name("in", gap, False))
+        if (s.out_node, s.in_node) != names:
+            raise PlanError(f"swap of {s.value!r}: nodes {s.out_node!r}, {s.in_node!r}, expected {names[0]!r}, "
+                            f"{names[1]!r}")
 
 
 def verify_swaps(graph: StepGraph, plan: Plan) -> None:
