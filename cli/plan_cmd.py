@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -54,18 +55,20 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
           profile=False, device="cpu") -> None:
     from onnxplan.device import array_module
     from onnxplan.planning import PlanOptions, plan_step
-    from onnxplan.resolve import load_model
+    from onnxplan.ir.load import load_step
+    from onnxplan.resolve import model_reference, resolve_artifacts
 
     budget_bytes = parse_size(budget) if budget is not None else None
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim)
     if out is not None and not out.parent.exists():
         raise UsageError(f"{out}: folder {out.parent} does not exist")
-    graph = load_model(req)
+    folder = resolve_artifacts(req)
+    graph = load_step(folder, dims=dict(req.dims), batch=req.batch)
     swap_opts = _swap_options(swap, lookahead, window_bytes, budget_bytes)
     res = _plan_with_memory_strategy(graph, PlanOptions(order, planner, interleave, inplace, time_limit, **swap_opts,
                                                         profile=profile, device=device), checkpoint, swap)
-    plan = res.plan
+    plan = replace(res.plan, source=model_reference(req, folder))  # `run --plan` finds the model
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:
         write_atomic(out, plan.dumps())
@@ -99,8 +102,6 @@ def _plan_with_memory_strategy(graph, opts, checkpoint, swap):
     """--checkpoint POLICY: recompute with it (no swap unless --swap); --budget with neither
     --checkpoint nor --swap: onnxplan.checkpoint.auto picks recompute or swap by predicted
     step time; otherwise the options as given."""
-    from dataclasses import replace
-
     from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
     from onnxplan.planning import plan_step
 

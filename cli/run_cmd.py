@@ -26,7 +26,7 @@ _PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inpla
 
 
 def run_command(
-    model: str = typer.Argument(..., help="Zoo name, forward .onnx, or artifact folder."),
+    model: str = typer.Argument(None, help="Zoo name, forward .onnx, or artifact folder (optional with --plan: the plan names its model)."),
     order: str = typer.Option("auto", "--order", help="Execution order: auto, given, nntrainer, greedy, ilp."),
     planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
@@ -87,7 +87,10 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     if threads is not None and threads < 1:
         raise UsageError(f"invalid --threads {threads}: must be >= 1")
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once
-    req = model_request(model, batch, optimizer, loss, dim)
+    if model is None and plan_file is None:
+        raise UsageError("run needs a MODEL (zoo name, forward .onnx or artifact folder) or --plan plan.json "
+                         "(from `onnxplan plan MODEL -o plan.json`), e.g. `onnxplan run mlp --swap proactive`")
+    req = model_request(model or "", batch, optimizer, loss, dim)
     swap, lookahead, window_bytes, budget, swap_dir = swap_args
     checkpoint, profile = checkpoint_args
     if swap_dir is not None and not Path(swap_dir).is_dir():
@@ -99,6 +102,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         if changed:
             raise UsageError(f"--plan fixes the plan; drop --{', --'.join(changed)}")
         how = Plan.load(plan_file)
+        req = _plan_request(how, req, model is None)
     else:
         from onnxplan.cli.plan_cmd import _swap_options
         from onnxplan.sizes import parse_size
@@ -115,6 +119,26 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     if out["verified"] is False:
         first = out["worst"][0] if out["worst"] else "?"
         fail(f"the run differs from ONNX Runtime beyond rtol 1e-4, atol 1e-5; worst: {first}", EXIT_FAILURE)
+
+
+def _plan_request(plan, req, no_model: bool):
+    """MODEL omitted, or the model the plan's reference names: the request of that reference
+    (--batch, --dim, --optimizer, --loss given override it); the artifacts must hold the
+    content the plan was made with. Another MODEL: as given (adopt_plan refuses it when its
+    graph is not the plan's)."""
+    from onnxplan.resolve import check_content_hash, model_reference, request_from_reference, resolve_artifacts
+
+    if not plan.source:
+        if no_model:
+            raise UsageError("this plan file names no model (made by an older onnxplan): give MODEL before --plan")
+        return req
+    if not no_model and model_reference(req, None)["model"] != plan.source.get("model"):
+        return req
+    overridden = req.batch is not None or req.optimizer or req.loss or req.dims
+    req = request_from_reference(plan.source, req.batch, req.optimizer, req.loss, req.dims)
+    if not overridden:  # else the graph's fingerprint tells
+        check_content_hash(plan.source, resolve_artifacts(req))
+    return req
 
 
 def _prepare_planned(req, opts, checkpoint, swap):

@@ -10,7 +10,8 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
 from onnxplan.ir.onnx_files import load_onnx
 
-__all__ = ["ModelRequest", "resolve_artifacts", "load_model"]
+__all__ = ["ModelRequest", "resolve_artifacts", "load_model", "model_reference", "request_from_reference",
+           "check_content_hash"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,37 @@ def load_model(req: ModelRequest) -> StepGraph:
     """Resolve and load a request into one training-step graph."""
     folder = resolve_artifacts(req)
     return load_step(folder, dims=dict(req.dims), batch=req.batch)
+
+
+def model_reference(req: ModelRequest, folder: Path | None) -> dict:
+    """What a plan file records to find its model again (`run --plan plan.json`): the zoo
+    name or the absolute path, batch, dims, optimizer, loss, and the content hash of the
+    artifacts in `folder` (when our builder made them)."""
+    from onnxplan.ir.load import read_metadata
+
+    from_zoo = not Path(req.model).exists() and not _looks_like_path(req.model)
+    return {"model": req.model if from_zoo else str(Path(req.model).resolve()), "batch": req.batch,
+            "dims": [list(d) for d in req.dims], "optimizer": req.optimizer, "loss": req.loss,
+            "content_hash": read_metadata(Path(folder)).get("content_hash") if folder is not None else None}
+
+
+def request_from_reference(ref: dict, batch: int | None = None, optimizer: str | None = None,
+                           loss: str | None = None, dims: tuple[tuple[str, int], ...] = ()) -> ModelRequest:
+    """The request a plan's model reference stands for; options given override it (the
+    plan's fingerprint check then refuses a different graph)."""
+    try:
+        return ModelRequest(str(ref["model"]), batch if batch is not None else ref.get("batch"),
+                            optimizer or ref.get("optimizer"), loss or ref.get("loss"),
+                            dims or tuple((str(k), int(v)) for k, v in ref.get("dims") or ()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"malformed model reference in the plan: {type(exc).__name__}: {exc}") from None
+
+
+def check_content_hash(ref: dict, folder: Path) -> None:
+    """Refuse artifacts whose content hash differs from the one the plan was made with."""
+    from onnxplan.ir.load import read_metadata
+
+    want, have = ref.get("content_hash"), read_metadata(Path(folder)).get("content_hash")
+    if want and have and want != have:
+        raise ModelError(f"the plan was made for artifacts {want[:12]}, {folder} holds {have[:12]} "
+                         "(the model changed since the plan was made)")

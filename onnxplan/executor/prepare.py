@@ -76,9 +76,15 @@ def _check_passes(plan: Plan) -> None:
     for key, on in (("interleave", "interleave" in passes), ("inplace", "inplace" in passes)):
         if key in opts and bool(opts[key]) != on:
             raise PlanError(f"options say {key}={opts[key]} but the pass list says {on}")
-    ck = opts.get("checkpoint")
+
+
+def _check_checkpoint_record(plan: Plan) -> None:
+    """The schedule the checkpoint record names is the one the recompute pass replays."""
+    from onnxplan.verify import PlanError
+
+    ck = plan.options.get("checkpoint")
     if isinstance(ck, dict) and "schedule" in ck:
-        code = recompute[0].partition(":")[2] if recompute else ""
+        code = next((p.partition(":")[2] for p in plan.passes if p.startswith("recompute:")), "")
         if ck["schedule"] != code:
             raise PlanError(f"the checkpoint record's schedule {ck['schedule']!r} is not the recompute pass's "
                             f"{code!r}")
@@ -110,6 +116,7 @@ def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
 
     _check_passes(plan)
     g, _ = run_pipeline(graph, list(plan.passes))
+    _check_checkpoint_record(plan)
     what = f"{graph.name!r} after passes {', '.join(plan.passes)}"
     if plan.swaps:  # the swap nodes and the swapped buffers' segments, rebuilt from the plan
         from onnxplan.swap.insert import rewrite_graph
