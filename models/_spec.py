@@ -14,6 +14,7 @@ __all__ = ["ModelSpec", "InputSpec", "ForwardModel", "LOSSES", "OPTIMIZERS", "la
 
 LOSSES = ("ce", "mse")
 OPTIMIZERS = ("adamw", "sgd")
+_SAMPLE_CHUNK = 1 << 20  # elements drawn at once by InputSpec.sample
 
 
 @dataclass
@@ -33,14 +34,27 @@ class InputSpec:
         self.dtype = np.dtype(self.dtype).name
         self.shape = tuple(int(d) for d in self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one drawn array."""
+        return int(np.prod(self.shape, dtype=object)) * np.dtype(self.dtype).itemsize
+
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        """Draw one array of this spec from `rng` (uniform in [low, high))."""
+        """Draw one array of this spec from `rng` (uniform in [low, high)), straight into
+        an array of its dtype: the 64-bit draws come in chunks of _SAMPLE_CHUNK (the same
+        numbers as one draw of the whole shape, without a full-size 64-bit temporary)."""
         dtype = np.dtype(self.dtype)
-        if dtype.kind in "iu":
-            return rng.integers(int(self.low), int(self.high), size=self.shape).astype(dtype)
-        if dtype.kind == "b":
-            return rng.integers(0, 2, size=self.shape).astype(dtype)
-        return rng.uniform(self.low, self.high, size=self.shape).astype(dtype)
+        out = np.empty(self.shape, dtype)
+        flat = out.reshape(-1)
+        for start in range(0, flat.size, _SAMPLE_CHUNK):
+            n = min(_SAMPLE_CHUNK, flat.size - start)
+            if dtype.kind in "iu":
+                flat[start:start + n] = rng.integers(int(self.low), int(self.high), size=n)
+            elif dtype.kind == "b":
+                flat[start:start + n] = rng.integers(0, 2, size=n)
+            else:
+                flat[start:start + n] = rng.uniform(self.low, self.high, size=n)
+        return out
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -277,6 +277,21 @@ def initial_parameters(folder: Path) -> dict[str, np.ndarray]:
     return {name: np.array(p.data, copy=True) for name, p in state.parameters}
 
 
+def check_fits(prepared: Prepared, count: int, on_host: bool = True) -> None:
+    """Refuse (BudgetError, exit 3) a run whose arena and state (when on the host), initial
+    parameters and `count` steps of data do not fit in the memory available, before any of
+    it is allocated."""
+    from onnxplan.data import read_input_specs
+    from onnxplan.hostmem import require_memory
+
+    inputs, labels = read_input_specs(prepared.folder)
+    plan = prepared.plan
+    need = {"arena": plan.arena_bytes if on_host else 0, "state": plan.persistent_bytes if on_host else 0,
+            "initial parameters": plan.persistent_bytes,
+            "step data": count * sum(spec.nbytes for spec in [*inputs, labels])}
+    require_memory(need, f"running {plan.model}")
+
+
 def check_batches(graph: StepGraph, batch: dict[str, np.ndarray]) -> None:
     """The step data must have the planned shapes and dtypes."""
     for name in graph.inputs:
@@ -326,6 +341,7 @@ def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan:
     if steps < 0 or warmup < 0:
         raise ModelError("steps and warmup must be >= 0")
     prep = prepared or prepare(folder_or_request, plan_options_or_plan)
+    check_fits(prep, max(steps, warmup), on_host=xp is np)
     batches = step_batches(prep.folder, max(steps, warmup), seed)
     if batches:
         check_batches(prep.graph, batches[0])
