@@ -54,8 +54,8 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
           profile=False, device="cpu") -> None:
     from onnxplan.device import array_module
-    from onnxplan.planning import PlanOptions, plan_step
     from onnxplan.ir.load import load_step
+    from onnxplan.planning import PlanOptions, plan_step
     from onnxplan.resolve import model_reference, resolve_artifacts
 
     budget_bytes = parse_size(budget) if budget is not None else None

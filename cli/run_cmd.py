@@ -126,7 +126,12 @@ def _plan_request(plan, req, no_model: bool):
     (--batch, --dim, --optimizer, --loss given override it); the artifacts must hold the
     content the plan was made with. Another MODEL: as given (adopt_plan refuses it when its
     graph is not the plan's)."""
-    from onnxplan.resolve import check_content_hash, model_reference, request_from_reference, resolve_artifacts
+    from onnxplan.resolve import (
+        check_content_hash,
+        model_reference,
+        request_from_reference,
+        resolve_artifacts,
+    )
 
     if not plan.source:
         if no_model:
