@@ -72,10 +72,13 @@ def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
     return list(dict.fromkeys(models))
 
 
-def _budgets(items: list[str] | None) -> dict[str, int]:
+def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
+    """--budget SIZE (every model) or MODEL=SIZE; MODEL must be one of the models benched."""
     out: dict[str, int] = {}
     for item in items or []:
         model, sep, size = item.rpartition("=")
+        if sep and model not in models:
+            raise UsageError(f"--budget {item}: {model!r} is not a model of this bench ({', '.join(models)})")
         out[model if sep else "*"] = parse_size(size)
     return out
 
@@ -98,15 +101,18 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     )
     from onnxplan.bench.peers import parse_peers
     from onnxplan.bench.results import dumps_results, rows_to_csv
+    from onnxplan.planning import check_time_limit
 
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
     if repeat < 1 or warmup < 0:
         raise UsageError("--repeat must be >= 1 and --warmup >= 0")
+    check_time_limit(time_limit)
     _check_paths(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
-    config = BenchConfig(_model_names(models, all_models), parse_strategies(strategies), batch, peer_list,
-                         repeat, warmup, measure, time_limit, _budgets(budget))
+    names = _model_names(models, all_models)
+    config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
+                         repeat, warmup, measure, time_limit, _budgets(budget, names))
     doc = new_results(config.to_json())
     if out is not None and out.exists() and not fresh:
         old = load_results(out)  # a malformed file is exit 2, and it is left as it was

@@ -55,10 +55,11 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
           profile=False, device="cpu") -> None:
     from onnxplan.device import array_module
     from onnxplan.ir.load import load_step
-    from onnxplan.planning import PlanOptions, plan_step
+    from onnxplan.planning import PlanOptions, check_time_limit, plan_step
     from onnxplan.resolve import model_reference, resolve_artifacts
 
     budget_bytes = parse_size(budget) if budget is not None else None
+    check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim)
     if out is not None and not out.parent.exists():

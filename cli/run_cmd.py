@@ -78,12 +78,13 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     from onnxplan.device import array_module
     from onnxplan.executor.prepare import prepare
     from onnxplan.plan import Plan
-    from onnxplan.planning import PlanOptions
+    from onnxplan.planning import PlanOptions, check_time_limit
 
     if steps < 1 or warmup < 0:
         raise UsageError(f"invalid --steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
     if lr is not None and not lr > 0:
         raise UsageError(f"invalid --lr {lr}: must be positive")
+    check_time_limit(plan_opts["time_limit"])
     if threads is not None and threads < 1:
         raise UsageError(f"invalid --threads {threads}: must be >= 1")
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once

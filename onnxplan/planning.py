@@ -19,7 +19,7 @@ from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.verify import verify_offsets
 
-__all__ = ["PlanOptions", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step", "verify_plan",
+__all__ = ["PlanOptions", "check_time_limit", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step", "verify_plan",
            "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
 
 HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
@@ -43,6 +43,18 @@ class PlanOptions:
     recompute: str = ""  # a chosen recompute schedule (set by onnxplan.checkpoint; replayed by name)
     profile: bool = False  # checkpoint: time stages by a short run of our kernels (else FLOPs)
     device: str = "cpu"  # where the step will run (cpu | cuda): the profile times our kernels there
+
+    def __post_init__(self) -> None:
+        check_time_limit(self.time_limit)
+
+
+def check_time_limit(seconds: float) -> float:
+    """A solver time limit must be a positive finite number of seconds (UsageError, exit 2)."""
+    import math
+
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise UsageError(f"invalid --time-limit {seconds}: must be a positive number of seconds")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,22 @@ def _optimizer_node(opt: onnx.ModelProto, path: Path) -> onnx.NodeProto:
     return found[0]
 
 
+def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpec]) -> None:
+    """The checkpoint must be readable and hold every parameter with the model's shape."""
+    from onnxplan.ir.checkpoint_file import checkpoint_parameters
+
+    path = folder / "checkpoint"
+    if not path.is_file():
+        return  # resolve_artifacts refuses a folder without one
+    stored = checkpoint_parameters(path)
+    for name in sorted(params):
+        if name not in stored:
+            raise ModelError(f"{path}: corrupt checkpoint (parameter {name!r} is missing)")
+        if name in known and stored[name] != known[name].shape:
+            raise ModelError(f"{path}: corrupt checkpoint (parameter {name!r} has shape {list(stored[name])}, "
+                             f"the model {list(known[name].shape)})")
+
+
 def load_step(
     folder: Path | str, *, dims: dict[str, int] | None = None, batch: int | None = None
 ) -> StepGraph:
@@ -144,6 +160,7 @@ def load_step(
             values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
             step_inputs.append(vi.name)
 
+    _check_checkpoint(folder, params, known)
     forward = _forward_nodes(list(tg.node), loss)
     nodes: list[Node] = []
     updated_grad: dict[str, str] = {}
