@@ -73,14 +73,24 @@ def test_mismatch_with_ort_is_exit_1_with_offenders(mlp, monkeypatch):
 
 
 def test_check_arena_catches_a_plan_freeing_a_buffer_early(mlp, mlp_plan, tmp_path):
+    """A plan file that lies about a life is refused when loaded; the same plan handed to the
+    executor directly (as a planner bug would) runs, unless the arena is checked."""
+    from onnxplan.executor import ArenaCheckError, adopt_plan, run_plan
+    from onnxplan.executor.prepare import Prepared, load_request
+    from onnxplan.plan import Plan
+
     plan = json.loads(Path(mlp_plan).read_text())
     victim = max((b for b in plan["buffers"] if b["last_eo"] > b["first_eo"] + 1), key=lambda b: b["bytes"])
     victim["last_eo"] -= 1  # offsets still sound: only the stated life is a lie
     path = tmp_path / "early.json"
     path.write_text(json.dumps(plan))
-    assert _run(mlp, "--plan", str(path), "--no-measure").exit_code == 0
-    _one_line_error(_run(mlp, "--plan", str(path), "--no-measure", "--check-arena"), 1,
-                    f"outside the planned life EO {victim['first_eo']}..{victim['last_eo']} of its buffer {victim['name']!r}")
+    _one_line_error(_run(mlp, "--plan", str(path), "--no-measure"), 2, "derived from the order")
+    folder, graph = load_request(mlp)
+    prepared = Prepared(folder, adopt_plan(graph, Plan.load(mlp_plan)), Plan.from_json(plan))
+    run_plan(None, prepared=prepared, steps=1)
+    with pytest.raises(ArenaCheckError, match=f"outside the planned life EO {victim['first_eo']}..{victim['last_eo']} "
+                                              f"of its buffer {victim['name']!r}"):
+        run_plan(None, prepared=prepared, steps=1, check_arena=True)
 
 
 def test_plan_for_another_model_is_exit_2(mlp_plan):
