@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -28,6 +29,8 @@ METHOD_ENV = "ONNXPLAN_PROBE_METHOD"  # "clear_refs" (default) or "sampled" (for
 _MARKER = "ONNXPLAN-PROBE "
 _CLEAR_REFS = "/proc/self/clear_refs"
 _SAMPLE_SECONDS = 0.0005
+_PARENT_ENV = "ONNXPLAN_PROBE_PARENT"  # the parent's pid: the child ends when it changes
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -146,8 +149,21 @@ def _load_target(target: str):
     return getattr(module, func_name)
 
 
+def _die_with_parent() -> None:
+    """The kernel kills this child when its parent dies (PR_SET_PDEATHSIG, Linux); a parent
+    already gone before that was set (the child's parent pid changed) ends it at once."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    parent = os.environ.get(_PARENT_ENV)
+    if parent and os.getppid() != int(parent):
+        os._exit(1)
+
+
 def _child_main(argv: list[str]) -> int:
     """Child side: import the target (and its heavy imports), mark, call, print one JSON line."""
+    _die_with_parent()
     target, kwargs = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
     func = _load_target(target)
     mark_baseline()  # default baseline; the target may mark again right before its session
@@ -169,18 +185,22 @@ def probe_peak(
     kwargs: dict | None = None,
     timeout_s: float = 600.0,
     env: dict[str, str] | None = None,
+    stdin: str | None = None,
 ) -> ProbeResult:
     """Run `target` ("pkg.module:function" or "path/file.py:function") in a fresh interpreter.
 
     The child imports the target's module, marks the baseline, calls function(**kwargs)
     (which may call mark_baseline() again just before its session) and reports the peak
-    RSS increase over the baseline plus the function's JSON-able dict result.
+    RSS increase over the baseline plus the function's JSON-able dict result. `stdin` is
+    fed to the child's standard input (large inputs: no temporary file). The child dies
+    with this process (a parent-death signal), so a killed parent leaves nothing running.
     """
     command = [sys.executable, "-m", "onnxplan.memprobe", target, json.dumps(kwargs or {})]
-    child_env = {**os.environ, **(env or {})}
+    child_env = {**os.environ, **(env or {}), _PARENT_ENV: str(os.getpid())}
     try:
         proc = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout_s, env=child_env
+            command, capture_output=True, text=True, timeout=timeout_s, env=child_env,
+            input=stdin if stdin is not None else "",
         )
     except subprocess.TimeoutExpired:
         raise ProbeError(f"probe of {target} ran past {timeout_s:g} s") from None

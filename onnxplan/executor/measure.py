@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import json
+import sys
 from pathlib import Path
 
 from onnxplan.executor.prepare import Prepared, prepare
@@ -19,7 +19,7 @@ class MeasureError(ProbeError):
     """The measuring subprocess failed."""
 
 
-def probe_target(folder: str, plan_path: str, steps: int = 3, warmup: int = 0, seed: int = 0,
+def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int = 0, seed: int = 0,
                  learning_rate: float | None = None, batch: int | None = None,
                  dims: list | None = None, threads: int | None = None) -> dict:
     """Run in the probe's child: adopt the plan, build the data and the initial state, mark the
@@ -32,7 +32,8 @@ def probe_target(folder: str, plan_path: str, steps: int = 3, warmup: int = 0, s
     from onnxplan.kernels.registry import _load_all
 
     req = ModelRequest(folder, batch, dims=tuple((str(k), int(v)) for k, v in (dims or [])))
-    prep = prepare(req, Plan.load(plan_path))
+    plan = Plan.from_json(json.loads(sys.stdin.read())) if plan_path == "-" else Plan.load(plan_path)
+    prep = prepare(req, plan)
     batches = step_batches(prep.folder, max(steps, warmup), seed)
     params = initial_parameters(prep.folder)
     _load_all()  # every kernel module imported before the baseline
@@ -59,23 +60,18 @@ def measure_run(folder_or_request: str | Path | ModelRequest, plan_options_or_pl
 
     The result holds losses, step_seconds, arena_bytes, state_region_bytes, persistent_bytes,
     peak_bytes (planned) and `probe` (baseline and peak RSS, method). The plan is made here
-    (or given) and handed to the child as JSON, which re-checks it against the model.
+    (or given) and handed to the child as JSON on its stdin; the child re-checks it against the model.
     `threads` sets the child's BLAS thread count (None: the library's default)."""
     req = folder_or_request if isinstance(folder_or_request, ModelRequest) else ModelRequest(str(folder_or_request))
     prep = prepared or prepare(req, plan_options_or_plan)
-    fd, plan_path = tempfile.mkstemp(prefix="onnxplan-plan-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(prep.plan.dumps())
-        kwargs = {"folder": str(Path(prep.folder).resolve()), "plan_path": plan_path, "steps": steps,
-                  "warmup": warmup, "seed": seed, "learning_rate": learning_rate, "batch": req.batch,
-                  "dims": [list(d) for d in req.dims], "threads": threads}
-        try:
-            res = probe_peak("onnxplan.executor.measure:probe_target", kwargs, timeout_s=timeout_s)
-        except ProbeError as exc:
-            raise MeasureError(str(exc)) from None
-    finally:
-        Path(plan_path).unlink(missing_ok=True)
+    kwargs = {"folder": str(Path(prep.folder).resolve()), "plan_path": "-", "steps": steps,
+              "warmup": warmup, "seed": seed, "learning_rate": learning_rate, "batch": req.batch,
+              "dims": [list(d) for d in req.dims], "threads": threads}
+    try:  # the plan goes through the child's stdin: no temporary file to leave behind
+        res = probe_peak("onnxplan.executor.measure:probe_target", kwargs, timeout_s=timeout_s,
+                         stdin=prep.plan.dumps())
+    except ProbeError as exc:
+        raise MeasureError(str(exc)) from None
     out = dict(res.result)
     out["probe"] = {"baseline_rss_bytes": res.baseline_rss_bytes, "peak_rss_bytes": res.peak_rss_bytes,
                     "method": res.method}
