@@ -7,11 +7,11 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxplan.cli.common import handle_errors, print_json, write_atomic
 from onnxplan.errors import UsageError
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes, parse_size
 
 __all__ = ["bench_command"]
@@ -122,15 +122,9 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         if out is not None:
             write_atomic(out, dumps_results(d))
 
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=False, disable=json_out or not err.is_terminal) as progress:
-        task = progress.add_task("bench", total=count_tasks(config))
-
-        def advance(text: str, n: int) -> None:
-            progress.update(task, advance=n, description=text[:40])
-
-        doc = run_bench(config, doc, save, advance)
+    with Progress("bench", total=count_tasks(config)) as progress:
+        doc = run_bench(config, doc, save, lambda text, n: progress.update(text, n))
+        progress.finish(f"{len(doc['rows'])} row(s)")
     if csv_out is not None:
         write_atomic(csv_out, rows_to_csv(doc["rows"]))
     if html_out is not None or md_out is not None:

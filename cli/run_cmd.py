@@ -12,6 +12,7 @@ from rich.table import Table
 
 from onnxplan.cli.common import fail, handle_errors, model_request, print_json
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError, UsageError
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 
 __all__ = ["run_command"]
@@ -111,8 +112,12 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         budget_bytes = parse_size(budget) if budget is not None else None
         how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile,
                           device=device)
-    prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
-    out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp)
+    with Progress("run") as progress:
+        progress.update("checking the plan" if plan_file is not None else "planning")
+        prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
+        out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp,
+                       progress)
+        progress.finish("done")
     if json_out:
         print_json(out)
     else:
@@ -172,7 +177,7 @@ def _predicted(plan) -> tuple[float | None, str]:
 
 
 def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir=None,
-             xp=None) -> dict:
+             xp=None, progress=None) -> dict:
     import numpy as np
 
     from onnxplan.device import DevicePeak, device_name
@@ -180,10 +185,13 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
     from onnxplan.executor.threads import blas_threads
 
     xp = np if xp is None else xp
+    progress = progress or Progress("run", enabled=False)
+    tell = progress.update
     counted = DevicePeak(xp) if xp is not np and measure else contextlib.nullcontext()
     with counted as device_peak:  # on a GPU the run itself is measured (None on the CPU)
         res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
-                       learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp)
+                       learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp,
+                       on_step=lambda text: tell(f"running {text}"))
     plan = prep.plan
     out = {
         "model": plan.model, "folder": str(prep.folder), "steps": steps, "warmup": warmup, "seed": seed,
@@ -200,6 +208,7 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
     if res.swap is not None:  # accounting, and the latency of the same plan without swap
         from onnxplan.swap.account import swap_accounting
 
+        tell("the same steps without swap (for comparison)")
         out["swap"] = swap_accounting(req, prep, res, steps=steps, warmup=warmup, seed=seed, lr=lr,
                                       threads=threads, xp=xp)
     if device_peak is not None:  # the run above, counted on the device: no subprocess needed
@@ -216,6 +225,7 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
         from onnxplan.memprobe import ProbeError
 
         try:
+            tell("measuring the peak in a fresh process")
             child, peak = measure_run(req, None, steps=steps, warmup=warmup, seed=seed, learning_rate=lr,
                                       prepared=prep, threads=threads)
         except ProbeError as exc:
@@ -231,6 +241,7 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
         from onnxplan.executor.compare import compare_results
         from onnxplan.reference import run_reference
 
+        tell("verifying against ONNX Runtime")
         ref = run_reference(prep.folder, steps=steps, seed=seed, learning_rate=lr)
         cmp = compare_results(res.losses, res.params, ref.losses, ref.params)
         out.update(verified=cmp.ok, max_rel_diff=cmp.max_rel_diff, max_abs_diff=cmp.max_abs_diff,

@@ -1,4 +1,5 @@
-"""Shared fixtures: an artifact cache private to the test session."""
+"""Shared fixtures: an artifact cache private to the test session; no progress lines (tests
+read stderr; tests/test_progress.py turns them on)."""
 
 from __future__ import annotations
 
@@ -12,4 +13,10 @@ def _private_artifact_cache(tmp_path_factory):
     """Every test builds artifacts into one cache of its own, never the user's."""
     if "ONNXPLAN_CACHE" not in os.environ:
         os.environ["ONNXPLAN_CACHE"] = str(tmp_path_factory.mktemp("onnxplan-cache"))
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_progress_lines():
+    os.environ.setdefault("ONNXPLAN_PROGRESS", "off")
     yield

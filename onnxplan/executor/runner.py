@@ -305,9 +305,12 @@ def check_batches(graph: StepGraph, batch: dict[str, np.ndarray]) -> None:
 
 def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warmup: int,
             learning_rate: float | None, check_arena: bool, xp: Any = np,
-            threads: int | None = None, swap_dir: str | Path | None = None) -> tuple[Executor, list, list]:
+            threads: int | None = None, swap_dir: str | Path | None = None,
+            on_step: Callable[[str], None] | None = None) -> tuple[Executor, list, list]:
     """Warm up on the initial state, restore it, run the measured steps: (executor, losses, seconds).
-    `threads` sets the BLAS thread count first (None: the library's default)."""
+    `threads` sets the BLAS thread count first (None: the library's default); `on_step(text)`
+    is told which step starts (progress)."""
+    on_step = on_step or (lambda text: None)
     if threads is not None:
         from onnxplan.executor.threads import set_blas_threads
 
@@ -318,10 +321,12 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
     if warmup:
         ex.load_state(params)
         for k in range(warmup):
+            on_step(f"warm-up step {k + 1}/{warmup}")
             ex.step(batches[k])
     ex.load_state(params)
     losses, seconds = [], []
     for k in range(steps):
+        on_step(f"step {k + 1}/{steps}")
         t0 = time.perf_counter()
         losses.append(ex.step(batches[k]))
         seconds.append(time.perf_counter() - t0)
@@ -331,7 +336,8 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
 def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
              *, steps: int = 3, warmup: int = 0, seed: int = 0, check_arena: bool = False,
              learning_rate: float | None = None, prepared: Prepared | None = None,
-             threads: int | None = None, swap_dir: str | Path | None = None, xp: Any = np) -> RunResult:
+             threads: int | None = None, swap_dir: str | Path | None = None, xp: Any = np,
+             on_step: Callable[[str], None] | None = None) -> RunResult:
     """Plan (or adopt a plan), then run `steps` seeded training steps from the checkpoint.
 
     Step k feeds make_step_batch(seed, k), as the ONNX Runtime reference does. Warm-up steps
@@ -348,7 +354,7 @@ def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan:
     params = initial_parameters(prep.folder)
     ex, losses, seconds = execute(prep, batches, params, steps=steps, warmup=warmup,
                                   learning_rate=learning_rate, check_arena=check_arena, threads=threads,
-                                  swap_dir=swap_dir, xp=xp)
+                                  swap_dir=swap_dir, xp=xp, on_step=on_step)
     plan = prep.plan
     params = ex.parameters()
     swap = ex.swap.summary() if ex.swap is not None else None

@@ -12,6 +12,7 @@ from onnxplan.offsets.best_fit import best_fit_offsets
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan, lower_bound, unique_buffers
 from onnxplan.offsets.greedy_size import greedy_size_offsets
 from onnxplan.offsets.sort import sort_offsets
+from onnxplan.progress import solve_cp_sat
 
 __all__ = ["ilp_offsets", "best_heuristic_offsets", "pyramid_preplacement"]
 
@@ -142,7 +143,7 @@ def _solve_addresses(
     if time_limit is not None:
         solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = max(1, min(8, os.cpu_count() or 1))
-    status = solver.solve(model)
+    status = solve_cp_sat(solver, model, "ILP offsets")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     offsets = dict(fixed)

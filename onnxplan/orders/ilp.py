@@ -12,6 +12,7 @@ from onnxplan.orders.given import given_order
 from onnxplan.orders.greedy import greedy_order
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, check_order, peak_of_order
 from onnxplan.orders.nntrainer import nntrainer_order
+from onnxplan.progress import solve_cp_sat
 
 __all__ = ["VARS_PER_SECOND", "step_windows", "update_pins", "pin_updates", "solve_order", "ilp_policy"]
 
@@ -251,7 +252,7 @@ def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | 
     solver.parameters.num_workers = max(1, min(8, os.cpu_count() or 1))
     # probing spends seconds in presolve on these models and rarely pays back (measured)
     solver.parameters.cp_model_probing_level = 0
-    status = solver.Solve(prog.m)
+    status = solve_cp_sat(solver, prog.m, "ILP order")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return seed, False, None, (f"no solution within {time_limit:g} s "
                                    f"({solver.StatusName(status)}): kept the seed order")
