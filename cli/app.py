@@ -11,8 +11,8 @@ from onnxplan.cli.explain_cmd import explain_command
 from onnxplan.cli.inspect_cmd import inspect_command
 from onnxplan.cli.models_cmd import models_app
 from onnxplan.cli.plan_cmd import plan_command
-from onnxplan.cli.run_cmd import run_command
 from onnxplan.cli.report_cmd import report_command
+from onnxplan.cli.run_cmd import run_command
 
 __all__ = ["app", "main"]
 

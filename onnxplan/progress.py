@@ -28,7 +28,7 @@ MODE_ENV = "ONNXPLAN_PROGRESS"
 QUIET_SECONDS = 5.0
 EVERY_SECONDS = 10.0
 _MIN_GAP = 5.0  # item changes print at most this often
-_active: list["Progress"] = []  # bars showing now (one live display at a time)
+_active: list[Progress] = []  # bars showing now (one live display at a time)
 
 
 def _mode() -> str:
@@ -57,7 +57,7 @@ class Progress:
         self._outer: Progress | None = None
 
     # ---- lifecycle -------------------------------------------------------
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.mode == "bar":
             if _active:  # nested: the outer bar shows this work as its item
                 self._outer = _active[-1]

@@ -10,8 +10,14 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
 from onnxplan.ir.onnx_files import load_onnx
 
-__all__ = ["ModelRequest", "resolve_artifacts", "load_model", "model_reference", "request_from_reference",
-           "check_content_hash"]
+__all__ = [
+    "ModelRequest",
+    "check_content_hash",
+    "load_model",
+    "model_reference",
+    "request_from_reference",
+    "resolve_artifacts",
+]
 
 
 @dataclass(frozen=True)
