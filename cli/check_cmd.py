@@ -43,6 +43,21 @@ def _fmt(value: float, metric: str) -> str:
     return f"{value:,.0f} B ({value / 2**20:.2f} MiB)"
 
 
+def _missing_lines(missing: list[tuple], results: Path, allowed: bool, models_shown: int = 10) -> list[str]:
+    """Baseline rows missing from the results: a count, then one line per model and batch
+    with its strategies (the first `models_shown` models, then how many more)."""
+    by_model: dict[tuple, list[str]] = {}
+    for model, batch, strategy in missing:
+        by_model.setdefault((model, batch), []).append(strategy)
+    verdict = "allowed (--allow-missing)" if allowed else "a failure unless --allow-missing"
+    lines = [f"missing from {results}: {len(missing)} baseline row(s) of {len(by_model)} model(s), {verdict}:"]
+    for (model, batch), strategies in list(by_model.items())[:models_shown]:
+        lines.append(f"  {model} (batch {batch}): {len(strategies)} strateg{'y' if len(strategies) == 1 else 'ies'}: {', '.join(strategies)}")
+    if len(by_model) > models_shown:
+        lines.append(f"  ... and {len(by_model) - models_shown} more model(s)")
+    return lines
+
+
 def _check(results, baseline, tolerance, metric, allow_missing, update_baseline) -> None:
     from onnxplan.bench import load_results
     from onnxplan.bench.results import dumps_results
@@ -79,8 +94,8 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
         con.print(f"better: {len(res.improvements)} rows, the most {best.model} {best.strategy} "
                   f"{best.change:+.2%} (update the baseline to lock it in: --update-baseline)", highlight=False)
     if res.missing:
-        con.print(f"missing from {results}: " + ", ".join(f"{m} (batch {b}) {s}" for m, b, s in res.missing),
-                  highlight=False)
+        for line in _missing_lines(res.missing, results, allow_missing):
+            con.print(line, highlight=False)
     if update_baseline:
         write_atomic(baseline, dumps_results(baseline_document(new)))
         con.print(f"baseline {baseline} updated ({len(new['rows'])} rows)", highlight=False)

@@ -50,7 +50,7 @@ def build_command(
 ) -> None:
     """Write forward.onnx and the onnxruntime-training artifacts of a zoo model.
 
-    Artifacts are cached by content hash ($ONNXPLAN_CACHE, default ~/.cache/onnxplan);
+    Artifacts are cached by content hash ($ONNXPLAN_CACHE, default ~/.cache/onnxplan/artifacts);
     -o copies them into a folder of your choice.
     """
     from onnxplan.models import get_model

@@ -127,6 +127,9 @@ def _last_log_line(log_path: Path) -> str:
 
 def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None:
     """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out`."""
+    if not fm.trainable:  # ORT's own message for this is "list index out of range"
+        raise ModelError(f"{fm.name!r} has no trainable parameters (no float initializer"
+                         f"{'' if not fm.frozen else ' that is not frozen'}): a training step needs at least one")
     import onnxruntime
     from onnxruntime.training import artifacts
 

@@ -1,0 +1,72 @@
+"""Usability lines: clear messages where a user used to read a Python error or a wall of text."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+from typer.testing import CliRunner
+
+from onnxplan.bench.results import dumps_results, new_results
+from onnxplan.cli.app import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_model_without_parameters_says_so(tmp_path):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "noparams",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, tmp_path / "noparams.onnx")
+    r = runner.invoke(app, ["plan", str(tmp_path / "noparams.onnx")])
+    assert r.exit_code == 2, r.stderr
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and "'noparams' has no trainable parameters" in err, err
+    assert "list index" not in err
+
+
+def test_models_build_help_names_the_cache_folder_in_use():
+    from onnxplan.artifacts import default_cache_dir
+
+    r = runner.invoke(app, ["models", "build", "--help"], env={"ONNXPLAN_CACHE": ""})
+    text = " ".join(r.stdout.split())
+    assert "~/.cache/onnxplan/artifacts" in text
+    assert str(default_cache_dir()).endswith("/.cache/onnxplan/artifacts") or "ONNXPLAN_CACHE" in text
+
+
+def test_the_readme_first_command_writes_no_tracked_file():
+    readme = (ROOT / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    outputs = re.findall(r"(?:-o|--html|--markdown|--csv) (\S+)", first)
+    assert outputs, first
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    for path in outputs:
+        assert path.startswith("out/") and path not in tracked, path
+    assert "out/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_check_summarises_many_missing_rows(tmp_path):
+    def doc(rows):
+        d = new_results({"strategies": sorted({r["strategy"] for r in rows})})
+        d["rows"] = rows
+        return dumps_results(d)
+
+    rows = [{"model": f"m{k}", "batch": 4, "strategy": s, "planned_peak_bytes": 1000, "lower_bound_bytes": 900,
+             "measured_peak_bytes": None, "median_step_seconds": None}
+            for k in range(14) for s in ("auto", "given+naive", "nntrainer+sort", "greedy+best-fit", "ilp+ilp")]
+    (tmp_path / "base.json").write_text(doc(rows))
+    (tmp_path / "new.json").write_text(doc(rows[:1]))
+    r = runner.invoke(app, ["check", str(tmp_path / "new.json"), "--baseline", str(tmp_path / "base.json")])
+    assert r.exit_code == 1
+    lines = r.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("missing from"))
+    assert "69 baseline row(s) of 14 model(s)" in lines[head]
+    assert lines[head + 1].startswith("  m0 (batch 4): 4 strategies: given+naive")
+    assert lines[head + 11] == "  ... and 4 more model(s)"
+    assert all(len(line) < 160 for line in lines)
