@@ -28,9 +28,11 @@ def explain_command(
 
 
 def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
+    from onnxplan.executor.prepare import check_plan_record
     from onnxplan.plan import Plan
 
     plan = Plan.load(plan_file)
+    check_plan_record(plan)  # (run --plan re-verifies it in full against its model)
     info = plan.options.get("checkpoint")
     if json_out:
         print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info})

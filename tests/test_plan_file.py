@@ -112,3 +112,10 @@ def test_a_plan_without_a_model_reference_needs_model(plans, tmp_path):
 
 def test_run_without_model_or_plan_says_what_is_needed():
     _refused(_run("run", "--swap", "proactive", "--lookahead", "1"), "needs a MODEL")
+
+
+def test_explain_refuses_a_checkpoint_record_that_is_not_the_plans(plans, tmp_path):
+    assert _run("explain", str(plans["ck"])).exit_code == 0
+    path = _tampered(tmp_path, plans["ck"], lambda d: d["options"]["checkpoint"].update(schedule="L6.c1.n2-6.b6-1"))
+    r = _run("explain", str(path))
+    assert r.exit_code == 2 and "checkpoint record's schedule" in r.stderr and not r.stdout.strip()

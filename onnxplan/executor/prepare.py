@@ -13,7 +13,7 @@ from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.resolve import ModelRequest, resolve_artifacts
 
-__all__ = ["Prepared", "adopt_plan", "load_request", "prepare"]
+__all__ = ["Prepared", "adopt_plan", "check_plan_record", "load_request", "prepare"]
 
 
 @dataclass
@@ -58,6 +58,18 @@ def adopt_plan(graph: StepGraph, plan: Plan) -> StepGraph:
         made = (f" (made by onnxplan {plan.onnxplan_version}, this is {__version__})"
                 if plan.onnxplan_version and plan.onnxplan_version != __version__ else "")
         raise ModelError(f"the plan file fails verification{made}: {exc}") from None
+
+
+def check_plan_record(plan: Plan) -> None:
+    """The checks a plan file passes without its model: a pass list the planner writes and a
+    checkpoint record naming the recompute pass's schedule (ModelError, exit 2)."""
+    from onnxplan.verify import PlanError
+
+    try:
+        _check_passes(plan)
+        _check_checkpoint_record(plan)
+    except PlanError as exc:
+        raise ModelError(f"the plan file fails verification: {exc}") from None
 
 
 def _check_passes(plan: Plan) -> None:
