@@ -62,8 +62,10 @@ def run_command(
     (persistent + arena) next to the measured peak: the peak RSS increase of a fresh
     process from just before the arena is allocated (with --device cuda: the most device
     memory held at once by live CuPy arrays, counted by a hook on CuPy's pool from just
-    before the arena is allocated; no subprocess). Exit 0 ok, 1 mismatch with ONNX
-    Runtime (--verify) or an arena check failed, 2 bad input (model, plan file, options).
+    before the arena is allocated; no subprocess). With --plan, MODEL is optional: the plan
+    file names its model; the plan is re-verified in full against it. Exit 0 ok, 1 mismatch
+    with ONNX Runtime (--verify) or an arena check failed, 2 bad input (model, plan file,
+    options), 3 the run does not fit the memory available (checked before allocating).
     """
     plan_opts = {"order": order, "planner": planner, "interleave": interleave, "inplace": inplace,
                  "time_limit": time_limit}
