@@ -223,4 +223,5 @@ def load_step(
         optimizer={"type": kind, "attrs": attrs, "params": trainable, "grads": grads},
         loss=loss,
         folded={k: v for k, v in folded.items() if k not in constants},
+        source=dict(meta.get("forward") or {}),
     )
