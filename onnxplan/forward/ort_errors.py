@@ -17,6 +17,10 @@ _STATUS = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
 # "/onnxruntime_src/.../file.cc:123 <C++ signature> <condition> was false. <message>"
 _LOCATION = re.compile(r"/onnxruntime_src/\S+?/([\w.]+:\d+)\s+")
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)\s+for node\s*(.*)$")
+_LOAD = re.compile(r"Load model from \S+ failed:\s*")
+_SHORT_LOCATION = re.compile(r"^[\w.-]+\.(?:cc|h|cpp):\d+\s+(?:[A-Z]\w*\s+(?=[A-Z]))?")
+_NEW_OPSET = re.compile(r"Opset (\d+) is under development.*?support for domain (\S+) is till opset (\d+)")
+_UNREGISTERED = re.compile(r"(?:Fatal error:\s*)?([\w.]+):(\w+)\(-?\d+\) is not a registered function/op")
 _NO_OP = re.compile(r"No Op registered for (\S+) with domain_version of (\d+)")
 _BAD_NODE = re.compile(r"Name:\s*(\S*)\s+OpType:\s*(\S+)")
 
@@ -50,8 +54,20 @@ def _strip_signature(text: str) -> str:
 def ort_cause(text: str) -> str:
     """The cause in an ONNX Runtime exception text (or C++ log line), on one line, untruncated."""
     text = " ".join(str(text).split())
-    text = _STATUS.sub("", text)
+    status = list(_STATUS.finditer(text))
+    if status:  # what follows ORT's status marker is the message; before it, a pybind location
+        text = text[status[-1].end():]
+    text = _LOAD.sub("", text)
     text = _strip_signature(text)
+    text = _SHORT_LOCATION.sub("", text)
+    m = _NEW_OPSET.search(text)
+    if m:
+        return (f"opset {m.group(1)} of {m.group(2)} is newer than onnxruntime 1.19.2 supports "
+                f"(at most {m.group(3)})")
+    m = _UNREGISTERED.search(text)
+    if m:
+        return (f"unknown custom op {m.group(1)}::{m.group(2)}: onnxruntime 1.19.2 has no kernel for it "
+                f"(not a registered function/op)")
     m = _NO_BUILDER.search(text)
     if m:
         node = m.group(2).strip()
@@ -62,6 +78,8 @@ def ort_cause(text: str) -> str:
         node = f" (node {where.group(1)})" if where and where.group(1) else ""
         return (f"onnxruntime has no operator {m.group(1)} for opset {m.group(2)} of its domain{node}; "
                 f"unknown custom op or opset too new")
+    if text.startswith("Checkpoint verification failed"):
+        return "unreadable checkpoint (not an onnxruntime-training checkpoint, or corrupt)"
     return text.strip() or "unknown error"
 
 

@@ -79,6 +79,58 @@ def _unshaped(inferred: onnx.ModelProto) -> list[str]:
     return missing
 
 
+def _leading_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """Fixed leading dim of every value non-strict shape inference can give one."""
+    try:
+        inferred = _infer(model, strict=False)
+    except Exception:  # noqa: BLE001 - best effort
+        return {}
+    out = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        d = _dims(vi)
+        if d and d[0].HasField("dim_value"):
+            out[vi.name] = d[0].dim_value
+    return out
+
+
+def _batch_following_reshapes(model: onnx.ModelProto, exported: int) -> int:
+    """Rewrite, in place, Reshape shapes [B, ...] of inputs with leading dim B to [0, ...].
+
+    Reshape keeps row-major order, so when the output's leading dim equals the input's, output
+    row i holds exactly input row i's elements: copying the leading dim (0, allowzero=0) is
+    the same reshape for any batch. Returns how many Reshape nodes were rewritten.
+    """
+    graph = model.graph
+    leading = _leading_dims(model)
+    inits = {t.name: t for t in graph.initializer}
+    from onnx import numpy_helper
+
+    from onnxplan.forward._names import NameSource
+
+    names = NameSource(graph)
+    count = 0
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        shape_t = inits.get(node.input[1])
+        if shape_t is None or leading.get(node.input[0]) != exported:
+            continue
+        shape = numpy_helper.to_array(shape_t)
+        if shape.ndim != 1 or not len(shape) or int(shape[0]) != exported or (shape == 0).any():
+            continue
+        # no 0 in the shape: allowzero changes nothing, so it can be dropped for the copy below
+        keep = [a for a in node.attribute if a.name != "allowzero"]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        shape = shape.copy()
+        shape[0] = 0
+        new = names.fresh(f"{node.input[1]}.batch_copy")
+        graph.initializer.append(numpy_helper.from_array(shape, new))
+        node.input[1] = new
+        count += 1
+    return count
+
+
 def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, int],
                batch: int | None, name: str, notes: list[str]) -> StaticShapes:
     """Give every data input and the output a static shape, in place.
@@ -92,6 +144,11 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
     data = [vi for vi in graph.input if vi.name not in init_names]
     exported = _fixed_batch(data)
     rebatch = exported is not None and batch is not None and batch != exported
+    if rebatch:
+        rewritten = _batch_following_reshapes(model, exported)
+        if rewritten:
+            notes.append(f"{rewritten} Reshape shape(s) [{exported}, ...] that keep the batch rows now copy "
+                         f"the leading dim (0)")
     shapes = {}
     for vi in data:
         shape = _input_shape(vi, dims, batch)
