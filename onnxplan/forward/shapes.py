@@ -157,7 +157,10 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
         shapes[vi.name] = shape
         _set_shape(vi, shape)
     out = graph.output[0]
-    declared = _dims(out)
+    try:  # the declared output shape, dynamic dims resolved as the inputs' (a fallback only)
+        declared = _input_shape(out, dims, batch) if out.type.tensor_type.HasField("shape") else None
+    except DynamicDimError:
+        declared = None
     del graph.value_info[:]  # stale symbolic hints: inference recomputes them
     out.type.tensor_type.ClearField("shape")
     refuse = f"cannot re-batch {name} from its exported batch {exported} to --batch {batch}"
@@ -174,17 +177,13 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
             raise ModelError(f"{refuse}: shape inference leaves {len(missing)} value(s) without a static "
                              f"shape (first: {missing[0]})")
     got = inferred.graph.output[0].type.tensor_type
-    shape = []
-    for i, d in enumerate(got.shape.dim if got.HasField("shape") else []):
-        if d.HasField("dim_value"):
-            shape.append(d.dim_value)
-        elif i < len(declared) and declared[i].HasField("dim_value") and not rebatch:
-            shape.append(declared[i].dim_value)
-        else:
-            raise ModelError(f"the output '{out.name}' of {name} gets no static shape (dimension {i}); "
-                             f"give every dynamic dimension with --batch / --dim NAME=N")
-    if not shape and declared:
-        raise ModelError(f"the output '{out.name}' of {name} gets no static shape from shape inference")
+    shape = [d.dim_value if d.HasField("dim_value") else None for d in got.shape.dim] if got.HasField(
+        "shape") else None
+    if shape is None or None in shape:
+        if rebatch or declared is None:
+            raise ModelError(f"the output '{out.name}' of {name} gets no static shape; give every dynamic "
+                             f"dimension with --batch / --dim NAME=N")
+        shape = list(declared)  # an op onnx cannot infer (a contrib op): trust the declaration
     if rebatch:
         if not shape or shape[0] != batch:
             raise ModelError(f"{refuse}: the output's leading dimension stays {shape[0] if shape else '?'} "
