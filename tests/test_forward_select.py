@@ -104,3 +104,9 @@ def test_dynamo_annotations_keep_buffers_out():
     sel = _select(model)
     assert sel.trained == ["conv.w", "conv.b", "bn.scale", "bn.bias", "fc"]
     assert "table" in sel.constants
+    # a 0-d PARAMETER trains; an unannotated (folded) weight trains
+    vi = model.graph.value_info.add()
+    vi.name = "half"
+    vi.metadata_props.add(key=TORCH_KIND, value="PARAMETER")
+    del model.graph.value_info[0]  # conv.w loses its annotation, as a weight the optimizer folded
+    assert _select(model).trained == ["conv.w", "conv.b", "bn.scale", "bn.bias", "fc", "half"]
