@@ -17,7 +17,8 @@ CASES = [
     ("HardSigmoid", {}, 17), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, 17), ("HardSwish", {}, 17),
     ("Softplus", {}, 17), ("Mish", {}, 18), ("Elu", {}, 17), ("Elu", {"alpha": 0.5}, 17), ("Selu", {}, 17),
     ("Selu", {"alpha": 1.5, "gamma": 1.2}, 17), ("Celu", {"alpha": 2.0}, 17), ("Softsign", {}, 17),
-    ("PRelu", {}, 17), ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20),
+    ("PRelu", {}, 17), ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20), ("Sum", {}, 17),
+    ("Mean", {}, 17),
 ]
 
 
@@ -28,6 +29,10 @@ def _model(op: str, attrs: dict, opset: int) -> onnx.ModelProto:
     if op == "PRelu":  # a per-channel slope, broadcast as PyTorch exports it
         inits.append(numpy_helper.from_array(np.array([[0.25], [-0.5], [1.5]], np.float32), "slope"))
         inputs.append("slope")
+    if op in ("Sum", "Mean"):  # variadic, broadcasting
+        inits += [numpy_helper.from_array(np.array([[0.25], [-0.5], [1.5]], np.float32), "slope"),
+                  numpy_helper.from_array(np.linspace(-1, 1, 50, dtype=np.float32), "row")]
+        inputs += ["slope", "row"]
     node = helper.make_node(op, inputs, ["y"], name=f"/act/{op}", **attrs)
     model = helper.make_model(helper.make_graph([node], "g", [x], [y], inits),
                               opset_imports=[helper.make_opsetid("", opset)])
@@ -49,7 +54,7 @@ def test_decomposition_equals_the_op(op, attrs, opset):
     assert notes and op in notes[0] and f"/act/{op}" in notes[0]
     assert all(n.op_type != op for n in model.graph.node)
     assert all(has_gradient(n) for n in model.graph.node), [n.op_type for n in model.graph.node]
-    assert synthetic == {t.name for t in model.graph.initializer} - {"slope"}
+    assert synthetic == {t.name for t in model.graph.initializer} - {"slope", "row"}
     onnx.checker.check_model(model, full_check=True)
     got = ReferenceEvaluator(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, expected, rtol=2e-6, atol=2e-6)
