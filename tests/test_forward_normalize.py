@@ -15,7 +15,8 @@ def _opset20_model() -> onnx.ModelProto:
     """x[2,6] -> local function (Relu then Mul) -> Split(num_outputs=3, uneven) -> Pad(axes) ->
     Concat with ConstantOfShape -> ReduceMean(axes input) -> y."""
     f = helper.make_function("local", "ReluTwice", ["a"], ["b"],
-                             [helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Add", ["r", "r"], ["b"])],
+                             [helper.make_node("Relu", ["a"], ["r"]),
+                              helper.make_node("Add", ["r", "r"], ["b"])],
                              [helper.make_opsetid("", 20)])
     inits = [numpy_helper.from_array(np.array([1, 2], np.int64), "pads"),
              numpy_helper.from_array(np.array([1], np.int64), "pad_axes"),
@@ -25,8 +26,8 @@ def _opset20_model() -> onnx.ModelProto:
         helper.make_node("ReluTwice", ["x"], ["t"], domain="local", name="fn"),
         helper.make_node("Split", ["t"], ["s0", "s1", "s2"], axis=1, num_outputs=3, name="split"),
         helper.make_node("Pad", ["s1", "pads", "", "pad_axes"], ["p"], mode="reflect", name="pad"),
-        helper.make_node("ConstantOfShape", ["cshape"], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT,
-                                                                                           [1], [0.5])),
+        helper.make_node("ConstantOfShape", ["cshape"], ["c"],
+                         value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
         helper.make_node("Concat", ["s0", "p", "s2", "c"], ["cat"], axis=1, name="cat"),
         helper.make_node("ReduceMean", ["cat", "raxes"], ["y"], keepdims=1, name="mean"),
     ]

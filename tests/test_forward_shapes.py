@@ -17,7 +17,8 @@ def _padded(batch, out_dim0="n") -> onnx.ModelProto:
     stops there) -> MatMul -> y[out_dim0, 3]."""
     f32, i64 = np.float32, np.int64
     inits = [numpy_helper.from_array(np.full((6, 3), 0.1, f32), "w"),
-             numpy_helper.from_array(np.array([1], i64), "one"), numpy_helper.from_array(np.array([0], i64), "zero")]
+             numpy_helper.from_array(np.array([1], i64), "one"),
+             numpy_helper.from_array(np.array([0], i64), "zero")]
     nodes = [
         helper.make_node("Shape", ["x"], ["s"], start=1, end=2),  # [4]
         helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),

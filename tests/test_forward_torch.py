@@ -43,7 +43,8 @@ class ActMLP(nn.Module):
 class LNDropMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.l1, self.ln, self.drop, self.l2 = nn.Linear(8, 16), nn.LayerNorm(16), nn.Dropout(0.1), nn.Linear(16, 5)
+        self.l1, self.ln = nn.Linear(8, 16), nn.LayerNorm(16)
+        self.drop, self.l2 = nn.Dropout(0.1), nn.Linear(16, 5)
 
     def forward(self, x):
         return self.l2(self.drop(self.ln(self.l1(x))))
@@ -161,7 +162,8 @@ def test_bn_running_statistics_are_frozen_and_globs_override(exports):
     res = cli("inspect", str(path), "--batch", "2", "--json", "--freeze", "conv.*", "--train", "*")
     summary = json.loads(res.stdout)
     assert summary["parameters"]["trained"] == ["bn.weight", "bn.bias", "fc.weight", "fc.bias"]
-    assert summary["parameters"]["frozen"] == ["conv.weight", "conv.bias", "bn.running_mean", "bn.running_var"]
+    assert summary["parameters"]["frozen"] == ["conv.weight", "conv.bias", "bn.running_mean",
+                                               "bn.running_var"]
     one_line_error(cli("plan", str(path), "--batch", "2", "--freeze", "nosuch.*"),
                    "--freeze 'nosuch.*' matches no initializer")
     one_line_error(cli("inspect", "mlp", "--train", "fc*"), "forward .onnx")

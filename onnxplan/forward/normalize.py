@@ -32,7 +32,8 @@ def check_ops(model: onnx.ModelProto) -> None:
     newest = onnx.defs.onnx_opset_version()
     if opset > newest:
         raise ModelError(f"ai.onnx opset {opset} is newer than any this onnxplan knows (at most {newest}; "
-                         f"{ORT_TRAINING} trains opset {TARGET_OPSET}); export with opset_version={TARGET_OPSET}")
+                         f"{ORT_TRAINING} trains opset {TARGET_OPSET}); "
+                         f"export with opset_version={TARGET_OPSET}")
     functions = {(f.domain, f.name) for f in model.functions}
     for node in model.graph.node:
         if (node.domain, node.op_type) in functions:
@@ -128,8 +129,8 @@ def _hide_for_conversion(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     names = NameSource(model.graph)
 
     def refuse(node, why):
-        return ModelError(f"cannot convert {node.op_type} (node {_node_label(node)}) to opset {TARGET_OPSET}: "
-                          f"{why}")
+        return ModelError(f"cannot convert {node.op_type} (node {_node_label(node)}) to opset "
+                          f"{TARGET_OPSET}: {why}")
 
     for node in targets:
         if node.op_type == "Split":

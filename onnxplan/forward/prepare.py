@@ -58,7 +58,8 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     sel = select_parameters(model, types, train, freeze, synthetic, kinds)
     derived = [n for n in sel.trained if kinds and n not in kinds]
     if derived:
-        notes.append(f"trained {len(derived)} unannotated initializer(s) the exporter derived from parameters "
+        notes.append(f"trained {len(derived)} unannotated initializer(s) the exporter derived from "
+                     f"parameters "
                      f"({', '.join(derived[:3])}{', ...' if len(derived) > 3 else ''}); export with "
                      f"optimize=False to keep the parameter names")
     specs = []
