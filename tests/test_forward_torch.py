@@ -201,3 +201,17 @@ def test_dynamo_fixed_batch_reshape_follows_the_batch(exports, tmp_path):
     res = cli("inspect", str(path), "--batch", "3", "--json")
     rewrites = " | ".join(json.loads(res.stdout)["parameters"]["rewrites"])
     assert "copy the leading dim" in rewrites and "re-batched from the exported batch 2 to 3" in rewrites
+
+
+def test_bench_takes_the_globs_and_refuses_to_mix_rows(exports, tmp_path):
+    path = export("bncnn", False, exports)
+    out = tmp_path / "results.json"
+    common = ["bench", str(path), "--batch", "2", "--strategies", "given+naive", "--peers", "none",
+              "--no-measure", "-o", str(out)]
+    res = cli(*common, "--freeze", "conv.*")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    frozen_peak = json.loads(out.read_text())["rows"][0]["planned_peak_bytes"]
+    one_line_error(cli(*common), "was made with other --freeze globs; give --fresh")
+    res = cli(*common, "--fresh")
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert json.loads(out.read_text())["rows"][0]["planned_peak_bytes"] > frozen_peak  # conv's AdamW state
