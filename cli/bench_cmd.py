@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, handle_errors, print_json, write_atomic
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, print_json,
+                                  write_atomic)
 from onnxplan.errors import UsageError
 from onnxplan.sizes import format_bytes, parse_size
 
