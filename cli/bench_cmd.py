@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, print_json, write_atomic
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, print_json,
+                                  write_atomic)
 from onnxplan.errors import UsageError
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes, parse_size
@@ -39,6 +40,8 @@ def bench_command(
     csv_out: Path = typer.Option(None, "--csv", help="Also write the flat table as CSV."),
     html_out: Path = typer.Option(None, "--html", help="Also write the HTML report (as `onnxplan report`)."),
     md_out: Path = typer.Option(None, "--markdown", help="Also write the Markdown summary."),
+    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
+    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
 ) -> None:
     """Benchmark memory strategies: for each model x strategy, the planned peak, lower bound,
@@ -52,7 +55,7 @@ def bench_command(
     Exit 0 when the sweep completed, 2 on bad input.
     """
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
-                          budget, out, fresh, csv_out, html_out, md_out, json_out)
+                          budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze)
 
 
 def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
@@ -90,7 +93,7 @@ def _check_paths(*paths: Path | None) -> None:
 
 
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
-           fresh, csv_out, html_out, md_out, json_out) -> None:
+           fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None) -> None:
     from onnxplan.bench import (
         BenchConfig,
         count_tasks,
@@ -112,10 +115,14 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
     names = _model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
-                         repeat, warmup, measure, time_limit, _budgets(budget, names))
+                         repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
+                         tuple(freeze or ()))
     doc = new_results(config.to_json())
     if out is not None and out.exists() and not fresh:
         old = load_results(out)  # a malformed file is exit 2, and it is left as it was
+        for option in ("train", "freeze"):  # rows of other parameters would be kept as if current
+            if old.get("config", {}).get(option, []) != list(getattr(config, option)):
+                raise UsageError(f"{out} was made with other --{option} globs; give --fresh to start over")
         doc.update(rows=old["rows"], plans=old["plans"], peers=old["peers"], created=old.get("created", doc["created"]))
 
     def save(d: dict) -> None:

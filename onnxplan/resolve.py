@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxplan.errors import ModelError
+from onnxplan.errors import ModelError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
 from onnxplan.ir.onnx_files import load_onnx
@@ -29,6 +29,8 @@ class ModelRequest:
     optimizer: str | None = None  # adamw | sgd (zoo default when None)
     loss: str | None = None  # ce | mse (zoo default when None)
     dims: tuple[tuple[str, int], ...] = ()
+    train: tuple[str, ...] = ()  # --train GLOB: forward .onnx only
+    freeze: tuple[str, ...] = ()  # --freeze GLOB: forward .onnx only
 
 
 def _looks_like_path(text: str) -> bool:
@@ -38,6 +40,9 @@ def _looks_like_path(text: str) -> bool:
 def resolve_artifacts(req: ModelRequest) -> Path:
     """The artifact folder for a request, building artifacts into the cache when needed."""
     path = Path(req.model)
+    if (req.train or req.freeze) and not path.is_file():
+        raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
+                         f"'{req.model}' is not one")
     if path.is_dir():
         missing = [f for f in ARTIFACT_FILES if not (path / f).is_file()]
         if missing:
@@ -54,6 +59,7 @@ def resolve_artifacts(req: ModelRequest) -> Path:
         return generate_from_onnx(
             path, model=forward, batch=req.batch, dims=dict(req.dims),
             optimizer=req.optimizer or "adamw", loss=req.loss or "ce",
+            train=list(req.train), freeze=list(req.freeze),
         )
     from onnxplan.models import build_forward, list_models
 
@@ -95,17 +101,21 @@ def model_reference(req: ModelRequest, folder: Path | None) -> dict:
     from_zoo = not Path(req.model).exists() and not _looks_like_path(req.model)
     return {"model": req.model if from_zoo else str(Path(req.model).resolve()), "batch": req.batch,
             "dims": [list(d) for d in req.dims], "optimizer": req.optimizer, "loss": req.loss,
+            "train": list(req.train), "freeze": list(req.freeze),
             "content_hash": read_metadata(Path(folder)).get("content_hash") if folder is not None else None}
 
 
 def request_from_reference(ref: dict, batch: int | None = None, optimizer: str | None = None,
-                           loss: str | None = None, dims: tuple[tuple[str, int], ...] = ()) -> ModelRequest:
+                           loss: str | None = None, dims: tuple[tuple[str, int], ...] = (),
+                           train: tuple[str, ...] = (), freeze: tuple[str, ...] = ()) -> ModelRequest:
     """The request a plan's model reference stands for; options given override it (the
     plan's fingerprint check then refuses a different graph)."""
     try:
         return ModelRequest(str(ref["model"]), batch if batch is not None else ref.get("batch"),
                             optimizer or ref.get("optimizer"), loss or ref.get("loss"),
-                            dims or tuple((str(k), int(v)) for k, v in ref.get("dims") or ()))
+                            dims or tuple((str(k), int(v)) for k, v in ref.get("dims") or ()),
+                            train or tuple(str(g) for g in ref.get("train") or ()),
+                            freeze or tuple(str(g) for g in ref.get("freeze") or ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"malformed model reference in the plan: {type(exc).__name__}: {exc}") from None
 

@@ -33,12 +33,16 @@ class BenchConfig:
     measure: bool = True
     time_limit: float = 10.0
     budgets: dict[str, int] = field(default_factory=dict)  # model (or "*") -> bytes
+    train: tuple[str, ...] = ()  # --train GLOB for every forward .onnx model
+    freeze: tuple[str, ...] = ()  # --freeze GLOB for every forward .onnx model
 
     def to_json(self) -> dict[str, Any]:
         return {"models": list(self.models), "strategies": [s.name for s in self.strategies],
                 "batch": self.batch, "peers": list(self.peers), "repeat": self.repeat,
                 "warmup": self.warmup, "measure": self.measure, "time_limit": self.time_limit,
-                "budgets": dict(self.budgets)}
+                "budgets": dict(self.budgets),
+                **({"train": list(self.train)} if self.train else {}),
+                **({"freeze": list(self.freeze)} if self.freeze else {})}
 
     def budget(self, model: str) -> int | None:
         return self.budgets.get(model, self.budgets.get("*"))
@@ -107,7 +111,8 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
 
     for model in config.models:
         advance(f"{model}: artifacts", 0)
-        folder = resolve_artifacts(ModelRequest(model, config.batch))
+        folder = resolve_artifacts(ModelRequest(model, config.batch, train=tuple(config.train),
+                                                freeze=tuple(config.freeze)))
         try:
             meta = read_metadata(folder)
         except OnnxplanError:  # a user's artifact folder from elsewhere: no onnxplan.json
