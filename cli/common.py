@@ -14,6 +14,7 @@ import typer
 
 from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.resolve import ModelRequest
+from onnxplan.sizes import MAX_BYTES
 
 __all__ = ["handle_errors", "model_request", "write_atomic", "print_json", "fail"]
 
@@ -45,14 +46,16 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
             raise UsageError(f"invalid --dim '{item}': expected NAME=INT, e.g. --dim batch=32")
+        if int(value) > MAX_BYTES:
+            raise UsageError(f"invalid --dim {name}={value}: more than 2**53")
         out.append((name, int(value)))
     return tuple(out)
 
 
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None) -> ModelRequest:
-    if batch is not None and batch <= 0:
-        raise UsageError(f"invalid --batch {batch}: must be a positive integer")
+    if batch is not None and not 0 < batch <= MAX_BYTES:
+        raise UsageError(f"invalid --batch {batch}: must be a positive integer, at most 2**53")
     if optimizer is not None and optimizer not in ("adamw", "sgd"):
         raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
     if loss is not None and loss not in ("ce", "mse"):

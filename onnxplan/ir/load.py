@@ -67,6 +67,8 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
     shape = []
     for axis, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
+            if d.dim_value < 0:
+                raise ModelError(f"input '{vi.name}' has a negative dimension {d.dim_value} (axis {axis})")
             shape.append(d.dim_value)
             continue
         name = d.dim_param or "?"
@@ -79,7 +81,22 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
                 f"input '{vi.name}' has a dynamic dimension '{name}' (axis {axis}); "
                 f"give its value with --batch N or --dim {name}=N"
             )
-    return TensorSpec(onnx_to_numpy_dtype(tt.elem_type), tuple(shape))
+    try:
+        dtype = onnx_to_numpy_dtype(tt.elem_type)
+    except ModelError as exc:
+        raise ModelError(f"input '{vi.name}': {exc}") from None
+    return TensorSpec(dtype, tuple(shape))
+
+
+def _check_total_bytes(values: dict[str, Value], folder: Path) -> None:
+    """Refuse a step whose tensors add up to more than sizes.MAX_BYTES: past it byte counts
+    are no longer exact in JSON or safe from int64 overflow in the planners."""
+    from onnxplan.sizes import MAX_BYTES, format_bytes
+
+    total = sum(v.spec.nbytes for v in values.values() if v.spec is not None)
+    if total > MAX_BYTES:
+        raise ModelError(f"{folder}: the step's tensors add up to {format_bytes(total)} ({total:.3g} B), more "
+                         f"than onnxplan plans for ({format_bytes(MAX_BYTES)}); use a smaller batch or dimension")
 
 
 def _forward_nodes(nodes: list[onnx.NodeProto], loss: str) -> set[int]:
@@ -212,6 +229,7 @@ def load_step(
     specs, folded = infer_shapes(nodes, known, constants, opsets)
     for name, val in values.items():
         val.spec = specs.get(name)
+    _check_total_bytes(values, folder)
     return StepGraph(
         name=meta.get("model", folder.name),
         nodes=nodes,
