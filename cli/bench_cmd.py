@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, print_json, write_atomic
+from onnxplan.cli.common import check_output, handle_errors, print_json, write_atomic
 from onnxplan.errors import UsageError
 from onnxplan.sizes import format_bytes, parse_size
 
@@ -80,12 +80,6 @@ def _budgets(items: list[str] | None) -> dict[str, int]:
     return out
 
 
-def _check_paths(*paths: Path | None) -> None:
-    for path in paths:
-        if path is not None and not path.parent.exists():
-            raise UsageError(f"{path}: folder {path.parent} does not exist")
-
-
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out) -> None:
     from onnxplan.bench import (
@@ -103,7 +97,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
     if repeat < 1 or warmup < 0:
         raise UsageError("--repeat must be >= 1 and --warmup >= 0")
-    _check_paths(out, csv_out, html_out, md_out)
+    check_output(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
     config = BenchConfig(_model_names(models, all_models), parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget))

@@ -16,7 +16,7 @@ from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.resolve import ModelRequest
 from onnxplan.sizes import MAX_BYTES
 
-__all__ = ["handle_errors", "model_request", "write_atomic", "print_json", "fail"]
+__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail"]
 
 
 def fail(message: str, code: int) -> None:
@@ -63,13 +63,37 @@ def model_request(model: str, batch: int | None, optimizer: str | None, loss: st
     return ModelRequest(model, batch, optimizer, loss, parse_dims(dims))
 
 
+def check_output(*paths: Path | str | None) -> None:
+    """Refuse output paths that cannot be written (UsageError, exit 2): a command checks all of
+    its outputs with this before its work and before writing any of them. None and '-'
+    (stdout) pass."""
+    for path in paths:
+        if path is None or str(path) == "-":
+            continue
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise UsageError(f"{path}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise UsageError(f"{path}: is a folder; give a file name")
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{path}: not a regular file (a device, pipe or socket); give a file name")
+        try:  # a probe, not os.access: it also holds for root and for read-only file systems
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot write in folder {path.parent} ({exc.strerror or exc})") from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file via a temporary sibling and rename, so no half-written file is left."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise UsageError(f"{path}: folder {path.parent} does not exist")
+    check_output(path)
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
@@ -77,6 +101,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         with os.fdopen(fd, mode) as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, model_request, print_json, write_atomic
+from onnxplan.cli.common import check_output, handle_errors, model_request, print_json, write_atomic
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.sizes import format_bytes, parse_size
 
@@ -59,8 +59,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
     budget_bytes = parse_size(budget) if budget is not None else None
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim)
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"{out}: folder {out.parent} does not exist")
+    check_output(out)
     graph = load_model(req)
     swap_opts = _swap_options(swap, lookahead, window_bytes, budget_bytes)
     res = _plan_with_memory_strategy(graph, PlanOptions(order, planner, interleave, inplace, time_limit, **swap_opts,
