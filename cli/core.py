@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 from onnxplan.errors import EXIT_BUDGET, EXIT_BUG, EXIT_USAGE
 
-__all__ = ["OnnxplanCommand", "OnnxplanGroup", "set_debug", "debug_enabled", "DEBUG_ENV"]
+__all__ = ["DEBUG_ENV", "OnnxplanCommand", "OnnxplanGroup", "debug_enabled", "set_debug"]
 
 DEBUG_ENV = "ONNXPLAN_DEBUG"
 _debug = {"on": False}  # set by `onnxplan --debug` (the root callback), reset by every main()

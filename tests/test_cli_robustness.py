@@ -178,7 +178,7 @@ def test_check_update_baseline_into_a_folder(tmp_path, results):
 # 8. --swap-dir on a full file system: the reservation fails, or (no fallocate) a write does
 @pytest.mark.parametrize("where", ["fallocate", "pwrite"])
 def test_swap_dir_full(tmp_path, mlp_art, monkeypatch, where):
-    import onnxplan.executor.swap_io as swap_io
+    from onnxplan.executor import swap_io
 
     def no_room(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -242,7 +242,7 @@ def test_usage_names_the_arguments():
 
 # an unexpected internal error: exit 4, one line that says it is a bug; the traceback on request
 def test_internal_error_is_exit_4(monkeypatch, mlp_art):
-    import onnxplan.cli.inspect_cmd as inspect_cmd
+    from onnxplan.cli import inspect_cmd
 
     def boom(graph):
         raise ZeroDivisionError("planted")
