@@ -14,7 +14,7 @@ from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
 
-__all__ = ["ARTIFACT_FILES", "load_step", "read_metadata", "parameter_names", "input_spec"]
+__all__ = ["ARTIFACT_FILES", "load_step", "read_metadata", "parameter_names", "input_spec", "tensor_array"]
 
 ARTIFACT_FILES = ("training_model.onnx", "optimizer_model.onnx")
 ACC_SUFFIX = "_grad.accumulation.buffer"
@@ -48,16 +48,31 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     return trainable, frozen
 
 
+def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """The numpy array of an initializer or tensor attribute; ModelError (exit 2) when its data
+    does not match its dims or type (truncated, wrong length, unknown type)."""
+    try:
+        onnx_to_numpy_dtype(t.data_type)  # a numeric type
+        if any(d < 0 for d in t.dims):
+            raise ValueError(f"negative dimension in {list(t.dims)}")
+        return numpy_helper.to_array(t)
+    except (ModelError, ValueError, TypeError, KeyError, OverflowError, MemoryError) as exc:
+        raise ModelError(f"{what} '{t.name}': unreadable tensor data ({type(exc).__name__}: {exc})") from None
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     out = {}
     for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [x.decode() for x in v]
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
+        try:
+            v = onnx.helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode() for x in v]
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"node '{node.name}' ({node.op_type}): attribute '{a.name}' is unreadable ({exc})") from None
+        if isinstance(v, onnx.TensorProto):
+            v = tensor_array(v, f"attribute '{a.name}' of node '{node.name}'")
         out[a.name] = v
     return out
 
@@ -145,9 +160,11 @@ def load_step(
     constants: dict[str, np.ndarray] = {}
     step_inputs: list[str] = []
     for t in tg.initializer:
-        constants[t.name] = numpy_helper.to_array(t)
+        constants[t.name] = tensor_array(t, "initializer")
         values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
     for vi in tg.input:
+        if vi.name in known:
+            raise ModelError(f"{folder / 'training_model.onnx'}: graph input '{vi.name}' is listed twice")
         spec = input_spec(vi, dims, batch)
         known[vi.name] = spec
         if vi.name in params:
@@ -165,16 +182,29 @@ def load_step(
     nodes: list[Node] = []
     updated_grad: dict[str, str] = {}
     param_grads = set()
+    produced = set(values)  # initializers and graph inputs
+    names: set[str] = set()
     for i, n in enumerate(tg.node):
         outputs = list(n.output)
         phase = "forward" if i in forward else "backward"
+        name = n.name or f"{n.op_type}_{i}"
+        while name in names:  # ONNX does not require unique node names; the IR keys nodes by name
+            name = f"{name}#{i}"
+        names.add(name)
+        twice = next((o for o in outputs if o and o in produced), None)
+        if twice is not None:
+            raise ModelError(f"{folder / 'training_model.onnx'}: value '{twice}' is produced twice (again by node "
+                             f"'{name}'); an ONNX graph assigns every value once")
+        produced.update(o for o in outputs if o)
         if n.op_type == "InPlaceAccumulatorV2":
+            if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
+                raise ModelError(f"{folder / 'training_model.onnx'}: node '{name}' (InPlaceAccumulatorV2) needs a "
+                                 f"buffer and a gradient input and an output")
             buf = n.input[0]
             updated_grad[buf] = f"{buf}.updated"
             outputs = [outputs[0], updated_grad[buf]]
             param_grads.add(n.input[1])
-        nodes.append(Node(n.name or f"{n.op_type}_{i}", n.op_type, n.domain, list(n.input),
-                          outputs, _attrs(n), phase))
+        nodes.append(Node(name, n.op_type, n.domain, list(n.input), outputs, _attrs(n), phase))
     for n in nodes:
         for o in n.outputs:
             if not o:
