@@ -178,6 +178,10 @@ def load_step(
             values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
             step_inputs.append(vi.name)
 
+    missing = [p for p in [*trainable, *frozen] if p not in known]
+    if missing:
+        raise ModelError(f"{folder / 'training_model.onnx'}: parameter '{missing[0]}' is not a graph input"
+                         + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
     forward = _forward_nodes(list(tg.node), loss)
     nodes: list[Node] = []
     updated_grad: dict[str, str] = {}
