@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["KINDS", "BASES", "Case", "mutate", "run_case", "base_folders"]
+__all__ = ["BASES", "KINDS", "Case", "base_folders", "check_model", "mutate", "run_case", "summary"]
 
 # The models mutated: small zoo models (tests/zoo_small.py) that cover the common ops.
 BASES = ("mlp", "transformer", "nnt-conv-ac-fl")
@@ -269,10 +269,6 @@ def base_folders() -> dict[str, Path]:
 def run_case(seed: int, bases: dict[str, Path], work: Path) -> Case:
     """Mutate one file of a copied artifact folder (seeded), run `inspect` and `plan` on it
     in-process; a problem is an exit code outside {0, 2, 3} or a traceback anywhere."""
-    from typer.testing import CliRunner
-
-    from onnxplan.cli.app import app
-
     rng = random.Random(seed)
     base = rng.choice(sorted(bases))
     target = rng.choices([t for t, _ in TARGETS], [w for _, w in TARGETS])[0]
@@ -282,20 +278,28 @@ def run_case(seed: int, bases: dict[str, Path], work: Path) -> Case:
     options = rng.choice(PLAN_OPTIONS) if rng.random() < 0.5 else []
     (folder / target).write_bytes(data)
     model = str(folder / target) if target == "forward.onnx" else str(folder)
+    codes, problem = check_model(model, options)
+    shutil.rmtree(folder, ignore_errors=True)
+    return Case(seed, base, target, kind, codes, problem, tuple(options))
+
+
+def check_model(model: str, plan_options: list[str]) -> tuple[tuple[int, ...], str | None]:
+    """Exit codes of `inspect MODEL` and `plan MODEL ...` (in-process), and the problem seen:
+    an exception that escaped the CLI, an exit code outside {0, 2, 3} (4 is a bug), a traceback."""
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
+
     runner = CliRunner()
-    codes, problem = [], None
-    for args in (["inspect", model], ["plan", model, "--time-limit", "1", *options]):
+    codes: list[int] = []
+    for args in (["inspect", model], ["plan", model, "--time-limit", "1", *plan_options]):
         r = runner.invoke(app, args)
         codes.append(r.exit_code)
-        seen = r.stdout + r.stderr
         if r.exception is not None and not isinstance(r.exception, SystemExit):
-            problem = f"{args[0]}: uncaught {type(r.exception).__name__}: {r.exception}"
-        elif r.exit_code not in (0, 2, 3) or "Traceback" in seen:
-            problem = f"{args[0]}: exit {r.exit_code}: {r.stderr.strip()[-400:]}"
-        if problem:
-            break
-    shutil.rmtree(folder, ignore_errors=True)
-    return Case(seed, base, target, kind, tuple(codes), problem, tuple(options))
+            return tuple(codes), f"{args[0]}: uncaught {type(r.exception).__name__}: {r.exception}"
+        if r.exit_code not in (0, 2, 3) or "Traceback" in r.stdout + r.stderr:
+            return tuple(codes), f"{args[0]}: exit {r.exit_code}: {r.stderr.strip()[-400:]}"
+    return tuple(codes), None
 
 
 def summary(cases: list[Case]) -> str:
