@@ -63,10 +63,13 @@ def build_command(
         raise UsageError(f"{out}: exists and is not a folder")
     folder = resolve_artifacts(req)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for f in folder.iterdir():
-            if f.is_file():
-                shutil.copy2(f, out / f.name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in folder.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, out / f.name)
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write the artifacts there ({exc.strerror or exc})") from None
         folder = out
     files = sorted(f.name for f in folder.iterdir() if f.is_file())
     if json_out:

@@ -259,3 +259,8 @@ def test_internal_error_is_exit_4(monkeypatch, mlp_art):
 
 def test_help_documents_exit_4():
     assert "4 an internal error" in " ".join(_run("--help").stdout.split())
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
+def test_models_build_into_proc():
+    _one_line(_run("models", "build", "mlp", "--batch", "4", "-o", "/proc/self/x"), 2, "/proc/self/x: cannot write")
