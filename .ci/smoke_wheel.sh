@@ -35,8 +35,10 @@ cd "$WORK"
 rm -rf "$WORK/src"  # nothing left to import from but the installed wheel
 export ONNXPLAN_CACHE="$WORK/cache"
 "$PY" - <<'PY'
+import sys
 import onnxplan, onnxplan.cli.app, onnxplan.executor.runner, onnxplan.models  # the wheel's, not the checkout's
-assert "site-packages" in onnxplan.__file__, onnxplan.__file__
+for m in (onnxplan, onnxplan.cli.app, onnxplan.models):
+    assert m.__file__.startswith(sys.prefix), m.__file__
 PY
 op() { echo "+ onnxplan $*"; "$WORK/venv/bin/onnxplan" "$@"; }
 op --version
