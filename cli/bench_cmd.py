@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, print_json,
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, print_json,
                                   write_atomic)
 from onnxplan.errors import UsageError
 from onnxplan.progress import Progress
@@ -86,12 +86,6 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
     return out
 
 
-def _check_paths(*paths: Path | None) -> None:
-    for path in paths:
-        if path is not None and not path.parent.exists():
-            raise UsageError(f"{path}: folder {path.parent} does not exist")
-
-
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None) -> None:
     from onnxplan.bench import (
@@ -111,7 +105,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     if repeat < 1 or warmup < 0:
         raise UsageError("--repeat must be >= 1 and --warmup >= 0")
     check_time_limit(time_limit)
-    _check_paths(out, csv_out, html_out, md_out)
+    check_output(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
     names = _model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,

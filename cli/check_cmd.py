@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, write_atomic
+from onnxplan.cli.common import check_output, handle_errors, write_atomic
 from onnxplan.errors import EXIT_FAILURE
 
 __all__ = ["check_command"]
@@ -67,6 +67,8 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
     if metric not in METRICS:
         raise UsageError(f"unknown --metric '{metric}'; known: {', '.join(METRICS)}")
     tol = parse_tolerance(tolerance, metric)
+    if update_baseline:
+        check_output(baseline)
     new = load_results(results)
     if update_baseline and not baseline.exists():
         write_atomic(baseline, dumps_results(baseline_document(new)))

@@ -14,8 +14,9 @@ import typer
 
 from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.resolve import ModelRequest
+from onnxplan.sizes import MAX_BYTES
 
-__all__ = ["handle_errors", "model_request", "write_atomic", "print_json", "fail"]
+__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail"]
 
 
 def fail(message: str, code: int) -> None:
@@ -45,6 +46,8 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
         name, sep, value = item.partition("=")
         if not sep or not name or not value.strip().isdigit():
             raise UsageError(f"invalid --dim '{item}': expected NAME=INT, e.g. --dim batch=32")
+        if int(value) > MAX_BYTES:
+            raise UsageError(f"invalid --dim {name}={value}: more than 2**53")
         out.append((name, int(value)))
     return tuple(out)
 
@@ -52,8 +55,8 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None, train: list[str] | None = None,
                   freeze: list[str] | None = None) -> ModelRequest:
-    if batch is not None and batch <= 0:
-        raise UsageError(f"invalid --batch {batch}: must be a positive integer")
+    if batch is not None and not 0 < batch <= MAX_BYTES:
+        raise UsageError(f"invalid --batch {batch}: must be a positive integer, at most 2**53")
     if optimizer is not None and optimizer not in ("adamw", "sgd"):
         raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
     if loss is not None and loss not in ("ce", "mse"):
@@ -69,13 +72,37 @@ TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; rep
 FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
 
 
+def check_output(*paths: Path | str | None) -> None:
+    """Refuse output paths that cannot be written (UsageError, exit 2): a command checks all of
+    its outputs with this before its work and before writing any of them. None and '-'
+    (stdout) pass."""
+    for path in paths:
+        if path is None or str(path) == "-":
+            continue
+        path = Path(path)
+        if not path.parent.is_dir():
+            raise UsageError(f"{path}: folder {path.parent} does not exist")
+        if path.is_dir():
+            raise UsageError(f"{path}: is a folder; give a file name")
+        if path.exists() and not path.is_file():
+            raise UsageError(f"{path}: not a regular file (a device, pipe or socket); give a file name")
+        try:  # a probe, not os.access: it also holds for root and for read-only file systems
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as exc:
+            raise UsageError(f"{path}: cannot write in folder {path.parent} ({exc.strerror or exc})") from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file via a temporary sibling and rename, so no half-written file is left."""
     path = Path(path)
-    if path.parent and not path.parent.exists():
-        raise UsageError(f"{path}: folder {path.parent} does not exist")
+    check_output(path)
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
@@ -83,6 +110,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         with os.fdopen(fd, mode) as f:
             f.write(data)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

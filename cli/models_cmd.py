@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnxplan.cli.common import handle_errors, model_request, print_json
+from onnxplan.cli.core import OnnxplanCommand
 from onnxplan.errors import UsageError
 
 __all__ = ["models_app"]
@@ -18,7 +19,7 @@ models_app = typer.Typer(help="The built-in model zoo (built in code, seeded wei
                          no_args_is_help=True)
 
 
-@models_app.command("list")
+@models_app.command("list", cls=OnnxplanCommand)
 @handle_errors
 def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """List the zoo models with their default batch, loss and optimizer."""
@@ -38,7 +39,7 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     Console(width=shutil.get_terminal_size((120, 24)).columns).print(table)
 
 
-@models_app.command("build")
+@models_app.command("build", cls=OnnxplanCommand)
 @handle_errors
 def build_command(
     name: str = typer.Argument(..., help="Zoo model name (see `onnxplan models list`)."),
@@ -62,10 +63,13 @@ def build_command(
         raise UsageError(f"{out}: exists and is not a folder")
     folder = resolve_artifacts(req)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        for f in folder.iterdir():
-            if f.is_file():
-                shutil.copy2(f, out / f.name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in folder.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, out / f.name)
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write the artifacts there ({exc.strerror or exc})") from None
         folder = out
     files = sorted(f.name for f in folder.iterdir() if f.is_file())
     if json_out:

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, model_request, parameter_lines,
-                                  parameter_report, print_json, write_atomic)
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, model_request,
+                                  parameter_lines, parameter_report, print_json, write_atomic)
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.sizes import format_bytes, parse_size
 
@@ -58,15 +58,14 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
           profile=False, device="cpu", train=None, freeze=None) -> None:
     from onnxplan.device import array_module
     from onnxplan.ir.load import load_step
-    from onnxplan.planning import PlanOptions, check_time_limit, plan_step
+    from onnxplan.planning import PlanOptions, check_time_limit
     from onnxplan.resolve import model_reference, resolve_artifacts
 
     budget_bytes = parse_size(budget) if budget is not None else None
     check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
-    if out is not None and not out.parent.exists():
-        raise UsageError(f"{out}: folder {out.parent} does not exist")
+    check_output(out)
     folder = resolve_artifacts(req)
     graph = load_step(folder, dims=dict(req.dims), batch=req.batch)
     swap_opts = _swap_options(swap, lookahead, window_bytes, budget_bytes)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from onnxplan.cli.common import handle_errors, write_atomic
+from onnxplan.cli.common import check_output, handle_errors, write_atomic
 from onnxplan.errors import UsageError
 
 __all__ = ["report_command"]
@@ -31,9 +31,7 @@ def _report(results, out, markdown, title) -> None:
     from onnxplan.bench import load_results
     from onnxplan.report import markdown_summary, render_html
 
-    for path in (out, markdown):
-        if path is not None and str(path) != "-" and not path.parent.exists():
-            raise UsageError(f"{path}: folder {path.parent} does not exist")
+    check_output(out, markdown)
     docs = [load_results(p) for p in results]
     if not any(d["rows"] for d in docs):
         raise UsageError("the results hold no rows: nothing to report")

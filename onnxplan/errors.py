@@ -11,12 +11,14 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "EXIT_BUDGET",
+    "EXIT_BUG",
 ]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a check failed: mismatch against ONNX Runtime, a regression
 EXIT_USAGE = 2  # bad input: path, model, size string, option
 EXIT_BUDGET = 3  # no plan reaches the requested budget
+EXIT_BUG = 4  # an unexpected internal error: a bug in onnxplan (cli.core)
 
 
 class OnnxplanError(Exception):

@@ -126,6 +126,8 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Plan":
+        if not isinstance(d, dict):
+            raise ModelError(f"not a plan: the JSON is {type(d).__name__}, not an object")
         if d.get("schema_version") != SCHEMA_VERSION:
             raise ModelError(f"plan schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
         try:
@@ -151,5 +153,11 @@ class Plan:
             return cls.from_json(json.loads(path.read_text()))
         except FileNotFoundError:
             raise ModelError(f"{path}: no such plan file") from None
+        except IsADirectoryError:
+            raise ModelError(f"{path}: is a folder, not a plan file") from None
+        except OSError as exc:
+            raise ModelError(f"{path}: unreadable plan file ({exc.strerror or exc})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ModelError(f"{path}: not a plan JSON file ({exc})") from None
+        except ModelError as exc:
+            raise ModelError(f"{path}: {exc}") from None

@@ -70,6 +70,8 @@ def resolve_artifacts(req: ModelRequest) -> Path:
         spec = next(m for m in list_models() if m.name == req.model)
         fm = build_forward(req.model, batch=req.batch, loss=req.loss)
         return build_artifacts(fm, None, optimizer=req.optimizer or spec.default_optimizer)
+    if path.exists():
+        raise ModelError(f"{req.model}: not a regular file or folder (a device, pipe or socket)")
     if _looks_like_path(req.model):
         raise ModelError(f"{req.model}: no such file or folder")
     raise ModelError(
@@ -79,11 +81,17 @@ def resolve_artifacts(req: ModelRequest) -> Path:
 
 
 def _check_dims(model, req: ModelRequest) -> None:
-    """Refuse a dynamic input dimension with no value before anything is generated."""
+    """Refuse a dynamic input dimension with no value, or an input past sizes.MAX_BYTES,
+    before anything is generated."""
+    from onnxplan.sizes import MAX_BYTES, format_bytes
+
     initializers = {t.name for t in model.graph.initializer}
     for vi in model.graph.input:
         if vi.type.HasField("tensor_type") and vi.name not in initializers:
-            input_spec(vi, dict(req.dims), req.batch)
+            spec = input_spec(vi, dict(req.dims), req.batch)
+            if spec.nbytes > MAX_BYTES:
+                raise ModelError(f"input '{vi.name}' {spec} holds {format_bytes(spec.nbytes)}, more than "
+                                 f"onnxplan plans for ({format_bytes(MAX_BYTES)}); use a smaller batch or dimension")
 
 
 def load_model(req: ModelRequest) -> StepGraph:

@@ -134,6 +134,8 @@ def validate_results(doc: Any, source: str) -> dict[str, Any]:
             raise ModelError(f"{source}: rows[{i}]: model and strategy must be strings")
         for k in ("planned_peak_bytes", "lower_bound_bytes", "measured_peak_bytes", "median_step_seconds"):
             v = row.get(k)
+            if v is None and k in _REQUIRED:
+                raise ModelError(f"{source}: rows[{i}].{k} is null; every row has a plan, so it must be a number")
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ModelError(f"{source}: rows[{i}].{k} is {v!r}, not a number or null")
     for section in ("plans", "peers"):

@@ -21,6 +21,7 @@ its read. Each wait that blocks counts as a stall, with its seconds.
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import tempfile
@@ -33,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import UsageError
+from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
 
-__all__ = ["SwapRuntime", "SwapStats", "SwapStore", "SwapWorker", "fs_type"]
+__all__ = ["SwapIOError", "SwapRuntime", "SwapStats", "SwapStore", "SwapWorker", "fs_type"]
 
 PAGE = 4096
 _SYNC_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
@@ -81,6 +82,18 @@ def _default_parent() -> str:
     return tmp
 
 
+class SwapIOError(OnnxplanError):
+    """The swap file cannot be written or read: no room on --swap-dir (ENOSPC, a quota) or an
+    I/O error. Exit 2: the folder is unusable; pick another with --swap-dir."""
+
+
+def _io_error(exc: OSError, folder: str, what: str) -> SwapIOError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SwapIOError(f"--swap-dir {folder}: no room for the swap file ({what}: {os.strerror(exc.errno)}); "
+                           "free space or give another folder with --swap-dir")
+    return SwapIOError(f"--swap-dir {folder}: swap file I/O failed ({what}: {exc.strerror or exc})")
+
+
 class SwapStore:
     """Slots of bytes in one unlinked file. `slots`: slot name -> bytes."""
 
@@ -109,7 +122,10 @@ class SwapStore:
         self.nbytes = end
         try:
             os.posix_fallocate(fd, 0, max(end, 1))
-        except OSError:  # a file system without it: a sparse file, flushes then write metadata
+        except OSError as exc:  # a file system without it: a sparse file, flushes then write metadata
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                os.close(fd)
+                raise _io_error(exc, self.folder, f"reserving {end} bytes") from None
             os.ftruncate(fd, end)
         if drop_cache:  # no readahead: it would pull the next slots into the page cache
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -131,8 +147,11 @@ class SwapStore:
         once or (settle False) at the next settle()."""
         off, view = self.offsets[slot], memoryview(data)
         done = 0
-        while done < len(view):
-            done += os.pwrite(self.fd, view[done:], off + done)
+        try:
+            while done < len(view):
+                done += os.pwrite(self.fd, view[done:], off + done)
+        except OSError as exc:
+            raise _io_error(exc, self.folder, f"writing {slot!r}") from None
         if settle:
             self._drop(off, len(view), True)
         elif self.drop_cache:
@@ -153,7 +172,10 @@ class SwapStore:
         done = 0
         while done < self.sizes[slot]:
             n = min(len(zeros), self.sizes[slot] - done)
-            os.pwrite(self.fd, memoryview(zeros)[:n], self.offsets[slot] + done)
+            try:
+                os.pwrite(self.fd, memoryview(zeros)[:n], self.offsets[slot] + done)
+            except OSError as exc:
+                raise _io_error(exc, self.folder, f"writing {slot!r}") from None
             done += n
         self._drop(self.offsets[slot], self.sizes[slot], True)
 
@@ -393,6 +415,10 @@ class SwapRuntime:
             job.done.wait()
             self.stats.stalls += 1
             self.stats.stall_seconds += time.perf_counter() - t0
+        if isinstance(job.error, OnnxplanError):
+            raise job.error
+        if isinstance(job.error, OSError):
+            raise _io_error(job.error, self.store.folder, f"{job.kind} of {job.slot!r}") from job.error
         if job.error is not None:
             raise RuntimeError(f"swap {job.kind} of {job.slot!r} failed: {job.error}") from job.error
 

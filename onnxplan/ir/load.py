@@ -14,7 +14,7 @@ from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
 
-__all__ = ["ARTIFACT_FILES", "load_step", "read_metadata", "parameter_names", "input_spec"]
+__all__ = ["ARTIFACT_FILES", "load_step", "read_metadata", "parameter_names", "input_spec", "tensor_array"]
 
 ARTIFACT_FILES = ("training_model.onnx", "optimizer_model.onnx")
 ACC_SUFFIX = "_grad.accumulation.buffer"
@@ -50,16 +50,31 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     return trainable, frozen
 
 
+def tensor_array(t: onnx.TensorProto, what: str) -> np.ndarray:
+    """The numpy array of an initializer or tensor attribute; ModelError (exit 2) when its data
+    does not match its dims or type (truncated, wrong length, unknown type)."""
+    try:
+        onnx_to_numpy_dtype(t.data_type)  # a numeric type
+        if any(d < 0 for d in t.dims):
+            raise ValueError(f"negative dimension in {list(t.dims)}")
+        return numpy_helper.to_array(t)
+    except (ModelError, ValueError, TypeError, KeyError, OverflowError, MemoryError) as exc:
+        raise ModelError(f"{what} '{t.name}': unreadable tensor data ({type(exc).__name__}: {exc})") from None
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     out = {}
     for a in node.attribute:
-        v = onnx.helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [x.decode() for x in v]
-        elif isinstance(v, onnx.TensorProto):
-            v = numpy_helper.to_array(v)
+        try:
+            v = onnx.helper.get_attribute_value(a)
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list) and v and isinstance(v[0], bytes):
+                v = [x.decode() for x in v]
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            raise ModelError(f"node '{node.name}' ({node.op_type}): attribute '{a.name}' is unreadable ({exc})") from None
+        if isinstance(v, onnx.TensorProto):
+            v = tensor_array(v, f"attribute '{a.name}' of node '{node.name}'")
         out[a.name] = v
     return out
 
@@ -69,6 +84,8 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
     shape = []
     for axis, d in enumerate(tt.shape.dim):
         if d.HasField("dim_value"):
+            if d.dim_value < 0:
+                raise ModelError(f"input '{vi.name}' has a negative dimension {d.dim_value} (axis {axis})")
             shape.append(d.dim_value)
             continue
         name = d.dim_param or "?"
@@ -81,7 +98,22 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
                 f"input '{vi.name}' has a dynamic dimension '{name}' (axis {axis}); "
                 f"give its value with --batch N or --dim {name}=N"
             )
-    return TensorSpec(onnx_to_numpy_dtype(tt.elem_type), tuple(shape))
+    try:
+        dtype = onnx_to_numpy_dtype(tt.elem_type)
+    except ModelError as exc:
+        raise ModelError(f"input '{vi.name}': {exc}") from None
+    return TensorSpec(dtype, tuple(shape))
+
+
+def _check_total_bytes(values: dict[str, Value], folder: Path) -> None:
+    """Refuse a step whose tensors add up to more than sizes.MAX_BYTES: past it byte counts
+    are no longer exact in JSON or safe from int64 overflow in the planners."""
+    from onnxplan.sizes import MAX_BYTES, format_bytes
+
+    total = sum(v.spec.nbytes for v in values.values() if v.spec is not None)
+    if total > MAX_BYTES:
+        raise ModelError(f"{folder}: the step's tensors add up to {format_bytes(total)} ({total:.3g} B), more "
+                         f"than onnxplan plans for ({format_bytes(MAX_BYTES)}); use a smaller batch or dimension")
 
 
 def _forward_nodes(nodes: list[onnx.NodeProto], loss: str) -> set[int]:
@@ -146,9 +178,11 @@ def load_step(
     constants: dict[str, np.ndarray] = {}
     step_inputs: list[str] = []
     for t in tg.initializer:
-        constants[t.name] = numpy_helper.to_array(t)
+        constants[t.name] = tensor_array(t, "initializer")
         values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
     for vi in tg.input:
+        if vi.name in known:
+            raise ModelError(f"{folder / 'training_model.onnx'}: graph input '{vi.name}' is listed twice")
         spec = input_spec(vi, dims, batch)
         known[vi.name] = spec
         if vi.name in params:
@@ -162,21 +196,38 @@ def load_step(
             values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
             step_inputs.append(vi.name)
 
+    missing = [p for p in [*trainable, *frozen] if p not in known]
+    if missing:
+        raise ModelError(f"{folder / 'training_model.onnx'}: parameter '{missing[0]}' is not a graph input"
+                         + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
     _check_checkpoint(folder, params, known)
     forward = _forward_nodes(list(tg.node), loss)
     nodes: list[Node] = []
     updated_grad: dict[str, str] = {}
     param_grads = set()
+    produced = set(values)  # initializers and graph inputs
+    names: set[str] = set()
     for i, n in enumerate(tg.node):
         outputs = list(n.output)
         phase = "forward" if i in forward else "backward"
+        name = n.name or f"{n.op_type}_{i}"
+        while name in names:  # ONNX does not require unique node names; the IR keys nodes by name
+            name = f"{name}#{i}"
+        names.add(name)
+        twice = next((o for o in outputs if o and o in produced), None)
+        if twice is not None:
+            raise ModelError(f"{folder / 'training_model.onnx'}: value '{twice}' is produced twice (again by node "
+                             f"'{name}'); an ONNX graph assigns every value once")
+        produced.update(o for o in outputs if o)
         if n.op_type == "InPlaceAccumulatorV2":
+            if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
+                raise ModelError(f"{folder / 'training_model.onnx'}: node '{name}' (InPlaceAccumulatorV2) needs a "
+                                 f"buffer and a gradient input and an output")
             buf = n.input[0]
             updated_grad[buf] = f"{buf}.updated"
             outputs = [outputs[0], updated_grad[buf]]
             param_grads.add(n.input[1])
-        nodes.append(Node(n.name or f"{n.op_type}_{i}", n.op_type, n.domain, list(n.input),
-                          outputs, _attrs(n), phase))
+        nodes.append(Node(name, n.op_type, n.domain, list(n.input), outputs, _attrs(n), phase))
     for n in nodes:
         for o in n.outputs:
             if not o:
@@ -231,6 +282,7 @@ def load_step(
     specs, folded = infer_shapes(nodes, known, constants, opsets)
     for name, val in values.items():
         val.spec = specs.get(name)
+    _check_total_bytes(values, folder)
     return StepGraph(
         name=meta.get("model", folder.name),
         nodes=nodes,

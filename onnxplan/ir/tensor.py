@@ -8,12 +8,22 @@ from math import prod
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxplan.errors import ModelError
+
 __all__ = ["TensorSpec", "onnx_to_numpy_dtype", "numpy_to_onnx_dtype"]
 
 
 def onnx_to_numpy_dtype(elem_type: int) -> np.dtype:
-    """The numpy dtype of an ONNX TensorProto element type."""
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    """The numpy dtype of an ONNX TensorProto element type; ModelError (exit 2) for one that
+    has none or is not numeric (UNDEFINED, STRING, an unknown number)."""
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind == "O":
+        name = TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
+        raise ModelError(f"element type {name} is not a numeric tensor type onnxplan can hold")
+    return dtype
 
 
 def numpy_to_onnx_dtype(dtype: np.dtype | str | type) -> int:

@@ -142,7 +142,7 @@ def may_overwrite(node: Node, version: int | None = None) -> Overwrites:
     if decl is None:
         return {}
     ow = decl.overwrites
-    return ow(node) if callable(ow) else ow
+    return _plan_time(node, ow, node) if callable(ow) else ow
 
 
 def updates_state(node: Node, version: int | None = None) -> bool:
@@ -156,4 +156,14 @@ def scratch_bytes(node: Node, in_specs: list, out_specs: list, version: int | No
     decl = find_decl(node.domain, node.op_type, version)
     if decl is None or decl.scratch is None:
         return 0
-    return int(decl.scratch(node, in_specs, out_specs))
+    return int(_plan_time(node, decl.scratch, node, in_specs, out_specs))
+
+
+def _plan_time(node: Node, fn: Callable, *args: Any) -> Any:
+    """A kernel declaration's plan-time answer; attributes or shapes it cannot take refuse the
+    node (exit 2) rather than crash."""
+    try:
+        return fn(*args)
+    except (ValueError, TypeError, IndexError, KeyError, ZeroDivisionError, OverflowError) as exc:
+        raise UnsupportedOpError(f"node '{node.name}' ({node.op_type}): its kernel cannot take this node "
+                                 f"({type(exc).__name__}: {exc})") from None

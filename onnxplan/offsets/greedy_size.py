@@ -11,9 +11,7 @@ from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan, unique_buffe
 
 __all__ = ["greedy_size_offsets"]
 
-_SHIFT = 32  # a placed span is packed as low << 32 | high (in ALIGNMENT units)
-_HIGH_MASK = (1 << _SHIFT) - 1
-_NO_GAP = 1 << 62
+_SHIFT = 32  # a placed span is packed as low << 32 | high (in ALIGNMENT units) in an int64
 _RECENT = 64  # placed spans kept unsorted before merging into the address-sorted arrays
 
 
@@ -38,27 +36,32 @@ def greedy_size_offsets(
     order = sorted(
         (b for b in bufs if b.nbytes), key=lambda b: (-b.padded, b.first - b.last, b.name)
     )
-    placed = _PlacedSpans(len(order))
+    total = sum(b.padded // ALIGNMENT for b in order)
+    # Packed spans fit an int64 while every address is below 2**31 units (128 GiB); past that
+    # they are Python ints in object arrays: slower, same answers, no overflow.
+    shift, dtype = (_SHIFT, np.int64) if total < 1 << (_SHIFT - 1) else (total.bit_length() + 1, object)
+    placed = _PlacedSpans(len(order), shift, dtype)
     arena = 0
     for b in order:
         size = b.padded // ALIGNMENT
         spans = placed.overlapping(b.first, b.last)
-        low = _tightest_gap(spans, size) if len(spans) else 0
+        low = _tightest_gap(spans, size, shift) if len(spans) else 0
         placed.add(b.first, b.last, low, low + size)
         offsets[b.name] = low * ALIGNMENT
         arena = max(arena, (low + size) * ALIGNMENT)
     return OffsetPlan("greedy-size", offsets, arena, time.perf_counter() - start)
 
 
-def _tightest_gap(spans: np.ndarray, size: int) -> int:
+def _tightest_gap(spans: np.ndarray, size: int, shift: int = _SHIFT) -> int:
     """Lowest address of the smallest gap >= size between packed, sorted spans, else the top.
 
     A gap before span i is lows[i] minus the highest end among spans 0..i-1; it is at most
     lows[i] - highs[i-1], so only the few i where that already fits need the running max,
     taken over the stretches between them (np.maximum.accumulate over all is slow).
     """
-    lows = spans >> _SHIFT
-    highs = spans & _HIGH_MASK
+    lows = spans >> shift
+    highs = spans & ((1 << shift) - 1)
+    no_gap = 1 << (2 * shift - 2)  # more than any gap (1 << 62 in an int64)
     fits = np.flatnonzero(lows[1:] - highs[:-1] >= size) + 1
     candidates = np.empty(len(fits) + 1, dtype=np.int64)
     candidates[0] = 0
@@ -68,9 +71,9 @@ def _tightest_gap(spans: np.ndarray, size: int) -> int:
     reach[0] = 0
     np.maximum.accumulate(stretch_max[:-1], out=reach[1:])
     gaps = lows[candidates] - reach
-    gaps[gaps < size] = _NO_GAP
+    gaps[gaps < size] = no_gap
     i = int(gaps.argmin())
-    if gaps[i] == _NO_GAP:
+    if gaps[i] == no_gap:
         return int(max(reach[-1], stretch_max[-1]))
     return int(reach[i])
 
@@ -78,15 +81,16 @@ def _tightest_gap(spans: np.ndarray, size: int) -> int:
 class _PlacedSpans:
     """Placed (lifetime, address span) pairs; answers which spans overlap a lifetime."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, shift: int = _SHIFT, dtype: type = np.int64) -> None:
+        self.shift = shift
         self.count = 0  # sorted prefix length
-        self.spans = np.empty(capacity, dtype=np.int64)
+        self.spans = np.empty(capacity, dtype=dtype)
         self.firsts = np.empty(capacity, dtype=np.int32)
         self.lasts = np.empty(capacity, dtype=np.int32)
         self.mask = np.empty(capacity, dtype=bool)
         self.scratch = np.empty(capacity, dtype=bool)
         self.recent = 0
-        self.recent_spans = np.empty(_RECENT, dtype=np.int64)
+        self.recent_spans = np.empty(_RECENT, dtype=dtype)
         self.recent_firsts = np.empty(_RECENT, dtype=np.int32)
         self.recent_lasts = np.empty(_RECENT, dtype=np.int32)
 
@@ -110,7 +114,7 @@ class _PlacedSpans:
 
     def add(self, first: int, last: int, low: int, high: int) -> None:
         r = self.recent
-        self.recent_spans[r] = (low << _SHIFT) | high
+        self.recent_spans[r] = (low << self.shift) | high
         self.recent_firsts[r], self.recent_lasts[r] = first, last
         self.recent = r + 1
         if self.recent == _RECENT:
@@ -141,12 +145,12 @@ class _PlacedSpans:
         """
         k = self.count
         spans, firsts, lasts = self.spans[:k], self.firsts[:k], self.lasts[:k]
-        lows, highs = spans >> _SHIFT, spans & _HIGH_MASK
+        lows, highs = spans >> self.shift, spans & ((1 << self.shift) - 1)
         joins = (firsts[1:] == firsts[:-1]) & (lasts[1:] == lasts[:-1]) & (lows[1:] <= highs[:-1])
         if not joins.any():
             return
         starts = np.flatnonzero(np.concatenate(([True], ~joins)))
-        merged = (lows[starts] << _SHIFT) | np.maximum.reduceat(highs, starts)
+        merged = (lows[starts] << self.shift) | np.maximum.reduceat(highs, starts)
         order = np.argsort(merged, kind="stable")  # a longer run may now sort after a neighbour
         m = len(starts)
         self.firsts[:m], self.lasts[:m] = firsts[starts][order], lasts[starts][order]

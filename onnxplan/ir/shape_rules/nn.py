@@ -108,6 +108,10 @@ def _kernel(node: Node, w: TensorSpec | None) -> list[int]:
 @shape_rule("Conv")
 def _conv(node, specs, consts):
     x, w = need(node, specs, 0), need(node, specs, 1)
+    if x.rank < 3 or w.rank != x.rank:
+        raise fail(f"input of rank {x.rank} and weight of rank {w.rank}: need N x C x spatial, both of one rank")
+    if x.shape[1] != w.shape[1] * int(attr(node, "group", 1)):
+        raise fail(f"input has {x.shape[1]} channels, weight expects {w.shape[1]} x group {attr(node, 'group', 1)}")
     dims = conv_out_dims(node, x.shape[2:], _kernel(node, w))
     return outputs(node, x.with_shape((x.shape[0], w.shape[0], *dims)))
 
