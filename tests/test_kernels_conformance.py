@@ -39,6 +39,7 @@ MODULES = {
     "layernormalization": "LayerNormalization", "averagepool": "AveragePool",
     "globalaveragepool": "GlobalAveragePool", "split": "Split", "concat": "Concat", "slice": "Slice",
     "gather": "Gather", "softmax": "Softmax",
+    "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
 }
 
 
