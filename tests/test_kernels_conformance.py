@@ -40,6 +40,7 @@ MODULES = {
     "globalaveragepool": "GlobalAveragePool", "split": "Split", "concat": "Concat", "slice": "Slice",
     "gather": "Gather", "softmax": "Softmax",
     "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
+    "einsum": "Einsum",
 }
 
 
