@@ -40,7 +40,7 @@ MODULES = {
     "globalaveragepool": "GlobalAveragePool", "split": "Split", "concat": "Concat", "slice": "Slice",
     "gather": "Gather", "softmax": "Softmax",
     "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
-    "einsum": "Einsum",
+    "einsum": "Einsum", "resize": "Resize", "upsample": "Upsample",
 }
 
 
@@ -66,6 +66,8 @@ ORT_DEVIATIONS = {
     "test_averagepool_2d_ceil_last_window_starts_on_pad": "ORT keeps a ceil-mode window that starts in the padding",
     "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True": "ORT keeps a ceil-mode "
     "window that starts in the padding",
+    "test_resize_downsample_scales_linear_align_corners": "ORT's align_corners divides by the integer output "
+    "length, ONNX by input length * scale",
 }
 
 
