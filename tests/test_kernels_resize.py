@@ -70,3 +70,32 @@ def test_unsupported_resize_is_refused_at_plan_time(attrs, match):
     with pytest.raises(ShapeInferenceError, match=match):
         infer_shapes([node], {"x": TensorSpec("float32", (1, 1, 4, 4))},
                      {"scales": np.array([1, 1, 2, 2], np.float32)}, {"": 17})
+
+
+@pytest.mark.parametrize("mode,transform,torch_mode,align", [
+    ("linear", "half_pixel", "bilinear", False), ("linear", "align_corners", "bilinear", True),
+    ("nearest", "asymmetric", "nearest", None),
+])
+@pytest.mark.parametrize("shape,scale", [((2, 3, 5, 6), 2.0), ((1, 2, 8, 9), 0.5), ((2, 1, 4, 5), 1.5)])
+def test_resize_grad_matches_torch_autograd(mode, transform, torch_mode, align, shape, scale):
+    """ORT has ResizeGrad on CUDA only: torch's interpolate gradient is the reference."""
+    import torch
+
+    from tests.kernel_harness import MS, assert_sums_close
+
+    x = rand(*shape)
+    attrs = {"mode": mode, "coordinate_transformation_mode": transform}
+    if mode == "nearest":
+        attrs["nearest_mode"] = "floor"
+    scales = np.array([1, 1, scale, scale], np.float32)
+    (y,) = ort_run("Resize", [x, None, scales], 1, attrs)
+    tx = torch.tensor(x, requires_grad=True)
+    ty = torch.nn.functional.interpolate(tx, scale_factor=scale, mode=torch_mode, align_corners=align,
+                                         recompute_scale_factor=False)
+    assert_sums_close(ty.detach().numpy(), y)  # the same forward
+    dy = rand(*y.shape)
+    ty.backward(torch.tensor(dy))
+    exact = all(float(d * scale).is_integer() for d in shape[2:])  # else the sizes do not give the scale
+    for ins in ([dy, x, None, scales], [dy, x]) if exact else ([dy, x, None, scales],):
+        (got,) = run_kernel("ResizeGrad", ins, [("float32", x.shape)], attrs, MS)
+        assert_sums_close(got, tx.grad.numpy())
