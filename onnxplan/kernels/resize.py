@@ -6,9 +6,9 @@ from math import prod
 
 import numpy as np
 
+from onnxplan.ir.shape_rules.resize import resize_params, source_coordinate, source_index
 from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import kernel
-from onnxplan.ir.shape_rules.resize import resize_params, source_coordinate, source_index
 
 __all__: list[str] = []
 
