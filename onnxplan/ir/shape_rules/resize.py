@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ResizeParams", "resize_params", "source_index", "source_coordinate"]
+__all__ = ["ResizeParams", "resize_params", "source_coordinate", "source_index"]
 
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
               "tf_half_pixel_for_nn")
