@@ -336,6 +336,13 @@ def _top_k(node, specs, consts):
     return outputs(node, x.with_shape(shape), TensorSpec("int64", shape))
 
 
+@shape_rule("NonZero")
+@shape_rule("Unique")
+@shape_rule("Compress")
+def _data_dependent(node, specs, consts):
+    raise fail(f"{node.op_type}'s output shape depends on the input values: not supported (static shapes only)")
+
+
 @shape_rule("Resize")
 @shape_rule("Upsample")
 def _resize(node, specs, consts):
