@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from onnxplan.ir.graph import Node
-from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
