@@ -41,6 +41,7 @@ MODULES = {
     "gather": "Gather", "softmax": "Softmax",
     "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
     "einsum": "Einsum", "resize": "Resize", "upsample": "Upsample",
+    "negativeloglikelihoodloss": "NegativeLogLikelihoodLoss",
 }
 
 
