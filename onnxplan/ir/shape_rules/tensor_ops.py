@@ -295,6 +295,10 @@ def _same_as_data(node, specs, consts):
 @shape_rule("Pad")
 def _pad(node, specs, consts):
     x = need(node, specs, 0)
+    mode = attr(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise fail(f"Pad mode {mode!r} is not supported")
     pads = const_ints(node, consts, 1, "pads") if has_input(node, 1) else attr_ints(node, "pads")
     axes = const_ints(node, consts, 3, "axes") if has_input(node, 3) else list(range(x.rank))
     axes = norm_axes(node, axes, x.rank)
