@@ -232,3 +232,13 @@ def negative_log_likelihood_loss(ctx, inputs, outputs):
         xp.copyto(out, loss.sum())
     else:
         xp.copyto(out, loss.sum() / w.sum())
+
+
+@kernel("Hardmax", since=13)
+def hardmax(ctx, inputs, outputs):
+    """1 at the first largest value along axis (default -1), 0 elsewhere."""
+    xp, x, out = ctx.xp, inputs[0], outputs[0]
+    axis = _xp.norm_axis(int(ctx.attrs.get("axis", -1)), x.ndim)
+    first = xp.expand_dims(xp.argmax(x, axis=axis), axis)  # the input without the axis
+    positions = xp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+    _xp.blockwise(xp, lambda o, f, p: xp.copyto(o, f == p, casting="unsafe"), out, first, positions)
