@@ -391,7 +391,7 @@ def group_norm(ctx: KernelContext, inputs, outputs) -> None:
 
 @kernel("LpNormalization", overwrites={0: (0,)})
 def lp_normalization(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = X / ||X||_p along axis (p 1 or 2), a few rows at a time."""
+    """Y = X / ||X||_p along axis (p 1 or 2; 0 where the norm is 0), a few rows at a time."""
     from onnxplan.kernels import _xp
 
     xp, x, y = ctx.xp, inputs[0], outputs[0]
@@ -402,8 +402,8 @@ def lp_normalization(ctx: KernelContext, inputs, outputs) -> None:
 
     def block(o, v):
         norm = xp.abs(v).sum(axis=1, keepdims=True) if p == 1 else xp.sqrt((v * v).sum(axis=1, keepdims=True))
-        with _xp.quiet(xp):
-            xp.divide(v, norm, out=o)
+        norm[norm == 0] = 1  # a zero vector stays zero (ORT and ONNX), not 0 / 0
+        xp.divide(v, norm, out=o)
 
     step = max(1, _xp.block_elems(x.dtype, xp) // max(1, dim * post))
     x3, y3 = x.reshape(pre, dim, post), y.reshape(pre, dim, post)
