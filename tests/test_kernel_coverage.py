@@ -26,8 +26,6 @@ RULE_ONLY = {
     (MS, "BiasSoftmax"),
     # registered in both domains by the rules; ONNX Runtime's kernels are in one of them
     ("", "ConvGrad"), (MS, "MaxPoolGrad"), (MS, "AveragePoolGrad"),
-    # not yet implemented (no corpus model uses them)
-    ("", "LpPool"), ("", "GlobalLpPool"),
 }
 
 

@@ -43,6 +43,7 @@ MODULES = {
     "einsum": "Einsum", "resize": "Resize", "upsample": "Upsample",
     "negativeloglikelihoodloss": "NegativeLogLikelihoodLoss", "hardmax": "Hardmax",
     "lpnormalization": "LpNormalization", "meanvariancenormalization": "MeanVarianceNormalization", "lrn": "LRN",
+    "lppool": "LpPool",
 }
 
 

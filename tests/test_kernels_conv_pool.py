@@ -296,3 +296,16 @@ def test_global_pools_match_ort(shape):
         if x.ndim == 4:  # the reference evaluator drops axes of other ranks
             (reference,) = ref_run(op, [x], [("float32", None)])
             np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]},
+                                   {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}])
+def test_lp_pool_matches_ort(p, attrs):
+    from tests.kernel_harness import check
+
+    rng = np.random.default_rng(14)
+    x = randn(rng, 2, 3, 7, 6)
+    check("LpPool", [x], {**attrs, "p": p}, rtol=1e-5, atol=1e-5, against=("ort",))
+    check("GlobalLpPool", [x], {"p": p}, rtol=1e-5, atol=1e-5, against=("ort",))  # no reference
