@@ -38,6 +38,12 @@ CONV_CASES = [
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "VALID"}),
+    # depthwise (group == C_in), with a channel multiplier, dilations, asymmetric pads, strides
+    ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    ((2, 4, 9, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [0, 1, 2, 1]}),
+    ((2, 4, 10, 9), (4, 1, 5, 3), {"group": 4, "dilations": [2, 3], "pads": [4, 3, 1, 2]}),
+    ((2, 6, 7, 7), (6, 2, 3, 3), {"group": 3, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ((2, 6, 7, 7), (6, 1, 1, 1), {"group": 6}),  # depthwise pointwise
 ]
 
 
@@ -106,6 +112,22 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
         assert_sums_close(g, e)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 3, 120, 90), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [1, 2]}),  # row bands
+    ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per block
+])
+def test_depthwise_in_blocks(monkeypatch, x_shape, w_shape, attrs):
+    monkeypatch.setattr(conv_module, "DEPTHWISE_BLOCK", 2048)
+    rng = np.random.default_rng(8)
+    x, w = randn(rng, *x_shape), randn(rng, *w_shape)
+    (y,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [y], attrs)[0], y)
+    inputs = [randn(rng, *y.shape), x, w]
+    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
+    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
+        assert_sums_close(g, e)
+
+
 @pytest.mark.parametrize("op", ["Conv", "ConvGrad"])
 def test_conv_allocates_well_under_its_output(op):
     """Columns live in the declared scratch; BLAS writes straight into the output views.
@@ -127,6 +149,24 @@ def test_conv_allocates_well_under_its_output(op):
     assert peak < 128 * 1024 and peak < biggest // 8, (peak, biggest)
     expected = ort_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)
     for g, e in zip(outputs, expected):
+        assert_sums_close(g, e)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvGrad"])
+def test_depthwise_allocates_well_under_its_output(op):
+    """A depthwise conv's block products live in its declared scratch."""
+    rng = np.random.default_rng(9)
+    x, w = randn(rng, 8, 32, 40, 40), randn(rng, 64, 1, 3, 3)
+    attrs = {"pads": [1, 1, 1, 1], "group": 32}
+    y_shape = (8, 64, 40, 40)
+    if op == "Conv":
+        inputs, outs = [x, w, randn(rng, 64)], [("float32", y_shape)]
+    else:
+        inputs, outs = [randn(rng, *y_shape), x, w], _conv_grad_outputs(x.shape, w.shape, y_shape, (1, 1, 1))
+    run, outputs = arena_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)
+    peak = peak_bytes(run)
+    assert peak < 128 * 1024, peak
+    for g, e in zip(outputs, ort_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)):
         assert_sums_close(g, e)
 
 
@@ -256,3 +296,16 @@ def test_global_pools_match_ort(shape):
         if x.ndim == 4:  # the reference evaluator drops axes of other ranks
             (reference,) = ref_run(op, [x], [("float32", None)])
             np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]},
+                                   {"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER"}])
+def test_lp_pool_matches_ort(p, attrs):
+    from tests.kernel_harness import check
+
+    rng = np.random.default_rng(14)
+    x = randn(rng, 2, 3, 7, 6)
+    check("LpPool", [x], {**attrs, "p": p}, rtol=1e-5, atol=1e-5, against=("ort",))
+    check("GlobalLpPool", [x], {"p": p}, rtol=1e-5, atol=1e-5, against=("ort",))  # no reference

@@ -1,4 +1,5 @@
-"""Convolution kernels: Conv and ONNX Runtime's ConvGrad, im2col/col2im in planned scratch plus BLAS GEMMs."""
+"""Convolution kernels: Conv, ConvTranspose and ONNX Runtime's ConvGrad/ConvTransposeGrad, im2col/col2im
+in planned scratch plus BLAS GEMMs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import itertools
 from dataclasses import dataclass, replace
 from math import prod
 
+from onnxplan.ir.graph import Node
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -18,7 +20,10 @@ __all__ = [
     "conv_grad",
     "conv_grad_scratch",
     "conv_scratch",
+    "conv_transpose",
+    "conv_transpose_grad",
     "im2col",
+    "transpose_pads",
     "window",
 ]
 
@@ -219,6 +224,111 @@ def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
     return window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
 
 
+def _depthwise(x_shape, group: int) -> bool:
+    """One input channel per group (depthwise, any channel multiplier): computed tap by tap on
+    the tensors themselves, with no columns."""
+    return group > 1 and int(x_shape[1]) == group
+
+
+DEPTHWISE_BLOCK = 1 << 18  # elements of a depthwise block's temporaries (in the planned scratch)
+
+
+def _depthwise_block(y_shape, c: int) -> int:
+    """Elements of one block: DEPTHWISE_BLOCK, at most the whole output, at least one output row
+    of one channel (all its multiplier's outputs)."""
+    per_row = (int(y_shape[1]) // c) * prod(y_shape[3:])
+    return max(min(DEPTHWISE_BLOCK, prod(y_shape)), per_row)
+
+
+def _depthwise_scratch(y_shape, c: int, itemsize: int, regions: int) -> int:
+    return regions * _align(_depthwise_block(y_shape, c) * itemsize)
+
+
+def _depthwise_chunks(budget: int, n: int, c: int, per_row: int, rows_out: int):
+    """(images, channels, end row, first row) of the blocks a depthwise conv works in: each
+    block's [images, channels, multiplier, rows, rest] holds at most `budget` elements."""
+    per_channel = per_row * rows_out
+    band = rows_out if per_channel <= budget else max(1, budget // per_row)
+    step_c = max(1, min(c, budget // per_channel)) if band == rows_out else 1
+    step_n = max(1, budget // (c * per_channel)) if step_c == c else 1
+    for n0 in range(0, n, step_n):
+        for c0 in range(0, c, step_c):
+            for r0 in range(0, rows_out, band):
+                yield (slice(n0, n0 + step_n), slice(c0, c0 + step_c), min(r0 + band, rows_out), r0)
+
+
+def _temp(ctx: KernelContext, region: int, budget: int, shape, dtype):
+    """A block-shaped temporary in scratch region `region` (each region holds `budget` elements)."""
+    return ctx.scratch_array(region * _align(budget * dtype.itemsize), shape, dtype)
+
+
+def _depthwise_conv(ctx: KernelContext, win: Window, x, w, y) -> None:
+    """Y[n, c, j] = sum over taps t of W[c, j, t] X[n, c] at t's positions (c: the channel, j: the
+    multiplier), block by block, products in the scratch; the bias is added by the caller."""
+    xp = ctx.xp
+    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
+    spatial = len(win.kernel)
+    w3 = w.reshape(c, mg, -1)
+    y5 = y.reshape(n, c, mg, *y.shape[2:])
+    lead = (slice(None),) * 3
+    ones = (1,) * spatial
+    budget = _depthwise_block(y.shape, c)
+    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(y.shape[3:]), y.shape[2]):
+        sub = win.band(r0, r1)
+        yb = y5[ns, cs, :, r0:r1]
+        yb[...] = 0
+        xb = x[ns, cs][:, :, None]
+        for t, tap in enumerate(sub.taps()):
+            if tap.empty:
+                continue
+            dst = yb[lead + tap.out_slices]
+            product = _temp(ctx, 0, budget, dst.shape, y.dtype)
+            xp.multiply(w3[cs, :, t].reshape(1, -1, mg, *ones), xb[lead + tap.in_slices], out=product)
+            xp.add(dst, product, out=dst)
+
+
+def _depthwise_conv_grad(ctx: KernelContext, win: Window, dy, x, w, dx, dw) -> None:
+    """dW[c, j, t] = sum of dY[n, c, j] X[n, c] at t's positions; dX[n, c] at t's positions +=
+    sum over j of W[c, j, t] dY[n, c, j]; block by block, products in the scratch (dB is the caller's)."""
+    xp = ctx.xp
+    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
+    spatial = len(win.kernel)
+    w3 = w.reshape(c, mg, -1)
+    dy5 = dy.reshape(n, c, mg, *dy.shape[2:])
+    lead = (slice(None),) * 3
+    ones = (1,) * spatial
+    summed = (0, *range(3, 3 + spatial))
+    dw3 = dw.reshape(c, mg, -1) if dw is not None else None
+    if dw3 is not None:
+        dw3[...] = 0
+    if dx is not None:
+        dx[...] = 0
+    budget = _depthwise_block(dy.shape, c)
+    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(dy.shape[3:]), dy.shape[2]):
+        sub = win.band(r0, r1)
+        dyb = dy5[ns, cs, :, r0:r1]
+        xb = x[ns, cs][:, :, None]
+        dxb = dx[ns, cs] if dx is not None else None
+        for t, tap in enumerate(sub.taps()):
+            if tap.empty:
+                continue
+            g = dyb[lead + tap.out_slices]
+            product = _temp(ctx, 0, budget, g.shape, dy.dtype)
+            if dw3 is not None:
+                xp.multiply(g, xb[lead + tap.in_slices], out=product)
+                part = dw3[cs, :, t]
+                part += product.sum(axis=summed)
+            if dxb is not None:
+                dst = dxb[(slice(None), slice(None)) + tap.in_slices]
+                xp.multiply(g, w3[cs, :, t].reshape(1, -1, mg, *ones), out=product)
+                if mg == 1:
+                    xp.add(dst, product[:, :, 0], out=dst)
+                else:
+                    total = _temp(ctx, 1, budget, dst.shape, dy.dtype)
+                    xp.sum(product, axis=2, out=total)
+                    xp.add(dst, total, out=dst)
+
+
 def conv_scratch(node, in_specs, out_specs) -> int:
     """Columns for a chunk of about SCRATCH_TARGET bytes (whole images, or a band of one image's
     output rows, at least one row) plus, for chunks of several images, their output rows;
@@ -226,6 +336,8 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
+    if _depthwise(x.shape, group):
+        return _depthwise_scratch(y.shape, x.shape[1], x.itemsize, 1)
     return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False).nbytes
 
 
@@ -243,7 +355,9 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     ckg, rest = prod(w.shape[1:]), length // y.shape[2]
     w2 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
-    if win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
+    if _depthwise(x.shape, group):
+        _depthwise_conv(ctx, win, x, w, y)
+    elif win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
         x3 = x.reshape(n, c, length)
         for g in range(group):
             xp.matmul(w2[g], x3[:, g * cg:(g + 1) * cg], out=y3[:, g * mg:(g + 1) * mg])
@@ -274,6 +388,9 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     need_dw = len(out_specs) > 1 and out_specs[1] is not None
     win = _conv_window(node.attrs, x.shape, w.shape, dy.shape)
     group = int(node.attrs.get("group", 1))
+    if _depthwise(x.shape, group):
+        regions = 2 if need_dx and w.shape[0] != x.shape[1] else 1  # dX sums over a multiplier
+        return _depthwise_scratch(dy.shape, x.shape[1], x.itemsize, regions) if need_dx or need_dw else 0
     need_cols = need_dw or (need_dx and not win.pointwise)
     return _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, need_cols, need_dw).nbytes
 
@@ -295,6 +412,9 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     dy3 = dy.reshape(n, m, length)
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
+    if _depthwise(x.shape, group):
+        _depthwise_conv_grad(ctx, win, dy, x, w, dx, dw)
+        return
     if dx is not None and win.pointwise:  # dX[n] = W^T @ dY[n] for every image in one batched call
         dx3 = dx.reshape(n, c, length)
         for g in range(group):
@@ -330,3 +450,83 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             if dx is not None:
                 xp.matmul(w2[g].T, rows, out=cols)
                 col2im_add(xp, sub, col, dx[n0:n0 + nb, g * cg:(g + 1) * cg])
+
+
+# ---- ConvTranspose and its gradient: the adjoint of a Conv from Y's space to X's -------------------
+def transpose_pads(attrs, x_dims, kernel_shape) -> tuple[list[int], list[int]]:
+    """(pads_begin, pads_end) of a ConvTranspose, as ONNX Runtime resolves them: explicit pads,
+    or a total from output_shape / auto_pad SAME_* (out = in * stride) split between the ends."""
+    n = len(x_dims)
+    strides, dilations = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
+    adj = _ints(attrs, "output_padding", n, 0)
+    auto_pad = _str(attrs, "auto_pad", "NOTSET")
+    shape = [int(v) for v in attrs.get("output_shape") or []]
+    if not shape and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        if auto_pad == "VALID":
+            return [0] * n, [0] * n
+        pads = _ints(attrs, "pads", 2 * n, 0)
+        return list(pads[:n]), list(pads[n:])
+    begin, end = [], []
+    for i in range(n):
+        out = shape[-n:][i] if shape else x_dims[i] * strides[i]
+        total = max(0, (x_dims[i] - 1) * strides[i] + adj[i] + (kernel_shape[i] - 1) * dilations[i] + 1 - out)
+        head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2  # ORT 1.19's split
+        begin.append(head)
+        end.append(total - head)
+    return begin, end
+
+
+def _as_conv(node, x_dims, kernel_shape) -> Node:
+    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads)."""
+    begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
+    attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
+    return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+
+
+def conv_transpose_scratch(node, in_specs, out_specs) -> int:
+    """A ConvGrad's dX alone (dY: X, the weight W, x: Y)."""
+    x, w, y = in_specs[0], in_specs[1], out_specs[0]
+    conv = _as_conv(node, x.shape[2:], w.shape[2:])
+    return conv_grad_scratch(conv, [x, y, w], [y])
+
+
+@kernel("ConvTranspose", scratch=conv_transpose_scratch)
+def conv_transpose(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = ConvGrad's dX of the Conv from Y's space to X's (col2im of W^T @ X), plus the bias."""
+    x, w, y = inputs[0], inputs[1], outputs[0]
+    b = inputs[2] if len(inputs) > 2 else None
+    conv = _as_conv(ctx.node, x.shape[2:], w.shape[2:])
+    sub = KernelContext(ctx.xp, conv, [], [], ctx.scratch)
+    conv_grad(sub, [x, y, w], [y])  # y stands for the Conv's input: only its shape is read
+    if b is not None:
+        y3 = y.reshape(y.shape[0], y.shape[1], -1)
+        ctx.xp.add(y3, b.reshape(-1, 1), out=y3)
+
+
+def conv_transpose_grad_scratch(node, in_specs, out_specs) -> int:
+    """dX is a Conv of dY; dW a ConvGrad's dW (dy: X, x: dY); one after the other."""
+    dy, x, w = in_specs[0], in_specs[1], in_specs[2]
+    conv = _as_conv(node, x.shape[2:], w.shape[2:])
+    need_dx = len(out_specs) > 0 and out_specs[0] is not None
+    need_dw = len(out_specs) > 1 and out_specs[1] is not None
+    dx_bytes = conv_scratch(conv, [dy, w], [x]) if need_dx else 0
+    dw_bytes = conv_grad_scratch(conv, [x, dy, w], [None, w]) if need_dw else 0
+    return max(dx_bytes, dw_bytes)
+
+
+@kernel("ConvTransposeGrad", MS, scratch=conv_transpose_grad_scratch)
+def conv_transpose_grad(ctx: KernelContext, inputs, outputs) -> None:
+    """(dY, X, W) -> dX = Conv(dY, W), dW = ConvGrad's dW with X as the gradient, dB = sum of dY."""
+    xp = ctx.xp
+    dy, x, w = inputs[0], inputs[1], inputs[2]
+    dx = outputs[0] if len(outputs) > 0 else None
+    dw = outputs[1] if len(outputs) > 1 else None
+    db = outputs[2] if len(outputs) > 2 else None
+    conv_node = _as_conv(ctx.node, x.shape[2:], w.shape[2:])
+    sub = KernelContext(xp, conv_node, [], [], ctx.scratch)
+    if dx is not None:
+        conv(sub, [dy, w], [dx])
+    if dw is not None:
+        conv_grad(sub, [x, dy, w], [None, dw])
+    if db is not None:
+        xp.sum(dy.reshape(dy.shape[0], dy.shape[1], -1), axis=(0, 2), out=db)

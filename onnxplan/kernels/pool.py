@@ -350,3 +350,57 @@ def global_max_pool(ctx: KernelContext, inputs, outputs) -> None:
     x, y = inputs[0], outputs[0]
     n, c = x.shape[:2]
     ctx.xp.max(x.reshape(n * c, -1), axis=1, out=y.reshape(n * c))
+
+
+def _lp_terms(xp, v, p: int):
+    """|v|^p, a block-sized temporary."""
+    if p == 1:
+        return xp.abs(v)
+    if p == 2:
+        return v * v
+    return xp.abs(v) ** p
+
+
+@kernel("LpPool")
+def lp_pool(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = (sum over the window of |X|^p)^(1/p), the padding counting 0; image by image, a block of
+    channels and taps at a time."""
+    from onnxplan.kernels import _xp
+
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    p = int(ctx.attrs.get("p", 2))
+    win = pool_window(ctx.attrs, x.shape, y.shape)
+    n, c = x.shape[:2]
+    per_channel = prod(y.shape[2:])
+    step = max(1, _xp.block_elems(x.dtype, xp) // max(1, per_channel))
+    y[...] = 0
+    for i in range(n):
+        for c0 in range(0, c, step):
+            yb, xb = y[i, c0:c0 + step], x[i, c0:c0 + step]
+            for tap in win.taps():
+                if tap.empty:
+                    continue
+                dst = yb[(slice(None),) + tap.out_slices]
+                dst += _lp_terms(xp, xb[(slice(None),) + tap.in_slices], p)
+    if p == 2:
+        xp.sqrt(y, out=y)
+    elif p != 1:
+        xp.power(y, y.dtype.type(1.0 / p), out=y)
+
+
+@kernel("GlobalLpPool")
+def global_lp_pool(ctx: KernelContext, inputs, outputs) -> None:
+    """Y[n, c] = (sum over the spatial axes of |X|^p)^(1/p)."""
+    from onnxplan.kernels import _xp
+
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    p = int(ctx.attrs.get("p", 2))
+    rows = x.shape[0] * x.shape[1]
+    x2, y2 = x.reshape(rows, -1), y.reshape(rows, 1)
+    step = max(1, _xp.block_elems(x.dtype, xp) // max(1, x2.shape[1]))
+    for r0 in range(0, rows, step):
+        y2[r0:r0 + step] = _lp_terms(xp, x2[r0:r0 + step], p).sum(axis=1, keepdims=True)
+    if p == 2:
+        xp.sqrt(y, out=y)
+    elif p != 1:
+        xp.power(y, y.dtype.type(1.0 / p), out=y)

@@ -22,8 +22,18 @@ from onnxplan.ir.tensor import TensorSpec
 
 __all__ = ["window_out_dims", "conv_out_dims", "conv_transpose_out_dims", "layer_norm_stat_spec"]
 
-register_same_as_input(("Softmax", "LogSoftmax", "Hardmax", "LRN", "InstanceNormalization",
+register_same_as_input(("Softmax", "LogSoftmax", "LRN", "InstanceNormalization",
                         "MeanVarianceNormalization", "LpNormalization"))
+
+
+@shape_rule("Hardmax", since=13)
+def _hardmax(node, specs, consts):
+    return outputs(node, need(node, specs, 0))
+
+
+@shape_rule("Hardmax", until=12)
+def _hardmax_2d(node, specs, consts):
+    raise fail("Hardmax before opset 13 (on the input coerced to 2-D) is not supported")
 register_same_as_input(("BiasSoftmax",), MS)
 
 
@@ -143,6 +153,17 @@ def _global_pool(node, specs, consts):
 
 def _channels(x: TensorSpec) -> int:
     return x.shape[1] if x.rank > 1 else 1
+
+
+@shape_rule("GroupNormalization")
+def _group_norm(node, specs, consts):
+    x = need(node, specs, 0)
+    groups = int(attr(node, "num_groups", 0))
+    if groups <= 0 or _channels(x) % groups:
+        raise fail(f"num_groups {groups} does not divide {_channels(x)} channels")
+    if int(attr(node, "stash_type", 1)) != 1:
+        raise fail("GroupNormalization stash_type other than float32 is not supported")
+    return outputs(node, x)
 
 
 @shape_rule("BatchNormalization")

@@ -23,6 +23,7 @@ from onnxplan.ir.shape_rules._common import (
     prod,
     tensor_value,
 )
+from onnxplan.ir.shape_rules.resize import resize_params
 from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
@@ -294,6 +295,10 @@ def _same_as_data(node, specs, consts):
 @shape_rule("Pad")
 def _pad(node, specs, consts):
     x = need(node, specs, 0)
+    mode = attr(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise fail(f"Pad mode {mode!r} is not supported")
     pads = const_ints(node, consts, 1, "pads") if has_input(node, 1) else attr_ints(node, "pads")
     axes = const_ints(node, consts, 3, "axes") if has_input(node, 3) else list(range(x.rank))
     axes = norm_axes(node, axes, x.rank)
@@ -335,14 +340,20 @@ def _top_k(node, specs, consts):
     return outputs(node, x.with_shape(shape), TensorSpec("int64", shape))
 
 
-@shape_rule("Resize")
-def _resize(node, specs, consts):
-    x = need(node, specs, 0)
-    sizes = const(node, consts, 3)
-    if sizes is not None and sizes.size:
-        return outputs(node, x.with_shape(int(v) for v in sizes.reshape(-1)))
-    scales = const(node, consts, 2)
-    if scales is None or not scales.size:
-        raise fail("Resize needs constant 'scales' or 'sizes'")
-    return outputs(node, x.with_shape(int(np.floor(d * s)) for d, s in zip(x.shape, scales.reshape(-1))))
+@shape_rule("NonZero")
+@shape_rule("Unique")
+@shape_rule("Compress")
+def _data_dependent(node, specs, consts):
+    raise fail(f"{node.op_type}'s output shape depends on the input values: not supported (static shapes only)")
 
+
+@shape_rule("Resize")
+@shape_rule("Upsample")
+def _resize(node, specs, consts):
+    """Output dims from `sizes`, or floor(dim * scale); unsupported modes refused here, at plan time."""
+    x = need(node, specs, 0)
+    try:
+        params = resize_params(node.op_type, node.attrs, x.shape, lambda i: const(node, consts, i))
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return outputs(node, x.with_shape(params.out_dims))
