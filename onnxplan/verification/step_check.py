@@ -106,6 +106,12 @@ class Verification:
         return f"step {bad.step}: {where}" + (f"; {bad.explanation}" if bad.explanation else "")
 
 
+def _base(name: str) -> str:
+    """The value a copy stands for: swap-ins (`NAME@inK`, `NAME@start`) and recomputed values
+    (`NAME@rcK`) carry the original name before the '@'."""
+    return name.split("@")[0]
+
+
 class _Hooks:
     """The per-node hook: capture and replace gradients before the optimizer; compare every
     output with ONNX Runtime's in a traced step."""
@@ -118,11 +124,12 @@ class _Hooks:
         self.first: Check | None = None
 
     def wrap(self, node, fn):
-        grads = [k for k, i in enumerate(node.inputs) if i in self.grad_names]
+        # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
+        grads = [k for k, i in enumerate(node.inputs) if _base(i) in self.grad_names]
 
         def run(ctx, inputs, outputs):
             for k in grads:
-                name = node.inputs[k]
+                name = _base(node.inputs[k])
                 self.captured[name] = _download(inputs[k])
                 if name in self.replace:
                     _upload(self.xp, inputs[k], self.replace[name])
@@ -134,7 +141,7 @@ class _Hooks:
 
     def _compare(self, node, outputs) -> None:
         for name, arr in zip(node.outputs, outputs):
-            want = self.reference.get(name.split("@")[0]) if name else None
+            want = self.reference.get(_base(name)) if name else None
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
@@ -157,8 +164,8 @@ class StepVerifier:
         self.ex.learning_rate = self.lr
         self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
-        self.optimizer_node = {p: n.name for n in graph.nodes if n.phase == "optimizer"
-                               for p in self.params if p in n.inputs}
+        self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
+                               for i in n.inputs if _base(i) in self.grad_name}
         self.stat_node = {}  # running statistic -> the node that updates it
         for n in graph.nodes:
             for r in self.ort.running_of:
