@@ -25,8 +25,9 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 
-__all__ = ["OrtOptimizerStep", "OrtStep", "OrtTrainingStep", "RANDOM_OPS"]
+__all__ = ["ORT_DEFAULT_LEARNING_RATE", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep", "RANDOM_OPS"]
 
+ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
 # op -> index of the output holding what it drew (Dropout: its keep-mask)
 RANDOM_OPS = {("", "Dropout"): 1, ("com.microsoft", "BitmaskDropout"): 1, ("", "RandomUniformLike"): 0,

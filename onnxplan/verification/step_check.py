@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 
 from onnxplan.executor.compare import rel_norm_error, update_error
-from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, Executor, _download, _upload, initial_parameters
-from onnxplan.verification.ort_step import OrtOptimizerStep, OrtTrainingStep
+from onnxplan.executor import runner
+from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
+from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 
@@ -160,8 +161,9 @@ class StepVerifier:
         self.grad_name = dict(zip(self.params, graph.optimizer["grads"]))
         self.hooks = _Hooks(set(self.grad_name.values()), xp)
         self.ex = Executor(graph, plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir, wrap=self.hooks.wrap)
-        self.lr = float(learning_rate) if learning_rate is not None else DEFAULT_LEARNING_RATE
-        self.ex.learning_rate = self.lr
+        # each side's own default: a default that differs between them is a difference to find
+        self.ex.learning_rate = float(learning_rate) if learning_rate is not None else runner.DEFAULT_LEARNING_RATE
+        self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
         self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
