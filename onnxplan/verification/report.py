@@ -42,7 +42,7 @@ def describe_verification(v: dict) -> list:
     if fd is not None:
         at = f" computed by node {fd['node']!r}" if fd["node"] else ""
         out.append(f"first value in execution order that differs: {fd['kind']} {fd['name']}{at} "
-                   f"(relative norm error {fd['error']:.3g}, tolerance {fd['tolerance']:.3g})")
+                   f"(error {fd['error']:.3g}, tolerance {fd['tolerance']:.3g})")
     if bad["explanation"]:
         out.append(f"  {bad['explanation']}")
     return out

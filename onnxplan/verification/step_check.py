@@ -269,7 +269,8 @@ class StepVerifier:
             rep.explanation = "the forward and backward values match; the state update differs"
         else:
             rep.explanation = "no single intermediate differs beyond tolerance; the differences accumulate"
-        rep.first_difference = rep.failures[0]
+        eo = self.ex.eo
+        rep.first_difference = min(rep.failures, key=lambda c: eo.get(c.node, len(eo)))
 
 
 def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | None = None, xp: Any = np,
