@@ -81,13 +81,21 @@ class StepReport:
         return not self.failures
 
     def as_dict(self) -> dict:
+        """JSON-able; an error that is not finite (NaN against a number, a missing value) is None."""
         return {"step": self.step, "ok": self.ok, "loss": self.loss, "ort_loss": self.ort_loss,
-                "loss_error": self.checks["loss"].error,
-                "worst": {k: {**asdict(c), "ok": c.ok} for k, c in self.checks.items()},
+                "loss_error": _finite(self.checks["loss"].error),
+                "worst": {k: _check_dict(c) for k, c in self.checks.items()},
                 "failures": [str(c) for c in self.failures],
-                "first_difference": (None if self.first_difference is None
-                                     else {**asdict(self.first_difference), "ok": False}),
+                "first_difference": None if self.first_difference is None else _check_dict(self.first_difference),
                 "explanation": self.explanation}
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _check_dict(c: Check) -> dict:
+    return {**asdict(c), "error": _finite(c.error), "ok": c.ok}
 
 
 @dataclass
@@ -168,6 +176,13 @@ class StepVerifier:
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
                                for i in n.inputs if _base(i) in self.grad_name}
+        producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
+        self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
+        for p, g in self.grad_name.items():
+            n = producer.get(g)
+            if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in producer:
+                n = producer[n.inputs[1]]
+            self.grad_node[p] = n.name if n is not None else ""
         self.stat_node = {}  # running statistic -> the node that updates it
         for n in graph.nodes:
             for r in self.ort.running_of:
@@ -206,7 +221,7 @@ class StepVerifier:
             ours = self.hooks.captured.get(self.grad_name[p])
             err = float("inf") if ours is None else rel_norm_error(ours, ort.grads[p])
             t = max(tol["gradient"], NOISE_FACTOR * noise[("gradient", p)])
-            checks.append(Check("gradient", p, err, t, self.optimizer_node.get(p, "")))
+            checks.append(Check("gradient", p, err, t, self.grad_node.get(p, "")))
         for name, want in ort_new.items():
             got = new_params.get(name, new_moments.get(name))
             p = name.split(".exp_avg")[0]
