@@ -50,19 +50,26 @@ def verify_one(model: str, batch: int | None, optimizer: str, policy: str, steps
             "swaps": len(res.plan.swaps), "seconds": time.perf_counter() - t0}
 
 
+def _cell(worst: dict, key: str) -> str:
+    w = worst.get(key)
+    if w is None:
+        return "-"
+    if w["error"] is None or w["error"] == float("inf"):
+        return f"{w['name']} inf"
+    return f"{w['name']} {w['error']:.1e} ({w['ratio']:.2f}x)"
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | batch | optimizer | policy | verified | worst gradient (rel. norm error, x tol) | "
-             "worst update | worst running stat | seconds |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| model | batch | optimizer | policy | verified | worst gradient (rel. norm error, x tol) | "
+              "worst update | worst running stat | seconds |"), "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['batch']} | {r['optimizer']} | {r['policy']} | ERROR | "
                          f"{r['error'][:80]} | | | |")
             continue
-        w = r["worst"]
-        cell = lambda k: (f"{w[k]['name']} {w[k]['error']:.1e} ({w[k]['ratio']:.2f}x)" if k in w else "-")
+        cells = [_cell(r["worst"], k) for k in ("gradient", "update", "running")]
         lines.append(f"| {r['model']} | {r['batch']} | {r['optimizer']} | {r['policy']} | "
-                     f"{'yes' if r['ok'] else 'NO: ' + r['summary'][:80]} | {cell('gradient')} | {cell('update')} | "
-                     f"{cell('running')} | {r['seconds']:.0f} |")
+                     f"{'yes' if r['ok'] else 'NO: ' + r['summary'][:80]} | {' | '.join(cells)} | {r['seconds']:.0f} |")
     return "\n".join(lines) + "\n"
 
 

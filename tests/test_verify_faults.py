@@ -38,7 +38,7 @@ def _failure(prep: Prepared, steps: int = 1):
 
 
 def _patch_kernel(monkeypatch, graph, op: str, domain: str, make):
-    node = next(n for n in graph.nodes if n.op_type == op and n.domain == domain)
+    assert any(n.op_type == op and n.domain == domain for n in graph.nodes), f"the model has no {op}"
     decl = find_decl(domain, op, graph.opsets.get(domain))
     monkeypatch.setattr(decl, "fn", make(decl.fn))
 

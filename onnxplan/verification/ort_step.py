@@ -25,7 +25,7 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 
-__all__ = ["ORT_DEFAULT_LEARNING_RATE", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep", "RANDOM_OPS"]
+__all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep"]
 
 ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
@@ -162,7 +162,7 @@ def _take_random_as_inputs(model: onnx.ModelProto, nodes: set[str]) -> None:
         for vi in [*inferred.value_info, *inferred.input, *inferred.output]:
             if vi.type.HasField("tensor_type"):
                 types[vi.name] = vi.type.tensor_type.elem_type
-    except Exception:  # noqa: BLE001 - inference is a help here, not a need
+    except Exception:  # noqa: BLE001, S110 - inference is a help here, not a need
         pass
     new_nodes = []
     for n in g.node:

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor import runner
+from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
