@@ -126,8 +126,10 @@ class OrtTrainingStep:
         for name in self.inputs:
             if name in batch:
                 feeds[name] = batch[name]
+            elif name in self.running_of:  # state a kernel may update in place: never our copy
+                feeds[name] = np.array(params[name], copy=True)
             elif name in params:
-                feeds[name] = np.array(params[name], copy=True)  # ORT may update state inputs in place
+                feeds[name] = params[name]
             elif name == RESET_FLAG:
                 feeds[name] = np.ones((1,), dtype=bool)
             elif name.endswith(ACC_SUFFIX) and name[: -len(ACC_SUFFIX)] in params:
@@ -245,8 +247,8 @@ class OrtOptimizerStep:
             moments: dict | None = None) -> dict[str, np.ndarray]:
         """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
         moments = moments or {}
-        seqs = {"params": [np.array(params[p], copy=True) for p in names],
-                "gradients": [np.array(grads[p], copy=True) for p in names]}
+        # AdamWOptimizer updates its sequence inputs in place: give it copies of the state
+        seqs = {"params": [np.array(params[p], copy=True) for p in names], "gradients": [grads[p] for p in names]}
         if self.kind == "AdamW":
             seqs["first_order_moments"] = [np.array(moments[f"{p}.exp_avg"], copy=True) for p in names]
             seqs["second_order_moments"] = [np.array(moments[f"{p}.exp_avg_sq"], copy=True) for p in names]

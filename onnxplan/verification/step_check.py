@@ -225,7 +225,7 @@ class StepVerifier:
         for name, want in ort_new.items():
             got = new_params.get(name, new_moments.get(name))
             p = name.split(".exp_avg")[0]
-            err = float("inf") if got is None else update_error(got, want, want)[0]
+            err = float("inf") if got is None else update_error(got, want, want)
             checks.append(Check("update", name, err, tol["update"], self.optimizer_node.get(p, "")))
         for name, want in ort.running.items():
             got = new_params.get(name)
