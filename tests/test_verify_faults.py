@@ -34,6 +34,7 @@ def _failure(prep: Prepared, steps: int = 1):
     assert not v.ok, "a planted fault passed verification"
     bad = next(s for s in v.steps if not s.ok)
     assert bad.first_difference is not None
+    print(f"\nnamed: {bad.first_difference}")  # pytest -s shows what --verify says
     return bad.first_difference
 
 
