@@ -193,3 +193,25 @@ def test_dropout_ignoring_the_mask_is_caught(monkeypatch, dropout_model):
     _patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
     first = _failure(dropout_model)
     assert first.node == "drop"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_ort_step_is_the_training_apis_step(optimizer):
+    """ONNX Runtime's side of the verification (training and optimizer models in
+    InferenceSessions, the state fed in) computes what onnxruntime.training.api's Module and
+    Optimizer compute for the same step: the same loss and parameters after one step."""
+    from onnxplan.executor.runner import initial_parameters, step_batches
+    from onnxplan.reference import run_reference
+    from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
+
+    mlp = _prepared("mlp", 2, optimizer)
+    params = initial_parameters(mlp.folder)
+    batch = step_batches(mlp.folder, 1, 0)[0]
+    ort = OrtTrainingStep(mlp.folder).run(params, batch)
+    names = list(mlp.graph.optimizer["params"])
+    zeros = {f"{p}.{m}": np.zeros_like(params[p]) for p in names for m in ("exp_avg", "exp_avg_sq")}
+    new = OrtOptimizerStep(mlp.folder).run(names, ORT_DEFAULT_LEARNING_RATE, 1, params, ort.grads, zeros)
+    ref = run_reference(mlp.folder, steps=1)
+    assert ort.loss == ref.losses[0]
+    for p in names:
+        np.testing.assert_array_equal(new[p], ref.params[p], err_msg=p)
