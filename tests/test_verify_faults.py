@@ -215,3 +215,31 @@ def test_ort_step_is_the_training_apis_step(optimizer):
     assert ort.loss == ref.losses[0]
     for p in names:
         np.testing.assert_array_equal(new[p], ref.params[p], err_msg=p)
+
+
+def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(monkeypatch, mlp):
+    """A loss that differs from ONNX Runtime's only because ORT's float32 reduction is less
+    accurate passes (judged against the loss node in float64 on ORT's inputs); a wrong loss
+    kernel still fails."""
+    from onnxplan.verification import ort_step
+
+    real_run = ort_step.OrtTrainingStep.run
+
+    def inaccurate(self, *args, **kwargs):  # ORT's loss off by 1e-4 relative, its inputs intact
+        out = real_run(self, *args, **kwargs)
+        out.loss *= 1 + 1e-4
+        return out
+
+    monkeypatch.setattr(ort_step.OrtTrainingStep, "run", inaccurate)
+    v = verify_run(mlp, steps=1)
+    assert v.ok, v.summary()
+    assert "float64" in v.steps[0].checks["loss"].name
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs, outputs)
+            outputs[0][...] *= 1.001
+        return bad
+
+    _patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
+    assert not verify_run(mlp, steps=1).ok
