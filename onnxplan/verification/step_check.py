@@ -183,10 +183,10 @@ class StepVerifier:
             if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in producer:
                 n = producer[n.inputs[1]]
             self.grad_node[p] = n.name if n is not None else ""
-        self.stat_node = {}  # running statistic -> the node that updates it
+        self.stat_node = {}  # running statistic -> the node that updates it (its first reader)
         for n in graph.nodes:
             for r in self.ort.running_of:
-                if r in n.inputs and n.name not in self.stat_node.values():
+                if r in n.inputs:
                     self.stat_node.setdefault(r, n.name)
 
     def close(self) -> None:
