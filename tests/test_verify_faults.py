@@ -243,3 +243,32 @@ def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(mon
 
     _patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
     assert not verify_run(mlp, steps=1).ok
+
+
+@pytest.mark.slow
+def test_unbiased_running_variance_is_caught(monkeypatch):
+    """BatchNorm updating running_var with the unbiased batch variance (PyTorch's convention,
+    not ORT's): caught on the running statistics, naming the first BatchNorm node where the
+    change (a factor n/(n-1) on the batch term) exceeds the tolerance."""
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            old = np.array(inputs[4], copy=True)
+            fn(ctx, inputs, outputs)
+            m = float(ctx.attrs.get("momentum", 0.9))
+            n = inputs[0].size // inputs[0].shape[1]
+            batch_var = (outputs[2] - m * old) / (1 - m)
+            outputs[2][...] = m * old + (1 - m) * batch_var * n / (n - 1)
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "BatchNormInternal", "com.microsoft", make)
+    v = verify_run(prep, steps=1)
+    assert not v.ok
+    kinds = {c.kind for c in v.steps[0].failures}
+    assert kinds == {"running"}, v.steps[0].failures
+    order = list(prep.plan.order)
+    first_bad = min((c.node for c in v.steps[0].failures), key=order.index)
+    first = v.steps[0].first_difference
+    print(f"\nnamed: {first}")
+    assert first.node == first_bad and first.node.endswith("BatchNormInternal")

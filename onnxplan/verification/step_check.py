@@ -130,6 +130,7 @@ class _Hooks:
         self.captured: dict[str, np.ndarray] = {}
         self.replace: dict[str, np.ndarray] = {}  # our gradient name -> the value to use
         self.reference: dict[str, np.ndarray] | None = None  # traced step: ORT's intermediates
+        self.tolerance: dict[str, float] = {}  # value -> its tolerance, where not "intermediate"
         self.first: Check | None = None
 
     def wrap(self, node, fn):
@@ -154,8 +155,9 @@ class _Hooks:
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
-            if err > TOLERANCES["intermediate"]:
-                self.first = Check("intermediate", name, err, TOLERANCES["intermediate"], node.name)
+            tol = self.tolerance.get(_base(name), TOLERANCES["intermediate"])
+            if err > tol:
+                self.first = Check("intermediate", name, err, tol, node.name)
                 return
 
 
@@ -174,6 +176,7 @@ class StepVerifier:
         self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
         self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
+        self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
                                for i in n.inputs if _base(i) in self.grad_name}
         producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
