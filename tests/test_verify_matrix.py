@@ -41,8 +41,10 @@ def test_mlp_verifies_under_every_policy(policy, optimizer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,batch", [("resnet18", 4), ("transformer", 2), ("gpt", 2)])
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model,batch,policy", [(m, 2, p) for m in ("transformer", "gpt") for p in POLICIES]
+                         + [("resnet18", 4, p) for p in ("plain", "proactive", "rotor")])
 def test_zoo_verifies_under_every_policy(model, batch, policy):
+    """CI's share of the matrix (CI time): the transformer and the causal decoder under every
+    policy, the BatchNorm CNN plain, swapped and recomputed."""
     v = _verify(model, batch, "adamw", policy)
     assert v.ok, v.summary()
