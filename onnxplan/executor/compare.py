@@ -1,4 +1,9 @@
-"""Compare a run with ONNX Runtime's: loss per step and every parameter, allclose-style."""
+"""Compare a run with ONNX Runtime's.
+
+Two measures: allclose-style per element (`compare_results`, for free-running runs: loss per
+step and every parameter), and the per-tensor relative norm error ||got - want|| / ||want||
+(`rel_norm_error`), which scales with the tensor and is what the per-step verification
+(onnxplan.verification) uses for the loss, gradients, running statistics and intermediates."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ATOL", "RTOL", "Comparison", "Offender", "compare_results"]
+__all__ = ["ATOL", "RTOL", "Comparison", "Offender", "compare_results", "rel_norm_error", "update_error"]
 
 RTOL, ATOL = 1e-4, 1e-5  # float32, as the acceptance asks
 
@@ -83,3 +88,54 @@ def compare_results(losses: list[float], params: dict[str, np.ndarray], ref_loss
         worst=offenders[:top],
         problems=problems,
     )
+
+
+_BLOCK = 1 << 20  # elements per block of the per-tensor measures (float64 temporaries stay small)
+
+
+def _flat_pairs(got, want):
+    g, w = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+    for i in range(0, g.size, _BLOCK):
+        yield g[i:i + _BLOCK].astype(np.float64), w[i:i + _BLOCK].astype(np.float64)
+
+
+def rel_norm_error(got, want) -> float:
+    """||got - want||_2 / ||want||_2, accumulated in float64 block by block; 0 for two equal
+    tensors (all-zero ones included), inf for a NaN where the other has none, a shape mismatch,
+    or an all-zero reference against a nonzero result (any nonzero is wrong there)."""
+    if np.shape(got) != np.shape(want):
+        return float("inf")
+    diff2 = ref2 = 0.0
+    for g, w in _flat_pairs(got, want):
+        gn, wn = np.isnan(g), np.isnan(w)
+        if gn.any() or wn.any():
+            if (gn != wn).any():
+                return float("inf")
+            g, w = np.where(gn, 0.0, g), np.where(wn, 0.0, w)
+        d = g - w
+        diff2 += float(d @ d)
+        ref2 += float(w @ w)
+    if diff2 == 0.0:
+        return 0.0
+    return float(np.sqrt(diff2 / ref2)) if ref2 > 0.0 else float("inf")
+
+
+def update_error(got, want, scale) -> float:
+    """An optimizer's output against the reference on identical inputs, per element:
+    max |got - want| / (max |scale| + tiny). `scale` is what the update is relative to (the
+    parameter, or the moment itself): one float32 rounding of it is ~6e-8. NaN against a
+    number, or a shape mismatch, is inf."""
+    if np.shape(got) != np.shape(want):
+        return float("inf")
+    worst = 0.0
+    for g, w in _flat_pairs(got, want):
+        d = np.abs(g - w)
+        nan = np.isnan(d)
+        if nan.any():
+            if (np.isnan(g) != np.isnan(w)).any():
+                return float("inf")
+            d = np.where(nan, 0.0, d)
+        if d.size:
+            worst = max(worst, float(d.max()))
+    denom = max((float(np.abs(s).max()) for _, s in _flat_pairs(scale, scale) if s.size), default=0.0)
+    return worst / (denom + 1e-30)

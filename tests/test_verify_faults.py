@@ -1,0 +1,274 @@
+"""`run --verify` is right when the run is right and wrong when it is wrong: it passes on correct
+plans (plain, swap, recompute) and fails on planted bugs of six kinds, naming the node."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from onnxplan.executor.prepare import Prepared
+from onnxplan.kernels.registry import find_decl
+from onnxplan.planning import PlanOptions
+from onnxplan.resolve import ModelRequest
+from onnxplan.verification.step_check import verify_run
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _prepared(name: str, batch: int, optimizer: str, *, swap: str | None = None, checkpoint: str | None = None,
+              budget: int | None = None) -> Prepared:
+    from onnxplan.cli.run_cmd import _prepare_planned
+
+    opts = PlanOptions(swap=swap or "none", budget=budget) if swap else PlanOptions()
+    return _prepared_with(ModelRequest(name, batch, optimizer), opts, checkpoint, swap, _prepare_planned)
+
+
+def _prepared_with(req, opts, checkpoint, swap, planner):
+    return planner(req, opts, checkpoint, swap)
+
+
+def _failure(prep: Prepared, steps: int = 1):
+    v = verify_run(prep, steps=steps)
+    assert not v.ok, "a planted fault passed verification"
+    bad = next(s for s in v.steps if not s.ok)
+    assert bad.first_difference is not None
+    print(f"\nnamed: {bad.first_difference}")  # pytest -s shows what --verify says
+    return bad.first_difference
+
+
+def _patch_kernel(monkeypatch, graph, op: str, domain: str, make):
+    assert any(n.op_type == op and n.domain == domain for n in graph.nodes), f"the model has no {op}"
+    decl = find_decl(domain, op, graph.opsets.get(domain))
+    monkeypatch.setattr(decl, "fn", make(decl.fn))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _prepared("mlp", 2, "sgd")
+
+
+def test_correct_runs_pass(mlp):
+    v = verify_run(mlp, steps=2)
+    assert v.ok, v.summary()
+
+
+def test_gradient_sign_on_part_of_output(monkeypatch, mlp):
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs, outputs)
+            out = outputs[0].reshape(-1)
+            out[: out.size // 4] *= -1
+        return bad
+
+    _patch_kernel(monkeypatch, mlp.graph, "ReluGrad", "com.microsoft", make)
+    first = _failure(mlp)
+    assert first.node == "relu2_Grad/ReluGrad_0"  # the first ReluGrad in execution order
+
+
+def test_overlapped_live_buffers(mlp):
+    bufs = {b.name: b for b in mlp.plan.buffers}
+    a, b = bufs["fc2"], bufs["relu2_grad"]  # both live over EO 10..20
+    assert a.first_eo <= b.last_eo and b.first_eo <= a.last_eo
+    moved = [dataclasses.replace(x, offset=a.offset) if x.name == b.name else x for x in mlp.plan.buffers]
+    bad = Prepared(mlp.folder, mlp.graph, dataclasses.replace(mlp.plan, buffers=tuple(moved)))
+    first = _failure(bad)
+    assert first.node == "relu2_Grad/ReluGrad_0"  # reads relu2 (buffer fc2) after relu2_grad clobbered it
+
+
+@pytest.mark.slow
+def test_dropped_accumulation(monkeypatch):
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs[:-1], outputs)  # the last term of the sum is dropped
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "Sum", "", make)
+    first = _failure(prep)
+    order = [n for n in prep.plan.order]
+    sums = [n.name for n in prep.graph.nodes if n.op_type == "Sum"]
+    assert first.node == min(sums, key=order.index)
+
+
+@pytest.mark.slow
+def test_wrong_conv_stride(monkeypatch):
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            if list(ctx.attrs.get("strides", [1, 1])) == [2, 2]:  # sample the odd positions
+                x = np.roll(inputs[0], -1, axis=-1)
+                return fn(ctx, [x, *inputs[1:]], outputs)
+            return fn(ctx, inputs, outputs)
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "Conv", "", make)
+    first = _failure(prep)
+    strided = [n.name for n in prep.graph.nodes if n.op_type == "Conv" and list(n.attrs.get("strides", [1, 1])) == [2, 2]]
+    assert first.node == min(strided, key=list(prep.plan.order).index)
+
+
+@pytest.mark.slow
+def test_recompute_reads_wrong_value():
+    prep = _prepared("resnet18", 2, "sgd", checkpoint="sqrt")
+    copies = [n for n in prep.graph.nodes if "@rc" in n.name and n.op_type == "Relu"]
+    assert copies, "the sqrt schedule recomputes no Relu"
+    victim = copies[0]
+    spec = prep.graph.values[victim.inputs[0]].spec
+    wrong = next(v for v, val in prep.graph.values.items()
+                 if val.spec == spec and v != victim.inputs[0] and v.split("@")[0] != victim.inputs[0].split("@")[0]
+                 and val.vclass.value == "activation")
+    victim.inputs[0] = wrong
+    first = _failure(prep)
+    assert first.node.startswith(victim.name.split("@")[0])
+
+
+def test_stale_swap_in(monkeypatch):
+    from onnxplan.executor.swap_io import SwapRuntime
+
+    prep = _prepared("mlp", 2, "sgd", swap="on-demand", budget=None)
+    if not prep.plan.swaps:
+        pytest.skip("no swap planned")
+    monkeypatch.setattr(SwapRuntime, "_swap_in", lambda self, name: (lambda ctx, inputs, outputs: None))
+    first = _failure(prep)
+    readers = {n.name for n in prep.graph.nodes if any("@in" in i or "@start" in i for i in n.inputs)}
+    assert first.node in readers
+
+
+# ---- random ops: ONNX Runtime's keep-masks are given to ours --------------------------------
+def _dropout_model(path) -> str:
+    """x -> Gemm -> Relu -> Dropout(0.3, training) -> Gemm: a forward model with a random op."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 32)).astype(np.float32), "w1"),
+            numpy_helper.from_array(np.zeros(32, np.float32), "b1"),
+            numpy_helper.from_array(rng.normal(0, 0.3, (32, 5)).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.zeros(5, np.float32), "b2")]
+    nodes = [helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.3, np.float32))),
+             helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+             helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Dropout", ["r", "ratio", "train"], ["d", "mask"], name="drop"),
+             helper.make_node("Gemm", ["d", "w2", "b2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "drop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def dropout_model(tmp_path_factory):
+    from onnxplan.executor.prepare import prepare
+
+    path = _dropout_model(tmp_path_factory.mktemp("drop") / "drop.onnx")
+    return prepare(ModelRequest(path, 8, "adamw", "ce"), PlanOptions())
+
+
+def test_dropout_model_verifies_with_ort_masks(dropout_model):
+    assert any(n.op_type == "DropoutGrad" for n in dropout_model.graph.nodes)
+    v = verify_run(dropout_model, steps=2)
+    assert v.ok, v.summary()
+
+
+def test_dropout_ignoring_the_mask_is_caught(monkeypatch, dropout_model):
+    import onnxplan.kernels.random as krandom
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):  # draws its own mask, ignoring the one it is given
+            saved, ctx.random.given = ctx.random.given, {}
+            try:
+                fn(ctx, inputs, outputs)
+            finally:
+                ctx.random.given = saved
+        return bad
+
+    assert krandom.Randomness  # the kernels' module is loaded
+    _patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
+    first = _failure(dropout_model)
+    assert first.node == "drop"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_ort_step_is_the_training_apis_step(optimizer):
+    """ONNX Runtime's side of the verification (training and optimizer models in
+    InferenceSessions, the state fed in) computes what onnxruntime.training.api's Module and
+    Optimizer compute for the same step: the same loss and parameters after one step."""
+    from onnxplan.executor.runner import initial_parameters, step_batches
+    from onnxplan.reference import run_reference
+    from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
+
+    mlp = _prepared("mlp", 2, optimizer)
+    params = initial_parameters(mlp.folder)
+    batch = step_batches(mlp.folder, 1, 0)[0]
+    ort = OrtTrainingStep(mlp.folder).run(params, batch)
+    names = list(mlp.graph.optimizer["params"])
+    zeros = {f"{p}.{m}": np.zeros_like(params[p]) for p in names for m in ("exp_avg", "exp_avg_sq")}
+    new = OrtOptimizerStep(mlp.folder).run(names, ORT_DEFAULT_LEARNING_RATE, 1, params, ort.grads, zeros)
+    ref = run_reference(mlp.folder, steps=1)
+    assert ort.loss == ref.losses[0]
+    for p in names:
+        np.testing.assert_array_equal(new[p], ref.params[p], err_msg=p)
+
+
+def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(monkeypatch, mlp):
+    """A loss that differs from ONNX Runtime's only because ORT's float32 reduction is less
+    accurate passes (judged against the loss node in float64 on ORT's inputs); a wrong loss
+    kernel still fails."""
+    from onnxplan.verification import ort_step
+
+    real_run = ort_step.OrtTrainingStep.run
+
+    def inaccurate(self, *args, **kwargs):  # ORT's loss off by 1e-4 relative, its inputs intact
+        out = real_run(self, *args, **kwargs)
+        out.loss *= 1 + 1e-4
+        return out
+
+    monkeypatch.setattr(ort_step.OrtTrainingStep, "run", inaccurate)
+    v = verify_run(mlp, steps=1)
+    assert v.ok, v.summary()
+    assert "float64" in v.steps[0].checks["loss"].name
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs, outputs)
+            outputs[0][...] *= 1.001
+        return bad
+
+    _patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
+    assert not verify_run(mlp, steps=1).ok
+
+
+@pytest.mark.slow
+def test_unbiased_running_variance_is_caught(monkeypatch):
+    """BatchNorm updating running_var with the unbiased batch variance (PyTorch's convention,
+    not ORT's): caught on the running statistics, naming the first BatchNorm node where the
+    change (a factor n/(n-1) on the batch term) exceeds the tolerance."""
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            old = np.array(inputs[4], copy=True)
+            fn(ctx, inputs, outputs)
+            m = float(ctx.attrs.get("momentum", 0.9))
+            n = inputs[0].size // inputs[0].shape[1]
+            batch_var = (outputs[2] - m * old) / (1 - m)
+            outputs[2][...] = m * old + (1 - m) * batch_var * n / (n - 1)
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "BatchNormInternal", "com.microsoft", make)
+    v = verify_run(prep, steps=1)
+    assert not v.ok
+    kinds = {c.kind for c in v.steps[0].failures}
+    assert kinds == {"running"}, v.steps[0].failures
+    order = list(prep.plan.order)
+    first_bad = min((c.node for c in v.steps[0].failures), key=order.index)
+    first = v.steps[0].first_difference
+    print(f"\nnamed: {first}")
+    assert first.node == first_bad and first.node.endswith("BatchNormInternal")
