@@ -95,6 +95,7 @@ class PlanOutcome:
     pass_notes: list[str] = field(default_factory=list)
     swap: Any = None  # onnxplan.swap.SwapOutcome when swaps were planned
     skipped: list[str] = field(default_factory=list)  # what the anytime default did not run, and why
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # passes, orders, swap, planners, verify
 
 
 def pipeline_names(opts: PlanOptions) -> list[str]:
@@ -216,7 +217,9 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
     names = pipeline_names(opts)
     g, results = run_pipeline(graph, names)
     notes = [note for _, r in results for note in r.notes]
+    stages = {"passes": time.perf_counter() - t0}
     candidates = _heuristic_orders(g, opts)
+    stages["orders"] = time.perf_counter() - t0 - sum(stages.values())
     bounds = {c[0]: c[3] for c in candidates}
     order_seconds = sum(c[4].solve_seconds for c in candidates)
     skipped: list[str] = []
@@ -230,7 +233,9 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
             g, order, lt = swap.graph, swap.order, swap.lifetimes
             notes.extend(swap.notes)
             candidates = [(policy, order, lt, lower_bound(lt.buffers), candidates[0][4])]
+    stages["swap"] = time.perf_counter() - t0 - sum(stages.values())
     cand, rows, plans, chosen = _place(candidates, opts, swap is not None, skipped)
+    stages["planners"] = time.perf_counter() - t0 - sum(stages.values())
     policy, order, lt, bound, order_res = cand
     op = plans[chosen]
     plan = Plan(
@@ -253,7 +258,8 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         onnxplan_version=__version__,
     )
     verify_plan(g, plan)
-    return PlanOutcome(plan, g, rows, bounds, notes, swap, skipped)
+    stages["verify"] = time.perf_counter() - t0 - sum(stages.values())
+    return PlanOutcome(plan, g, rows, bounds, notes, swap, skipped, stages)
 
 
 def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions):
