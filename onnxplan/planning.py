@@ -15,7 +15,7 @@ from onnxplan.passes import interleave as _interleave  # noqa: F401
 from onnxplan.passes import realize as _realize  # noqa: F401  (registers the passes)
 from onnxplan.checkpoint import recompute as _recompute  # noqa: F401, I001  (registers "recompute:<schedule>")
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.verify import verify_offsets
 
@@ -118,16 +118,16 @@ def _heuristic_orders(g: StepGraph, opts: PlanOptions) -> list[tuple]:
     """(policy, order, lifetimes, transient bound, OrderResult) per order policy to try,
     the smallest bound first (file order of HEURISTIC_ORDERS on ties)."""
     from onnxplan.orders import memory_model, order_policy
-    from onnxplan.passes.analysis import alias_roots
 
     if opts.order not in ORDER_CHOICES:
         raise UsageError(f"unknown order {opts.order!r}; known: {', '.join(ORDER_CHOICES)}")
     policies = HEURISTIC_ORDERS if opts.order == "auto" else (opts.order,)
-    mm = memory_model(g, alias_roots(g))  # one memory model for every policy
+    model = lifetime_model(g)  # one memory model and one lifetime model for every policy
+    mm = memory_model(g, model.roots)
     out = []
     for policy in policies:
         res = order_policy(g, mm, policy, time_limit=opts.solver_seconds)
-        lt = lifetimes(g, res.order)
+        lt = lifetimes(g, res.order, model)
         out.append((policy, tuple(res.order), lt, lower_bound(lt.buffers), res))
     out.sort(key=lambda c: c[3])  # stable: ties keep HEURISTIC_ORDERS' order
     return out
