@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+
 def _load() -> float:
     return os.getloadavg()[0]
 
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("--ilp-limit", type=float, default=10.0)
     ap.add_argument("--before", default=None, help="Python of the code to compare the zoo default with")
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--skip-zoo", action="store_true")
+    ap.add_argument("--extra", nargs="*", default=[], help="more models (artifact folders, forward .onnx) for part 2")
     args = ap.parse_args()
     print(f"# Planning at scale\n\n{os.cpu_count()} cores; load average at start "
           f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min), shared with other work.\n")
@@ -109,18 +112,25 @@ def main() -> None:
             print("\n".join(_ILP_ROWS))
     from onnxplan.models import list_models
 
-    print("\n## Default `plan` (load + plan_step) on every zoo model\n")
+    names = [] if args.skip_zoo else [spec.name for spec in list_models()]
+    names += args.extra
+    print("\n## Default `plan` (load + plan_step) per model\n")
     cols = "| model | nodes | after wall s | after CPU s | after peak B | after chosen |"
     if args.before:
         cols += " before wall s | before CPU s | before peak B | peak change |"
     print(cols + " load avg |")
     print("|" + "---|" * (cols.count("|") - 1 + 1))
-    for spec in list_models():
-        after = _time_default(sys.executable, spec.name)
-        line = (f"| {spec.name} | {after['nodes']} | {after['wall']:.2f} | {after['cpu']:.2f} | {after['peak']} "
+    for name in names:
+        try:
+            after = _time_default(sys.executable, name)
+        except subprocess.CalledProcessError as exc:
+            print(f"| {os.path.basename(name)} | this checkout cannot plan it: "
+                  f"{(exc.stderr or '').strip().splitlines()[-1][:100]} |", flush=True)
+            continue
+        line = (f"| {os.path.basename(name)} | {after['nodes']} | {after['wall']:.2f} | {after['cpu']:.2f} | {after['peak']} "
                 f"| {after['how']} |")
         if args.before:
-            before = _time_default(args.before, spec.name)
+            before = _time_default(args.before, name)
             line += (f" {before['wall']:.2f} | {before['cpu']:.2f} | {before['peak']} "
                      f"| {after['peak'] / before['peak'] - 1:+.3%} |")
         print(line + f" {_load():.1f} |", flush=True)
