@@ -144,7 +144,7 @@ def _row(name: str, op: OffsetPlan, persistent: int, bound: int) -> PlannerRow:
                       op.arena_bytes / bound - 1.0 if bound else 0.0, op.solve_seconds, op.optimal, op.gap)
 
 
-def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: list[str]):
+def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: list[str], ilp: bool = True):
     """Run the planners; returns (candidate, rows, plans, chosen planner name).
 
     Heuristic planners first, on the order of smallest bound; then on each other order
@@ -174,9 +174,9 @@ def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: 
     _, i, rows, plans = best
     cand = candidates[i]
     _, _, lt, bound, _ = cand
-    if opts.planner in ("auto", "ilp"):
+    if ilp and opts.planner in ("auto", "ilp"):
         _maybe_ilp(lt, bound, opts, rows, plans, skipped)
-    chosen = min(rows, key=lambda r: (r.arena_bytes, r.solve_seconds)).planner
+    chosen = min(rows, key=lambda r: (r.arena_bytes, r.solve_seconds)).planner if rows else None
     return cand, rows, plans, chosen
 
 
@@ -226,8 +226,10 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
     if opts.order == "auto":
         skipped.append("order ilp: auto uses the heuristic orders (--order ilp runs OLLA's lifetime ILP)")
     swap = None
-    if opts.swap != "none":  # the swap nodes join the order of smallest bound
-        policy, order, lt, _, _ = candidates[0]
+    if opts.swap != "none":  # the swap nodes join the order the heuristic planners pack best
+        first = _place(candidates, opts, False, [], ilp=False)[0]
+        candidates = [first, *(c for c in candidates if c is not first)]
+        policy, order, lt, _, _ = first
         swap = _plan_swaps(g, order, lt, opts)
         if swap is not None:  # swapped buffers split in segments
             g, order, lt = swap.graph, swap.order, swap.lifetimes
