@@ -99,7 +99,7 @@ def main() -> None:
           f"{' / '.join(f'{x:.1f}' for x in os.getloadavg())} (1 / 5 / 15 min), shared with other work.\n")
     if not args.skip_llama:
         print("## LLaMA-style training steps (default plan)\n")
-        print("| layers | nodes | values | artifacts s | load s | passes s | orders s | planners s | verify s "
+        print("| layers | nodes | values | artifacts s (cached: build forward + hash) | load s | passes s | orders s | planners s | verify s "
               "| total wall s | total CPU s | chosen | peak MiB | lower bound MiB | fragmentation | load avg |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for layers in (int(x) for x in args.layers.split(",")):
