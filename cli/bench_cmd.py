@@ -31,7 +31,7 @@ def bench_command(
     warmup: int = typer.Option(1, "--warmup", help="Untimed first steps per measured run."),
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="--no-measure: planned figures only, no runs (peers default to none)."),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds for each ILP solve."),
+    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
     budget: list[str] = typer.Option(None, "--budget",
                                      help="SIZE for every model or MODEL=SIZE (repeatable): a line in the report."),
     out: Path = typer.Option(None, "-o", "--out",

@@ -25,7 +25,7 @@ def plan_command(
     planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
     inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs (off: only optimizer and running-statistics updates are in place)."),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds for each ILP solve."),
+    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
     swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
@@ -81,6 +81,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         d["fits_budget"] = fits
         d["orders"] = res.orders
         d["notes"] = res.pass_notes
+        d["skipped"] = res.skipped
         d["planners"] = [r.__dict__ for r in res.rows]
         d["parameters"] = parameter_report(graph)
         if res.swap is not None and res.swap.floor is not None:
@@ -182,6 +183,8 @@ def _print_table(res, budget_bytes, params: dict | None = None) -> None:
                   format_bytes(r.lower_bound_bytes), f"{r.fragmentation:.2%}",
                   f"{r.solve_seconds:.3f}", mark.strip(), style=style)
     con.print(t)
+    for why in res.skipped:
+        con.print(f"  skipped {why}")
     _print_swaps(con, res)
     line = f"persistent {format_bytes(plan.persistent_bytes)} + arena {format_bytes(plan.arena_bytes)} = peak {format_bytes(plan.peak_bytes)}"
     if budget_bytes is not None:

@@ -24,7 +24,7 @@ class RunFailed(OnnxplanError):
 
     exit_code = EXIT_FAILURE
 
-_PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inplace": True, "time_limit": 10.0}
+_PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inplace": True, "time_limit": None}
 
 
 def run_command(
@@ -33,7 +33,7 @@ def run_command(
     planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
     inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs."),
-    time_limit: float = typer.Option(10.0, "--time-limit", help="Seconds for each ILP solve."),
+    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
     plan_file: Path = typer.Option(None, "--plan", help="Run this plan JSON (from `onnxplan plan -o`) instead of planning."),
     batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),

@@ -15,16 +15,25 @@ from onnxplan.passes import interleave as _interleave  # noqa: F401
 from onnxplan.passes import realize as _realize  # noqa: F401  (registers the passes)
 from onnxplan.checkpoint import recompute as _recompute  # noqa: F401, I001  (registers "recompute:<schedule>")
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.verify import verify_offsets
 
-__all__ = ["PlanOptions", "check_time_limit", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step", "verify_plan",
-           "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
+__all__ = ["PlanOptions", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
+           "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
 
 HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
 ORDER_CHOICES = ("auto", *HEURISTIC_ORDERS, "ilp")
 PLANNER_CHOICES = ("auto", *PLANNERS)
+HEURISTIC_PLANNERS = tuple(p for p in PLANNERS if p != "ilp")
+DEFAULT_TIME_LIMIT = 10.0  # seconds for an ILP the user asked for (--planner ilp, --order ilp) without --time-limit
+# The anytime default (planner auto, no --time-limit): the offset ILP gets ILP_SECONDS_PER_GAP
+# seconds per unit of fragmentation left by the best heuristic, times sqrt(buffers / 100), at most
+# ILP_AUTO_MAX_SECONDS; below ILP_AUTO_MIN_SECONDS it cannot pay and is skipped.
+ILP_SECONDS_PER_GAP = 25.0
+ILP_AUTO_MAX_SECONDS = 1.0
+ILP_AUTO_MIN_SECONDS = 0.2
+ILP_AUTO_MAX_BUFFERS = 2000  # larger: building the model alone eats the budget
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ class PlanOptions:
     planner: str = "auto"  # auto = every planner within the time limit, keep the smallest
     interleave: bool = True
     inplace: bool = True
-    time_limit: float = 10.0  # seconds for each ILP
+    time_limit: float | None = None  # seconds for each ILP; None: the anytime default (ilp_budget)
     swap: str = "none"  # none | auto | on-demand | reduced | proactive | window (onnxplan.swap)
     lookahead: int = 1  # proactive: EOs a swap-in is issued ahead of its use
     window_bytes: int | None = None  # window: the byte window (default: largest working set)
@@ -47,11 +56,19 @@ class PlanOptions:
     def __post_init__(self) -> None:
         check_time_limit(self.time_limit)
 
+    @property
+    def solver_seconds(self) -> float:
+        """The limit of an ILP that runs because it was asked for: --time-limit, else 10 s."""
+        return DEFAULT_TIME_LIMIT if self.time_limit is None else self.time_limit
 
-def check_time_limit(seconds: float) -> float:
-    """A solver time limit must be a positive finite number of seconds (UsageError, exit 2)."""
+
+def check_time_limit(seconds: float | None) -> float | None:
+    """A solver time limit must be a positive finite number of seconds (UsageError, exit 2);
+    None (not given) is the anytime default."""
     import math
 
+    if seconds is None:
+        return None
     if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
         raise UsageError(f"invalid --time-limit {seconds}: must be a positive number of seconds")
     return seconds
@@ -77,6 +94,8 @@ class PlanOutcome:
     orders: dict[str, int] = field(default_factory=dict)  # policy -> transient lower bound
     pass_notes: list[str] = field(default_factory=list)
     swap: Any = None  # onnxplan.swap.SwapOutcome when swaps were planned
+    skipped: list[str] = field(default_factory=list)  # what the anytime default did not run, and why
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # passes, orders, swap, planners, verify
 
 
 def pipeline_names(opts: PlanOptions) -> list[str]:
@@ -89,26 +108,101 @@ def pipeline_names(opts: PlanOptions) -> list[str]:
     return names
 
 
-def _choose_order(g: StepGraph, opts: PlanOptions):
-    from onnxplan.orders import order_nodes
-    from onnxplan.passes.analysis import alias_roots
+def ilp_budget(gap: float, buffers: int) -> float:
+    """Seconds the anytime default gives the offset ILP: more for a larger remaining gap
+    (arena / lower bound - 1 of the best heuristic) and a larger graph, capped."""
+    return min(ILP_AUTO_MAX_SECONDS, ILP_SECONDS_PER_GAP * gap * max(1.0, (buffers / 100) ** 0.5))
 
-    buffer_of = alias_roots(g)
-    policies = HEURISTIC_ORDERS if opts.order == "auto" else (opts.order,)
+
+def _heuristic_orders(g: StepGraph, opts: PlanOptions) -> list[tuple]:
+    """(policy, order, lifetimes, transient bound, OrderResult) per order policy to try,
+    the smallest bound first (file order of HEURISTIC_ORDERS on ties)."""
+    from onnxplan.orders import memory_model, order_policy
+
     if opts.order not in ORDER_CHOICES:
         raise UsageError(f"unknown order {opts.order!r}; known: {', '.join(ORDER_CHOICES)}")
-    best = None
-    bounds: dict[str, int] = {}
-    spent = 0.0
+    policies = HEURISTIC_ORDERS if opts.order == "auto" else (opts.order,)
+    model = lifetime_model(g)  # one memory model and one lifetime model for every policy
+    mm = memory_model(g, model.roots)
+    out = []
     for policy in policies:
-        res = order_nodes(g, policy, buffer_of=buffer_of, time_limit=opts.time_limit)
-        spent += res.solve_seconds
-        lt = lifetimes(g, res.order)
-        bounds[policy] = lower_bound(lt.buffers)
-        if best is None or bounds[policy] < best[3]:
-            best = (policy, tuple(res.order), lt, bounds[policy], res)
-    policy, order, lt, _, res = best
-    return policy, order, lt, bounds, spent, res
+        res = order_policy(g, mm, policy, time_limit=opts.solver_seconds)
+        lt = lifetimes(g, res.order, model)
+        out.append((policy, tuple(res.order), lt, lower_bound(lt.buffers), res))
+    out.sort(key=lambda c: c[3])  # stable: ties keep HEURISTIC_ORDERS' order
+    return out
+
+
+def _run_planner(name: str, buffers, **kw) -> OffsetPlan:
+    op = plan_offsets(name, buffers, **kw)
+    verify_offsets(buffers, op)
+    return op
+
+
+def _row(name: str, op: OffsetPlan, persistent: int, bound: int) -> PlannerRow:
+    return PlannerRow(name, op.arena_bytes, persistent + op.arena_bytes, persistent + bound,
+                      op.arena_bytes / bound - 1.0 if bound else 0.0, op.solve_seconds, op.optimal, op.gap)
+
+
+def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: list[str], ilp: bool = True):
+    """Run the planners; returns (candidate, rows, plans, chosen planner name).
+
+    Heuristic planners first, on the order of smallest bound; then on each other order
+    whose bound is below the best arena so far (it may pack better). The ILP runs when
+    asked for (--planner ilp, or --time-limit with planner auto); with planner auto and no
+    --time-limit only when the best heuristic leaves a gap to its order's lower bound,
+    for ilp_budget(gap, buffers) seconds. Every skip is recorded in `skipped`.
+    """
+    heuristics = list(HEURISTIC_PLANNERS) if opts.planner == "auto" else \
+        [opts.planner] if opts.planner != "ilp" else []
+    best = None  # (arena, candidate index, rows, plans)
+    for i, cand in enumerate(candidates if not swapping else candidates[:1]):
+        policy, _, lt, bound, _ = cand
+        if best is not None and bound >= best[0]:
+            skipped.append(f"order {policy}: its lower bound {bound} B is not below the best arena "
+                           f"{best[0]} B (order {candidates[best[1]][0]})")
+            continue
+        rows, plans = [], {}
+        for name in heuristics:
+            plans[name] = _run_planner(name, lt.buffers, time_limit=opts.solver_seconds)
+            rows.append(_row(name, plans[name], lt.persistent_bytes, bound))
+        arena = min((r.arena_bytes for r in rows), default=None)
+        if best is None or (arena is not None and arena < best[0]):
+            best = (arena if arena is not None else 1 << 62, i, rows, plans)
+        if arena is None:
+            break  # --planner ilp: the ILP places the first order only
+    _, i, rows, plans = best
+    cand = candidates[i]
+    _, _, lt, bound, _ = cand
+    if ilp and opts.planner in ("auto", "ilp"):
+        _maybe_ilp(lt, bound, opts, rows, plans, skipped)
+    chosen = min(rows, key=lambda r: (r.arena_bytes, r.solve_seconds)).planner if rows else None
+    return cand, rows, plans, chosen
+
+
+def _maybe_ilp(lt, bound: int, opts: PlanOptions, rows: list, plans: dict, skipped: list[str]) -> None:
+    seed = min((plans[n] for n in plans if n != "naive"), key=lambda p: p.arena_bytes, default=None)
+    limit = opts.solver_seconds
+    if opts.planner == "auto" and opts.time_limit is None:
+        gap = seed.arena_bytes / bound - 1.0 if bound and seed is not None else 0.0
+        nbuf = sum(1 for b in lt.buffers if b.nbytes)
+        limit = ilp_budget(gap, nbuf)
+        why = None
+        if seed is None or seed.arena_bytes <= bound:
+            why = f"{seed.planner if seed else 'the best heuristic'} reaches the lower bound (optimal for this order)"
+        elif nbuf > ILP_AUTO_MAX_BUFFERS:
+            why = f"{nbuf} buffers > {ILP_AUTO_MAX_BUFFERS}, gap {gap:.2%} (--planner ilp or --time-limit forces it)"
+        elif limit < ILP_AUTO_MIN_SECONDS:
+            why = (f"gap {gap:.2%} of {seed.planner} to the lower bound is too small to pay "
+                   f"(budget {limit:.2f} s < {ILP_AUTO_MIN_SECONDS} s; --time-limit forces it)")
+        if why is not None:
+            skipped.append(f"planner ilp: {why}")
+            return
+    kw: dict[str, Any] = {"time_limit": limit}
+    if seed is not None:
+        kw["seed_plan"] = seed
+    plans["ilp"] = _run_planner("ilp", lt.buffers, **kw)
+    rows.append(_row("ilp", plans["ilp"], lt.persistent_bytes, bound))
 
 
 def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcome:
@@ -123,29 +217,28 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
     names = pipeline_names(opts)
     g, results = run_pipeline(graph, names)
     notes = [note for _, r in results for note in r.notes]
-    policy, order, lt, bounds, order_seconds, order_res = _choose_order(g, opts)
-    swap = _plan_swaps(g, order, lt, opts)
-    if swap is not None:  # the swap nodes join the order; swapped buffers split in segments
-        g, order, lt = swap.graph, swap.order, swap.lifetimes
-        notes.extend(swap.notes)
-    bound = lower_bound(lt.buffers)
-    planners = list(PLANNERS) if opts.planner == "auto" else [opts.planner]
-    rows, plans = [], {}
-    seed: OffsetPlan | None = None
-    for name in planners:
-        kw = {"time_limit": opts.time_limit}
-        if name == "ilp" and seed is not None:
-            kw["seed_plan"] = seed
-        op = plan_offsets(name, lt.buffers, **kw)
-        verify_offsets(lt.buffers, op)
-        plans[name] = op
-        if name != "naive" and name != "ilp" and (seed is None or op.arena_bytes < seed.arena_bytes):
-            seed = op
-        rows.append(PlannerRow(name, op.arena_bytes, lt.persistent_bytes + op.arena_bytes,
-                               lt.persistent_bytes + bound,
-                               op.arena_bytes / bound - 1.0 if bound else 0.0,
-                               op.solve_seconds, op.optimal, op.gap))
-    chosen = min(rows, key=lambda r: (r.arena_bytes, r.solve_seconds)).planner
+    stages = {"passes": time.perf_counter() - t0}
+    candidates = _heuristic_orders(g, opts)
+    stages["orders"] = time.perf_counter() - t0 - sum(stages.values())
+    bounds = {c[0]: c[3] for c in candidates}
+    order_seconds = sum(c[4].solve_seconds for c in candidates)
+    skipped: list[str] = []
+    if opts.order == "auto":
+        skipped.append("order ilp: auto uses the heuristic orders (--order ilp runs OLLA's lifetime ILP)")
+    swap = None
+    if opts.swap != "none":  # the swap nodes join the order the heuristic planners pack best
+        first = _place(candidates, opts, False, [], ilp=False)[0]
+        candidates = [first, *(c for c in candidates if c is not first)]
+        policy, order, lt, _, _ = first
+        swap = _plan_swaps(g, order, lt, opts)
+        if swap is not None:  # swapped buffers split in segments
+            g, order, lt = swap.graph, swap.order, swap.lifetimes
+            notes.extend(swap.notes)
+            candidates = [(policy, order, lt, lower_bound(lt.buffers), candidates[0][4])]
+    stages["swap"] = time.perf_counter() - t0 - sum(stages.values())
+    cand, rows, plans, chosen = _place(candidates, opts, swap is not None, skipped)
+    stages["planners"] = time.perf_counter() - t0 - sum(stages.values())
+    policy, order, lt, bound, order_res = cand
     op = plans[chosen]
     plan = Plan(
         model=graph.name,
@@ -161,13 +254,14 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         options={"interleave": opts.interleave, "inplace": opts.inplace, "time_limit": opts.time_limit,
                  "order_seconds": order_seconds, "order_optimal": order_res.optimal,
                  "order_gap": order_res.gap, "order_notes": list(order_res.notes),
-                 "swap": _swap_options(swap, opts)},
+                 "skipped": skipped, "swap": _swap_options(swap, opts)},
         swaps=swap.swaps if swap is not None else (),
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
     )
     verify_plan(g, plan)
-    return PlanOutcome(plan, g, rows, bounds, notes, swap)
+    stages["verify"] = time.perf_counter() - t0 - sum(stages.values())
+    return PlanOutcome(plan, g, rows, bounds, notes, swap, skipped, stages)
 
 
 def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions):
@@ -176,7 +270,7 @@ def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions):
     if opts.swap not in SWAP_CHOICES:
         raise UsageError(f"unknown swap policy {opts.swap!r}; known: {', '.join(SWAP_CHOICES)}")
     return plan_swaps(g, order, lt, swap=opts.swap, budget=opts.budget, lookahead=opts.lookahead,
-                      window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.time_limit)
+                      window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.solver_seconds)
 
 
 def _swap_options(swap, opts: PlanOptions) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class BenchConfig:
     repeat: int = 5
     warmup: int = 1
     measure: bool = True
-    time_limit: float = 10.0
+    time_limit: float | None = None  # None: the anytime default
     budgets: dict[str, int] = field(default_factory=dict)  # model (or "*") -> bytes
     train: tuple[str, ...] = ()  # --train GLOB for every forward .onnx model
     freeze: tuple[str, ...] = ()  # --freeze GLOB for every forward .onnx model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,11 @@ from onnxplan.offsets.greedy_size import greedy_size_offsets
 from onnxplan.offsets.sort import sort_offsets
 from onnxplan.progress import solve_cp_sat
 
-__all__ = ["ilp_offsets", "best_heuristic_offsets", "pyramid_preplacement"]
+__all__ = ["DECOMPOSE_ABOVE", "ilp_offsets", "best_heuristic_offsets", "pyramid_preplacement"]
+
+# Above this many sized buffers the address ILP is solved window by window (_decomposed).
+DECOMPOSE_ABOVE = 600
+WINDOW_BUFFERS = 150  # buffers wholly inside one window
 
 _HEURISTICS = (best_fit_offsets, greedy_size_offsets, sort_offsets)
 
@@ -69,6 +74,8 @@ def ilp_offsets(
     start = time.perf_counter()
     bufs = unique_buffers(buffers)
     seed = seed_plan if seed_plan is not None else best_heuristic_offsets(bufs)
+    if sum(1 for b in bufs if b.nbytes) > DECOMPOSE_ABOVE:
+        return _decomposed(bufs, seed, time_limit, start)
     best = {b.name: seed.offsets[b.name] // ALIGNMENT for b in bufs if b.nbytes}
     best_arena = seed_units = -(-seed.arena_bytes // ALIGNMENT)
     bound = lower_bound(bufs) // ALIGNMENT
@@ -150,3 +157,66 @@ def _solve_addresses(
     offsets.update({name: solver.value(var) for name, var in offset_vars.items()})
     proven_bound = int(solver.best_objective_bound) if not fixed else lower
     return offsets, int(solver.objective_value), proven_bound, status == cp_model.OPTIMAL
+
+
+def _decomposed(bufs: list[Buffer], seed: OffsetPlan, time_limit: float | None, start: float) -> OffsetPlan:
+    """OLLA-style scaling for large graphs: the address ILP on one window of EOs at a time.
+
+    Start from the seed's placement. Repeatedly take an EO where the arena's top is reached
+    (a buffer ends there), free the buffers live within a window of EOs around it (about
+    WINDOW_BUFFERS of them), fix every other buffer whose lifetime meets a freed one where it
+    is, and let the ILP re-place the freed ones minimising the top of that neighbourhood.
+    A neighbourhood changes only when its top goes down, so the arena never grows. Stops at
+    the live-bytes bound, when every top-setting EO was tried without gain, or at the time
+    limit. gap = (arena - live-bytes bound) / arena.
+    """
+    sized = sorted((b for b in bufs if b.nbytes), key=lambda b: (b.first, b.name))
+    units = {b.name: b.padded // ALIGNMENT for b in sized}
+    off = {b.name: seed.offsets[b.name] // ALIGNMENT for b in sized}
+    bound = lower_bound(bufs) // ALIGNMENT
+    tried: set[int] = set()
+    while True:
+        left = None if time_limit is None else time_limit - (time.perf_counter() - start)
+        arena = max(off[b.name] + units[b.name] for b in sized)
+        if arena <= bound or (left is not None and left <= 0.1):
+            break
+        peaks = sorted({t for b in sized if off[b.name] + units[b.name] == arena for t in (b.first, b.last)}
+                       - tried)
+        if not peaks:
+            break
+        t = peaks[0]
+        tried.add(t)
+        free = _neighbourhood(sized, t)
+        if not free:
+            continue
+        lo, hi = min(b.first for b in free), max(b.last for b in free)
+        names = {b.name for b in free}
+        local = [b for b in sized if b.first <= hi and b.last >= lo]
+        fixed = {b.name: off[b.name] for b in local if b.name not in names}
+        local_top = max(off[b.name] + units[b.name] for b in local)
+        share = None if left is None else min(left, max(0.5, left / 4))
+        result = _solve_addresses(local, fixed, off, 0, local_top, share)
+        if result is not None and result[1] < local_top:
+            off.update(result[0])
+            tried.clear()  # the tops moved: every EO may be worth another look
+    arena = max((off[b.name] + units[b.name] for b in sized), default=0)
+    if arena * ALIGNMENT < seed.arena_bytes:
+        offsets = {b.name: 0 for b in bufs if not b.nbytes}
+        offsets.update({name: unit * ALIGNMENT for name, unit in off.items()})
+        arena_bytes = arena * ALIGNMENT
+    else:
+        offsets, arena_bytes, arena = dict(seed.offsets), seed.arena_bytes, -(-seed.arena_bytes // ALIGNMENT)
+    optimal = arena <= bound
+    gap = 0.0 if optimal or not arena else (arena - bound) / arena
+    return OffsetPlan("ilp", offsets, arena_bytes, time.perf_counter() - start, optimal, gap)
+
+
+def _neighbourhood(sized: list[Buffer], t: int) -> list[Buffer]:
+    """The buffers wholly inside the widest EO window around t holding <= WINDOW_BUFFERS of them."""
+    width, best = 0, [b for b in sized if b.first == t == b.last]
+    while True:
+        width = 2 * width + 1
+        grown = [b for b in sized if b.first >= t - width and b.last <= t + width]
+        if len(grown) > WINDOW_BUFFERS or len(grown) == len(sized):
+            return best if len(grown) > WINDOW_BUFFERS else grown
+        best = grown

@@ -29,6 +29,7 @@ __all__ = [
     "live_bytes_of_order",
     "memory_model",
     "order_nodes",
+    "order_policy",
     "peak_of_order",
 ]
 
@@ -44,9 +45,13 @@ ORDERS: dict[str, OrderPolicy] = {
 def order_nodes(graph: StepGraph, policy: str, *, buffer_of: dict[str, str] | None = None,
                 time_limit: float = 10.0) -> OrderResult:
     """Order the nodes of `graph` with the named policy; the result is checked valid."""
+    return order_policy(graph, memory_model(graph, buffer_of), policy, time_limit=time_limit)
+
+
+def order_policy(graph: StepGraph, mm: MemoryModel, policy: str, *, time_limit: float = 10.0) -> OrderResult:
+    """Order with the named policy on a memory model already built; the result is checked valid."""
     if policy not in ORDERS:
         raise UsageError(f"unknown execution order {policy!r}; known: {', '.join(ORDERS)}")
-    mm = memory_model(graph, buffer_of)
     result = ORDERS[policy](graph, mm, time_limit=time_limit)
     check_order(mm, result.order)
     return result

@@ -21,7 +21,7 @@ from onnxplan.kernels.registry import scratch_bytes
 from onnxplan.offsets.buffers import Buffer
 from onnxplan.passes.analysis import alias_roots
 
-__all__ = ["Lifetimes", "lifetimes", "IntegrityError", "SCRATCH_PREFIX"]
+__all__ = ["Lifetimes", "LifetimeModel", "lifetime_model", "lifetimes", "IntegrityError", "SCRATCH_PREFIX"]
 
 
 class IntegrityError(OnnxplanError):
@@ -38,37 +38,29 @@ class Lifetimes:
     eo: dict[str, int]  # node -> EO
 
 
-def lifetimes(g: StepGraph, order: list[str] | tuple[str, ...]) -> Lifetimes:
-    """Buffers with [first, last] EO spans for `order` (a topological order of g's nodes)."""
-    eo = {name: i for i, name in enumerate(order)}
-    if len(eo) != len(g.nodes) or any(n.name not in eo for n in g.nodes):
-        raise OnnxplanError("the order does not list every node of the graph exactly once")
-    last_eo = len(order) - 1
+@dataclass(frozen=True)
+class LifetimeModel:
+    """What lifetimes() needs that does not depend on the order: computed once per graph,
+    shared by every order tried on it (`lifetime_model(g)`)."""
+
+    roots: dict[str, str]  # value -> buffer root
+    touches: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]  # node, roots written, roots read
+    buffers: tuple[tuple[str, int, str, tuple[str, ...]], ...]  # transient root, bytes, class, aliases
+    persistent_bytes: int
+    first_roots: tuple[str, ...]  # step inputs: live from EO 0
+    last_roots: tuple[str, ...]  # step outputs: live to the last EO
+    scratch: tuple[tuple[str, int], ...]  # node -> scratch bytes (> 0)
+    reads: tuple[tuple[str, tuple[str, ...]], ...]  # node, values it reads
+    merges: tuple[tuple[str, str, str, tuple[str, ...]], ...]  # mv: node, out, src, values to check
+
+
+def lifetime_model(g: StepGraph) -> LifetimeModel:
     roots = alias_roots(g)
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
     members: dict[str, list[str]] = {}
     for v, r in roots.items():
         members.setdefault(r, []).append(v)
-    for n in g.nodes:
-        t = eo[n.name]
-        for o in n.outputs:
-            if o:
-                r = roots[o]
-                first[r] = min(first.get(r, t), t)
-                last[r] = max(last.get(r, t), t)
-        for i in n.inputs:
-            if i:
-                r = roots[i]
-                last[r] = max(last.get(r, t), t)
-    for v in g.inputs:
-        if v in roots:
-            first[roots[v]] = 0
-    for v in g.outputs:
-        if v in roots:
-            last[roots[v]] = last_eo
-    _check_integrity(g, eo, roots)
-
+    touches = tuple((n.name, tuple(dict.fromkeys(roots[o] for o in n.outputs if o)),
+                     tuple(dict.fromkeys(roots[i] for i in n.inputs if i))) for n in g.nodes)
     buffers, persistent = [], 0
     for r, vs in sorted(members.items()):
         vals = [g.values[v] for v in vs]
@@ -76,58 +68,96 @@ def lifetimes(g: StepGraph, order: list[str] | tuple[str, ...]) -> Lifetimes:
         if any(v.persistent for v in vals):
             persistent += size
             continue
-        if r not in first:  # never written nor read in the step
-            continue
         root = g.values[r]
         vclass = root.vclass.value
         if root.vclass == ValueClass.INPUT and len(vs) > 1:
             vclass = ValueClass.INPUT.value
-        aliases = tuple(sorted(v for v in vs if v != r))
-        buffers.append(Buffer(r, size, first[r], last.get(r, first[r]), vclass, aliases))
-    buffers.extend(_scratch_buffers(g, eo))
-    return Lifetimes(tuple(buffers), persistent, {v: roots[v] for v in roots}, eo)
+        buffers.append((r, size, vclass, tuple(sorted(v for v in vs if v != r))))
+    children: dict[str, list[str]] = {}
+    for n in g.nodes:
+        for o, (src, _k) in n.aliases.items():
+            children.setdefault(src, []).append(o)
+    merges = []
+    for n in g.nodes:
+        for out, (src, kind) in n.aliases.items():
+            if kind == "mv":
+                newer = _derived(children, out)  # values holding the new contents
+                merges.append((n.name, out, src, tuple(v for v in members[roots[src]] if v not in newer)))
+    return LifetimeModel(
+        roots=roots, touches=touches, buffers=tuple(buffers), persistent_bytes=persistent,
+        first_roots=tuple(roots[v] for v in g.inputs if v in roots),
+        last_roots=tuple(roots[v] for v in g.outputs if v in roots),
+        scratch=_scratch_sizes(g),
+        reads=tuple((n.name, tuple(i for i in n.inputs if i)) for n in g.nodes),
+        merges=tuple(merges),
+    )
+
+
+def lifetimes(g: StepGraph, order: list[str] | tuple[str, ...], model: LifetimeModel | None = None) -> Lifetimes:
+    """Buffers with [first, last] EO spans for `order` (a topological order of g's nodes).
+
+    `model`: lifetime_model(g), when several orders of the same graph are compared."""
+    eo = {name: i for i, name in enumerate(order)}
+    if len(eo) != len(g.nodes) or any(n.name not in eo for n in g.nodes):
+        raise OnnxplanError("the order does not list every node of the graph exactly once")
+    m = model if model is not None else lifetime_model(g)
+    last_eo = len(order) - 1
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for name, writes, reads in m.touches:
+        t = eo[name]
+        for r in writes:
+            f = first.get(r)
+            if f is None or t < f:
+                first[r] = t
+            if last.get(r, -1) < t:
+                last[r] = t
+        for r in reads:
+            if last.get(r, -1) < t:
+                last[r] = t
+    for r in m.first_roots:
+        first[r] = 0
+    for r in m.last_roots:
+        last[r] = last_eo
+    _check_integrity(m, eo)
+    buffers = [Buffer(r, size, first[r], last.get(r, first[r]), vclass, aliases)
+               for r, size, vclass, aliases in m.buffers if r in first]  # else never touched
+    buffers.extend(Buffer(SCRATCH_PREFIX + n, nbytes, eo[n], eo[n], ValueClass.TEMPORARY.value)
+                   for n, nbytes in m.scratch)
+    return Lifetimes(tuple(buffers), m.persistent_bytes, dict(m.roots), eo)
 
 
 SCRATCH_PREFIX = "scratch:"
 
 
-def _scratch_buffers(g: StepGraph, eo: dict[str, int]) -> list[Buffer]:
+def _scratch_sizes(g: StepGraph) -> tuple[tuple[str, int], ...]:
     out = []
     for n in g.nodes:
         spec = lambda v: g.values[v].spec if v else None  # noqa: E731
         nbytes = scratch_bytes(n, [spec(i) for i in n.inputs], [spec(o) for o in n.outputs],
                                g.opsets.get(n.domain or ""))
         if nbytes > 0:
-            t = eo[n.name]
-            out.append(Buffer(SCRATCH_PREFIX + n.name, nbytes, t, t, ValueClass.TEMPORARY.value))
-    return out
+            out.append((n.name, nbytes))
+    return tuple(out)
 
 
-def _check_integrity(g: StepGraph, eo: dict[str, int], roots: dict[str, str]) -> None:
+def _check_integrity(m: LifetimeModel, eo: dict[str, int]) -> None:
+    if not m.merges:
+        return
     last_read: dict[str, int] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            if i:
-                last_read[i] = max(last_read.get(i, -1), eo[n.name])
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    children: dict[str, list[str]] = {}
-    for n in g.nodes:
-        for o, (src, _k) in n.aliases.items():
-            children.setdefault(src, []).append(o)
-    for n in g.nodes:
-        for out, (src, kind) in n.aliases.items():
-            if kind != "mv":
-                continue
-            t = eo[n.name]
-            newer = _derived(children, out)  # values holding the new contents
-            for v in members[roots[src]]:
-                if v not in newer and last_read.get(v, -1) > t:
-                    raise IntegrityError(
-                        f"modify view '{out}' over '{src}' at EO {t} but '{v}' is read at EO "
-                        f"{last_read[v]}: the order breaks the in-place merge"
-                    )
+    for name, ins in m.reads:
+        t = eo[name]
+        for i in ins:
+            if last_read.get(i, -1) < t:
+                last_read[i] = t
+    for name, out, src, others in m.merges:
+        t = eo[name]
+        for v in others:
+            if last_read.get(v, -1) > t:
+                raise IntegrityError(
+                    f"modify view '{out}' over '{src}' at EO {t} but '{v}' is read at EO "
+                    f"{last_read[v]}: the order breaks the in-place merge"
+                )
 
 
 def _derived(children: dict[str, list[str]], out: str) -> set[str]:

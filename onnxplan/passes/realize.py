@@ -51,19 +51,28 @@ def _drop_unread_constants(g: StepGraph) -> None:
         g.initializers.pop(name, None)
 
 
-def _rename_reads(g: StepGraph, old: str, new: str) -> None:
+def _rename_reads(g: StepGraph, renames: dict[str, str]) -> None:
+    """Every read of a key of `renames` reads its value instead, in one sweep over the nodes."""
+    def to(v: str) -> str:
+        return renames.get(v, v)
+
     for n in g.nodes:
-        n.inputs = [new if i == old else i for i in n.inputs]
-        n.aliases = {o: ((new, k) if src == old else (src, k)) for o, (src, k) in n.aliases.items()}
-    g.outputs = [new if o == old else o for o in g.outputs]
+        if any(i in renames for i in n.inputs):
+            n.inputs = [to(i) for i in n.inputs]
+        if any(src in renames for src, _ in n.aliases.values()):
+            n.aliases = {o: (to(src), k) for o, (src, k) in n.aliases.items()}
+    g.outputs = [to(o) for o in g.outputs]
 
 
 def _drop_identity(g: StepGraph, notes: list[str]) -> bool:
     dropped = [n for n in g.nodes if n.key == ("", "Identity") and n.inputs and n.inputs[0]]
-    for n in dropped:
-        _rename_reads(g, n.outputs[0], n.inputs[0])
+    renames: dict[str, str] = {}
+    for n in dropped:  # file order: an Identity of an Identity reads the first one's source
+        src = n.inputs[0]
+        renames[n.outputs[0]] = renames.get(src, src)
         g.values.pop(n.outputs[0], None)
     if dropped:
+        _rename_reads(g, renames)
         names = {n.name for n in dropped}
         g.nodes = [n for n in g.nodes if n.name not in names]
         for n in g.nodes:

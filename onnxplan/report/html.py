@@ -143,7 +143,7 @@ def render_html(docs: list[dict[str, Any]], title: str = "onnxplan bench report"
             (f"<p class='meta'>{html.escape(run_header(doc))}<br>strategies: "
             f"{html.escape(', '.join(cfg.get('strategies', [])))}; peers: "
             f"{html.escape(', '.join(cfg.get('peers', [])) or 'none')}; {cfg.get('repeat', '?')} timed steps after "
-            f"{cfg.get('warmup', '?')} warm-up; ILP time limit {cfg.get('time_limit', '?')} s.</p>"),
+            f"{cfg.get('warmup', '?')} warm-up; ILP time limit {_ilp_limit(cfg)}.</p>"),
             f"<nav>{nav}</nav>",
             ("<p class='note'>Planned peak = persistent bytes (parameters, optimizer state) + arena. Lower bound = "
             "persistent + the most transient bytes live at any execution order (EO) of the chosen order. Layout: "
@@ -160,3 +160,9 @@ def render_html(docs: list[dict[str, Any]], title: str = "onnxplan bench report"
             f"<meta name='onnxplan-report' content='{meta}'>"
             f"<style>{_CSS}</style>\n<script type='text/javascript'>{get_plotlyjs()}</script>\n</head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def _ilp_limit(cfg: dict) -> str:
+    """The bench's --time-limit; None (not given) is the anytime default."""
+    limit = cfg.get("time_limit", "?")
+    return "anytime (ILP only where it can pay)" if limit is None else f"{limit} s"
