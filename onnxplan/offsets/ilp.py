@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import os
 import time
 from collections.abc import Iterable, Sequence
