@@ -49,7 +49,14 @@ def resolve_artifacts(req: ModelRequest) -> Path:
             optimizer=req.optimizer or "adamw", loss=req.loss or "ce",
         )
     from onnxplan.models import build_forward, list_models
+    from onnxplan.models.hf import export_forward, is_hf_name
 
+    if is_hf_name(req.model):  # the corpus: a user's export, through the forward-model path
+        path = export_forward(req.model, batch=req.batch)
+        from onnxplan.artifacts import generate_from_onnx
+
+        return generate_from_onnx(path, loss=req.loss or "ce", optimizer=req.optimizer or "adamw",
+                                  dims=dict(req.dims))
     names = [m.name for m in list_models()]
     if req.model in names and not _looks_like_path(req.model):
         from onnxplan.artifacts import build_artifacts
