@@ -50,14 +50,22 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 
 
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
-                  dims: list[str] | None) -> ModelRequest:
+                  dims: list[str] | None, train: list[str] | None = None,
+                  freeze: list[str] | None = None) -> ModelRequest:
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
     if optimizer is not None and optimizer not in ("adamw", "sgd"):
         raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
     if loss is not None and loss not in ("ce", "mse"):
         raise UsageError(f"invalid --loss '{loss}': expected ce or mse")
-    return ModelRequest(model, batch, optimizer, loss, parse_dims(dims))
+    for option, globs in (("--train", train), ("--freeze", freeze)):
+        if any(not g for g in globs or []):
+            raise UsageError(f"invalid {option} '': expected a glob over initializer names, e.g. 'fc.*'")
+    return ModelRequest(model, batch, optimizer, loss, parse_dims(dims), tuple(train or ()), tuple(freeze or ()))
+
+
+TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
+FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -82,3 +90,31 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
 
+
+
+def parameter_report(graph) -> dict:
+    """Trained and frozen parameter names of a step graph, and for a forward .onnx what
+    onnxplan rewrote to make it trainable (JSON: inspect's and plan's "parameters")."""
+    from onnxplan.ir.graph import ValueClass
+
+    produced = {o for n in graph.nodes for o in n.outputs}
+    params = [v for v in graph.values.values() if v.vclass == ValueClass.PARAMETER and v.name not in produced]
+    return {
+        "trained": [v.name for v in params if v.trainable],
+        "frozen": [v.name for v in params if not v.trainable],
+        "rewrites": list(graph.source.get("rewrites", [])),
+        "rebatched": graph.source.get("rebatched"),
+    }
+
+
+def parameter_lines(report: dict, limit: int = 8) -> list[str]:
+    """The parameter report as text lines (names cut after `limit`)."""
+
+    def names(items: list[str]) -> str:
+        shown = ", ".join(items[:limit])
+        return shown + (f", ... (+{len(items) - limit})" if len(items) > limit else "")
+
+    lines = [f"trained parameters ({len(report['trained'])}): {names(report['trained'])}",
+             f"frozen parameters ({len(report['frozen'])}): {names(report['frozen']) or '-'}"]
+    lines += [f"forward model: {note}" for note in report["rewrites"]]
+    return lines

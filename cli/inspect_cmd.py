@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, model_request, print_json
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, model_request, parameter_lines,
+                                  parameter_report, print_json)
 from onnxplan.sizes import format_bytes
 
 __all__ = ["inspect_command", "inspect_summary"]
@@ -30,6 +31,7 @@ def inspect_summary(graph) -> dict:
         "optimizer": graph.optimizer.get("type"),
         "unshaped_values": graph.unshaped_values(),
         "ops_without_rule": [],
+        "parameters": parameter_report(graph),
     }
 
 
@@ -39,19 +41,21 @@ def inspect_command(
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (zoo / forward .onnx)."),
+    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
+    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one training step: nodes, values and bytes by class, op histogram.
 
     Every value must get a static shape; an op without a shape rule is an error (exit 2).
     """
-    handle_errors(_inspect)(model, batch, dim, optimizer, loss, json_out)
+    handle_errors(_inspect)(model, batch, dim, optimizer, loss, json_out, train, freeze)
 
 
-def _inspect(model, batch, dim, optimizer, loss, json_out) -> None:
+def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=None) -> None:
     from onnxplan.resolve import load_model
 
-    graph = load_model(model_request(model, batch, optimizer, loss, dim))
+    graph = load_model(model_request(model, batch, optimizer, loss, dim, train, freeze))
     s = inspect_summary(graph)
     if json_out:
         print_json(s)
@@ -68,5 +72,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out) -> None:
     for op, c in s["ops"].items():
         t.add_row(op, str(c))
     con.print(t)
+    for line in parameter_lines(s["parameters"]):
+        con.print(line, highlight=False, markup=False)
     con.print(f"values without a shape: {len(s['unshaped_values'])}; "
               f"ops without a shape rule: {len(s['ops_without_rule'])}")

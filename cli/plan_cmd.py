@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, model_request, print_json, write_atomic
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, model_request, parameter_lines,
+                                  parameter_report, print_json, write_atomic)
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.sizes import format_bytes, parse_size
 
@@ -34,6 +35,8 @@ def plan_command(
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (zoo / forward .onnx)."),
+    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
+    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     device: str = typer.Option("cpu", "--device", help="Where the step will run: cpu or cuda. The profile behind --checkpoint (and the recompute-or-swap choice) times our kernels there."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the plan and a planners list)."),
 ) -> None:
@@ -46,19 +49,19 @@ def plan_command(
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
                          batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
-                         device)
+                         device, train, freeze)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu") -> None:
+          profile=False, device="cpu", train=None, freeze=None) -> None:
     from onnxplan.device import array_module
     from onnxplan.planning import PlanOptions, plan_step
     from onnxplan.resolve import load_model
 
     budget_bytes = parse_size(budget) if budget is not None else None
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
-    req = model_request(model, batch, optimizer, loss, dim)
+    req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     if out is not None and not out.parent.exists():
         raise UsageError(f"{out}: folder {out.parent} does not exist")
     graph = load_model(req)
@@ -76,11 +79,12 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         d["orders"] = res.orders
         d["notes"] = res.pass_notes
         d["planners"] = [r.__dict__ for r in res.rows]
+        d["parameters"] = parameter_report(graph)
         if res.swap is not None and res.swap.floor is not None:
             d["swap_floor"] = res.swap.floor.__dict__
         print_json(d)
     else:
-        _print_table(res, budget_bytes)
+        _print_table(res, budget_bytes, parameter_report(graph))
     if not fits and res.swap is not None and res.swap.floor is not None:
         raise BudgetError(
             f"no plan reaches the budget {format_bytes(budget_bytes)}: smallest peak "
@@ -151,9 +155,12 @@ def _print_swaps(con, res) -> None:
         con.print("  by class: " + ", ".join(f"{k} {n} ({format_bytes(b)})" for k, (n, b) in sorted(by_class.items())))
 
 
-def _print_table(res, budget_bytes) -> None:
+def _print_table(res, budget_bytes, params: dict | None = None) -> None:
     plan = res.plan
     con = Console(width=shutil.get_terminal_size((120, 24)).columns)
+    if params and (params["rewrites"] or params["frozen"]):
+        for line in parameter_lines(params):
+            con.print(line, highlight=False, markup=False)
     con.print(f"[bold]{plan.model}[/]: {len(plan.order)} nodes, order [bold]{plan.order_policy}[/] "
               f"({', '.join(f'{k} {format_bytes(v)}' for k, v in res.orders.items())} transient bound), "
               f"passes {' -> '.join(plan.passes)}")

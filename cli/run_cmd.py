@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import fail, handle_errors, model_request, print_json
+from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, fail, handle_errors, model_request, print_json
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError, UsageError
 from onnxplan.sizes import format_bytes
 
@@ -37,6 +37,8 @@ def run_command(
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (zoo / forward .onnx)."),
+    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
+    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     steps: int = typer.Option(3, "--steps", help="Training steps to run and report."),
     warmup: int = typer.Option(1, "--warmup", help="Steps run first on the initial state, then discarded."),
     seed: int = typer.Option(0, "--seed", help="Seed of the step data (the same data ONNX Runtime gets)."),
@@ -69,12 +71,12 @@ def run_command(
     swap_args = (swap, lookahead, window_bytes, budget, swap_dir)
     handle_errors(_run)(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps,
                         warmup, seed, lr, verify, check_arena, threads, measure, json_out, swap_args,
-                        (checkpoint, profile), device)
+                        (checkpoint, profile), device, (train, freeze))
 
 
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
-         checkpoint_args=(None, False), device="cpu") -> None:
+         checkpoint_args=(None, False), device="cpu", select_args=(None, None)) -> None:
     from onnxplan.device import array_module
     from onnxplan.executor.prepare import prepare
     from onnxplan.plan import Plan
@@ -87,7 +89,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     if threads is not None and threads < 1:
         raise UsageError(f"invalid --threads {threads}: must be >= 1")
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once
-    req = model_request(model, batch, optimizer, loss, dim)
+    req = model_request(model, batch, optimizer, loss, dim, *select_args)
     swap, lookahead, window_bytes, budget, swap_dir = swap_args
     checkpoint, profile = checkpoint_args
     if swap_dir is not None and not Path(swap_dir).is_dir():

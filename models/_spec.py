@@ -68,6 +68,8 @@ class ForwardModel:
     inputs: list[InputSpec]
     labels: InputSpec
     loss: str
+    # forward .onnx files only: what onnxplan.forward.prepare_forward rewrote and chose
+    prep: dict | None = None
 
     @property
     def parameter_count(self) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 import json
 import os
@@ -15,9 +14,8 @@ from typing import Iterator, Mapping
 import onnx
 
 from onnxplan.data import METADATA_FILE
-from onnxplan.errors import DynamicDimError, ModelError, UsageError
-from onnxplan.models import LOSSES, OPTIMIZERS, ForwardModel, InputSpec
-from onnxplan.models._spec import labels_for_output
+from onnxplan.errors import ModelError, UsageError
+from onnxplan.models import LOSSES, OPTIMIZERS, ForwardModel
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -33,6 +31,13 @@ __all__ = [
 SCHEMA_VERSION = 1
 ARTIFACT_FILES = ("forward.onnx", "training_model.onnx", "optimizer_model.onnx", "eval_model.onnx",
                   "checkpoint", METADATA_FILE)
+FAILED_SUFFIX = ".failed"  # <hash>.failed: the one-line cause of a build that failed
+
+
+class ArtifactBuildError(ModelError):
+    """onnxruntime-training refused the model: deterministic, so cached as a failure."""
+
+
 # The highest IR version onnxruntime 1.19 loads; generate_artifacts stamps the optimizer
 # model with the onnx package's newest IR, which it then refuses.
 RUNTIME_IR_VERSION = 9
@@ -68,6 +73,7 @@ def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
         "labels": fm.labels.to_dict(),
         "trainable": list(fm.trainable),
         "frozen": list(fm.frozen),
+        **({"forward": fm.prep} if fm.prep is not None else {}),
     }
 
 
@@ -117,18 +123,12 @@ def _quiet_fds() -> Iterator[Path]:
             os.close(f)
 
 
-def _last_log_line(log_path: Path) -> str:
-    with contextlib.suppress(OSError):
-        lines = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "[E:" in ln or "rror" in ln]
-        return (errors or lines or [""])[-1][:300]
-    return ""
-
-
 def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None:
     """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out`."""
     import onnxruntime
     from onnxruntime.training import artifacts
+
+    from onnxplan.forward.ort_errors import log_errors, ort_cause
 
     onnxruntime.set_default_logger_severity(3)
     loss = {"ce": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[fm.loss]
@@ -139,9 +139,11 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
                                          frozen_params=list(fm.frozen), loss=loss, optimizer=optim,
                                          artifact_directory=str(out))
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidGraph... as one line
-            detail = str(exc).strip().splitlines()[-1:] or [_last_log_line(log_path)]
-            raise ModelError(f"onnxruntime-training could not build the training graph of "
-                             f"'{fm.name}': {detail[0][:300]}") from None
+            cause = ort_cause(str(exc)) if str(exc).strip() else ""
+            if not cause or cause == "unknown error":
+                cause = (log_errors(log_path) or [f"{type(exc).__name__} with no message"])[-1]
+            raise ArtifactBuildError(f"onnxruntime-training could not build the training graph of "
+                                     f"'{fm.name}': {cause}") from None
         finally:
             log_path.unlink(missing_ok=True)
 
@@ -184,6 +186,15 @@ def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> No
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def _write_failure(path: Path, message: str) -> None:
+    """Record a failed build's one-line cause at `path` (temp name + rename)."""
+    with contextlib.suppress(OSError):  # best effort: an unwritable cache only loses the shortcut
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(message + "\n")
+        os.replace(tmp, path)
+
+
 def _complete(entry: Path) -> bool:
     return entry.is_dir() and all((entry / name).exists() for name in ARTIFACT_FILES)
 
@@ -194,10 +205,17 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
     entry = root / digest
     if _complete(entry):
         return entry
+    failed = root / f"{digest}{FAILED_SUFFIX}"
+    if failed.is_file():  # the same build failed before: fail fast with the same line
+        raise ArtifactBuildError(failed.read_text().strip())
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     try:
-        _write_entry(fm, optimizer, digest, tmp)
+        try:
+            _write_entry(fm, optimizer, digest, tmp)
+        except ArtifactBuildError as exc:
+            _write_failure(failed, str(exc))
+            raise
         if entry.exists():  # incomplete leftover (e.g. files deleted by hand): set it aside
             trash = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-old-", dir=root))
             with contextlib.suppress(OSError):
@@ -251,101 +269,35 @@ def build_artifacts(fm: ForwardModel, out_dir: Path | None, optimizer: str = "ad
 
 # -- a user's own forward model ----------------------------------------------------------------
 
-def _static_shape(vi: onnx.ValueInfoProto, dims: Mapping[str, int], batch: int | None) -> tuple[int, ...]:
-    """Concrete dims of a graph input/output; symbolic ones from `dims`, a leading one from `batch`."""
-    shape = []
-    for i, d in enumerate(vi.type.tensor_type.shape.dim):
-        if d.HasField("dim_value"):
-            shape.append(d.dim_value)
-        elif d.dim_param and d.dim_param in dims:
-            shape.append(int(dims[d.dim_param]))
-        elif i == 0 and batch is not None:
-            shape.append(int(batch))
-        else:
-            label = d.dim_param or "?"
-            raise DynamicDimError(f"'{vi.name}' has dynamic dimension {i} ({label}); "
-                                  f"give --batch or --dim {label}=N")
-    return tuple(shape)
+def _load_forward(forward_path: Path) -> onnx.ModelProto:
+    from onnxplan.ir.onnx_files import load_onnx
 
-
-def _set_shape(vi: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
-    dims = vi.type.tensor_type.shape.dim
-    del dims[:]
-    for v in shape:
-        dims.add().dim_value = v
-
-
-def _int_input_high(model: onnx.ModelProto, name: str) -> int:
-    """Upper bound for an integer input: the table size if it indexes a Gather, else 1."""
-    tables = {t.name: t.dims for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            dims = tables.get(node.input[0])
-            if dims:
-                return int(dims[axis])
-    return 1
-
-
-def _forward_from_onnx(forward_path: Path, loss: str, trainable, frozen, dims, batch,
-                       model: onnx.ModelProto | None = None) -> ForwardModel:
-    if model is not None:
-        model = copy.deepcopy(model)  # dims are fixed in place below
-    else:
-        try:
-            model = onnx.load(str(forward_path))
-        except FileNotFoundError:
-            raise ModelError(f"no such file: {forward_path}") from None
-        except Exception as exc:  # protobuf DecodeError, truncated file, a directory...
-            raise ModelError(f"cannot read ONNX model {forward_path}: {str(exc)[:200]}") from None
-    graph = model.graph
-    if len(graph.output) != 1:
-        raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
-                         f"input); it has {len(graph.output)}")
-    init_names = {t.name for t in graph.initializer}
-    float_params = [t.name for t in graph.initializer if t.data_type in (onnx.TensorProto.FLOAT,
-                    onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)]
-    frozen = list(frozen or [])
-    trainable = [n for n in float_params if n not in frozen] if trainable is None else list(trainable)
-    unknown = sorted(set(trainable + frozen) - init_names)
-    if unknown:
-        raise UsageError(f"not initializers of {forward_path.name}: {', '.join(unknown)}")
-    dims = dict(dims or {})
-    specs = []
-    for vi in graph.input:
-        if vi.name in init_names:
-            continue
-        shape = _static_shape(vi, dims, batch)
-        _set_shape(vi, shape)
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-        if dtype.kind in "iu":
-            specs.append(InputSpec(vi.name, dtype.name, shape, 0, _int_input_high(model, vi.name)))
-        else:
-            specs.append(InputSpec(vi.name, dtype.name, shape, -1.0, 1.0))
-    out_shape = _static_shape(graph.output[0], dims, batch)
-    _set_shape(graph.output[0], out_shape)
-    del graph.value_info[:]  # stale symbolic hints; shape inference recomputes them
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if model.ir_version > RUNTIME_IR_VERSION and opset <= 20:
-        model.ir_version = RUNTIME_IR_VERSION
-    name = forward_path.stem
-    return ForwardModel(name, model, trainable, frozen, specs, labels_for_output(out_shape, loss), loss)
+    return load_onnx(forward_path)
 
 
 def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
                        out_dir: Path | None = None, cache_dir: Path | None = None,
-                       trainable: list[str] | None = None, frozen: list[str] | None = None,
+                       train: list[str] | None = None, freeze: list[str] | None = None,
                        dims: Mapping[str, int] | None = None, batch: int | None = None,
                        model: onnx.ModelProto | None = None) -> Path:
     """Artifacts for a user's forward .onnx (one float output, the loss input).
 
-    Trainable parameters default to every float initializer not in `frozen`. Symbolic
-    dims are fixed from `dims` (by dim_param name) or, for a leading dim, from `batch`;
-    any left raise DynamicDimError. Labels follow the output shape (see labels_for_output).
-    `model`, when given, is `forward_path` already loaded (it is not modified).
-    Returns the artifact directory, as build_artifacts does.
+    onnxplan.forward.prepare_forward makes it trainable as the zoo builders do (trained
+    parameters chosen by reachability, `train` / `freeze` globs over initializer names,
+    optional outputs completed, exporter quirks normalised, ops without a gradient
+    decomposed, dynamic axes fixed from `dims` / `batch`, a fixed batch re-batched); its
+    report is the metadata's "forward" entry. `model`, when given, is `forward_path`
+    already loaded (it is not modified). Returns the artifact directory, as build_artifacts does.
     """
+    from onnxplan.forward import prepare_forward
+
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r}; known: {', '.join(LOSSES)}")
-    fm = _forward_from_onnx(Path(forward_path), loss, trainable, frozen, dims, batch, model)
+    forward_path = Path(forward_path)
+    if model is None:
+        model = _load_forward(forward_path)
+    if len(model.graph.output) != 1:
+        raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
+                         f"input); it has {len(model.graph.output)}")
+    fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
     return build_artifacts(fm, out_dir, optimizer=optimizer, cache_dir=cache_dir)

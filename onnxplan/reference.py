@@ -114,10 +114,10 @@ class _OrtTrainer:
 
 
 def _ort_message(exc: Exception) -> str:
-    """ONNX Runtime's error without its C++ source location and signature."""
-    text = " ".join(str(exc).split())
-    _, marker, reason = text.partition("[ONNXRuntimeError] : ")
-    return f"onnxruntime refused the artifacts: {reason if marker else text}"
+    """ONNX Runtime's error: its cause, without the C++ source location and signature."""
+    from onnxplan.forward.ort_errors import ort_cause
+
+    return f"onnxruntime refused the artifacts: {ort_cause(str(exc))}"
 
 
 def _step_batches(artifact_dir: str | Path, steps: int, seed: int) -> tuple[list, list]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxplan.errors import ModelError
+from onnxplan.errors import ModelError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
 from onnxplan.ir.onnx_files import load_onnx
@@ -22,6 +22,8 @@ class ModelRequest:
     optimizer: str | None = None  # adamw | sgd (zoo default when None)
     loss: str | None = None  # ce | mse (zoo default when None)
     dims: tuple[tuple[str, int], ...] = ()
+    train: tuple[str, ...] = ()  # --train GLOB: forward .onnx only
+    freeze: tuple[str, ...] = ()  # --freeze GLOB: forward .onnx only
 
 
 def _looks_like_path(text: str) -> bool:
@@ -31,6 +33,9 @@ def _looks_like_path(text: str) -> bool:
 def resolve_artifacts(req: ModelRequest) -> Path:
     """The artifact folder for a request, building artifacts into the cache when needed."""
     path = Path(req.model)
+    if (req.train or req.freeze) and not path.is_file():
+        raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
+                         f"'{req.model}' is not one")
     if path.is_dir():
         missing = [f for f in ARTIFACT_FILES if not (path / f).is_file()]
         if missing:
@@ -47,6 +52,7 @@ def resolve_artifacts(req: ModelRequest) -> Path:
         return generate_from_onnx(
             path, model=forward, batch=req.batch, dims=dict(req.dims),
             optimizer=req.optimizer or "adamw", loss=req.loss or "ce",
+            train=list(req.train), freeze=list(req.freeze),
         )
     from onnxplan.models import build_forward, list_models
     from onnxplan.models.hf import export_forward, is_hf_name

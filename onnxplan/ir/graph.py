@@ -99,6 +99,8 @@ class StepGraph:
     loss: str = ""
     # values whose contents are known statically (folded shape subgraphs), by name
     folded: dict[str, np.ndarray] = field(default_factory=dict)
+    # how a forward .onnx was made trainable (onnxplan.forward's report, onnxplan.json "forward")
+    source: dict[str, Any] = field(default_factory=dict)
 
     # ---- queries -------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -159,4 +161,5 @@ class StepGraph:
             optimizer=dict(self.optimizer),
             loss=self.loss,
             folded=dict(self.folded),
+            source=dict(self.source),
         )

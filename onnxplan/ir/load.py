@@ -42,7 +42,9 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     try:
         state = CheckpointState.load_checkpoint(str(ckpt))
     except Exception as exc:  # noqa: BLE001 - ORT raises plain RuntimeErrors
-        raise ModelError(f"{ckpt}: unreadable checkpoint ({str(exc).splitlines()[0]})") from None
+        from onnxplan.forward.ort_errors import ort_cause
+
+        raise ModelError(f"{ckpt}: {ort_cause(str(exc))}") from None
     trainable = [name for name, p in state.parameters if p.requires_grad]
     frozen = [name for name, p in state.parameters if not p.requires_grad]
     return trainable, frozen
@@ -223,4 +225,5 @@ def load_step(
         optimizer={"type": kind, "attrs": attrs, "params": trainable, "grads": grads},
         loss=loss,
         folded={k: v for k, v in folded.items() if k not in constants},
+        source=dict(meta.get("forward") or {}),
     )

@@ -1,0 +1,96 @@
+"""ONNX Runtime's failures as one readable line: the cause, without C++ locations and signatures.
+
+One home for it: generate_artifacts failures (onnxplan.forward.build) and runtime load
+refusals (onnxplan.reference) both go through ort_cause.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from onnxplan.forward.gradients import ORT_TRAINING
+
+__all__ = ["ort_cause", "log_errors"]
+
+_STATUS = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
+# "/onnxruntime_src/.../file.cc:123 <C++ signature> <condition> was false. <message>"
+_LOCATION = re.compile(r"/onnxruntime_src/\S+?/([\w.]+:\d+)\s+")
+_NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)\s+for node\s*(.*)$")
+_LOAD = re.compile(r"Load model from \S+ failed:\s*")
+_SHORT_LOCATION = re.compile(r"^[\w.-]+\.(?:cc|h|cpp):\d+\s+(?:[A-Z]\w*\s+(?=[A-Z]))?")
+_NEW_OPSET = re.compile(r"Opset (\d+) is under development.*?support for domain (\S+) is till opset (\d+)")
+_UNREGISTERED = re.compile(r"(?:Fatal error:\s*)?([\w.]+):(\w+)\(-?\d+\) is not a registered function/op")
+_NO_OP = re.compile(r"No Op registered for (\S+) with domain_version of (\d+)")
+_BAD_NODE = re.compile(r"Name:\s*(\S*)\s+OpType:\s*(\S+)")
+
+
+def _strip_signature(text: str) -> str:
+    """Drop a leading 'path.cc:N signature(args) [const] ' and keep what follows."""
+    m = _LOCATION.search(text)
+    if not m:
+        return text
+    rest = text[m.end():]
+    if " was false." in rest:  # ORT_ENFORCE(condition, message)
+        cond_and_sig, _, message = rest.partition(" was false.")
+        message = message.strip()
+        if message:
+            return message
+        # no message: keep the condition (after the signature's last ')') and the location
+        condition = cond_and_sig.rsplit(") ", 1)[-1].removeprefix("const ").strip()
+        return f"internal check failed: {condition} ({m.group(1)})"
+    depth, end = 0, -1  # ORT_THROW: skip the balanced signature
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    return rest[end + 1:].removeprefix(" const").strip() if end >= 0 else rest
+
+
+def ort_cause(text: str) -> str:
+    """The cause in an ONNX Runtime exception text (or C++ log line), on one line, untruncated."""
+    text = " ".join(str(text).split())
+    status = list(_STATUS.finditer(text))
+    if status:  # what follows ORT's status marker is the message; before it, a pybind location
+        text = text[status[-1].end():]
+    text = _LOAD.sub("", text)
+    text = _strip_signature(text)
+    text = _SHORT_LOCATION.sub("", text)
+    m = _NEW_OPSET.search(text)
+    if m:
+        return (f"opset {m.group(1)} of {m.group(2)} is newer than onnxruntime 1.19.2 supports "
+                f"(at most {m.group(3)})")
+    m = _UNREGISTERED.search(text)
+    if m:
+        return (f"unknown custom op {m.group(1)}::{m.group(2)}: onnxruntime 1.19.2 has no kernel for it "
+                f"(not a registered function/op)")
+    m = _NO_BUILDER.search(text)
+    if m:
+        node = m.group(2).strip()
+        return f"{ORT_TRAINING} has no gradient for {m.group(1)}" + (f" (node {node})" if node else "")
+    m = _NO_OP.search(text)
+    if m:
+        where = _BAD_NODE.search(text)
+        node = f" (node {where.group(1)})" if where and where.group(1) else ""
+        return (f"onnxruntime has no operator {m.group(1)} for opset {m.group(2)} of its domain{node}; "
+                f"unknown custom op or opset too new")
+    if text.startswith("Checkpoint verification failed"):
+        return "unreadable checkpoint (not an onnxruntime-training checkpoint, or corrupt)"
+    return text.strip() or "unknown error"
+
+
+def log_errors(log_path: Path) -> list[str]:
+    """Error lines of ORT's captured C++ log ([E:...] lines), as causes."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        if "[E:" in line:
+            out.append(ort_cause(line.split("] ", 1)[-1]))
+    return out

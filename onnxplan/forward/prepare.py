@@ -1,0 +1,77 @@
+"""A user's forward .onnx made into what the zoo builders produce, with a report of each step.
+
+Order: check ops and inline local functions (normalize) -> decompose ops without an ORT
+gradient -> convert the opset to 17 and IR to 9 -> complete optional outputs -> static
+shapes (dynamic axes, re-batching) -> choose trained / frozen parameters and refuse an op
+without a gradient on their path. Everything is deterministic, so the artifact cache key
+(the prepared model and this report, with FORWARD_PREP_VERSION) names the result.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Mapping
+
+import onnx
+
+from onnxplan.forward.complete import complete_outputs
+from onnxplan.forward.decompose import decompose, value_types
+from onnxplan.forward.normalize import convert_opset, normalize
+from onnxplan.forward.select import select_parameters
+from onnxplan.forward.shapes import fix_shapes
+from onnxplan.models import ForwardModel, InputSpec
+from onnxplan.models._spec import labels_for_output
+
+__all__ = ["FORWARD_PREP_VERSION", "prepare_forward"]
+
+# bump when any rewrite here changes: old cache entries then no longer match
+FORWARD_PREP_VERSION = 1
+
+
+def _int_input_high(model: onnx.ModelProto, name: str) -> int:
+    """Upper bound for an integer input: the table size if it indexes a Gather, else 1."""
+    tables = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            table = tables.get(node.input[0])
+            if table:
+                return int(table[axis])
+    return 1
+
+
+def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mapping[str, int] | None = None,
+                    batch: int | None = None, train: list[str] | None = None,
+                    freeze: list[str] | None = None) -> ForwardModel:
+    """The ForwardModel for a user's forward model (not modified); its `prep` says what was done."""
+    model = copy.deepcopy(model)
+    notes: list[str] = []
+    synthetic: set[str] = set()
+    model = normalize(model, notes)
+    decompose(model, notes, synthetic)
+    model = convert_opset(model, notes)
+    complete_outputs(model, notes, synthetic)
+    init_names = {t.name for t in model.graph.initializer}
+    shapes = fix_shapes(model, init_names, dict(dims or {}), batch, name, notes)
+    types = value_types(model)
+    sel = select_parameters(model, types, train, freeze, synthetic)
+    specs = []
+    for vi in model.graph.input:
+        if vi.name in init_names:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        shape = shapes.inputs[vi.name]
+        if dtype.kind in "iu":
+            specs.append(InputSpec(vi.name, dtype.name, shape, 0, _int_input_high(model, vi.name)))
+        else:
+            specs.append(InputSpec(vi.name, dtype.name, shape, -1.0, 1.0))
+    prep = {
+        "version": FORWARD_PREP_VERSION,
+        "rewrites": notes,
+        "trained": sel.trained,
+        "frozen": sel.frozen,
+        "constants": len(sel.constants),
+        "rebatched": list(shapes.rebatched) if shapes.rebatched else None,
+    }
+    return ForwardModel(name, model, sel.trained, sel.frozen, specs, labels_for_output(shapes.output, loss),
+                        loss, prep=prep)

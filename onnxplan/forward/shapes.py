@@ -1,0 +1,194 @@
+"""Static input shapes for a forward model: dynamic axes from --batch / --dim, and re-batching
+a model exported with a fixed batch, verified by strict ONNX shape inference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import onnx
+
+from onnxplan.errors import DynamicDimError, ModelError
+
+__all__ = ["StaticShapes", "fix_shapes"]
+
+
+@dataclass
+class StaticShapes:
+    inputs: dict[str, tuple[int, ...]]
+    output: tuple[int, ...]
+    rebatched: tuple[int, int] | None  # (exported batch, new batch)
+
+
+def _dims(vi: onnx.ValueInfoProto) -> list:
+    return list(vi.type.tensor_type.shape.dim)
+
+
+def _set_shape(vi: onnx.ValueInfoProto, shape: tuple[int, ...]) -> None:
+    dims = vi.type.tensor_type.shape.dim
+    del dims[:]
+    for v in shape:
+        dims.add().dim_value = v
+
+
+def _input_shape(vi, dims: Mapping[str, int], batch: int | None) -> tuple[int, ...]:
+    shape = []
+    for i, d in enumerate(_dims(vi)):
+        if d.HasField("dim_value"):
+            shape.append(d.dim_value)
+        elif d.dim_param and d.dim_param in dims:
+            shape.append(int(dims[d.dim_param]))
+        elif i == 0 and batch is not None:
+            shape.append(int(batch))
+        else:
+            label = d.dim_param or "?"
+            raise DynamicDimError(f"'{vi.name}' has dynamic dimension {i} ({label}); "
+                                  f"give --batch or --dim {label}=N")
+    return tuple(shape)
+
+
+def _fixed_batch(inputs: list[onnx.ValueInfoProto]) -> int | None:
+    """The exported batch when every data input has a fixed leading dim (the first one's)."""
+    firsts = []
+    for vi in inputs:
+        d = _dims(vi)
+        if not d:
+            continue
+        if not d[0].HasField("dim_value"):
+            return None
+        firsts.append(d[0].dim_value)
+    return firsts[0] if firsts else None
+
+
+def _infer(model: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
+    return onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
+
+
+def _unshaped(inferred: onnx.ModelProto) -> list[str]:
+    """Values (node outputs) whose shape inference left a dimension unknown."""
+    known = {vi.name: vi for vi in (*inferred.graph.value_info, *inferred.graph.output)}
+    missing = []
+    for node in inferred.graph.node:
+        for o in node.output:
+            if not o:
+                continue
+            vi = known.get(o)
+            if vi is None or not vi.type.tensor_type.HasField("shape") or any(
+                    not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim):
+                missing.append(o)
+    return missing
+
+
+def _leading_dims(model: onnx.ModelProto) -> dict[str, int]:
+    """Fixed leading dim of every value non-strict shape inference can give one."""
+    try:
+        inferred = _infer(model, strict=False)
+    except Exception:  # noqa: BLE001 - best effort
+        return {}
+    out = {}
+    for vi in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        d = _dims(vi)
+        if d and d[0].HasField("dim_value"):
+            out[vi.name] = d[0].dim_value
+    return out
+
+
+def _batch_following_reshapes(model: onnx.ModelProto, exported: int) -> int:
+    """Rewrite, in place, Reshape shapes [B, ...] of inputs with leading dim B to [0, ...].
+
+    Reshape keeps row-major order, so when the output's leading dim equals the input's, output
+    row i holds exactly input row i's elements: copying the leading dim (0, allowzero=0) is
+    the same reshape for any batch. Returns how many Reshape nodes were rewritten.
+    """
+    graph = model.graph
+    leading = _leading_dims(model)
+    inits = {t.name: t for t in graph.initializer}
+    from onnx import numpy_helper
+
+    from onnxplan.forward._names import NameSource
+
+    names = NameSource(graph)
+    count = 0
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        shape_t = inits.get(node.input[1])
+        if shape_t is None or leading.get(node.input[0]) != exported:
+            continue
+        shape = numpy_helper.to_array(shape_t)
+        if shape.ndim != 1 or not len(shape) or int(shape[0]) != exported or (shape == 0).any():
+            continue
+        # no 0 in the shape: allowzero changes nothing, so it can be dropped for the copy below
+        keep = [a for a in node.attribute if a.name != "allowzero"]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        shape = shape.copy()
+        shape[0] = 0
+        new = names.fresh(f"{node.input[1]}.batch_copy")
+        graph.initializer.append(numpy_helper.from_array(shape, new))
+        node.input[1] = new
+        count += 1
+    return count
+
+
+def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, int],
+               batch: int | None, name: str, notes: list[str]) -> StaticShapes:
+    """Give every data input and the output a static shape, in place.
+
+    A dynamic dim takes its value from `dims` (by name) or, leading, from `batch`. When every
+    input's leading dim is fixed at B and `batch` differs, the model is re-batched: the inputs'
+    leading dims become `batch` and strict shape inference must give every value a static
+    shape and the output a leading dim of `batch`; otherwise ModelError (one line).
+    """
+    graph = model.graph
+    data = [vi for vi in graph.input if vi.name not in init_names]
+    exported = _fixed_batch(data)
+    rebatch = exported is not None and batch is not None and batch != exported
+    if rebatch:
+        rewritten = _batch_following_reshapes(model, exported)
+        if rewritten:
+            notes.append(f"{rewritten} Reshape shape(s) [{exported}, ...] that keep the batch rows now copy "
+                         f"the leading dim (0)")
+    shapes = {}
+    for vi in data:
+        shape = _input_shape(vi, dims, batch)
+        if rebatch and shape and shape[0] == exported:
+            shape = (int(batch), *shape[1:])
+        shapes[vi.name] = shape
+        _set_shape(vi, shape)
+    out = graph.output[0]
+    declared = _dims(out)
+    del graph.value_info[:]  # stale symbolic hints: inference recomputes them
+    out.type.tensor_type.ClearField("shape")
+    refuse = f"cannot re-batch {name} from its exported batch {exported} to --batch {batch}"
+    try:
+        inferred = _infer(model, strict=True)
+    except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError / ValidationError
+        cause = " ".join(str(exc).split())
+        if rebatch:
+            raise ModelError(f"{refuse}: shape inference fails ({cause})") from None
+        inferred = _infer(model, strict=False)
+    if rebatch:
+        missing = _unshaped(inferred)
+        if missing:
+            raise ModelError(f"{refuse}: shape inference leaves {len(missing)} value(s) without a static "
+                             f"shape (first: {missing[0]})")
+    got = inferred.graph.output[0].type.tensor_type
+    shape = []
+    for i, d in enumerate(got.shape.dim if got.HasField("shape") else []):
+        if d.HasField("dim_value"):
+            shape.append(d.dim_value)
+        elif i < len(declared) and declared[i].HasField("dim_value") and not rebatch:
+            shape.append(declared[i].dim_value)
+        else:
+            raise ModelError(f"the output '{out.name}' of {name} gets no static shape (dimension {i}); "
+                             f"give every dynamic dimension with --batch / --dim NAME=N")
+    if not shape and declared:
+        raise ModelError(f"the output '{out.name}' of {name} gets no static shape from shape inference")
+    if rebatch:
+        if not shape or shape[0] != batch:
+            raise ModelError(f"{refuse}: the output's leading dimension stays {shape[0] if shape else '?'} "
+                             f"(a constant in the graph bakes the batch in, e.g. a Reshape shape)")
+        notes.append(f"re-batched from the exported batch {exported} to {batch} (every shape re-inferred)")
+    _set_shape(out, tuple(shape))
+    return StaticShapes(shapes, tuple(shape), (exported, int(batch)) if rebatch else None)
