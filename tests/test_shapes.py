@@ -463,6 +463,16 @@ def test_folding_is_limited_to_small_values():
     assert specs["big"] == TensorSpec("float32", (1000, 1000)) and folded == {}
 
 
+def test_split_training_takes_its_split_from_a_large_concat_training():
+    """per_input_length is static (the inputs' extents) even when the concatenation is too large to fold."""
+    nodes = [Node("c", "ConcatTraining", MS, ["a", "b"], ["cat", "len"], {"axis": 1}),
+             Node("s", "SplitTraining", MS, ["cat", "len"], ["a2", "b2"], {"axis": 1})]
+    known = {"a": TensorSpec("float32", (8, 300, 4)), "b": TensorSpec("float32", (8, 500, 4))}
+    specs, folded = infer_shapes(nodes, known, {}, OPSETS)
+    assert folded["len"].tolist() == [300, 500] and "cat" not in folded
+    assert specs["a2"] == known["a"] and specs["b2"] == known["b"]
+
+
 def test_every_unsupported_op_is_listed_in_one_line():
     nodes = [Node("a", "Foo", MS, ["x"], ["y"]), Node("b", "Relu", "", ["y"], ["z"]),
              Node("c", "Bar", "", ["z"], ["w"]), Node("d", "Foo", MS, ["w"], ["v"])]

@@ -127,16 +127,18 @@ def _apply_rule(node: Node, in_specs, consts, opset: int) -> list[TensorSpec]:
 
 def _fold(node: Node, in_specs, out_specs, values) -> dict[str, np.ndarray]:
     folder = find_folder(node.domain, node.op_type)
-    named = [(name, spec) for name, spec in zip(node.outputs, out_specs) if name]
-    if folder is None or any(spec.numel > FOLD_MAX_ELEMENTS for _, spec in named):
-        return {}
+    small = {name for name, spec in zip(node.outputs, out_specs) if name and spec.numel <= FOLD_MAX_ELEMENTS}
     spec_only = (canonical_domain(node.domain), node.op_type) in SPEC_ONLY_OPS
+    # a spec-only op folds its small outputs (ConcatTraining's per_input_length beside a large
+    # concatenation); any other op only when every output is small
+    if folder is None or not small or (not spec_only and len(small) < sum(1 for n in node.outputs if n)):
+        return {}
     if not spec_only and any(name and name not in values for name in node.inputs):
         return {}
     inputs = [values.get(name) if name else None for name in node.inputs]
     try:
         results = folder(node, inputs, in_specs, out_specs)
         return {name: conform(v, spec) for name, spec, v in zip(node.outputs, out_specs, results)
-                if name and v is not None}
+                if name in small and v is not None}
     except (ValueError, IndexError, TypeError, ArithmeticError) as exc:
         raise ShapeInferenceError(f"cannot fold node '{node.name}' ({_op_name(node)}): {exc}") from exc

@@ -1,4 +1,5 @@
-"""Convolution kernels: Conv and ONNX Runtime's ConvGrad, im2col/col2im in planned scratch plus BLAS GEMMs."""
+"""Convolution kernels: Conv, ConvTranspose and ONNX Runtime's ConvGrad/ConvTransposeGrad, im2col/col2im
+in planned scratch plus BLAS GEMMs."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import itertools
 from dataclasses import dataclass, replace
 from math import prod
 
+from onnxplan.ir.graph import Node
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -18,7 +20,10 @@ __all__ = [
     "conv_grad",
     "conv_grad_scratch",
     "conv_scratch",
+    "conv_transpose",
+    "conv_transpose_grad",
     "im2col",
+    "transpose_pads",
     "window",
 ]
 
@@ -330,3 +335,83 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             if dx is not None:
                 xp.matmul(w2[g].T, rows, out=cols)
                 col2im_add(xp, sub, col, dx[n0:n0 + nb, g * cg:(g + 1) * cg])
+
+
+# ---- ConvTranspose and its gradient: the adjoint of a Conv from Y's space to X's -------------------
+def transpose_pads(attrs, x_dims, kernel_shape) -> tuple[list[int], list[int]]:
+    """(pads_begin, pads_end) of a ConvTranspose, as ONNX Runtime resolves them: explicit pads,
+    or a total from output_shape / auto_pad SAME_* (out = in * stride) split between the ends."""
+    n = len(x_dims)
+    strides, dilations = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
+    adj = _ints(attrs, "output_padding", n, 0)
+    auto_pad = _str(attrs, "auto_pad", "NOTSET")
+    shape = [int(v) for v in attrs.get("output_shape") or []]
+    if not shape and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        if auto_pad == "VALID":
+            return [0] * n, [0] * n
+        pads = _ints(attrs, "pads", 2 * n, 0)
+        return list(pads[:n]), list(pads[n:])
+    begin, end = [], []
+    for i in range(n):
+        out = shape[-n:][i] if shape else x_dims[i] * strides[i]
+        total = max(0, (x_dims[i] - 1) * strides[i] + adj[i] + (kernel_shape[i] - 1) * dilations[i] + 1 - out)
+        head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2  # ORT 1.19's split
+        begin.append(head)
+        end.append(total - head)
+    return begin, end
+
+
+def _as_conv(node, x_dims, kernel_shape) -> Node:
+    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads)."""
+    begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
+    attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
+    return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+
+
+def conv_transpose_scratch(node, in_specs, out_specs) -> int:
+    """A ConvGrad's dX alone (dY: X, the weight W, x: Y)."""
+    x, w, y = in_specs[0], in_specs[1], out_specs[0]
+    conv = _as_conv(node, x.shape[2:], w.shape[2:])
+    return conv_grad_scratch(conv, [x, y, w], [y])
+
+
+@kernel("ConvTranspose", scratch=conv_transpose_scratch)
+def conv_transpose(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = ConvGrad's dX of the Conv from Y's space to X's (col2im of W^T @ X), plus the bias."""
+    x, w, y = inputs[0], inputs[1], outputs[0]
+    b = inputs[2] if len(inputs) > 2 else None
+    conv = _as_conv(ctx.node, x.shape[2:], w.shape[2:])
+    sub = KernelContext(ctx.xp, conv, [], [], ctx.scratch)
+    conv_grad(sub, [x, y, w], [y])  # y stands for the Conv's input: only its shape is read
+    if b is not None:
+        y3 = y.reshape(y.shape[0], y.shape[1], -1)
+        ctx.xp.add(y3, b.reshape(-1, 1), out=y3)
+
+
+def conv_transpose_grad_scratch(node, in_specs, out_specs) -> int:
+    """dX is a Conv of dY; dW a ConvGrad's dW (dy: X, x: dY); one after the other."""
+    dy, x, w = in_specs[0], in_specs[1], in_specs[2]
+    conv = _as_conv(node, x.shape[2:], w.shape[2:])
+    need_dx = len(out_specs) > 0 and out_specs[0] is not None
+    need_dw = len(out_specs) > 1 and out_specs[1] is not None
+    dx_bytes = conv_scratch(conv, [dy, w], [x]) if need_dx else 0
+    dw_bytes = conv_grad_scratch(conv, [x, dy, w], [None, w]) if need_dw else 0
+    return max(dx_bytes, dw_bytes)
+
+
+@kernel("ConvTransposeGrad", MS, scratch=conv_transpose_grad_scratch)
+def conv_transpose_grad(ctx: KernelContext, inputs, outputs) -> None:
+    """(dY, X, W) -> dX = Conv(dY, W), dW = ConvGrad's dW with X as the gradient, dB = sum of dY."""
+    xp = ctx.xp
+    dy, x, w = inputs[0], inputs[1], inputs[2]
+    dx = outputs[0] if len(outputs) > 0 else None
+    dw = outputs[1] if len(outputs) > 1 else None
+    db = outputs[2] if len(outputs) > 2 else None
+    conv_node = _as_conv(ctx.node, x.shape[2:], w.shape[2:])
+    sub = KernelContext(xp, conv_node, [], [], ctx.scratch)
+    if dx is not None:
+        conv(sub, [dy, w], [dx])
+    if dw is not None:
+        conv_grad(sub, [x, dy, w], [None, dw])
+    if db is not None:
+        xp.sum(dy.reshape(dy.shape[0], dy.shape[1], -1), axis=(0, 2), out=db)

@@ -47,3 +47,109 @@ for _op, _func in {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max",
                    "ReduceProd": "prod"}.items():
     kernel(_op)(_reduce(_func))
 kernel("ReduceSumTraining", MS)(_reduce("sum"))
+
+
+def _reduce_via(block_fn, func_name: str):
+    """Reduce* ops that transform X before summing (ReduceSumSquare, ReduceL1...) and/or the sum after
+    (ReduceL2, ReduceLogSum...): block_fn(xp, x) makes the summed terms blockwise, into the output."""
+
+    def fn(ctx, inputs, outputs):
+        xp, x, out = ctx.xp, inputs[0], outputs[0]
+        axes = reduction_axes(ctx.node, inputs, x.ndim)
+        if axes == ():
+            _xp.blockwise(xp, lambda o, v: xp.copyto(o, _finish(xp, func_name, block_fn(xp, v))), out, x)
+            return
+        axes = tuple(range(x.ndim)) if axes is None else axes
+        target = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
+        if func_name == "logsumexp":
+            with _xp.quiet(xp):
+                xp.max(x, axis=axes, keepdims=True, out=target)
+                peak = target.copy()  # output-sized
+                peak[~xp.isfinite(peak)] = 0
+                target[...] = 0
+                _sum_blocks(xp, lambda v, p: xp.exp(v - p), x, peak, axes, target)
+                xp.log(target, out=target)
+                target += peak
+            return
+        target[...] = 0
+        _sum_blocks(xp, lambda v, _: block_fn(xp, v), x, None, axes, target)
+        with _xp.quiet(xp):
+            xp.copyto(target, _finish(xp, func_name, target))
+
+    return fn
+
+
+def _sum_blocks(xp, terms, x, aux, axes, target) -> None:
+    """target += sum over `axes` of terms(x, aux) (aux broadcast like target), one leading slice of
+    x at a time so the temporaries stay small."""
+    lead = next((i for i in range(x.ndim) if i not in axes), None)
+    if lead is None or x.size <= _xp.block_elems(x.dtype, xp):
+        target += terms(x, aux).sum(axis=axes, keepdims=True)
+        return
+    per = max(1, _xp.block_elems(x.dtype, xp) // max(1, x.size // x.shape[lead]))
+    for s in range(0, x.shape[lead], per):
+        index = (slice(None),) * lead + (slice(s, s + per),)
+        part = target[index]
+        part += terms(x[index], None if aux is None else aux[index]).sum(axis=axes, keepdims=True)
+
+
+def _finish(xp, func_name: str, s):
+    if func_name == "sqrt":
+        return xp.sqrt(s)
+    if func_name == "log":
+        return xp.log(s)
+    return s
+
+
+for _op, (_terms, _after) in {"ReduceSumSquare": (lambda xp, v: v * v, ""),
+                              "ReduceL1": (lambda xp, v: xp.abs(v), ""),
+                              "ReduceL2": (lambda xp, v: v * v, "sqrt"),
+                              "ReduceLogSum": (lambda xp, v: v, "log"),
+                              "ReduceLogSumExp": (lambda xp, v: xp.exp(v), "logsumexp")}.items():
+    kernel(_op)(_reduce_via(_terms, _after))
+
+
+def _arg_reduce(func_name: str):
+    def fn(ctx, inputs, outputs):
+        """Index of the first (select_last_index: last) extreme value along axis, as int64."""
+        xp, x, out = ctx.xp, inputs[0], outputs[0]
+        axis = _xp.norm_axis(int(ctx.attrs.get("axis", 0)), x.ndim)
+        last = bool(int(ctx.attrs.get("select_last_index", 0)))
+        pre, dim, post = _xp.axis3(x.shape, axis)
+        x3, out3 = x.reshape(pre, dim, post), out.reshape(pre, 1, post)
+        if last:
+            x3 = x3[:, ::-1]
+        reduce = getattr(xp, func_name)
+        # numpy copies a strided argument whole: one slab of rows and columns at a time
+        rows = max(1, _xp.block_elems(x.dtype, xp) // max(1, dim * post))
+        cols = post if rows > 1 else max(1, _xp.block_elems(x.dtype, xp) // max(1, dim))
+        for p0 in range(0, pre, rows):
+            for q0 in range(0, post, cols):
+                dst = out3[p0:p0 + rows, :, q0:q0 + cols]
+                reduce(x3[p0:p0 + rows, :, q0:q0 + cols], axis=1, keepdims=True, out=dst)
+                if last:
+                    xp.subtract(dim - 1, dst, out=dst)
+
+    return fn
+
+
+kernel("ArgMax")(_arg_reduce("argmax"))
+kernel("ArgMin")(_arg_reduce("argmin"))
+
+
+@kernel("CumSum")
+def cum_sum(ctx, inputs, outputs):
+    """Running sums along the axis input; exclusive leaves out the element itself, reverse runs
+    from the end."""
+    xp, x, out = ctx.xp, inputs[0], outputs[0]
+    axis = _xp.norm_axis(int(_xp.host_scalar(inputs[1])), x.ndim)
+    if x.shape[axis] == 0:
+        return
+    flip = (slice(None),) * axis + (slice(None, None, -1),)
+    if int(ctx.attrs.get("reverse", 0)):
+        x, out = x[flip], out[flip]
+    if int(ctx.attrs.get("exclusive", 0)):
+        head = (slice(None),) * axis
+        out[head + (slice(0, 1),)] = 0
+        x, out = x[head + (slice(0, -1),)], out[head + (slice(1, None),)]
+    xp.cumsum(x, axis=axis, out=out)

@@ -185,3 +185,106 @@ def constant_of_shape(ctx, inputs, outputs):
 
         value = numpy_helper.to_array(value) if isinstance(value, TensorProto) else np.asarray(value)
     outputs[0].fill(value.reshape(-1)[0].item())
+
+
+@kernel("SliceGrad", MS)
+def slice_grad(ctx, inputs, outputs):
+    """(dY, shape, starts, ends, axes, steps) -> dX: zeros with dY at the sliced positions."""
+    dy, out = inputs[0], outputs[0]
+    starts, ends = _xp.host_ints(inputs[2]), _xp.host_ints(inputs[3])
+    axes = _xp.host_ints(inputs[4]) if len(inputs) > 4 else []
+    steps = _xp.host_ints(inputs[5]) if len(inputs) > 5 else []
+    out.fill(0)
+    ctx.xp.copyto(out[slice_indices(out.shape, starts, ends, axes, steps)], dy)
+
+
+@kernel("Constant")
+def constant(ctx, inputs, outputs):
+    from onnxplan.ir.shape_rules.tensor_ops import constant_node_value
+
+    ctx.xp.copyto(outputs[0], ctx.xp.asarray(constant_node_value(ctx.node).reshape(outputs[0].shape)),
+                  casting="unsafe")
+
+
+@kernel("Trilu", overwrites={0: (0,)})
+@kernel("Trilu", MS, overwrites={0: (0,)})
+def trilu(ctx, inputs, outputs):
+    """The upper (upper=1) or lower triangle of the last two axes from diagonal k (input 1), zeros elsewhere."""
+    xp, x, out = ctx.xp, inputs[0], outputs[0]
+    k = int(_xp.host_scalar(inputs[1])) if len(inputs) > 1 and inputs[1] is not None else 0
+    rows, cols = x.shape[-2], x.shape[-1]
+    offset = xp.arange(cols)[None, :] - xp.arange(rows)[:, None]  # j - i, [rows, cols]
+    drop = offset < k if int(ctx.attrs.get("upper", 1)) else offset > k
+    if not _xp.same_buffer(x, out):
+        xp.copyto(out, x)
+    xp.copyto(out, 0, where=drop)
+
+
+@kernel("Range")
+def range_(ctx, inputs, outputs):
+    """start + i * delta for i < max(ceil((limit - start) / delta), 0) (the output's length)."""
+    xp, out = ctx.xp, outputs[0]
+    start, delta = _xp.host_scalar(inputs[0]), _xp.host_scalar(inputs[2])
+    xp.multiply(xp.arange(out.shape[0], dtype=out.dtype), out.dtype.type(delta), out=out)
+    out += out.dtype.type(start)
+
+
+@kernel("Tile")
+def tile(ctx, inputs, outputs):
+    """Y viewed as [r0, d0, r1, d1, ...] gets X viewed as [1, d0, 1, d1, ...], broadcast."""
+    x, out = inputs[0], outputs[0]
+    repeats = _xp.host_ints(inputs[1])
+    paired = [v for r, d in zip(repeats, x.shape) for v in (r, d)]
+    ones = [v for d in x.shape for v in (1, d)]
+    ctx.xp.copyto(out.reshape(paired), x.reshape(ones))
+
+
+def _pad_sources(mode: str, before: int, n: int, size: int):
+    """For output positions 0..size-1 of one axis (n inner values after `before` pads), the inner
+    position each copies (edge, reflect, wrap)."""
+    s = np.arange(size) - before
+    if mode == "edge" or n == 1:
+        return np.clip(s, 0, n - 1)
+    if mode == "wrap":
+        return np.mod(s, n)
+    period = 2 * (n - 1)  # reflect: the edge is not repeated
+    s = np.mod(s, period)
+    return np.where(s > n - 1, period - s, s)
+
+
+@kernel("Pad")
+def pad(ctx, inputs, outputs):
+    """Modes constant, reflect, edge, wrap; pads (and axes) as inputs (opset 11+) or attribute;
+    negative pads crop. The inner part is copied once, then each axis's pads are filled in turn
+    from what is already in the output."""
+    xp, x, out = ctx.xp, inputs[0], outputs[0]
+    mode = _xp.attr_str(ctx.attrs.get("mode"), "constant")
+    rank = x.ndim
+    pads = _xp.host_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else \
+        [int(p) for p in ctx.attrs["pads"]]
+    axes = _xp.host_ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else list(range(rank))
+    before, after = [0] * rank, [0] * rank
+    for i, a in enumerate(axes):
+        a = _xp.norm_axis(a, rank)
+        before[a], after[a] = pads[i], pads[i + len(axes)]
+    src = tuple(slice(max(0, -b), x.shape[a] - max(0, -e)) for a, (b, e) in enumerate(zip(before, after)))
+    before, after = [max(0, b) for b in before], [max(0, e) for e in after]
+    inner = [s.stop - s.start for s in src]
+    dst = tuple(slice(b, b + n) for b, n in zip(before, inner))
+    if mode == "constant":
+        value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+        out.fill(0 if value is None else _xp.host_scalar(value))
+        xp.copyto(out[dst], x[src])
+        return
+    if any(n == 0 for n, b, e in zip(inner, before, after) if b or e):
+        raise ValueError(f"{ctx.node.name}: Pad mode {mode!r} of an empty axis")
+    xp.copyto(out[dst], x[src])
+    for a in range(rank):
+        if not (before[a] or after[a]):
+            continue
+        region = out[tuple(slice(None) if i <= a else dst[i] for i in range(rank))]
+        source = xp.asarray(_pad_sources(mode, before[a], inner[a], out.shape[a]) + before[a])
+        for part in (slice(0, before[a]), slice(before[a] + inner[a], out.shape[a])):
+            if part.stop > part.start:
+                index = (slice(None),) * a + (part,)
+                region[index] = xp.take(region, source[part], axis=a)

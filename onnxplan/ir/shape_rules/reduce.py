@@ -1,4 +1,4 @@
-"""Shape rules for reductions: Reduce* (axes as attribute or input), ArgMax/ArgMin, ReduceSumTraining."""
+"""Shape rules for reductions: Reduce* (axes as attribute or input), ArgMax/ArgMin, CumSum, ReduceSumTraining."""
 
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ def _reduce(node, specs, consts):
 for _op in REDUCE_OPS:
     shape_rule(_op)(_reduce)
 shape_rule("ReduceSumTraining", MS)(_reduce)
+
+
+@shape_rule("CumSum")
+def _cum_sum(node, specs, consts):
+    return outputs(node, need(node, specs, 0))
 
 
 @shape_rule("ArgMax")

@@ -1,0 +1,67 @@
+"""The less common elementwise ops and activations against the ONNX reference evaluator and ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.kernel_harness import MS, F, check, rand
+
+ACTIVATIONS = [
+    ("HardSigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}), ("HardSwish", {}),
+    ("Softplus", {}), ("Softsign", {}), ("Elu", {}), ("Elu", {"alpha": 0.5}), ("Selu", {}),
+    ("Selu", {"alpha": 1.5, "gamma": 2.0}), ("Celu", {"alpha": 2.0}), ("ThresholdedRelu", {"alpha": 0.7}),
+    ("Shrink", {"lambd": 1.0, "bias": 0.5}),
+    ("Acos", {}), ("Asin", {}), ("Atan", {}), ("Sinh", {}), ("Cosh", {}), ("Tan", {}), ("Asinh", {}),
+]
+
+
+@pytest.mark.parametrize("op,attrs", ACTIVATIONS)
+def test_activations(op, attrs):
+    lo, hi = (-0.95, 0.95) if op in ("Acos", "Asin") else (-30, 30) if op == "Softplus" else (-4, 4)
+    check(op, [rand(5, 37, lo=lo, hi=hi)], attrs, aliases=[(0, 0)])
+
+
+def test_inverse_hyperbolics_on_their_domains():
+    check("Acosh", [rand(4, 5, lo=1.0, hi=5.0)])
+    check("Atanh", [rand(4, 5, lo=-0.9, hi=0.9)])
+
+
+def test_prelu_broadcasts_its_slope():
+    check("PRelu", [rand(2, 3, 4, 5), rand(3, 1, 1)], aliases=[(0, 0)])
+    check("PRelu", [rand(2, 3, 4), rand(4)])
+
+
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_mod(fmod):
+    a = np.array([7, -7, 7, -7, 0, 6, -6, 9], np.int64)
+    b = np.array([2, 3, -2, -3, 3, 4, 4, -4], np.int64)
+    check("Mod", [a, b], {"fmod": fmod}, aliases=[(0, 0), (0, 1)])
+    check("Mod", [a.astype(np.int32), np.array(5, np.int32)], {"fmod": fmod})
+    if fmod:
+        check("Mod", [rand(3, 4), rand(4, lo=0.5, hi=2)], {"fmod": 1})
+
+
+@pytest.mark.parametrize("pos,neg", [(1, 1), (1, 0), (0, 1), (0, 0)])
+def test_is_inf(pos, neg):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -2.5, 1e38], F)
+    check("IsInf", [x], {"detect_positive": pos, "detect_negative": neg})
+
+
+def test_cast_like():
+    """(BitShift on unsigned types and the opset-18 Bitwise* ops: the ONNX conformance cases test them.)"""
+    check("CastLike", [rand(3, 4), np.zeros(1, np.int64)])
+    check("CastLike", [np.array([1, 0, 2], np.int64), np.zeros(1, F)])
+
+
+def test_leaky_relu_grad():
+    y = rand(5, 30)
+    y[0, :4] = 0.0
+    check("LeakyReluGrad", [rand(5, 30), y], {"alpha": 0.2}, domain=MS, aliases=[(0, 0), (0, 1)])
+
+
+def test_bias_gelu_and_its_grads():
+    x, b, dy = rand(6, 16), rand(16), rand(6, 16)
+    check("BiasGelu", [x, b], domain=MS, aliases=[(0, 0)])
+    check("BiasGeluGrad_dX", [dy, x, b], domain=MS, aliases=[(0, 0), (0, 1)])
+    check("BiasFastGeluGrad_dX", [dy, x, b], domain=MS, aliases=[(0, 0), (0, 1)], atol=1e-5)
