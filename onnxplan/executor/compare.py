@@ -1,4 +1,9 @@
-"""Compare a run with ONNX Runtime's: loss per step and every parameter, allclose-style."""
+"""Compare a run with ONNX Runtime's.
+
+Two measures: allclose-style per element (`compare_results`, for free-running runs: loss per
+step and every parameter), and the per-tensor relative norm error ||got - want|| / ||want||
+(`rel_norm_error`), which scales with the tensor and is what the per-step verification
+(onnxplan.verification) uses for the loss, gradients, running statistics and intermediates."""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ATOL", "RTOL", "Comparison", "Offender", "compare_results"]
+__all__ = ["ATOL", "RTOL", "Comparison", "Offender", "compare_results", "rel_norm_error", "update_error"]
 
 RTOL, ATOL = 1e-4, 1e-5  # float32, as the acceptance asks
 
@@ -83,3 +88,35 @@ def compare_results(losses: list[float], params: dict[str, np.ndarray], ref_loss
         worst=offenders[:top],
         problems=problems,
     )
+
+
+def rel_norm_error(got, want) -> float:
+    """||got - want||_2 / ||want||_2 in float64; 0 for two all-zero tensors, inf for NaN where
+    the other has none or a shape mismatch. A reference of all zeros against a nonzero result
+    gives inf (any nonzero is wrong there)."""
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if g.shape != w.shape:
+        return float("inf")
+    if (np.isnan(g) != np.isnan(w)).any():
+        return float("inf")
+    g, w = np.nan_to_num(g, nan=0.0), np.nan_to_num(w, nan=0.0)
+    diff, ref = float(np.linalg.norm(g - w)), float(np.linalg.norm(w))
+    if diff == 0.0:
+        return 0.0
+    return diff / ref if ref > 0.0 else float("inf")
+
+
+def update_error(got, want, scale) -> tuple[float, tuple[int, ...]]:
+    """An optimizer's output against the reference on identical inputs, per element:
+    max |got - want| / (max|scale| + tiny), and where. `scale` is what the update is relative
+    to (the parameter, or the moment itself): one float32 rounding of it is ~6e-8."""
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if g.shape != w.shape:
+        return float("inf"), ()
+    if not g.size:
+        return 0.0, ()
+    diff = np.abs(g - w)
+    diff = np.where(np.isnan(g) != np.isnan(w), np.inf, np.nan_to_num(diff, nan=0.0))
+    idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    denom = float(np.abs(np.asarray(scale, dtype=np.float64)).max()) + 1e-30
+    return float(diff[idx]) / denom, tuple(int(i) for i in idx)

@@ -17,6 +17,7 @@ from onnxplan.executor.check_arena import ArenaChecker
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels import _xp
+from onnxplan.kernels.random import DEFAULT_SEED, Randomness
 from onnxplan.kernels.registry import KernelContext, find_kernel
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
@@ -61,8 +62,13 @@ class Executor:
     once. `step(batch)` runs one training step without allocating tensor-sized memory."""
 
     def __init__(self, graph: StepGraph, plan: Plan, *, xp: Any = np, check_arena: bool = False,
-                 swap_dir: str | Path | None = None) -> None:
+                 swap_dir: str | Path | None = None, wrap: Callable[[Any, Any], Any] | None = None,
+                 seed: int = DEFAULT_SEED) -> None:
+        """`wrap(node, fn) -> fn` wraps each node's kernel (inside the swap machinery, so the
+        node's inputs are in place when the wrapper runs): verification's per-node hook.
+        `seed` seeds the random ops (onnxplan.kernels.random)."""
         self.graph, self.plan, self.xp = graph, plan, xp
+        self.random = Randomness(seed)
         self.layout = state_layout(graph)
         self.arena = Arena(plan.arena_bytes, xp)
         self.state = Arena(self.layout.nbytes, xp)
@@ -84,11 +90,12 @@ class Executor:
             decl = find_kernel(node, graph.opsets.get(node.domain or ""))
             spec = lambda v: graph.values[v].spec if v else None
             ctx = KernelContext(xp, node, [spec(i) for i in node.inputs], [spec(o) for o in node.outputs],
-                                self.binding.scratch.get(name))
+                                self.binding.scratch.get(name), self.random)
             ins = [arrays[i] if i else None for i in node.inputs]
             outs = [arrays[o] if o else None for o in node.outputs]
             both = _xp.one_object_per_buffer(ins + outs)  # an in-place output: its input's object
-            self.calls.append(_Call(decl.fn, ctx, ins, both[len(ins):], node,
+            fn = decl.fn if wrap is None else wrap(node, decl.fn)
+            self.calls.append(_Call(fn, ctx, ins, both[len(ins):], node,
                                     self.binding.writeback_after.get(name, [])))
         if self.swap is not None:
             self.swap.attach(self.calls)
@@ -101,9 +108,12 @@ class Executor:
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
 
     # ---- state -------------------------------------------------------------------------
-    def load_state(self, params: dict[str, np.ndarray]) -> None:
-        """Parameters from `params` (every one, trainable and frozen), optimizer state zero
-        (ORT starts its moments at zero), constants from the graph, step counter 0."""
+    def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None,
+                   steps_done: int = 0) -> None:
+        """Parameters from `params` (every one, trainable and frozen), optimizer state from
+        `optimizer_state` or zero (ORT starts its moments at zero), constants from the graph,
+        the step counter at `steps_done`; the random generator restarts from its seed."""
+        optimizer_state = optimizer_state or {}
         arrays, g = self.binding.arrays, self.graph
         missing = [p for p in self.classes["parameter"] if p not in params]
         if missing:
@@ -111,14 +121,18 @@ class Executor:
         for name in self.classes["parameter"]:
             _upload(self.xp, arrays[name], np.asarray(params[name]).reshape(arrays[name].shape))
         for name in self.classes["optimizer_state"]:
-            arrays[name].fill(0)
+            if name in optimizer_state:
+                _upload(self.xp, arrays[name], np.asarray(optimizer_state[name]).reshape(arrays[name].shape))
+            else:
+                arrays[name].fill(0)
         for name in self.classes["constant"]:
             if name not in g.initializers:
                 raise ModelError(f"constant {name!r} has no value")
             _upload(self.xp, arrays[name], np.asarray(g.initializers[name]).reshape(arrays[name].shape))
         if self.swap is not None:  # evicted parameters and optimizer state start in the store
-            self.swap.load_state(params)
-        self.steps_done = 0
+            self.swap.load_state(params, optimizer_state)
+        self.steps_done = steps_done
+        self.random.reset()
 
     def parameters(self) -> dict[str, np.ndarray]:
         """Copies of every parameter, trainable and frozen, on the host."""
@@ -127,9 +141,18 @@ class Executor:
             out.update(self.swap.parameters())
         return out
 
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """Copies of the optimizer state (AdamW's moments; `step` is fed, not kept), on the host."""
+        out = {name: _download(self.binding.arrays[name]) for name in self.classes["optimizer_state"]
+               if name != STEP}
+        if self.swap is not None:
+            out.update(self.swap.parameters("optimizer_state"))
+        return out
+
     # ---- one step ----------------------------------------------------------------------
     def _feed(self, batch: dict[str, np.ndarray]) -> None:
         arrays = self.binding.arrays
+        self.random.new_step()
         for name in self.feeds:
             if name not in batch:
                 raise ModelError(f"the step data has no input {name!r}")

@@ -409,29 +409,31 @@ class SwapRuntime:
         self.history.append(self.stats)
         self.stats = SwapStats()
 
-    def load_state(self, params: dict[str, np.ndarray]) -> None:
+    def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None) -> None:
         """Initial state of the evicted persistent values into their slots (their home):
-        parameters from `params`, optimizer state zero."""
+        parameters from `params`, optimizer state from `optimizer_state` or zero."""
         from onnxplan.errors import ModelError
 
+        optimizer_state = optimizer_state or {}
         self._wait(self.worker.put(Job("settle", "", None, -1)))  # the worker is idle after it
         for slot, (vclass, spec) in self.state.items():
-            if vclass != "parameter":
+            source = params if vclass == "parameter" else optimizer_state
+            if vclass != "parameter" and slot not in source:
                 self.store.write_zeros(slot)  # no slot-sized zero array: it would count in RSS
                 continue
-            if slot not in params:
+            if slot not in source:
                 raise ModelError(f"no initial value for parameter {slot!r}")
-            data = np.ascontiguousarray(np.asarray(params[slot]).reshape(spec.shape), dtype=spec.dtype)
+            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
             self.store.write(slot, data.reshape(-1).view(np.uint8))
         self.history.clear()
         self.stats = SwapStats()
 
-    def parameters(self) -> dict[str, np.ndarray]:
-        """Evicted parameters, read back from their slots."""
+    def parameters(self, vclass_wanted: str = "parameter") -> dict[str, np.ndarray]:
+        """Evicted parameters (or values of another persistent class), read back from their slots."""
         self._wait(self.worker.put(Job("settle", "", None, -1)))
         out = {}
         for slot, (vclass, spec) in self.state.items():
-            if vclass == "parameter":
+            if vclass == vclass_wanted:
                 data = np.empty(spec.shape, dtype=spec.dtype)
                 self.store.read(slot, data.reshape(-1).view(np.uint8))
                 out[slot] = data

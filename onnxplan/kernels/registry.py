@@ -34,6 +34,7 @@ class KernelContext:
     in_specs: list[TensorSpec | None]
     out_specs: list[TensorSpec | None]
     scratch: Any = None  # 1-D uint8 array: the node's planned scratch (None when it needs none)
+    random: Any = None  # random ops draw here (onnxplan.kernels.random.Randomness; None: a seeded default)
 
     @property
     def attrs(self) -> dict[str, Any]:

@@ -187,6 +187,15 @@ def _dropout(node, specs, consts):
     return outputs(node, x, x.with_dtype("bool"))
 
 
+@shape_rule("RandomUniformLike")
+@shape_rule("RandomNormalLike")
+def _random_like(node, specs, consts):
+    """The input's shape; dtype from the `dtype` attribute, else the input's."""
+    x = need(node, specs, 0)
+    dtype = attr(node, "dtype")
+    return outputs(node, x if dtype is None else x.with_dtype(dtype_of_onnx(dtype)))
+
+
 @shape_rule("BitmaskDropout", MS)
 @shape_rule("BitmaskBiasDropout", MS)
 def _bitmask_dropout(node, specs, consts):

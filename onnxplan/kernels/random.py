@@ -1,0 +1,183 @@
+"""Random ops and their gradients: Dropout, com.microsoft BitmaskDropout, DropoutGrad,
+BitmaskDropoutGrad, RandomUniformLike, RandomNormalLike.
+
+Every random value comes from one place, the executor's Randomness (ctx.random): normally a
+seeded generator (reset with the state, so a run is reproducible); when verifying against ONNX
+Runtime, the values ONNX Runtime drew for that node in the same step (`given`), so both sides
+compute with the same random numbers. Dropout draws its keep-mask (bool, or bit-packed for
+BitmaskDropout); the Random*Like ops draw their output. Draws happen on the host (numpy) and
+are uploaded: the same seed gives the same numbers on numpy and CuPy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxplan.kernels import _xp
+from onnxplan.kernels.registry import kernel
+
+__all__ = ["DEFAULT_SEED", "Randomness", "pack_bitmask", "unpack_bitmask"]
+
+MS = "com.microsoft"
+DEFAULT_SEED = 0
+BITS = 32  # ORT's BitmaskDropout packs the keep-mask into uint32 words, element i at bit i % 32
+
+
+class Randomness:
+    """The random values of one executor. `given[node name]` (a host array: the keep-mask of a
+    Dropout, bool or bit-packed; the output of a Random*Like op) overrides the generator for
+    that node in the next step; `drawn[node name]` records what each random node used."""
+
+    def __init__(self, seed: int = DEFAULT_SEED) -> None:
+        self.seed = seed
+        self.given: dict[str, np.ndarray] = {}
+        self.drawn: dict[str, np.ndarray] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.gen = np.random.default_rng(self.seed)
+        self.drawn.clear()
+
+    def new_step(self) -> None:
+        self.drawn.clear()
+
+    def draw(self, node_name: str, make) -> np.ndarray:
+        """The host array for `node_name`: the given one, else what this node (or the node it
+        is a recomputed copy of, `NAME@rcK`) drew earlier in this step, else make(generator)."""
+        key = node_name.split("@")[0]
+        value = self.given.get(key)
+        if value is None:
+            value = self.drawn.get(key)
+        if value is None:
+            value = make(self.gen)
+        self.drawn[key] = value
+        return value
+
+
+_FALLBACK = Randomness()
+
+
+def _random(ctx) -> Randomness:
+    return ctx.random if ctx.random is not None else _FALLBACK
+
+
+def pack_bitmask(keep: np.ndarray) -> np.ndarray:
+    """Bool keep-mask -> uint32 words, element i at bit i % 32 of word i // 32 (ORT's layout)."""
+    flat = np.asarray(keep, dtype=bool).reshape(-1)
+    words = -(-flat.size // BITS)
+    padded = np.zeros(words * BITS, dtype=np.uint64)
+    padded[:flat.size] = flat
+    weights = np.uint64(1) << np.arange(BITS, dtype=np.uint64)
+    return (padded.reshape(words, BITS) * weights).sum(axis=1).astype(np.uint32)
+
+
+def unpack_bitmask(xp: Any, words: Any, size: int) -> Any:
+    """uint32 words -> the first `size` bits as a bool array (on xp)."""
+    bits = (words.reshape(-1, 1) >> xp.arange(BITS, dtype=xp.uint32)) & xp.uint32(1)
+    return bits.reshape(-1)[:size].astype(bool)
+
+
+def _ratio_and_mode(ctx, inputs) -> tuple[float, bool]:
+    ratio = _xp.host_scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else 0.5
+    training = bool(_xp.host_scalar(inputs[2])) if len(inputs) > 2 and inputs[2] is not None else False
+    return float(ratio), training
+
+
+def _keep_mask(ctx, shape, ratio: float, packed: bool) -> np.ndarray:
+    """ORT's rule: keep element i when uniform_i >= ratio."""
+    size = int(np.prod(shape, dtype=np.int64))
+
+    def make(gen):
+        keep = gen.random(size, dtype=np.float32) >= np.float32(ratio)
+        return pack_bitmask(keep) if packed else keep.reshape(shape)
+
+    return _random(ctx).draw(ctx.node.name, make)
+
+
+def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -> None:
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    mask = outputs[1] if len(outputs) > 1 else None
+    if not training or ratio == 0.0:
+        if y is not x:
+            xp.copyto(y, x)
+        if mask is not None:
+            mask.fill(0xFFFFFFFF if packed else True)
+        return
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"ratio {ratio} outside [0, 1)")
+    host = _keep_mask(ctx, x.shape, ratio, packed)
+    keep = xp.asarray(host)
+    if mask is not None:
+        mask[...] = keep.reshape(mask.shape)
+    if packed:
+        keep = unpack_bitmask(xp, keep, x.size).reshape(x.shape)
+    scale = x.dtype.type(1.0 / (1.0 - ratio))
+    xp.multiply(x, keep, out=y)
+    xp.multiply(y, scale, out=y)
+
+
+@kernel("Dropout", since=12, overwrites={0: (0,)})
+def _dropout_12(ctx, inputs, outputs):
+    """Dropout-12+: y = x * keep / (1 - ratio) in training mode, else y = x and keep all."""
+    ratio, training = _ratio_and_mode(ctx, inputs)
+    _dropout(ctx, inputs, outputs, ratio, training, packed=False)
+
+
+@kernel("Dropout", since=7, until=11, overwrites={0: (0,)})
+def _dropout_7(ctx, inputs, outputs):
+    """Dropout before opset 12 has no training mode: the identity, every element kept."""
+    _dropout(ctx, inputs, outputs, 0.0, False, packed=False)
+
+
+@kernel("BitmaskDropout", MS, overwrites={0: (0,)})
+def _bitmask_dropout(ctx, inputs, outputs):
+    """As Dropout, the keep-mask packed in uint32 words."""
+    ratio, training = _ratio_and_mode(ctx, inputs)
+    _dropout(ctx, inputs, outputs, ratio, training, packed=True)
+
+
+def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
+    """dX = dY * keep / (1 - ratio) in training mode (ORT: the default mode is training), else dY."""
+    xp, dy, dx = ctx.xp, inputs[0], outputs[0]
+    ratio = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.5
+    training = bool(_xp.host_scalar(inputs[3])) if len(inputs) > 3 and inputs[3] is not None else True
+    if not training or ratio == 0.0:
+        if dx is not dy:
+            xp.copyto(dx, dy)
+        return
+    keep = inputs[1]
+    if packed:
+        keep = unpack_bitmask(xp, keep, dy.size).reshape(dy.shape)
+    xp.multiply(dy, keep, out=dx)
+    xp.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
+
+
+@kernel("DropoutGrad", MS, overwrites={0: (0,)})
+def _dropout_grad_kernel(ctx, inputs, outputs):
+    _dropout_grad(ctx, inputs, outputs, packed=False)
+
+
+@kernel("BitmaskDropoutGrad", MS, overwrites={0: (0,)})
+def _bitmask_dropout_grad(ctx, inputs, outputs):
+    _dropout_grad(ctx, inputs, outputs, packed=True)
+
+
+def _random_like(ctx, outputs, sample) -> None:
+    y = outputs[0]
+    host = _random(ctx).draw(ctx.node.name, lambda gen: sample(gen, y.shape).astype(y.dtype))
+    y[...] = ctx.xp.asarray(host).reshape(y.shape)
+
+
+@kernel("RandomUniformLike")
+def _random_uniform_like(ctx, inputs, outputs):
+    """Uniform in [low, high), the shape of the input, dtype from `dtype` or the input."""
+    low, high = float(ctx.attrs.get("low", 0.0)), float(ctx.attrs.get("high", 1.0))
+    _random_like(ctx, outputs, lambda gen, shape: gen.uniform(low, high, shape))
+
+
+@kernel("RandomNormalLike")
+def _random_normal_like(ctx, inputs, outputs):
+    """Normal(mean, scale), the shape of the input, dtype from `dtype` or the input."""
+    mean, scale = float(ctx.attrs.get("mean", 0.0)), float(ctx.attrs.get("scale", 1.0))
+    _random_like(ctx, outputs, lambda gen, shape: gen.normal(mean, scale, shape))

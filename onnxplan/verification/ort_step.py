@@ -1,0 +1,258 @@
+"""ONNX Runtime's side of a verified step, stateless: the training and optimizer models of the
+artifact folder run in InferenceSessions with the whole state fed in, so any step can start from
+any state (ours, before the step), and everything the comparison needs comes out as outputs:
+
+- the loss, every parameter's gradient (the input of its InPlaceAccumulatorV2; the accumulator
+  is reset every step, so the accumulated gradient is that value),
+- the updated BatchNorm running statistics (BatchNormInternal / BatchNormalization outputs 1, 2),
+- the random values ONNX Runtime drew (Dropout keep-masks, Random*Like outputs), so our random
+  ops can use them,
+- on request every intermediate value (to find the first one that differs).
+
+The training model run this way is the same graph and the same kernels as
+onnxruntime.training.api.Module's (the loss of a step is bit-identical); the optimizer model
+gets its optional outputs (updated parameters and moments) exposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from onnxplan.errors import ModelError
+from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
+
+__all__ = ["OrtOptimizerStep", "OrtStep", "OrtTrainingStep", "RANDOM_OPS"]
+
+_MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
+# op -> index of the output holding what it drew (Dropout: its keep-mask)
+RANDOM_OPS = {("", "Dropout"): 1, ("com.microsoft", "BitmaskDropout"): 1, ("", "RandomUniformLike"): 0,
+              ("", "RandomNormalLike"): 0}
+_BN_OPS = {("com.microsoft", "BatchNormInternal"), ("", "BatchNormalization")}
+
+
+@dataclass
+class OrtStep:
+    """What ONNX Runtime computed in one training step from a given state."""
+
+    loss: float
+    grads: dict[str, np.ndarray]  # trainable parameter -> its gradient
+    running: dict[str, np.ndarray]  # running statistic (a frozen parameter) -> its new value
+    random: dict[str, np.ndarray]  # random node -> what it drew (keep-mask or output)
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # intermediates, when exposed
+
+
+def _session(model: onnx.ModelProto):
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.log_severity_level = 3
+    if model.ir_version > _MAX_IR_VERSION:
+        model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR
+    try:
+        return onnxruntime.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - pybind errors share no base but Exception
+        text = " ".join(str(exc).split())
+        raise ModelError(f"onnxruntime refused the verification model: {text.partition('] : ')[2] or text}") from None
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise ModelError(f"{path}: not found (is {path.parent} an onnxplan artifact folder?)")
+    return onnx.load(str(path))
+
+
+class OrtTrainingStep:
+    """training_model.onnx in an InferenceSession: loss, gradients, running statistics, random
+    values (and on request every intermediate) of one step from a given state."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.model = _load(Path(folder) / "training_model.onnx")
+        g = self.model.graph
+        self.loss_name = g.output[0].name
+        self.grad_of: dict[str, str] = {}  # parameter -> raw gradient value
+        self.running_of: dict[str, str] = {}  # running statistic input -> its updated output
+        self.random_of: dict[str, str] = {}  # random node -> the output holding its draw
+        self.value_node: dict[str, str] = {}  # value -> the node that produced it
+        for k, n in enumerate(g.node):
+            if not n.name:
+                n.name = f"{n.op_type}_{k}"
+            key = (n.domain if n.domain != "ai.onnx" else "", n.op_type)
+            if n.op_type == "InPlaceAccumulatorV2" and n.input[0].endswith(ACC_SUFFIX):
+                self.grad_of[n.input[0][: -len(ACC_SUFFIX)]] = n.input[1]
+            elif key in _BN_OPS and len(n.output) >= 3 and len(n.input) >= 5:
+                for i, o in ((3, 1), (4, 2)):
+                    if n.output[o]:
+                        self.running_of[n.input[i]] = n.output[o]
+            elif key in RANDOM_OPS:
+                j = RANDOM_OPS[key]
+                while len(n.output) <= j:
+                    n.output.append("")
+                if not n.output[j]:
+                    n.output[j] = f"{n.name}.verify_random"
+                self.random_of[n.name] = n.output[j]
+            for o in n.output:
+                if o:
+                    self.value_node[o] = n.name
+        self.inputs = [vi.name for vi in g.input]
+        self._sessions: dict[tuple[bool, bool], object] = {}
+
+    def _session_for(self, expose_all: bool, given: bool):
+        if (expose_all, given) not in self._sessions:
+            m = onnx.ModelProto()
+            m.CopyFrom(self.model)
+            if given:
+                _take_random_as_inputs(m, set(self.random_of))
+            have = {o.name for o in m.graph.output}
+            want = [*self.grad_of.values(), *self.running_of.values(), *self.random_of.values()]
+            if expose_all:
+                want += list(self.value_node)
+            for name in dict.fromkeys(want):
+                if name not in have:
+                    m.graph.output.append(onnx.ValueInfoProto(name=name))
+                    have.add(name)
+            self._sessions[(expose_all, given)] = _session(m)
+        return self._sessions[(expose_all, given)]
+
+    def run(self, params: dict[str, np.ndarray], batch: dict[str, np.ndarray], *,
+            expose_all: bool = False, given: dict[str, np.ndarray] | None = None) -> OrtStep:
+        """One step from `params` (every parameter, trained and frozen) on `batch`; `given`:
+        the random values to use (by node, as OrtStep.random), else ONNX Runtime draws."""
+        feeds = {_GIVEN_PREFIX + n: v for n, v in (given or {}).items() if n in self.random_of}
+        for name in self.inputs:
+            if name in batch:
+                feeds[name] = batch[name]
+            elif name in params:
+                feeds[name] = np.array(params[name], copy=True)  # ORT may update state inputs in place
+            elif name == RESET_FLAG:
+                feeds[name] = np.ones((1,), dtype=bool)
+            elif name.endswith(ACC_SUFFIX) and name[: -len(ACC_SUFFIX)] in params:
+                feeds[name] = np.zeros_like(params[name[: -len(ACC_SUFFIX)]])
+            else:
+                raise ModelError(f"the training model's input {name!r} has no value to feed")
+        sess = self._session_for(expose_all, bool(given) and bool(self.random_of))
+        names = [o.name for o in sess.get_outputs()]
+        out = dict(zip(names, sess.run(None, feeds)))
+        return OrtStep(
+            loss=float(np.asarray(out[self.loss_name]).reshape(-1)[0]),
+            grads={p: out[v] for p, v in self.grad_of.items()},
+            running={r: out[v] for r, v in self.running_of.items()},
+            random={n: out[v] for n, v in self.random_of.items()},
+            values=out if expose_all else {},
+        )
+
+
+_GIVEN_PREFIX = "verify.given."
+
+
+def _take_random_as_inputs(model: onnx.ModelProto, nodes: set[str]) -> None:
+    """Rewrite the random nodes to use given values (graph inputs `verify.given.NODE`):
+    Dropout in training mode becomes Where(keep, x / (1 - ratio), 0) with the given keep-mask,
+    a Random*Like op an Identity of the given output."""
+    from onnx import helper
+
+    g = model.graph
+    new_nodes = []
+    for n in g.node:
+        if n.name not in nodes:
+            new_nodes.append(n)
+            continue
+        given = _GIVEN_PREFIX + n.name
+        j = RANDOM_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
+        if n.op_type in ("RandomUniformLike", "RandomNormalLike"):
+            g.input.append(onnx.ValueInfoProto(name=given))
+            new_nodes.append(helper.make_node("Identity", [given], [n.output[0]], name=n.name))
+            continue
+        if n.op_type != "Dropout":
+            new_nodes.append(n)  # BitmaskDropout: ONNX Runtime's CPU build has no kernel for it
+            continue
+        g.input.append(onnx.ValueInfoProto(name=given))
+        x = n.input[0]
+        t = f"{given}/"
+        ratio = n.input[1] if len(n.input) > 1 and n.input[1] else t + "half"
+        mode = n.input[2] if len(n.input) > 2 and n.input[2] else ""
+        consts = [helper.make_node("Constant", [], [t + "half"], value_float=0.5),
+                  helper.make_node("Constant", [], [t + "zero_f"], value_float=0.0),
+                  helper.make_node("Constant", [], [t + "one_f"], value_float=1.0)]
+        body = [
+            helper.make_node("CastLike", [ratio, x], [t + "ratio"]),
+            helper.make_node("CastLike", [t + "zero_f", x], [t + "zero"]),
+            helper.make_node("CastLike", [t + "one_f", x], [t + "one"]),
+        ]
+        if mode:
+            body.append(helper.make_node("Where", [mode, t + "ratio", t + "zero"], [t + "r"]))
+        else:
+            body.append(helper.make_node("Identity", [t + "zero"], [t + "r"]))  # inference: keep all
+        body += [
+            helper.make_node("Sub", [t + "one", t + "r"], [t + "keep"]),
+            helper.make_node("Div", [x, t + "keep"], [t + "scaled"]),
+            helper.make_node("Where", [given, t + "scaled", t + "zero"], [n.output[0]]),
+        ]
+        if len(n.output) > j and n.output[j]:
+            body.append(helper.make_node("Identity", [given], [n.output[j]]))
+        new_nodes += consts + body
+    del g.node[:]
+    g.node.extend(new_nodes)
+
+
+class OrtOptimizerStep:
+    """optimizer_model.onnx in an InferenceSession, its updated parameters and moments exposed."""
+
+    def __init__(self, folder: str | Path) -> None:
+        model = _load(Path(folder) / "optimizer_model.onnx")
+        nodes = [n for n in model.graph.node if n.op_type in OPTIMIZER_OPS]
+        if len(nodes) != 1:
+            raise ModelError(f"{folder}: expected one optimizer node in optimizer_model.onnx")
+        node = nodes[0]
+        self.kind = OPTIMIZER_OPS[node.op_type]
+        seq_inputs = ["params", "gradients", "first_order_moments", "second_order_moments"]
+        n_out = 4 if self.kind == "AdamW" else 2  # SGD: flag, updated weights
+        while len(node.output) < n_out:
+            node.output.append("")
+        types = {vi.name: vi.type for vi in model.graph.input}
+        have = {o.name for o in model.graph.output}
+        for j in range(1, n_out):
+            if not node.output[j]:
+                node.output[j] = f"verify.updated.{seq_inputs[(0, 2, 3)[j - 1]]}"
+            if node.output[j] not in have:
+                vi = onnx.ValueInfoProto(name=node.output[j])
+                src = node.input[(2, 4, 5)[j - 1]] if self.kind == "AdamW" else node.input[1]
+                if src in types:
+                    vi.type.CopyFrom(types[src])
+                model.graph.output.append(vi)
+        self.outputs = list(node.output[1:n_out])
+        used = {i for n in model.graph.node for i in n.input}
+        kept = [vi for vi in model.graph.input if vi.name in used]  # SGD's graph lists unused inputs
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        self.inputs = [vi.name for vi in kept]
+        self.session = _session(model)
+
+    def run(self, names: list[str], learning_rate: float, step: int, params: dict, grads: dict,
+            moments: dict | None = None) -> dict[str, np.ndarray]:
+        """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
+        moments = moments or {}
+        seqs = {"params": [np.array(params[p], copy=True) for p in names],
+                "gradients": [np.array(grads[p], copy=True) for p in names]}
+        if self.kind == "AdamW":
+            seqs["first_order_moments"] = [np.array(moments[f"{p}.exp_avg"], copy=True) for p in names]
+            seqs["second_order_moments"] = [np.array(moments[f"{p}.exp_avg_sq"], copy=True) for p in names]
+        feeds = {}
+        for name in self.inputs:
+            if name == "learning_rate":
+                feeds[name] = np.array([learning_rate], dtype=np.float32)
+            elif name == "step":
+                feeds[name] = np.array([step], dtype=np.int64)
+            elif name in seqs:
+                feeds[name] = seqs[name]
+            else:
+                raise ModelError(f"the optimizer model's input {name!r} has no value to feed")
+        got = self.session.run(self.outputs, feeds)
+        out = dict(zip(names, got[0]))
+        if self.kind == "AdamW":
+            out.update({f"{p}.exp_avg": m for p, m in zip(names, got[1])})
+            out.update({f"{p}.exp_avg_sq": v for p, v in zip(names, got[2])})
+        return out

@@ -1,0 +1,48 @@
+"""The text of a verification (`run --verify`): a table per step and the verdict."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+__all__ = ["describe_verification"]
+
+
+def _cell(worst: dict, key: str) -> str:
+    c = worst.get(key)
+    if c is None:
+        return "-"
+    ratio = c["error"] / c["tolerance"] if c["tolerance"] else float("inf")
+    name = "" if key == "loss" else f"{c['name']} "
+    return f"{name}{c['error']:.2e} ({ratio:.2f}x tol)"
+
+
+def describe_verification(v: dict) -> list:
+    """Rich renderables: per step the loss (ours, ONNX Runtime's from the same state), the worst
+    gradient, optimizer update and running statistic (error and its share of the tolerance) and
+    the verdict; then the conclusion, with the first differing value on a failure."""
+    t = Table("step", "loss", "ONNX Runtime loss", "loss error", "worst gradient", "optimizer update",
+              "running statistics", "verdict", title="compared with ONNX Runtime from the same state, step by step")
+    for s in v["steps"]:
+        w = s["worst"]
+        t.add_row(str(s["step"]), f"{s['loss']:.7g}", f"{s['ort_loss']:.7g}", _cell(w, "loss"),
+                  _cell(w, "gradient"), _cell(w, "update"), _cell(w, "running"),
+                  "[green]ok[/]" if s["ok"] else "[bold red]DIFFERS[/]")
+    out: list = [t]
+    tol = v["tolerances"]
+    if v["ok"]:
+        out.append(f"[green]matches ONNX Runtime[/]: {len(v['steps'])} step(s), each from the same state; loss, every "
+                   f"gradient, the optimizer's update and the running statistics within tolerance (gradients: "
+                   f"relative norm error <= {tol['gradient']:g} or the tensor's own noise)")
+        return out
+    bad = next(s for s in v["steps"] if not s["ok"])
+    out.append(f"[bold red]MISMATCH with ONNX Runtime[/] at step {bad['step']} "
+               f"(later steps not compared); beyond tolerance:")
+    out += [f"  {f}" for f in bad["failures"][:5]]
+    fd = bad["first_difference"]
+    if fd is not None:
+        at = f" computed by node {fd['node']!r}" if fd["node"] else ""
+        out.append(f"first value in execution order that differs: {fd['kind']} {fd['name']}{at} "
+                   f"(relative norm error {fd['error']:.3g}, tolerance {fd['tolerance']:.3g})")
+    if bad["explanation"]:
+        out.append(f"  {bad['explanation']}")
+    return out

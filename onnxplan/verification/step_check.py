@@ -1,0 +1,288 @@
+"""`run --verify`: each training step of a plan compared with ONNX Runtime from the same state.
+
+Per step k (our executor runs the plan exactly as `run` does: arena, swap, recompute):
+  1. our state before the step (every parameter, AdamW's moments, the step count) is read out
+     and ONNX Runtime's training model runs one step from it (onnxplan.verification.ort_step):
+     both sides start from the same state, so rounding differences never compound over steps;
+  2. our step runs with ONNX Runtime's random values (Dropout keep-masks, Random*Like outputs)
+     given to our random ops; right before each optimizer node, a per-node hook records our
+     gradient and replaces it with ONNX Runtime's, so
+  3. the loss and every gradient are compared by relative norm error (tolerances below), the
+     optimizer's update (parameters and moments) against ONNX Runtime's optimizer model run on
+     the same state and the same gradients, and the BatchNorm running statistics;
+  4. on a failure, the step is run again from the same state on both sides with every
+     intermediate value of ONNX Runtime's training model exposed, ours compared node by node
+     in execution order: the first value beyond tolerance names the node that computed it.
+
+Tolerances (measured on correct runs of the zoo, reports/verify.md): our kernels against ONNX
+Runtime from the same state differ by <= 5e-6 relative norm in a gradient, except where a
+pre-activation within rounding of zero flips a ReLU (one element of resnet18's layer1 moved the
+bias gradients by up to 4.3e-3); hence 3e-2 for gradients and intermediates. A gradient that
+is zero in exact arithmetic (attention key biases) is pure rounding on both sides, so each
+tensor's tolerance is also at least 10x its own noise: ONNX Runtime against itself from the
+state with every float input and parameter moved one ulp at random. The optimizer's update on
+identical inputs agrees to ~2 ulp (2.3e-7 of the tensor's magnitude): tolerance 1e-5. Running
+statistics from the same state agree to <= 1e-6: tolerance 1e-4. Planted bugs move a tensor by
+far more (tests/test_verify_faults.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxplan.executor.compare import rel_norm_error, update_error
+from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, Executor, _download, _upload, initial_parameters
+from onnxplan.verification.ort_step import OrtOptimizerStep, OrtTrainingStep
+
+__all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
+
+# relative norm error per tensor (loss: relative error), and the optimizer's per-element error
+# relative to the largest magnitude of the tensor it updates
+TOLERANCES = {"loss": 1e-5, "gradient": 3e-2, "running": 1e-4, "update": 1e-5, "intermediate": 3e-2}
+NOISE_FACTOR = 10.0  # ... or this many times the tensor's own rounding noise in this step, if larger
+
+
+@dataclass
+class Check:
+    """One compared tensor."""
+
+    kind: str  # loss, gradient, update, running, intermediate
+    name: str
+    error: float
+    tolerance: float
+    node: str = ""  # the node that computed our value (ours: EO order), where known
+
+    @property
+    def ok(self) -> bool:
+        return self.error <= self.tolerance
+
+    def __str__(self) -> str:
+        at = f" (node {self.node!r})" if self.node else ""
+        return f"{self.kind} {self.name}{at}: error {self.error:.3g}, {self.error / self.tolerance:.3g}x tolerance"
+
+
+@dataclass
+class StepReport:
+    step: int
+    loss: float
+    ort_loss: float
+    checks: dict[str, Check]  # per kind: the worst
+    failures: list[Check] = field(default_factory=list)
+    first_difference: Check | None = None  # on a failure: the first value in EO beyond tolerance
+    explanation: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def as_dict(self) -> dict:
+        return {"step": self.step, "ok": self.ok, "loss": self.loss, "ort_loss": self.ort_loss,
+                "loss_error": self.checks["loss"].error,
+                "worst": {k: {**asdict(c), "ok": c.ok} for k, c in self.checks.items()},
+                "failures": [str(c) for c in self.failures],
+                "first_difference": (None if self.first_difference is None
+                                     else {**asdict(self.first_difference), "ok": False}),
+                "explanation": self.explanation}
+
+
+@dataclass
+class Verification:
+    ok: bool
+    steps: list[StepReport]
+    tolerances: dict[str, float]
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "tolerances": dict(self.tolerances), "steps": [s.as_dict() for s in self.steps]}
+
+    def summary(self) -> str:
+        bad = next((s for s in self.steps if not s.ok), None)
+        if bad is None:
+            return f"{len(self.steps)} step(s) match ONNX Runtime"
+        where = bad.first_difference or bad.failures[0]
+        return f"step {bad.step}: {where}" + (f"; {bad.explanation}" if bad.explanation else "")
+
+
+class _Hooks:
+    """The per-node hook: capture and replace gradients before the optimizer; compare every
+    output with ONNX Runtime's in a traced step."""
+
+    def __init__(self, grad_names: set[str], xp: Any) -> None:
+        self.grad_names, self.xp = grad_names, xp
+        self.captured: dict[str, np.ndarray] = {}
+        self.replace: dict[str, np.ndarray] = {}  # our gradient name -> the value to use
+        self.reference: dict[str, np.ndarray] | None = None  # traced step: ORT's intermediates
+        self.first: Check | None = None
+
+    def wrap(self, node, fn):
+        grads = [k for k, i in enumerate(node.inputs) if i in self.grad_names]
+
+        def run(ctx, inputs, outputs):
+            for k in grads:
+                name = node.inputs[k]
+                self.captured[name] = _download(inputs[k])
+                if name in self.replace:
+                    _upload(self.xp, inputs[k], self.replace[name])
+            fn(ctx, inputs, outputs)
+            if self.reference is not None and self.first is None:
+                self._compare(node, outputs)
+
+        return run
+
+    def _compare(self, node, outputs) -> None:
+        for name, arr in zip(node.outputs, outputs):
+            want = self.reference.get(name.split("@")[0]) if name else None
+            if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
+                continue
+            err = rel_norm_error(_download(arr), want)
+            if err > TOLERANCES["intermediate"]:
+                self.first = Check("intermediate", name, err, TOLERANCES["intermediate"], node.name)
+                return
+
+
+class StepVerifier:
+    """Our executor and ONNX Runtime's models, stepped together."""
+
+    def __init__(self, graph, plan, folder: Path, *, xp: Any = np, learning_rate: float | None = None,
+                 swap_dir=None, check_arena: bool = False) -> None:
+        self.graph, self.folder = graph, Path(folder)
+        self.params = list(graph.optimizer["params"])
+        self.grad_name = dict(zip(self.params, graph.optimizer["grads"]))
+        self.hooks = _Hooks(set(self.grad_name.values()), xp)
+        self.ex = Executor(graph, plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir, wrap=self.hooks.wrap)
+        self.lr = float(learning_rate) if learning_rate is not None else DEFAULT_LEARNING_RATE
+        self.ex.learning_rate = self.lr
+        self.ort = OrtTrainingStep(self.folder)
+        self.ort_opt = OrtOptimizerStep(self.folder)
+        self.optimizer_node = {p: n.name for n in graph.nodes if n.phase == "optimizer"
+                               for p in self.params if p in n.inputs}
+        self.stat_node = {}  # running statistic -> the node that updates it
+        for n in graph.nodes:
+            for r in self.ort.running_of:
+                if r in n.inputs and n.name not in self.stat_node.values():
+                    self.stat_node.setdefault(r, n.name)
+
+    def close(self) -> None:
+        if self.ex.swap is not None:
+            self.ex.swap.close()
+
+    def start(self, params: dict[str, np.ndarray]) -> None:
+        self.ex.load_state(params)
+
+    def _our_step(self, batch, ort_step, reference=None) -> float:
+        h = self.hooks
+        h.captured, h.first, h.reference = {}, None, reference
+        h.replace = {self.grad_name[p]: g for p, g in ort_step.grads.items() if p in self.grad_name}
+        self.ex.random.given = dict(ort_step.random)
+        try:
+            return self.ex.step(batch)
+        finally:
+            h.reference, self.ex.random.given = None, {}
+
+    def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
+        ex, tol = self.ex, TOLERANCES
+        params, moments, done = ex.parameters(), ex.optimizer_state(), ex.steps_done
+        ort = self.ort.run(params, batch)
+        noise = self._noise(params, batch, ort)
+        loss = self._our_step(batch, ort)
+        new_params, new_moments = ex.parameters(), ex.optimizer_state()
+        ort_new = self.ort_opt.run(self.params, self.lr, done + 1, params, ort.grads, moments)
+
+        checks: list[Check] = [Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), tol["loss"])]
+        checks[0].tolerance = max(tol["loss"], NOISE_FACTOR * noise["loss"])
+        for p in self.params:
+            ours = self.hooks.captured.get(self.grad_name[p])
+            err = float("inf") if ours is None else rel_norm_error(ours, ort.grads[p])
+            t = max(tol["gradient"], NOISE_FACTOR * noise[("gradient", p)])
+            checks.append(Check("gradient", p, err, t, self.optimizer_node.get(p, "")))
+        for name, want in ort_new.items():
+            got = new_params.get(name, new_moments.get(name))
+            p = name.split(".exp_avg")[0]
+            err = float("inf") if got is None else update_error(got, want, want)[0]
+            checks.append(Check("update", name, err, tol["update"], self.optimizer_node.get(p, "")))
+        for name, want in ort.running.items():
+            got = new_params.get(name)
+            err = float("inf") if got is None else rel_norm_error(got, want)
+            t = max(tol["running"], NOISE_FACTOR * noise[("running", name)])
+            checks.append(Check("running", name, err, t, self.stat_node.get(name, "")))
+
+        worst: dict[str, Check] = {}
+        for c in checks:
+            if c.kind not in worst or c.error / c.tolerance > worst[c.kind].error / worst[c.kind].tolerance:
+                worst[c.kind] = c
+        failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
+        rep = StepReport(k, loss, ort.loss, worst, failures)
+        if failures:
+            self._explain(rep, batch, params, moments, done)
+        return rep
+
+    def _noise(self, params, batch, ort):
+        """ONNX Runtime against itself from the state with every float input and parameter moved
+        by one ulp up or down at random (x * (1 ± 2^-23), seeded), with the same random values:
+        the error a change at rounding level makes in each tensor of this step. (A coherent
+        nudge, every element the same way, would scale pre-activations and never flip a sign.)"""
+        rng = np.random.default_rng(12345)
+
+        def nudge(d):
+            out = {}
+            for k, v in d.items():
+                if v.dtype.kind == "f":
+                    sign = rng.integers(0, 2, v.shape, dtype=np.int8) * 2 - 1
+                    v = (v * (1 + sign.astype(v.dtype) * v.dtype.type(2 ** -23))).astype(v.dtype)
+                out[k] = v
+            return out
+
+        other = self.ort.run(nudge(params), nudge(batch), given=ort.random)
+        out = {"loss": abs(other.loss - ort.loss) / max(abs(ort.loss), 1e-12)}
+        out.update({("gradient", p): rel_norm_error(other.grads[p], g) for p, g in ort.grads.items()})
+        out.update({("running", r): rel_norm_error(other.running[r], v) for r, v in ort.running.items()})
+        return out
+
+    def _explain(self, rep: StepReport, batch, params, moments, done) -> None:
+        """Both sides again from the same state, ONNX Runtime exposing every intermediate; ours
+        compared node by node in EO (gradients replaced by ORT's as before, so the optimizer
+        nodes read what ORT computed)."""
+        self.ex.load_state(params, moments, done)
+        ort = self.ort.run(params, batch, expose_all=True)
+        self._our_step(batch, ort, reference=ort.values)
+        first = self.hooks.first
+        if first is not None:
+            rep.first_difference = first
+            return
+        kinds = {c.kind for c in rep.failures}
+        if kinds <= {"update"}:
+            rep.explanation = ("every value of the training step matches; the optimizer's update differs "
+                               "on identical inputs")
+        elif kinds <= {"update", "running"}:
+            rep.explanation = "the forward and backward values match; the state update differs"
+        else:
+            rep.explanation = "no single intermediate differs beyond tolerance; the differences accumulate"
+        rep.first_difference = rep.failures[0]
+
+
+def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | None = None, xp: Any = np,
+               swap_dir=None, check_arena: bool = False, batches: list | None = None) -> Verification:
+    """Verify `steps` steps of a prepared plan from the artifacts' checkpoint, on the seeded
+    step data (as `run`). Stops after the first failing step (later steps would start from a
+    state the failure produced)."""
+    import onnxruntime
+
+    from onnxplan.executor.runner import step_batches
+
+    onnxruntime.set_default_logger_severity(3)
+    batches = batches if batches is not None else step_batches(prepared.folder, steps, seed)
+    v = StepVerifier(prepared.graph, prepared.plan, prepared.folder, xp=xp, learning_rate=learning_rate,
+                     swap_dir=swap_dir, check_arena=check_arena)
+    try:
+        v.start(initial_parameters(prepared.folder))
+        reports: list[StepReport] = []
+        for k in range(steps):
+            reports.append(v.step(k, batches[k]))
+            if not reports[-1].ok:
+                break
+    finally:
+        v.close()
+    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES))

@@ -1,0 +1,137 @@
+"""`run --verify` is right when the run is right and wrong when it is wrong: it passes on correct
+plans (plain, swap, recompute) and fails on planted bugs of six kinds, naming the node."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from onnxplan.executor.prepare import Prepared
+from onnxplan.kernels.registry import find_decl
+from onnxplan.planning import PlanOptions
+from onnxplan.resolve import ModelRequest
+from onnxplan.verification.step_check import verify_run
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def _prepared(name: str, batch: int, optimizer: str, *, swap: str | None = None, checkpoint: str | None = None,
+              budget: int | None = None) -> Prepared:
+    from onnxplan.cli.run_cmd import _prepare_planned
+
+    opts = PlanOptions(swap=swap or "none", budget=budget) if swap else PlanOptions()
+    return _prepared_with(ModelRequest(name, batch, optimizer), opts, checkpoint, swap, _prepare_planned)
+
+
+def _prepared_with(req, opts, checkpoint, swap, planner):
+    return planner(req, opts, checkpoint, swap)
+
+
+def _failure(prep: Prepared, steps: int = 1):
+    v = verify_run(prep, steps=steps)
+    assert not v.ok, "a planted fault passed verification"
+    bad = next(s for s in v.steps if not s.ok)
+    assert bad.first_difference is not None
+    return bad.first_difference
+
+
+def _patch_kernel(monkeypatch, graph, op: str, domain: str, make):
+    node = next(n for n in graph.nodes if n.op_type == op and n.domain == domain)
+    decl = find_decl(domain, op, graph.opsets.get(domain))
+    monkeypatch.setattr(decl, "fn", make(decl.fn))
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return _prepared("mlp", 2, "sgd")
+
+
+def test_correct_runs_pass(mlp):
+    v = verify_run(mlp, steps=2)
+    assert v.ok, v.summary()
+
+
+def test_gradient_sign_on_part_of_output(monkeypatch, mlp):
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs, outputs)
+            out = outputs[0].reshape(-1)
+            out[: out.size // 4] *= -1
+        return bad
+
+    _patch_kernel(monkeypatch, mlp.graph, "ReluGrad", "com.microsoft", make)
+    first = _failure(mlp)
+    assert first.node == "relu2_Grad/ReluGrad_0"  # the first ReluGrad in execution order
+
+
+def test_overlapped_live_buffers(mlp):
+    bufs = {b.name: b for b in mlp.plan.buffers}
+    a, b = bufs["fc2"], bufs["relu2_grad"]  # both live over EO 10..20
+    assert a.first_eo <= b.last_eo and b.first_eo <= a.last_eo
+    moved = [dataclasses.replace(x, offset=a.offset) if x.name == b.name else x for x in mlp.plan.buffers]
+    bad = Prepared(mlp.folder, mlp.graph, dataclasses.replace(mlp.plan, buffers=tuple(moved)))
+    first = _failure(bad)
+    assert first.node == "relu2_Grad/ReluGrad_0"  # reads relu2 (buffer fc2) after relu2_grad clobbered it
+
+
+@pytest.mark.slow
+def test_dropped_accumulation(monkeypatch):
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs[:-1], outputs)  # the last term of the sum is dropped
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "Sum", "", make)
+    first = _failure(prep)
+    order = [n for n in prep.plan.order]
+    sums = [n.name for n in prep.graph.nodes if n.op_type == "Sum"]
+    assert first.node == min(sums, key=order.index)
+
+
+@pytest.mark.slow
+def test_wrong_conv_stride(monkeypatch):
+    prep = _prepared("resnet18", 2, "sgd")
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            if list(ctx.attrs.get("strides", [1, 1])) == [2, 2]:  # sample the odd positions
+                x = np.roll(inputs[0], -1, axis=-1)
+                return fn(ctx, [x, *inputs[1:]], outputs)
+            return fn(ctx, inputs, outputs)
+        return bad
+
+    _patch_kernel(monkeypatch, prep.graph, "Conv", "", make)
+    first = _failure(prep)
+    strided = [n.name for n in prep.graph.nodes if n.op_type == "Conv" and list(n.attrs.get("strides", [1, 1])) == [2, 2]]
+    assert first.node == min(strided, key=list(prep.plan.order).index)
+
+
+@pytest.mark.slow
+def test_recompute_reads_wrong_value():
+    prep = _prepared("resnet18", 2, "sgd", checkpoint="sqrt")
+    copies = [n for n in prep.graph.nodes if "@rc" in n.name and n.op_type == "Relu"]
+    assert copies, "the sqrt schedule recomputes no Relu"
+    victim = copies[0]
+    spec = prep.graph.values[victim.inputs[0]].spec
+    wrong = next(v for v, val in prep.graph.values.items()
+                 if val.spec == spec and v != victim.inputs[0] and v.split("@")[0] != victim.inputs[0].split("@")[0]
+                 and val.vclass.value == "activation")
+    victim.inputs[0] = wrong
+    first = _failure(prep)
+    assert first.node.startswith(victim.name.split("@")[0])
+
+
+def test_stale_swap_in(monkeypatch):
+    from onnxplan.executor.swap_io import SwapRuntime
+
+    prep = _prepared("mlp", 2, "sgd", swap="on-demand", budget=None)
+    if not prep.plan.swaps:
+        pytest.skip("no swap planned")
+    monkeypatch.setattr(SwapRuntime, "_swap_in", lambda self, name: (lambda ctx, inputs, outputs: None))
+    first = _failure(prep)
+    readers = {n.name for n in prep.graph.nodes if any("@in" in i or "@start" in i for i in n.inputs)}
+    assert first.node in readers
