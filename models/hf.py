@@ -40,6 +40,9 @@ NUM_LABELS = 10
 VOCAB = 100
 SEQ = 16
 IMAGE = 32
+# transformers' default SDPA attention exports its attention dropout inert (TorchScript: a Dropout
+# without training_mode) or not at all (dynamo); eager attention keeps it active, as training runs it
+ATTENTION = "eager"
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ def _vit():
     t = _tf()
     cfg = t.ViTConfig(image_size=IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2,
                       num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.1,
-                      attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS)
+                      attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.ViTForImageClassification(cfg))
 
 
@@ -163,7 +166,8 @@ def _swin():
     t = _tf()
     cfg = t.SwinConfig(image_size=IMAGE, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
                        window_size=4, mlp_ratio=2.0, hidden_dropout_prob=0.1,
-                       attention_probs_dropout_prob=0.1, drop_path_rate=0.1, num_labels=NUM_LABELS)
+                       attention_probs_dropout_prob=0.1, drop_path_rate=0.1, num_labels=NUM_LABELS,
+                       attn_implementation=ATTENTION)
     return _logits_module(t.SwinForImageClassification(cfg))
 
 
@@ -171,7 +175,7 @@ def _bert():
     t = _tf()
     cfg = t.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
-                       attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS)
+                       attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.BertForSequenceClassification(cfg))
 
 
@@ -179,7 +183,7 @@ def _distilbert():
     t = _tf()
     cfg = t.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
                              max_position_embeddings=64, dropout=0.1, attention_dropout=0.1,
-                             seq_classif_dropout=0.2, num_labels=NUM_LABELS)
+                             seq_classif_dropout=0.2, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.DistilBertForSequenceClassification(cfg))
 
 
@@ -188,7 +192,7 @@ def _albert():
     cfg = t.AlbertConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
                          num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
                          hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                         classifier_dropout_prob=0.1, num_labels=NUM_LABELS)
+                         classifier_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.AlbertForSequenceClassification(cfg))
 
 
@@ -196,7 +200,8 @@ def _roberta():
     t = _tf()
     cfg = t.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
-                          attention_probs_dropout_prob=0.1, pad_token_id=1, num_labels=NUM_LABELS)
+                          attention_probs_dropout_prob=0.1, pad_token_id=1, num_labels=NUM_LABELS,
+                          attn_implementation=ATTENTION)
     return _logits_module(t.RobertaForSequenceClassification(cfg))
 
 
@@ -204,7 +209,7 @@ def _gpt2():
     t = _tf()
     cfg = t.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.1,
                        embd_pdrop=0.1, attn_pdrop=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                       num_labels=NUM_LABELS)
+                       num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.GPT2ForSequenceClassification(cfg))
 
 
@@ -212,14 +217,15 @@ def _llama():
     t = _tf()
     cfg = t.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        attention_dropout=0.1, use_cache=False)
+                        attention_dropout=0.1, use_cache=False, attn_implementation=ATTENTION)
     return _logits_module(t.LlamaForCausalLM(cfg), flatten=True, with_mask=True)
 
 
 def _t5_encoder():
     t = _tf()
     cfg = t.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-                     dropout_rate=0.1, classifier_dropout=0.1, use_cache=False, is_encoder_decoder=False)
+                     dropout_rate=0.1, classifier_dropout=0.1, use_cache=False, is_encoder_decoder=False,
+                     attn_implementation=ATTENTION)
     return _t5_encoder_classifier(cfg)
 
 
@@ -369,7 +375,7 @@ def export_forward(name: str, batch: int | None = None, cache_dir: Path | None =
         model = build_torch_model(spec)
         _export(model, example_inputs(spec, batch), Path(tmp), exporter, _input_name(spec))
         os.replace(tmp, path)
-    except Exception as exc:  # the exporters raise many types; one line for the user
+    except Exception as exc:  # noqa: BLE001 - the exporters raise many types; one line for the user
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelError(f"exporting {name} with the {exporter} exporter failed: {detail}") from None
     finally:

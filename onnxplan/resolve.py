@@ -33,6 +33,10 @@ def _looks_like_path(text: str) -> bool:
 def resolve_artifacts(req: ModelRequest) -> Path:
     """The artifact folder for a request, building artifacts into the cache when needed."""
     path = Path(req.model)
+    from onnxplan.models.hf import export_forward, is_hf_name
+
+    if is_hf_name(req.model) and not path.exists():  # the corpus: a user's export, as a user's file
+        path = export_forward(req.model, batch=req.batch)
     if (req.train or req.freeze) and not path.is_file():
         raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
                          f"'{req.model}' is not one")
@@ -55,14 +59,6 @@ def resolve_artifacts(req: ModelRequest) -> Path:
             train=list(req.train), freeze=list(req.freeze),
         )
     from onnxplan.models import build_forward, list_models
-    from onnxplan.models.hf import export_forward, is_hf_name
-
-    if is_hf_name(req.model):  # the corpus: a user's export, through the forward-model path
-        path = export_forward(req.model, batch=req.batch)
-        from onnxplan.artifacts import generate_from_onnx
-
-        return generate_from_onnx(path, loss=req.loss or "ce", optimizer=req.optimizer or "adamw",
-                                  dims=dict(req.dims))
     names = [m.name for m in list_models()]
     if req.model in names and not _looks_like_path(req.model):
         from onnxplan.artifacts import build_artifacts
