@@ -61,7 +61,8 @@ def model_request(model: str, batch: int | None, optimizer: str | None, loss: st
     for option, globs in (("--train", train), ("--freeze", freeze)):
         if any(not g for g in globs or []):
             raise UsageError(f"invalid {option} '': expected a glob over initializer names, e.g. 'fc.*'")
-    return ModelRequest(model, batch, optimizer, loss, parse_dims(dims), tuple(train or ()), tuple(freeze or ()))
+    return ModelRequest(model, batch, optimizer, loss, parse_dims(dims), tuple(train or ()),
+                        tuple(freeze or ()))
 
 
 TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."

@@ -132,10 +132,30 @@ def _gelu(e, node, x, y):
     e.op("Mul", e.op("Mul", x, e.const(0.5)), one_plus, out=y)
 
 
+def _sum_of(e: _Emit, node, out: str | None = None) -> str:
+    terms = [i for i in node.input if i]
+    if len(terms) == 1:
+        return e.op("Identity", terms[0], out=out)
+    acc = terms[0]
+    for k, t in enumerate(terms[1:], start=2):
+        acc = e.op("Add", acc, t, out=out if k == len(terms) else None)
+    return acc
+
+
+def _sum(e, node, x, y):
+    _sum_of(e, node, out=y)
+
+
+def _mean(e, node, x, y):
+    n = len([i for i in node.input if i])
+    e.op("Div", _sum_of(e, node), e.const(float(n)), out=y)
+
+
 # op type -> builder(emit, node, x, y); every emitted op has an ORT gradient
 DECOMPOSITIONS: dict[str, Callable] = {
     "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Softplus": _softplus, "Mish": _mish,
     "Elu": _elu, "Selu": _selu, "Celu": _celu, "Softsign": _softsign, "PRelu": _prelu, "Gelu": _gelu,
+    "Sum": _sum, "Mean": _mean,
 }
 
 

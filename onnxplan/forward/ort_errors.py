@@ -17,7 +17,7 @@ _STATUS = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
 # "/onnxruntime_src/.../file.cc:123 <C++ signature> <condition> was false. <message>"
 _LOCATION = re.compile(r"/onnxruntime_src/\S+?/([\w.]+:\d+)\s+")
 _NO_BUILDER = re.compile(r"gradient builder has not been registered:\s*(\S+)\s+for node\s*(.*)$")
-_LOAD = re.compile(r"Load model from \S+ failed:\s*")
+_LOAD = re.compile(r"Load model from (\S+) failed:\s*")
 _SHORT_LOCATION = re.compile(r"^[\w.-]+\.(?:cc|h|cpp):\d+\s+(?:[A-Z]\w*\s+(?=[A-Z]))?")
 _NEW_OPSET = re.compile(r"Opset (\d+) is under development.*?support for domain (\S+) is till opset (\d+)")
 _UNREGISTERED = re.compile(r"(?:Fatal error:\s*)?([\w.]+):(\w+)\(-?\d+\) is not a registered function/op")
@@ -53,6 +53,12 @@ def _strip_signature(text: str) -> str:
 
 def ort_cause(text: str) -> str:
     """The cause in an ONNX Runtime exception text (or C++ log line), on one line, untruncated."""
+    loading = _LOAD.search(" ".join(str(text).split()))
+    cause = _cause(text)
+    return f"{cause} (loading {Path(loading.group(1)).name})" if loading else cause
+
+
+def _cause(text: str) -> str:
     text = " ".join(str(text).split())
     status = list(_STATUS.finditer(text))
     if status:  # what follows ORT's status marker is the message; before it, a pybind location

@@ -17,7 +17,7 @@ import onnx
 from onnxplan.forward.complete import complete_outputs
 from onnxplan.forward.decompose import decompose, value_types
 from onnxplan.forward.normalize import convert_opset, normalize
-from onnxplan.forward.select import select_parameters
+from onnxplan.forward.select import select_parameters, torch_kinds
 from onnxplan.forward.shapes import fix_shapes
 from onnxplan.models import ForwardModel, InputSpec
 from onnxplan.models._spec import labels_for_output
@@ -45,6 +45,7 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
                     freeze: list[str] | None = None) -> ForwardModel:
     """The ForwardModel for a user's forward model (not modified); its `prep` says what was done."""
     model = copy.deepcopy(model)
+    kinds = torch_kinds(model.graph)  # value_info is rebuilt below
     notes: list[str] = []
     synthetic: set[str] = set()
     model = normalize(model, notes)
@@ -54,7 +55,13 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     init_names = {t.name for t in model.graph.initializer}
     shapes = fix_shapes(model, init_names, dict(dims or {}), batch, name, notes)
     types = value_types(model)
-    sel = select_parameters(model, types, train, freeze, synthetic)
+    sel = select_parameters(model, types, train, freeze, synthetic, kinds)
+    derived = [n for n in sel.trained if kinds and n not in kinds]
+    if derived:
+        notes.append(f"trained {len(derived)} unannotated initializer(s) the exporter derived from "
+                     f"parameters "
+                     f"({', '.join(derived[:3])}{', ...' if len(derived) > 3 else ''}); export with "
+                     f"optimize=False to keep the parameter names")
     specs = []
     for vi in model.graph.input:
         if vi.name in init_names:

@@ -2,8 +2,9 @@
 
 A backward reachability over the graph from the output, following only inputs ORT
 differentiates (onnxplan.forward.gradients) and float values. Of the float initializers
-reached, the parameters are trained: with a dynamo export's annotations, those it marks
-PARAMETER (not buffers or lifted constants); otherwise all but rank-0 scalars. BatchNorm
+reached, the parameters are trained: those a dynamo export annotates PARAMETER (never those
+it annotates as buffers or lifted constants), and the unannotated ones (TorchScript exports,
+weights the dynamo optimizer folded, e.g. pre-transposed) except rank-0 scalars. BatchNorm
 running statistics are frozen parameters (checkpointed, never differentiated); everything
 else stays a constant. --train GLOB restricts training to matching initializers, --freeze
 GLOB excludes them; both match initializer names with fnmatch.
@@ -19,7 +20,7 @@ import onnx
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.forward.gradients import FLOAT_TYPES, ORT_TRAINING, differentiable_positions, has_gradient
 
-__all__ = ["Selection", "select_parameters", "TORCH_KIND"]
+__all__ = ["Selection", "select_parameters", "TORCH_KIND", "torch_kinds"]
 
 TORCH_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 
@@ -64,7 +65,9 @@ def _reach_loss(graph: onnx.GraphProto, types: dict[str, int]) -> set[str]:
     return reach
 
 
-def _torch_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+def torch_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+    """A dynamo export's initializer kinds (PARAMETER, BUFFER, CONSTANT_TENSOR...) by name; read
+    them before anything clears value_info."""
     kinds = {}
     for vi in (*graph.value_info, *graph.input):
         for p in vi.metadata_props:
@@ -101,20 +104,18 @@ def _check_path(graph: onnx.GraphProto, types: dict[str, int], trained: list[str
 
 
 def select_parameters(model: onnx.ModelProto, types: dict[str, int], train: list[str] | None = None,
-                      freeze: list[str] | None = None, synthetic: set[str] | frozenset = frozenset()
-                      ) -> Selection:
+                      freeze: list[str] | None = None, synthetic: set[str] | frozenset = frozenset(),
+                      kinds: dict[str, str] | None = None) -> Selection:
     graph = model.graph
     inits = [t for t in graph.initializer]
     names = [t.name for t in inits]
     reach = _reach_loss(graph, types)
     reachable = [t.name for t in inits if t.data_type in FLOAT_TYPES and t.name in reach
                  and t.name not in synthetic]
-    kinds = _torch_kinds(graph)
+    kinds = torch_kinds(graph) if kinds is None else kinds
     by_name = {t.name: t for t in inits}
-    if kinds:
-        params = [n for n in reachable if kinds.get(n) == "PARAMETER"]
-    else:
-        params = [n for n in reachable if len(by_name[n].dims) > 0]
+    params = [n for n in reachable if kinds.get(n) == "PARAMETER"
+              or (n not in kinds and len(by_name[n].dims) > 0)]
     train_hit = _match(list(train or []), names, "--train")
     freeze_hit = _match(list(freeze or []), names, "--freeze")
     if train:

@@ -3,9 +3,11 @@ a model exported with a fixed batch, verified by strict ONNX shape inference."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
+import numpy as np
 import onnx
 
 from onnxplan.errors import DynamicDimError, ModelError
@@ -62,6 +64,73 @@ def _fixed_batch(inputs: list[onnx.ValueInfoProto]) -> int | None:
 
 def _infer(model: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
+
+
+_FOLD_LIMIT = 1 << 16  # elements: shape arithmetic, never weights
+_NO_FOLD = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
+                      "Multinomial", "Bernoulli", "Dropout"})
+
+
+def _eval_node(node: onnx.NodeProto, feeds: dict, opsets) -> list | None:
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+           for n, v in feeds.items()]
+    outs = [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o]
+    mini = helper.make_model(helper.make_graph([node], "fold", ins, outs), opset_imports=list(opsets))
+    try:
+        return ReferenceEvaluator(mini).run(None, feeds)
+    except Exception:  # noqa: BLE001 - anything it cannot evaluate stays a node
+        return None
+
+
+def fold_shape_subgraphs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with its shape arithmetic evaluated (Shape of static values, and small
+    nodes whose inputs are all constant): what onnx shape inference's data propagation misses
+    (Cast, Max, Mod... on shapes), so the copy's inferred shapes are static where the model's
+    are. Only for checking shapes: the model ORT trains keeps its nodes."""
+    import copy
+
+    from onnx import numpy_helper
+
+    model = copy.deepcopy(model)
+    graph = model.graph
+    consts = {t.name: t for t in graph.initializer}
+    for _ in range(16):
+        inferred = _infer(model, strict=False)
+        static = {}
+        for vi in (*inferred.graph.input, *inferred.graph.value_info):
+            d = _dims(vi)
+            if vi.type.tensor_type.HasField("shape") and all(x.HasField("dim_value") for x in d):
+                static[vi.name] = [x.dim_value for x in d]
+        kept, folded = [], False
+        for node in graph.node:
+            out = None
+            if node.domain in ("", "ai.onnx") and node.op_type == "Shape" and node.input[0] in static:
+                dims = np.array(static[node.input[0]], np.int64)
+                start = next((a.i for a in node.attribute if a.name == "start"), 0)
+                end = next((a.i for a in node.attribute if a.name == "end"), len(dims))
+                out = [dims[start:end]]
+            elif (node.domain in ("", "ai.onnx") and node.op_type not in _NO_FOLD
+                  and not any(a.HasField("g") or a.graphs for a in node.attribute)
+                  and all(not i or i in consts for i in node.input)
+                  and sum(int(np.prod(consts[i].dims)) for i in node.input if i) <= _FOLD_LIMIT):
+                feeds = {i: numpy_helper.to_array(consts[i]) for i in node.input if i}
+                out = _eval_node(node, feeds, model.opset_import)
+            if out is None or any(np.asarray(v).size > _FOLD_LIMIT for v in out):
+                kept.append(node)
+                continue
+            for name, value in zip([o for o in node.output if o], out):
+                t = numpy_helper.from_array(np.asarray(value), name)
+                graph.initializer.append(t)
+                consts[name] = t
+            folded = True
+        del graph.node[:]
+        graph.node.extend(kept)
+        if not folded:
+            break
+    return model
 
 
 def _unshaped(inferred: onnx.ModelProto) -> list[str]:
@@ -131,6 +200,16 @@ def _batch_following_reshapes(model: onnx.ModelProto, exported: int) -> int:
     return count
 
 
+_INFER_ERROR = re.compile(r"\(op_type:(\w+), node name: ([^)]*)\): \[\w+\] (.*?)(?= \(op_type:|$)")
+
+
+def _first_inference_error(text: str) -> str:
+    """The first of onnx's shape inference errors, as 'Op node N: message'."""
+    text = " ".join(text.split())
+    m = _INFER_ERROR.search(text)
+    return f"{m.group(1)} node {m.group(2)}: {m.group(3).strip()}" if m else text
+
+
 def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, int],
                batch: int | None, name: str, notes: list[str]) -> StaticShapes:
     """Give every data input and the output a static shape, in place.
@@ -157,34 +236,34 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
         shapes[vi.name] = shape
         _set_shape(vi, shape)
     out = graph.output[0]
-    declared = _dims(out)
+    try:  # the declared output shape, dynamic dims resolved as the inputs' (a fallback only)
+        declared = _input_shape(out, dims, batch) if out.type.tensor_type.HasField("shape") else None
+    except DynamicDimError:
+        declared = None
     del graph.value_info[:]  # stale symbolic hints: inference recomputes them
     out.type.tensor_type.ClearField("shape")
     refuse = f"cannot re-batch {name} from its exported batch {exported} to --batch {batch}"
+    folded = fold_shape_subgraphs(model)
     try:
-        inferred = _infer(model, strict=True)
+        inferred = _infer(folded, strict=True)
     except Exception as exc:  # noqa: BLE001 - onnx raises InferenceError / ValidationError
-        cause = " ".join(str(exc).split())
+        cause = _first_inference_error(str(exc))
         if rebatch:
             raise ModelError(f"{refuse}: shape inference fails ({cause})") from None
-        inferred = _infer(model, strict=False)
+        inferred = _infer(folded, strict=False)
     if rebatch:
         missing = _unshaped(inferred)
         if missing:
             raise ModelError(f"{refuse}: shape inference leaves {len(missing)} value(s) without a static "
                              f"shape (first: {missing[0]})")
     got = inferred.graph.output[0].type.tensor_type
-    shape = []
-    for i, d in enumerate(got.shape.dim if got.HasField("shape") else []):
-        if d.HasField("dim_value"):
-            shape.append(d.dim_value)
-        elif i < len(declared) and declared[i].HasField("dim_value") and not rebatch:
-            shape.append(declared[i].dim_value)
-        else:
-            raise ModelError(f"the output '{out.name}' of {name} gets no static shape (dimension {i}); "
-                             f"give every dynamic dimension with --batch / --dim NAME=N")
-    if not shape and declared:
-        raise ModelError(f"the output '{out.name}' of {name} gets no static shape from shape inference")
+    shape = [d.dim_value if d.HasField("dim_value") else None for d in got.shape.dim] if got.HasField(
+        "shape") else None
+    if shape is None or None in shape:
+        if rebatch or declared is None:
+            raise ModelError(f"the output '{out.name}' of {name} gets no static shape; give every dynamic "
+                             f"dimension with --batch / --dim NAME=N")
+        shape = list(declared)  # an op onnx cannot infer (a contrib op): trust the declaration
     if rebatch:
         if not shape or shape[0] != batch:
             raise ModelError(f"{refuse}: the output's leading dimension stays {shape[0] if shape else '?'} "
