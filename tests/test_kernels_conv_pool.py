@@ -38,6 +38,12 @@ CONV_CASES = [
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 1]}),
     ((2, 3, 9, 8), (4, 3, 3, 2), {"auto_pad": "VALID"}),
+    # depthwise (group == C_in), with a channel multiplier, dilations, asymmetric pads, strides
+    ((2, 6, 9, 8), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),
+    ((2, 4, 9, 8), (8, 1, 3, 3), {"group": 4, "strides": [2, 2], "pads": [0, 1, 2, 1]}),
+    ((2, 4, 10, 9), (4, 1, 5, 3), {"group": 4, "dilations": [2, 3], "pads": [4, 3, 1, 2]}),
+    ((2, 6, 7, 7), (6, 2, 3, 3), {"group": 3, "strides": [2, 1], "pads": [1, 0, 1, 2]}),
+    ((2, 6, 7, 7), (6, 1, 1, 1), {"group": 6}),  # depthwise pointwise
 ]
 
 
@@ -103,6 +109,21 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
     outs = _conv_grad_outputs(x_shape, w_shape, y_shape, (1, 1, 1))
     expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
     for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), expected):
+        assert_sums_close(g, e)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 3, 120, 90), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [1, 2]}),  # row bands
+    ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per block
+])
+def test_depthwise_in_blocks(x_shape, w_shape, attrs):
+    rng = np.random.default_rng(8)
+    x, w = randn(rng, *x_shape), randn(rng, *w_shape)
+    (y,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [y], attrs)[0], y)
+    inputs = [randn(rng, *y.shape), x, w]
+    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
+    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
         assert_sums_close(g, e)
 
 

@@ -116,3 +116,20 @@ def test_matmul_kernels_allocate_no_temporaries(op, domain, a_shape, b_shape, at
     run, outputs = arena_run(op, [a, b], [("float32", out_shape)], attrs, domain)
     assert peak_bytes(run) < 16 * 1024  # the output is >= 256 KiB
     np.testing.assert_allclose(outputs[0], np.matmul(a_eff, b_eff), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij->ji", [(3, 4)]),
+    ("ii->i", [(4, 4)]), ("i,i", [(5,), (5,)]), ("...ij,...jk", [(2, 3, 4), (2, 4, 5)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]), ("ij", [(3, 4)]), ("ji", [(3, 4)]),
+])
+def test_einsum(equation, shapes):
+    from onnxplan.ir.shape_rules import find_rule
+    from onnxplan.ir.tensor import TensorSpec
+    from tests.kernel_harness import check, make_node, rand
+
+    inputs = [rand(*s) for s in shapes]
+    check("Einsum", inputs, {"equation": equation}, rtol=1e-5, atol=1e-5)
+    node = make_node("Einsum", inputs, 1, {"equation": equation})
+    (spec,) = find_rule("", "Einsum", 17)(node, [TensorSpec("float32", s) for s in shapes], {})
+    assert spec.shape == np.einsum(equation, *inputs).shape

@@ -65,3 +65,28 @@ def test_bias_gelu_and_its_grads():
     check("BiasGelu", [x, b], domain=MS, aliases=[(0, 0)])
     check("BiasGeluGrad_dX", [dy, x, b], domain=MS, aliases=[(0, 0), (0, 1)])
     check("BiasFastGeluGrad_dX", [dy, x, b], domain=MS, aliases=[(0, 0), (0, 1)], atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_onnx_gelu_at_opset_20(approximate):
+    """ai.onnx Gelu (opset 20, the dynamo exporter's) against ORT and the reference at opset 20."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxplan.ir.graph import Node
+    from onnxplan.kernels.registry import KernelContext, find_kernel
+
+    x = rand(7, 33, lo=-6, hi=6)
+    node = helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, x.shape)])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 20)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    wants = [session.run(None, {"x": x})[0], ReferenceEvaluator(model).run(None, {"x": x})[0]]
+    ours = Node("n", "Gelu", "", ["x"], ["y"], {"approximate": approximate})
+    got = np.full_like(x, np.nan)
+    find_kernel(ours, 20).fn(KernelContext(np, ours, [], []), [x], [got])
+    for want in wants:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

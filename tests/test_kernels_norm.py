@@ -208,3 +208,14 @@ def test_batch_norm_grad_matches_ort(shape, chunked, monkeypatch):
     got = run_kernel("BatchNormalizationGrad", inputs, [None, grads[1], grads[2]], {"epsilon": 1e-5}, MS)
     assert_sums_close(got[1], expected[1])
     assert_sums_close(got[2], expected[2])
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (3, 4, 7), (2, 2, 3, 3, 2), (1, 2, 130, 70)])
+def test_instance_norm_matches_ort_and_reference(shape):
+    rng = np.random.default_rng(11)
+    inputs = [randn(rng, *shape, scale=2.0, shift=1.0), randn(rng, shape[1]), randn(rng, shape[1])]
+    attrs = {"epsilon": 1e-3}
+    for want in (ort_run("InstanceNormalization", inputs, 1, attrs), ref_run("InstanceNormalization", inputs, 1, attrs)):
+        for alias in (None, (0, 0)):
+            got = run_kernel("InstanceNormalization", inputs, want, attrs, alias=alias)
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)

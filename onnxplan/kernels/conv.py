@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from onnxplan.ir.graph import Node
+from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -224,6 +225,80 @@ def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
     return window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
 
 
+def _depthwise(x_shape, group: int) -> bool:
+    """One input channel per group (depthwise, any channel multiplier): computed tap by tap on
+    the tensors themselves, with no columns."""
+    return group > 1 and int(x_shape[1]) == group
+
+
+def _depthwise_chunks(xp, dtype, n: int, c: int, per_row: int, rows_out: int):
+    """(images, channels, output rows) slices of the blocks a depthwise conv works in: each
+    block's [images, channels, multiplier, rows, rest] fits a block's temporaries."""
+    budget = _xp.block_elems(dtype, xp)
+    per_channel = per_row * rows_out
+    band = rows_out if per_channel <= budget else max(1, budget // per_row)
+    step_c = max(1, min(c, budget // per_channel)) if band == rows_out else 1
+    step_n = max(1, budget // (c * per_channel)) if step_c == c else 1
+    for n0 in range(0, n, step_n):
+        for c0 in range(0, c, step_c):
+            for r0 in range(0, rows_out, band):
+                yield (slice(n0, n0 + step_n), slice(c0, c0 + step_c), min(r0 + band, rows_out), r0)
+
+
+def _depthwise_conv(xp, win: Window, x, w, y) -> None:
+    """Y[n, c, j] = sum over taps t of W[c, j, t] X[n, c] at t's positions (c: the channel, j: the
+    multiplier), block by block; the bias is added by the caller."""
+    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
+    spatial = len(win.kernel)
+    w3 = w.reshape(c, mg, -1)
+    y5 = y.reshape(n, c, mg, *y.shape[2:])
+    lead = (slice(None),) * 3
+    ones = (1,) * spatial
+    for ns, cs, r1, r0 in _depthwise_chunks(xp, y.dtype, n, c, mg * prod(y.shape[3:]), y.shape[2]):
+        sub = win.band(r0, r1)
+        yb = y5[ns, cs, :, r0:r1]
+        yb[...] = 0
+        xb = x[ns, cs][:, :, None]
+        for t, tap in enumerate(sub.taps()):
+            if tap.empty:
+                continue
+            dst = yb[lead + tap.out_slices]
+            weights = w3[cs, :, t].reshape(1, -1, mg, *ones)
+            dst += weights * xb[lead + tap.in_slices]
+
+
+def _depthwise_conv_grad(xp, win: Window, dy, x, w, dx, dw) -> None:
+    """dW[c, j, t] = sum of dY[n, c, j] X[n, c] at t's positions; dX[n, c] at t's positions +=
+    sum over j of W[c, j, t] dY[n, c, j]; block by block (dB is the caller's)."""
+    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
+    spatial = len(win.kernel)
+    w3 = w.reshape(c, mg, -1)
+    dy5 = dy.reshape(n, c, mg, *dy.shape[2:])
+    lead = (slice(None),) * 3
+    ones = (1,) * spatial
+    summed = (0, *range(3, 3 + spatial))
+    dw3 = dw.reshape(c, mg, -1) if dw is not None else None
+    if dw3 is not None:
+        dw3[...] = 0
+    if dx is not None:
+        dx[...] = 0
+    for ns, cs, r1, r0 in _depthwise_chunks(xp, dy.dtype, n, c, mg * prod(dy.shape[3:]), dy.shape[2]):
+        sub = win.band(r0, r1)
+        dyb = dy5[ns, cs, :, r0:r1]
+        xb = x[ns, cs][:, :, None]
+        dxb = dx[ns, cs] if dx is not None else None
+        for t, tap in enumerate(sub.taps()):
+            if tap.empty:
+                continue
+            g = dyb[lead + tap.out_slices]
+            if dw3 is not None:
+                part = dw3[cs, :, t]
+                part += (g * xb[lead + tap.in_slices]).sum(axis=summed)
+            if dxb is not None:
+                dst = dxb[(slice(None), slice(None)) + tap.in_slices]
+                dst += (g * w3[cs, :, t].reshape(1, -1, mg, *ones)).sum(axis=2)
+
+
 def conv_scratch(node, in_specs, out_specs) -> int:
     """Columns for a chunk of about SCRATCH_TARGET bytes (whole images, or a band of one image's
     output rows, at least one row) plus, for chunks of several images, their output rows;
@@ -231,6 +306,8 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
+    if _depthwise(x.shape, group):
+        return 0
     return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False).nbytes
 
 
@@ -248,7 +325,9 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     ckg, rest = prod(w.shape[1:]), length // y.shape[2]
     w2 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
-    if win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
+    if _depthwise(x.shape, group):
+        _depthwise_conv(xp, win, x, w, y)
+    elif win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
         x3 = x.reshape(n, c, length)
         for g in range(group):
             xp.matmul(w2[g], x3[:, g * cg:(g + 1) * cg], out=y3[:, g * mg:(g + 1) * mg])
@@ -279,6 +358,8 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     need_dw = len(out_specs) > 1 and out_specs[1] is not None
     win = _conv_window(node.attrs, x.shape, w.shape, dy.shape)
     group = int(node.attrs.get("group", 1))
+    if _depthwise(x.shape, group):
+        return 0
     need_cols = need_dw or (need_dx and not win.pointwise)
     return _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, need_cols, need_dw).nbytes
 
@@ -300,6 +381,9 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     dy3 = dy.reshape(n, m, length)
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
+    if _depthwise(x.shape, group):
+        _depthwise_conv_grad(xp, win, dy, x, w, dx, dw)
+        return
     if dx is not None and win.pointwise:  # dX[n] = W^T @ dY[n] for every image in one batched call
         dx3 = dx.reshape(n, c, length)
         for g in range(group):

@@ -465,3 +465,16 @@ def bias_fast_gelu_grad(ctx, inputs, outputs):
     """dX = FastGeluGrad(dY, X + bias)."""
     xp = ctx.xp
     _xp.blockwise(xp, lambda o, dy, x, b: _fast_gelu_grad_block(xp, o, dy, x + b), outputs[0], *inputs[:3])
+
+
+@kernel("Gelu", since=20, overwrites=UNARY)
+def gelu_onnx(ctx, inputs, outputs):
+    """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
+    xp = ctx.xp
+    approximate = _xp.attr_str(ctx.attrs.get("approximate"), "none")
+    if approximate == "tanh":
+        _xp.blockwise(xp, lambda o, x: _fast_gelu_block(xp, o, x), outputs[0], inputs[0])
+    elif approximate == "none":
+        _xp.blockwise(xp, lambda o, x: _gelu_block(xp, o, x), outputs[0], inputs[0])
+    else:
+        raise ValueError(f"{ctx.node.name}: Gelu approximate={approximate!r} is neither 'none' nor 'tanh'")

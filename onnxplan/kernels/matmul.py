@@ -105,3 +105,11 @@ def fused_matmul(ctx: KernelContext, inputs, outputs) -> None:
     b = fused_operand(inputs[1], bool(attrs.get("transB", 0)), bool(attrs.get("transBatchB", 0)))
     matmul_into(ctx.xp, a, b, outputs[0])
     _scale(ctx.xp, outputs[0], float(attrs.get("alpha", 1.0)))
+
+
+@kernel("Einsum")
+def einsum(ctx: KernelContext, inputs, outputs) -> None:
+    """numpy's einsum of the equation straight into the output (its sums of products, no BLAS)."""
+    equation = ctx.attrs["equation"]
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    ctx.xp.einsum(equation.replace(" ", ""), *[x for x in inputs if x is not None], out=outputs[0])

@@ -340,3 +340,50 @@ def batch_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
         xp.multiply(dy3[n0:n0 + k], dy_coef, out=grad)
         xp.subtract(grad, bias_term, out=grad)
         xp.subtract(grad, dxc, out=dxc)
+
+
+# ---- InstanceNormalization / GroupNormalization: rows of X normalized, then a per-channel affine ----
+def _normalize_rows(xp, x2, y2, eps: float) -> None:
+    """y2[r] = (x2[r] - mean) / sqrt(var + eps) per row (biased variance, computed in float64 from
+    the centred values), a few rows at a time."""
+    from onnxplan.kernels import _xp
+
+    rows, m = x2.shape
+    step = max(1, _xp.block_elems(np.float64, xp) // max(1, m))
+    for r0 in range(0, rows, step):
+        block = x2[r0:r0 + step].astype(np.float64)
+        block -= block.mean(axis=1, keepdims=True)
+        var = (block * block).mean(axis=1, keepdims=True)
+        block /= xp.sqrt(var + eps)
+        xp.copyto(y2[r0:r0 + step], block, casting="unsafe")
+
+
+def _affine(xp, y, scale, bias) -> None:
+    """y[n, c, ...] = y * scale[c] + bias[c]."""
+    y3 = y.reshape(y.shape[0], y.shape[1], -1)
+    xp.multiply(y3, scale.reshape(-1, 1), out=y3)
+    xp.add(y3, bias.reshape(-1, 1), out=y3)
+
+
+@kernel("InstanceNormalization", overwrites={0: (0,)})
+def instance_norm(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = (X - mean) / sqrt(var + epsilon) * scale[c] + B[c], statistics per image and channel."""
+    x, scale, bias = inputs[:3]
+    y = outputs[0]
+    n, c = x.shape[0], x.shape[1]
+    _normalize_rows(ctx.xp, x.reshape(n * c, -1), y.reshape(n * c, -1), float(ctx.attrs.get("epsilon", 1e-5)))
+    _affine(ctx.xp, y, scale, bias)
+
+
+@kernel("GroupNormalization", overwrites={0: (0,)})
+def group_norm(ctx: KernelContext, inputs, outputs) -> None:
+    """Statistics per image and group of C / num_groups channels; scale and bias per group (opset 18)
+    or per channel (opset 21), told apart by their length."""
+    xp = ctx.xp
+    x, scale, bias = inputs[:3]
+    y = outputs[0]
+    n, c, groups = x.shape[0], x.shape[1], int(ctx.attrs["num_groups"])
+    _normalize_rows(xp, x.reshape(n * groups, -1), y.reshape(n * groups, -1), float(ctx.attrs.get("epsilon", 1e-5)))
+    if scale.size != c:  # per group: each group's value for its channels
+        scale, bias = xp.repeat(scale, c // groups), xp.repeat(bias, c // groups)
+    _affine(xp, y, scale, bias)

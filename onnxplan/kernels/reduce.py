@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import kernel
 
@@ -22,6 +24,20 @@ def reduction_axes(node, inputs, rank: int) -> tuple[int, ...] | None:
     return tuple(sorted({_xp.norm_axis(a, rank) for a in axes}))
 
 
+def _extreme(dtype, low: bool):
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return -np.inf if low else np.inf
+    if dtype.kind == "b":
+        return not low
+    info = np.iinfo(dtype)
+    return info.min if low else info.max
+
+
+_EMPTY = {"sum": lambda d: 0, "prod": lambda d: 1, "mean": lambda d: np.nan,
+          "max": lambda d: _extreme(d, True), "min": lambda d: _extreme(d, False)}
+
+
 def _reduce(func_name: str):
     def fn(ctx, inputs, outputs):
         xp, x, out = ctx.xp, inputs[0], outputs[0]
@@ -30,6 +46,9 @@ def _reduce(func_name: str):
             xp.copyto(out, x)  # noop_with_empty_axes: the input, unchanged
             return
         keepdims = bool(int(ctx.attrs.get("keepdims", 1)))
+        if x.size == 0:  # the reduction's identity (the mean of nothing: NaN)
+            out.fill(_EMPTY[func_name](out.dtype))
+            return
         if x.ndim == 0:
             xp.copyto(out, x)
             return
@@ -60,6 +79,9 @@ def _reduce_via(block_fn, func_name: str):
             _xp.blockwise(xp, lambda o, v: xp.copyto(o, _finish(xp, func_name, block_fn(xp, v))), out, x)
             return
         axes = tuple(range(x.ndim)) if axes is None else axes
+        if x.size == 0:  # sums of nothing: 0, and their log or logsumexp: -inf
+            out.fill(-np.inf if func_name in ("log", "logsumexp") else 0)
+            return
         target = out.reshape(tuple(1 if i in axes else d for i, d in enumerate(x.shape)))
         if func_name == "logsumexp":
             with _xp.quiet(xp):

@@ -6,8 +6,10 @@ from onnxplan.ir.shape_rules import shape_rule
 from onnxplan.ir.shape_rules._common import (
     MS,
     attr,
+    attr_str,
     broadcast,
     dtype_of_onnx,
+    fail,
     need,
     outputs,
     register_same_as_input,
@@ -18,7 +20,7 @@ __all__ = ["UNARY_OPS", "BINARY_OPS", "COMPARISON_OPS", "VARIADIC_OPS"]
 
 UNARY_OPS = (
     "Abs Acos Acosh Asin Asinh Atan Atanh BitwiseNot Ceil Celu Clip Cos Cosh Elu Erf Exp Floor "
-    "Gelu HardSigmoid HardSwish Identity LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu "
+    "HardSigmoid HardSwish Identity LeakyRelu Log Mish Neg Not Reciprocal Relu Round Selu "
     "Shrink Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Tan Tanh ThresholdedRelu"
 ).split()
 # ONNX Runtime contrib activations with the shape of their first input (bias, if any, broadcasts).
@@ -53,6 +55,14 @@ for _op in LOGICAL_OPS + COMPARISON_OPS:
     shape_rule(_op)(_boolean)
 for _op in VARIADIC_OPS:
     shape_rule(_op)(_variadic)
+
+
+@shape_rule("Gelu")
+def _gelu(node, specs, consts):
+    approximate = attr_str(node, "approximate", "none")
+    if approximate not in ("none", "tanh"):
+        raise fail(f"Gelu approximate={approximate!r} is not supported (only 'none' and 'tanh')")
+    return outputs(node, need(node, specs, 0))
 
 
 @shape_rule("IsNaN")

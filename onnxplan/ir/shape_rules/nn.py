@@ -141,6 +141,17 @@ def _channels(x: TensorSpec) -> int:
     return x.shape[1] if x.rank > 1 else 1
 
 
+@shape_rule("GroupNormalization")
+def _group_norm(node, specs, consts):
+    x = need(node, specs, 0)
+    groups = int(attr(node, "num_groups", 0))
+    if groups <= 0 or _channels(x) % groups:
+        raise fail(f"num_groups {groups} does not divide {_channels(x)} channels")
+    if int(attr(node, "stash_type", 1)) != 1:
+        raise fail("GroupNormalization stash_type other than float32 is not supported")
+    return outputs(node, x)
+
+
 @shape_rule("BatchNormalization")
 def _batch_norm(node, specs, consts):
     """Y, then (training) running_mean, running_var — or opset < 14's mean, var, saved_mean, saved_var."""

@@ -23,6 +23,7 @@ from onnxplan.ir.shape_rules._common import (
     prod,
     tensor_value,
 )
+from onnxplan.ir.shape_rules.resize import resize_params
 from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
@@ -336,13 +337,12 @@ def _top_k(node, specs, consts):
 
 
 @shape_rule("Resize")
+@shape_rule("Upsample")
 def _resize(node, specs, consts):
+    """Output dims from `sizes`, or floor(dim * scale); unsupported modes refused here, at plan time."""
     x = need(node, specs, 0)
-    sizes = const(node, consts, 3)
-    if sizes is not None and sizes.size:
-        return outputs(node, x.with_shape(int(v) for v in sizes.reshape(-1)))
-    scales = const(node, consts, 2)
-    if scales is None or not scales.size:
-        raise fail("Resize needs constant 'scales' or 'sizes'")
-    return outputs(node, x.with_shape(int(np.floor(d * s)) for d, s in zip(x.shape, scales.reshape(-1))))
-
+    try:
+        params = resize_params(node.op_type, node.attrs, x.shape, lambda i: const(node, consts, i))
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    return outputs(node, x.with_shape(params.out_dims))

@@ -49,6 +49,12 @@ def _conv_grad(node, specs, consts):
     return outputs(node, x, w, w.with_shape((w.shape[0],)))
 
 
+@shape_rule("ResizeGrad", MS)
+def _resize_grad(node, specs, consts):
+    """(dY, X, roi, scales) -> dX like X (dY's dtype)."""
+    return outputs(node, need(node, specs, 1).with_dtype(need(node, specs, 0).dtype))
+
+
 @shape_rule("ConvTransposeGrad", MS)
 def _conv_transpose_grad(node, specs, consts):
     """(dY, X, W) -> (dX like X, dW like W, dB [C_out = W[1] * group])."""
