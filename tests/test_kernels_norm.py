@@ -115,7 +115,8 @@ def test_simplified_layer_norm_grad_matches_ort(shape, axis):
 
 # ---- batch normalization -------------------------------------------------------------------
 
-BN_SHAPES = [(8, 4, 5, 5), (16, 3), (4, 6, 7), (2, 3, 2, 3, 4)]
+BN_SHAPES = [(8, 4, 5, 5), (16, 3), (4, 6, 7), (2, 3, 2, 3, 4),
+             (4, 64, 4, 4), (4, 8, 1, 1)]  # resnet18 layer4 at batch 4 (issue 11); 1x1 spatial
 
 
 def _bn_inputs(rng, shape):

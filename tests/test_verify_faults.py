@@ -38,7 +38,7 @@ def _failure(prep: Prepared, steps: int = 1):
 
 
 def _patch_kernel(monkeypatch, graph, op: str, domain: str, make):
-    node = next(n for n in graph.nodes if n.op_type == op and n.domain == domain)
+    assert any(n.op_type == op and n.domain == domain for n in graph.nodes), f"the model has no {op}"
     decl = find_decl(domain, op, graph.opsets.get(domain))
     monkeypatch.setattr(decl, "fn", make(decl.fn))
 
@@ -135,3 +135,60 @@ def test_stale_swap_in(monkeypatch):
     first = _failure(prep)
     readers = {n.name for n in prep.graph.nodes if any("@in" in i or "@start" in i for i in n.inputs)}
     assert first.node in readers
+
+
+# ---- random ops: ONNX Runtime's keep-masks are given to ours --------------------------------
+def _dropout_model(path) -> str:
+    """x -> Gemm -> Relu -> Dropout(0.3, training) -> Gemm: a forward model with a random op."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 32)).astype(np.float32), "w1"),
+            numpy_helper.from_array(np.zeros(32, np.float32), "b1"),
+            numpy_helper.from_array(rng.normal(0, 0.3, (32, 5)).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.zeros(5, np.float32), "b2")]
+    nodes = [helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(0.3, np.float32))),
+             helper.make_node("Constant", [], ["train"], value=numpy_helper.from_array(np.array(True))),
+             helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Dropout", ["r", "ratio", "train"], ["d", "mask"], name="drop"),
+             helper.make_node("Gemm", ["d", "w2", "b2"], ["y"], name="fc2")]
+    graph = helper.make_graph(nodes, "drop", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def dropout_model(tmp_path_factory):
+    from onnxplan.executor.prepare import prepare
+
+    path = _dropout_model(tmp_path_factory.mktemp("drop") / "drop.onnx")
+    return prepare(ModelRequest(path, 8, "adamw", "ce"), PlanOptions())
+
+
+def test_dropout_model_verifies_with_ort_masks(dropout_model):
+    assert any(n.op_type == "DropoutGrad" for n in dropout_model.graph.nodes)
+    v = verify_run(dropout_model, steps=2)
+    assert v.ok, v.summary()
+
+
+def test_dropout_ignoring_the_mask_is_caught(monkeypatch, dropout_model):
+    import onnxplan.kernels.random as krandom
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):  # draws its own mask, ignoring the one it is given
+            saved, ctx.random.given = ctx.random.given, {}
+            try:
+                fn(ctx, inputs, outputs)
+            finally:
+                ctx.random.given = saved
+        return bad
+
+    assert krandom.Randomness  # the kernels' module is loaded
+    _patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
+    first = _failure(dropout_model)
+    assert first.node == "drop"

@@ -138,11 +138,11 @@ def _bitmask_dropout(ctx, inputs, outputs):
 
 
 def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
-    """dX = dY * keep / (1 - ratio) in training mode (ORT: the default mode is training), else dY."""
+    """dX = dY * keep / (1 - ratio), as ONNX Runtime's kernel: whatever training_mode says (in
+    inference mode the forward kept every element, so the mask is all ones)."""
     xp, dy, dx = ctx.xp, inputs[0], outputs[0]
     ratio = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.5
-    training = bool(_xp.host_scalar(inputs[3])) if len(inputs) > 3 and inputs[3] is not None else True
-    if not training or ratio == 0.0:
+    if ratio == 0.0:
         if dx is not dy:
             xp.copyto(dx, dy)
         return

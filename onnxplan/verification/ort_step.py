@@ -25,8 +25,9 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 
-__all__ = ["OrtOptimizerStep", "OrtStep", "OrtTrainingStep", "RANDOM_OPS"]
+__all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep"]
 
+ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
 # op -> index of the output holding what it drew (Dropout: its keep-mask)
 RANDOM_OPS = {("", "Dropout"): 1, ("com.microsoft", "BitmaskDropout"): 1, ("", "RandomUniformLike"): 0,
@@ -155,6 +156,14 @@ def _take_random_as_inputs(model: onnx.ModelProto, nodes: set[str]) -> None:
     from onnx import helper
 
     g = model.graph
+    types = {}  # value -> elem type, where ONNX's inference knows it (Random*Like's input)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+        for vi in [*inferred.value_info, *inferred.input, *inferred.output]:
+            if vi.type.HasField("tensor_type"):
+                types[vi.name] = vi.type.tensor_type.elem_type
+    except Exception:  # noqa: BLE001, S110 - inference is a help here, not a need
+        pass
     new_nodes = []
     for n in g.node:
         if n.name not in nodes:
@@ -163,13 +172,14 @@ def _take_random_as_inputs(model: onnx.ModelProto, nodes: set[str]) -> None:
         given = _GIVEN_PREFIX + n.name
         j = RANDOM_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
         if n.op_type in ("RandomUniformLike", "RandomNormalLike"):
-            g.input.append(onnx.ValueInfoProto(name=given))
+            dtype = next((a.i for a in n.attribute if a.name == "dtype"), types.get(n.input[0], onnx.TensorProto.FLOAT))
+            g.input.append(helper.make_tensor_value_info(given, dtype, None))
             new_nodes.append(helper.make_node("Identity", [given], [n.output[0]], name=n.name))
             continue
         if n.op_type != "Dropout":
             new_nodes.append(n)  # BitmaskDropout: ONNX Runtime's CPU build has no kernel for it
             continue
-        g.input.append(onnx.ValueInfoProto(name=given))
+        g.input.append(helper.make_tensor_value_info(given, onnx.TensorProto.BOOL, None))
         x = n.input[0]
         t = f"{given}/"
         ratio = n.input[1] if len(n.input) > 1 and n.input[1] else t + "half"

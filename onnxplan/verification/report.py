@@ -11,9 +11,10 @@ def _cell(worst: dict, key: str) -> str:
     c = worst.get(key)
     if c is None:
         return "-"
-    ratio = c["error"] / c["tolerance"] if c["tolerance"] else float("inf")
     name = "" if key == "loss" else f"{c['name']} "
-    return f"{name}{c['error']:.2e} ({ratio:.2f}x tol)"
+    if c["error"] is None:
+        return f"{name}inf"
+    return f"{name}{c['error']:.2e} ({c['error'] / c['tolerance']:.2f}x tol)"
 
 
 def describe_verification(v: dict) -> list:
@@ -42,7 +43,8 @@ def describe_verification(v: dict) -> list:
     if fd is not None:
         at = f" computed by node {fd['node']!r}" if fd["node"] else ""
         out.append(f"first value in execution order that differs: {fd['kind']} {fd['name']}{at} "
-                   f"(relative norm error {fd['error']:.3g}, tolerance {fd['tolerance']:.3g})")
+                   f"(error {'inf' if fd['error'] is None else format(fd['error'], '.3g')}, "
+                   f"tolerance {fd['tolerance']:.3g})")
     if bad["explanation"]:
         out.append(f"  {bad['explanation']}")
     return out

@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan.executor import runner
 from onnxplan.executor.compare import rel_norm_error, update_error
-from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, Executor, _download, _upload, initial_parameters
-from onnxplan.verification.ort_step import OrtOptimizerStep, OrtTrainingStep
+from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
+from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 
@@ -80,13 +81,21 @@ class StepReport:
         return not self.failures
 
     def as_dict(self) -> dict:
+        """JSON-able; an error that is not finite (NaN against a number, a missing value) is None."""
         return {"step": self.step, "ok": self.ok, "loss": self.loss, "ort_loss": self.ort_loss,
-                "loss_error": self.checks["loss"].error,
-                "worst": {k: {**asdict(c), "ok": c.ok} for k, c in self.checks.items()},
+                "loss_error": _finite(self.checks["loss"].error),
+                "worst": {k: _check_dict(c) for k, c in self.checks.items()},
                 "failures": [str(c) for c in self.failures],
-                "first_difference": (None if self.first_difference is None
-                                     else {**asdict(self.first_difference), "ok": False}),
+                "first_difference": None if self.first_difference is None else _check_dict(self.first_difference),
                 "explanation": self.explanation}
+
+
+def _finite(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _check_dict(c: Check) -> dict:
+    return {**asdict(c), "error": _finite(c.error), "ok": c.ok}
 
 
 @dataclass
@@ -106,6 +115,12 @@ class Verification:
         return f"step {bad.step}: {where}" + (f"; {bad.explanation}" if bad.explanation else "")
 
 
+def _base(name: str) -> str:
+    """The value a copy stands for: swap-ins (`NAME@inK`, `NAME@start`) and recomputed values
+    (`NAME@rcK`) carry the original name before the '@'."""
+    return name.split("@")[0]
+
+
 class _Hooks:
     """The per-node hook: capture and replace gradients before the optimizer; compare every
     output with ONNX Runtime's in a traced step."""
@@ -118,11 +133,12 @@ class _Hooks:
         self.first: Check | None = None
 
     def wrap(self, node, fn):
-        grads = [k for k, i in enumerate(node.inputs) if i in self.grad_names]
+        # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
+        grads = [k for k, i in enumerate(node.inputs) if _base(i) in self.grad_names]
 
         def run(ctx, inputs, outputs):
             for k in grads:
-                name = node.inputs[k]
+                name = _base(node.inputs[k])
                 self.captured[name] = _download(inputs[k])
                 if name in self.replace:
                     _upload(self.xp, inputs[k], self.replace[name])
@@ -134,7 +150,7 @@ class _Hooks:
 
     def _compare(self, node, outputs) -> None:
         for name, arr in zip(node.outputs, outputs):
-            want = self.reference.get(name.split("@")[0]) if name else None
+            want = self.reference.get(_base(name)) if name else None
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
@@ -153,12 +169,20 @@ class StepVerifier:
         self.grad_name = dict(zip(self.params, graph.optimizer["grads"]))
         self.hooks = _Hooks(set(self.grad_name.values()), xp)
         self.ex = Executor(graph, plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir, wrap=self.hooks.wrap)
-        self.lr = float(learning_rate) if learning_rate is not None else DEFAULT_LEARNING_RATE
-        self.ex.learning_rate = self.lr
+        # each side's own default: a default that differs between them is a difference to find
+        self.ex.learning_rate = float(learning_rate) if learning_rate is not None else runner.DEFAULT_LEARNING_RATE
+        self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
         self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
-        self.optimizer_node = {p: n.name for n in graph.nodes if n.phase == "optimizer"
-                               for p in self.params if p in n.inputs}
+        self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
+                               for i in n.inputs if _base(i) in self.grad_name}
+        producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
+        self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
+        for p, g in self.grad_name.items():
+            n = producer.get(g)
+            if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in producer:
+                n = producer[n.inputs[1]]
+            self.grad_node[p] = n.name if n is not None else ""
         self.stat_node = {}  # running statistic -> the node that updates it
         for n in graph.nodes:
             for r in self.ort.running_of:
@@ -197,7 +221,7 @@ class StepVerifier:
             ours = self.hooks.captured.get(self.grad_name[p])
             err = float("inf") if ours is None else rel_norm_error(ours, ort.grads[p])
             t = max(tol["gradient"], NOISE_FACTOR * noise[("gradient", p)])
-            checks.append(Check("gradient", p, err, t, self.optimizer_node.get(p, "")))
+            checks.append(Check("gradient", p, err, t, self.grad_node.get(p, "")))
         for name, want in ort_new.items():
             got = new_params.get(name, new_moments.get(name))
             p = name.split(".exp_avg")[0]
@@ -260,7 +284,8 @@ class StepVerifier:
             rep.explanation = "the forward and backward values match; the state update differs"
         else:
             rep.explanation = "no single intermediate differs beyond tolerance; the differences accumulate"
-        rep.first_difference = rep.failures[0]
+        eo = self.ex.eo
+        rep.first_difference = min(rep.failures, key=lambda c: eo.get(c.node, len(eo)))
 
 
 def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | None = None, xp: Any = np,

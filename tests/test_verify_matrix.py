@@ -1,0 +1,48 @@
+"""`run --verify` passes on correct runs: zoo models, both optimizers, plain and with every swap
+and checkpoint policy. CI runs the mlp through every policy; the slow set adds a BatchNorm CNN,
+a transformer and a causal decoder (the full matrix: benchmarks/verify_matrix.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.planning import PlanOptions
+from onnxplan.resolve import ModelRequest
+from onnxplan.verification.step_check import verify_run
+
+SWAPS = ("on-demand", "reduced", "proactive", "window")
+CHECKPOINTS = ("sqrt", "chen", "rotor")
+POLICIES = ("plain", *SWAPS, *CHECKPOINTS)
+
+
+def _verify(model: str, batch: int, optimizer: str, policy: str, steps: int = 2):
+    from onnxplan.cli.plan_cmd import _plan_with_memory_strategy
+
+    folder, graph = load_request(ModelRequest(model, batch, optimizer))
+    opts = PlanOptions(profile=False)
+    swap = policy if policy in SWAPS else None
+    if swap:
+        opts = replace(opts, swap=swap)
+    res = _plan_with_memory_strategy(graph, opts, policy if policy in CHECKPOINTS else None, swap)
+    if swap:
+        assert res.plan.swaps, f"{policy} planned no swap"
+    return verify_run(Prepared(folder, res.graph, res.plan), steps=steps)
+
+
+@pytest.mark.parametrize("policy,optimizer", [(p, "adamw") for p in POLICIES] + [("plain", "sgd"), ("rotor", "sgd"),
+                                                                                ("proactive", "sgd")])
+def test_mlp_verifies_under_every_policy(policy, optimizer):
+    v = _verify("mlp", 2, optimizer, policy)
+    assert v.ok, v.summary()
+    assert len(v.steps) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,batch", [("resnet18", 4), ("transformer", 2), ("gpt", 2)])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_zoo_verifies_under_every_policy(model, batch, policy):
+    v = _verify(model, batch, "adamw", policy)
+    assert v.ok, v.summary()
