@@ -25,29 +25,15 @@ runner = CliRunner()
 OPTIMIZERS = ("adamw", "sgd")
 NAMES = [hf.zoo_name(s.arch, e) for s in hf.hf_specs() for e in hf.EXPORTERS]
 
-# What still keeps a corpus model from passing, by the work it waits for. The lead empties an
-# entry once that work is merged and the model passes (the marks are not strict, so a model
+# What still keeps a corpus model from passing (with forward, ops and verify merged), by cause. The
+# lead empties an entry once the cause is fixed and the model passes (the marks are not strict, so a model
 # that starts passing early is reported as XPASS, not failed).
-_VERIFY_RANDOM = ("verify branch: the verification model's given random values (Dropout masks, "
-                  "RandomUniformLike) have no type information, so ORT refuses it")
-_STATIC_OUTPUT = ("forward branch: the TorchScript export's logits keep a symbolic dim 0 (shape-computed "
-                  "'same' padding); the forward path should infer it from the static input")
-_OPSET_CONVERT = "forward branch: opset 20 -> 17 has no onnx version adapter for {}"
 BLOCKED: dict[str, str] = {
-    "hf-mobilenet-v2": _STATIC_OUTPUT,
-    "hf-mobilenet-v2-dynamo": _VERIFY_RANDOM,
-    "hf-efficientnet": _STATIC_OUTPUT,
-    "hf-efficientnet-dynamo": _VERIFY_RANDOM,
-    "hf-convnext": _VERIFY_RANDOM,
-    "hf-convnext-dynamo": _OPSET_CONVERT.format("ConstantOfShape") + "; then " + _VERIFY_RANDOM,
-    "hf-swin": _VERIFY_RANDOM,
-    "hf-swin-dynamo": _OPSET_CONVERT.format("ConstantOfShape") + "; then " + _VERIFY_RANDOM,
+    "hf-efficientnet": ("verify branch: a false alarm on a correct run: expand_bn's input is ~1e-7 (rms) in "
+                        "this seeded init with channel means ~1e-15, so its running mean is rounding noise "
+                        "on both sides and the per-tensor relative error flags it (31.9x tolerance)"),
     "hf-gpt2": ("onnxruntime 1.19 CPU has no int64 ArgMax kernel (GPT-2's last-token pooling as the "
                 "TorchScript exporter writes it), so ORT cannot run the artifacts to verify against"),
-    "hf-gpt2-dynamo": _OPSET_CONVERT.format("Split"),
-    **{name: _VERIFY_RANDOM for name in NAMES
-       if name.removeprefix("hf-").removesuffix("-dynamo") in
-       ("vit", "bert", "distilbert", "albert", "roberta", "llama", "t5-encoder")},
 }
 
 
@@ -115,6 +101,15 @@ def test_models_build_goes_through_the_forward_model_path(tmp_path):
     meta = json.loads((tmp_path / "art" / "onnxplan.json").read_text())
     assert any("running_mean" in n for n in meta["frozen"])
     assert not any("running_mean" in n for n in meta["trainable"])
+
+
+def test_without_transformers_the_corpus_is_unlisted_and_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(hf, "available", lambda: False)
+    listed = _cli("models", "list", "--json")
+    _ok(listed, "models list")
+    assert not [row for row in json.loads(listed.stdout) if row["name"].startswith("hf-")]
+    refused = _cli("inspect", "hf-bert")
+    assert refused.exit_code == 2 and "needs the 'transformers' package" in refused.stderr
 
 
 # -- every architecture x exporter x optimizer: inspect, plan, run --verify ----------------------
