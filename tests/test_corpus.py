@@ -74,6 +74,13 @@ def test_export_is_a_plain_single_output_training_export(name):
     assert (opset == 17) == (not name.endswith("-dynamo"))
 
 
+def test_batch_exports_again_at_that_batch():
+    model = onnx.load(str(hf.export_forward("hf-distilbert", batch=3)))
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [3, hf.SEQ]
+    assert hf.export_forward("hf-distilbert", batch=3) != hf.export_forward("hf-distilbert")
+
+
 def test_dropout_is_active_in_the_torchscript_export():
     model = onnx.load(str(hf.export_forward("hf-bert")))
     dropouts = [n for n in model.graph.node if n.op_type == "Dropout"]
