@@ -10,7 +10,8 @@ has to cope with the file as it is.
 
 Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exporter).
 Exports are static (batch and sequence fixed at export time) and cached on disk under
-$ONNXPLAN_CACHE/hf, keyed by (arch, exporter, batch, torch and transformers versions).
+$ONNXPLAN_CACHE/hf, keyed by (arch, exporter, batch, torch and transformers versions, and
+this file's text, so a change to a builder re-exports).
 `transformers` is optional: it is imported only when a model is built.
 """
 
@@ -29,8 +30,7 @@ from typing import Callable
 from onnxplan.errors import ModelError, UsageError
 
 __all__ = ["HFSpec", "EXPORTERS", "available", "hf_specs", "parse_name", "require_spec", "is_hf_name",
-           "zoo_name", "export_forward",
-           "build_torch_model", "example_inputs"]
+           "zoo_name", "export_forward", "export_dir", "build_torch_model", "example_inputs"]
 
 EXPORTERS = ("torchscript", "dynamo")
 PREFIX = "hf-"
@@ -355,7 +355,7 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
 def export_forward(name: str, batch: int | None = None, cache_dir: Path | None = None) -> Path:
     """The forward .onnx of corpus model `name` (hf-<arch>[-dynamo]) at `batch`, exported once.
 
-    Cached at <cache>/hf/<name>-b<batch>-<key>.onnx; written to a temp name and renamed.
+    Cached at <cache>/hf/<key>/<name>-b<batch>.onnx; written to a temp name and renamed.
     UsageError if `name` is unknown or transformers is missing; ModelError if export fails.
     """
     spec, exporter = require_spec(name)
@@ -364,8 +364,8 @@ def export_forward(name: str, batch: int | None = None, cache_dir: Path | None =
     batch = int(batch or spec.default_batch)
     if batch < 1:
         raise UsageError(f"batch must be a positive integer, got {batch}")
-    folder = export_dir(cache_dir)
-    path = folder / f"{name}-b{batch}-{_export_key(spec, exporter, batch)}.onnx"
+    folder = export_dir(cache_dir) / _export_key(spec, exporter, batch)
+    path = folder / f"{name}-b{batch}.onnx"  # the file's stem names the model in onnxplan's output
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
