@@ -1,14 +1,16 @@
 """The corpus table of issue 11: every Hugging Face architecture x exporter, as exported.
 
 Usage: python benchmarks/corpus.py [NAME ...] [--optimizers adamw,sgd] [--steps 3]
-           [-o reports/corpus.json] [--markdown reports/corpus.md]
+           [-o reports/corpus.json] [--markdown reports/corpus.md] [--fresh]
 
 For each hf-ARCH[-dynamo] (`onnxplan models list`) and optimizer: forward nodes and op types,
 trained/frozen parameter counts (`inspect`), the planned peak, the measured peak and median step of
 our executor (`run`) and of ONNX Runtime's training API (each in a fresh probe process, peak RSS
 increase: onnxplan.memprobe, as `onnxplan bench` measures its peers), then `run --verify` (verified,
-worst per-tensor relative error) as a second run, so a verification failure keeps the figures. A model that fails gets its one-line error in `status` and the table
-goes on. Prints the markdown table; writes the JSON rows and the markdown report.
+worst per-tensor relative error) as a second run, so a verification failure keeps the figures.
+A model that fails gets its one-line error in `status` and the table goes on. Prints the markdown
+table; writes the JSON rows (after every row: an interrupted run resumes where it stopped, unless
+--fresh) and the markdown report.
 Needs `transformers`. Runs the CLI in-process (typer's CliRunner), so figures are the CLI's.
 """
 
@@ -125,6 +127,13 @@ def markdown(rows: list[dict]) -> str:
             "and the ORT probe.\n")
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    from onnxplan.cli.common import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="*", help="hf-ARCH[-dynamo] names (default: the whole corpus)")
@@ -132,18 +141,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("-o", "--out", type=Path, default=Path("reports/corpus.json"))
     ap.add_argument("--markdown", type=Path, default=Path("reports/corpus.md"))
+    ap.add_argument("--fresh", action="store_true", help="ignore the rows already in --out")
     args = ap.parse_args()
     if not hf.available():
         sys.exit("benchmarks/corpus.py needs transformers: pip install transformers")
     names = args.models or [hf.zoo_name(s.arch, e) for s in hf.hf_specs() for e in hf.EXPORTERS]
     for name in names:
         hf.require_spec(name)
-    rows = []
-    for name in names:
-        for optimizer in [o for o in args.optimizers.split(",") if o]:
-            rows.append(corpus_row(name, optimizer, args.steps))
-            r = rows[-1]
-            print(f"{name} {optimizer}: {r['status']}", file=sys.stderr, flush=True)
     import onnxruntime
     import torch
     import transformers
@@ -151,18 +155,26 @@ def main() -> None:
     env = (f"{date.today()}, {platform.machine()} {platform.system()}, Python {platform.python_version()}, "
            f"torch {torch.__version__}, transformers {transformers.__version__}, "
            f"onnxruntime {onnxruntime.__version__}")
+    done = {}
+    if args.out.is_file() and not args.fresh:  # resume: rows already measured are kept
+        done = {(r["model"], r["optimizer"]): r for r in json.loads(args.out.read_text())["rows"]}
+    rows = []
+    for name in names:
+        for optimizer in [o for o in args.optimizers.split(",") if o]:
+            row = done.get((name, optimizer)) or corpus_row(name, optimizer, args.steps)
+            rows.append(row)
+            print(f"{name} {optimizer}: {row['status']}", file=sys.stderr, flush=True)
+            _write_atomic(args.out, json.dumps({"environment": env, "steps": args.steps, "rows": rows},
+                                               indent=1) + "\n")
     table = markdown(rows)
     print(table)
-    doc = {"environment": env, "steps": args.steps, "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
-    args.markdown.write_text(
+    _write_atomic(args.markdown, (
         "# Corpus: real architectures as exported (issue 11)\n\n"
         f"`python benchmarks/corpus.py` ({env}). Batch 2, tiny configs (models/hf.py); "
         "`torchscript` = `torch.onnx.export(dynamo=False, opset_version=17, training=TRAINING)`, "
         "`dynamo` = the default exporter. Peaks: planned = persistent + arena; ours/ORT = peak RSS "
         f"increase of a fresh probe process; ms = median step of {args.steps}; worst_error = the largest "
-        "per-tensor relative error of `run --verify` (loss, gradients, running statistics).\n\n" + table)
+        "per-tensor relative error of `run --verify` (loss, gradients, running statistics).\n\n" + table))
 
 
 if __name__ == "__main__":
