@@ -138,6 +138,8 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
             artifacts.generate_artifacts(fm.model, requires_grad=list(fm.trainable),
                                          frozen_params=list(fm.frozen), loss=loss, optimizer=optim,
                                          artifact_directory=str(out))
+        except OSError:  # the disk, not the model: not a failure to remember
+            raise
         except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidGraph... as one line
             cause = ort_cause(str(exc)) if str(exc).strip() else ""
             if not cause or cause == "unknown error":

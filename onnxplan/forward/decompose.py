@@ -16,6 +16,20 @@ from onnxplan.forward.gradients import has_gradient
 __all__ = ["DECOMPOSITIONS", "decompose", "value_types"]
 
 
+def value_ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Rank of every value onnx shape inference can give one (non-strict)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - best effort
+        inferred = model
+    g = inferred.graph
+    ranks = {t.name: len(t.dims) for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        if vi.type.tensor_type.HasField("shape"):
+            ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+    return ranks
+
+
 def value_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every value onnx type inference can name (non-strict)."""
     try:
@@ -34,9 +48,10 @@ class _Emit:
     """Builds the replacement nodes of one decomposed node."""
 
     def __init__(self, node: onnx.NodeProto, names: NameSource, graph: onnx.GraphProto, elem: int,
-                 synthetic: set[str]) -> None:
+                 synthetic: set[str], rank: int | None = None, opset: int = 17) -> None:
         self.base = node.name or node.output[0]
         self.names, self.graph, self.elem, self.synthetic = names, graph, elem, synthetic
+        self.rank, self.opset = rank, opset
         self.nodes: list[onnx.NodeProto] = []
 
     def const(self, value: float) -> str:
@@ -45,6 +60,18 @@ class _Emit:
         self.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
         self.synthetic.add(name)
         return name
+
+    def ints(self, values: list[int]) -> str:
+        name = self.names.fresh(f"{self.base}/axes")
+        self.graph.initializer.append(numpy_helper.from_array(np.array(values, np.int64), name))
+        self.synthetic.add(name)
+        return name
+
+    def mean(self, x: str, axes: list[int]) -> str:
+        """ReduceMean keeping dims, in the form of the model's opset (axes an input from 18)."""
+        if self.opset >= 18:
+            return self.op("ReduceMean", x, self.ints(axes), keepdims=1)
+        return self.op("ReduceMean", x, axes=axes, keepdims=1)
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
         out = out or self.names.fresh(f"{self.base}/{op_type}")
@@ -132,6 +159,23 @@ def _gelu(e, node, x, y):
     e.op("Mul", e.op("Mul", x, e.const(0.5)), one_plus, out=y)
 
 
+def _instance_norm(e, node, x, y):
+    # scale * (x - mean) / sqrt(var + eps) + B over the spatial axes, per sample and channel
+    if e.rank is None or e.rank < 3:
+        raise _CannotDecompose("its input's rank is unknown")
+    axes = list(range(2, e.rank))
+    d = e.op("Sub", x, e.mean(x, axes))
+    eps = e.const(float(_attr(node, "epsilon", 1e-5)))
+    std = e.op("Sqrt", e.op("Add", e.mean(e.op("Mul", d, d), axes), eps))
+    per_channel = e.ints(list(range(1, e.rank - 1)))
+    scaled = e.op("Mul", e.op("Div", d, std), e.op("Unsqueeze", node.input[1], per_channel))
+    e.op("Add", scaled, e.op("Unsqueeze", node.input[2], per_channel), out=y)
+
+
+class _CannotDecompose(Exception):
+    """A node of a decomposable op whose decomposition needs what is not known (left as is)."""
+
+
 def _sum_of(e: _Emit, node, out: str | None = None) -> str:
     terms = [i for i in node.input if i]
     if len(terms) == 1:
@@ -155,7 +199,7 @@ def _mean(e, node, x, y):
 DECOMPOSITIONS: dict[str, Callable] = {
     "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Softplus": _softplus, "Mish": _mish,
     "Elu": _elu, "Selu": _selu, "Celu": _celu, "Softsign": _softsign, "PRelu": _prelu, "Gelu": _gelu,
-    "Sum": _sum, "Mean": _mean,
+    "Sum": _sum, "Mean": _mean, "InstanceNormalization": _instance_norm,
 }
 
 
@@ -168,13 +212,20 @@ def decompose(model: onnx.ModelProto, notes: list[str], synthetic: set[str]) -> 
     if not targets:
         return
     types = value_types(model)
+    ranks = value_ranks(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     names = NameSource(graph)
     new_nodes: list[onnx.NodeProto] = []
     counts: dict[str, list[str]] = {}
     for node in graph.node:
         if node.domain in ("", "ai.onnx") and node.op_type in DECOMPOSITIONS and not has_gradient(node):
-            e = _Emit(node, names, graph, types.get(node.input[0], onnx.TensorProto.FLOAT), synthetic)
-            DECOMPOSITIONS[node.op_type](e, node, node.input[0], node.output[0])
+            e = _Emit(node, names, graph, types.get(node.input[0], onnx.TensorProto.FLOAT), synthetic,
+                      ranks.get(node.input[0]), opset)
+            try:
+                DECOMPOSITIONS[node.op_type](e, node, node.input[0], node.output[0])
+            except _CannotDecompose:  # left for the gradient check to name
+                new_nodes.append(node)
+                continue
             new_nodes.extend(e.nodes)
             counts.setdefault(node.op_type, []).append(node.name or node.output[0])
         else:

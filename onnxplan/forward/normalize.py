@@ -170,7 +170,7 @@ def _hide_for_conversion(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return targets
 
 
-def _unhide(model: onnx.ModelProto, hidden: list[onnx.NodeProto]) -> None:
+def _unhide(model: onnx.ModelProto) -> None:
     for node in model.graph.node:
         if node.domain == _HIDDEN:
             node.domain = ""
@@ -192,7 +192,8 @@ def convert_opset(model: onnx.ModelProto, notes: list[str]) -> onnx.ModelProto:
             cause = " ".join(str(exc).split())
             raise ModelError(f"cannot convert ai.onnx opset {opset} to {TARGET_OPSET} for {ORT_TRAINING}: "
                              f"{cause}") from None
-        _unhide(model, hidden)
+        if hidden:
+            _unhide(model)
         _fix_reduce_attributes(model)
         notes.append(f"converted ai.onnx opset {opset} to {TARGET_OPSET}")
     if model.ir_version > RUNTIME_IR_VERSION:
