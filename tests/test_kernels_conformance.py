@@ -41,6 +41,8 @@ MODULES = {
     "gather": "Gather", "softmax": "Softmax",
     "instance_normalization": "InstanceNormalization", "groupnormalization": "GroupNormalization",
     "einsum": "Einsum", "resize": "Resize", "upsample": "Upsample",
+    "negativeloglikelihoodloss": "NegativeLogLikelihoodLoss", "hardmax": "Hardmax",
+    "lpnormalization": "LpNormalization", "meanvariancenormalization": "MeanVarianceNormalization", "lrn": "LRN",
 }
 
 

@@ -116,7 +116,8 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
     ((2, 3, 120, 90), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [1, 2]}),  # row bands
     ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per block
 ])
-def test_depthwise_in_blocks(x_shape, w_shape, attrs):
+def test_depthwise_in_blocks(monkeypatch, x_shape, w_shape, attrs):
+    monkeypatch.setattr(conv_module, "DEPTHWISE_BLOCK", 2048)
     rng = np.random.default_rng(8)
     x, w = randn(rng, *x_shape), randn(rng, *w_shape)
     (y,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
@@ -148,6 +149,24 @@ def test_conv_allocates_well_under_its_output(op):
     assert peak < 128 * 1024 and peak < biggest // 8, (peak, biggest)
     expected = ort_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)
     for g, e in zip(outputs, expected):
+        assert_sums_close(g, e)
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvGrad"])
+def test_depthwise_allocates_well_under_its_output(op):
+    """A depthwise conv's block products live in its declared scratch."""
+    rng = np.random.default_rng(9)
+    x, w = randn(rng, 8, 32, 40, 40), randn(rng, 64, 1, 3, 3)
+    attrs = {"pads": [1, 1, 1, 1], "group": 32}
+    y_shape = (8, 64, 40, 40)
+    if op == "Conv":
+        inputs, outs = [x, w, randn(rng, 64)], [("float32", y_shape)]
+    else:
+        inputs, outs = [randn(rng, *y_shape), x, w], _conv_grad_outputs(x.shape, w.shape, y_shape, (1, 1, 1))
+    run, outputs = arena_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)
+    peak = peak_bytes(run)
+    assert peak < 128 * 1024, peak
+    for g, e in zip(outputs, ort_run(op, inputs, outs, attrs, "" if op == "Conv" else MS)):
         assert_sums_close(g, e)
 
 

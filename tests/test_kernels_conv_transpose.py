@@ -98,3 +98,18 @@ def test_conv_transpose_and_grad_in_chunks(monkeypatch, x_shape, w_shape, attrs)
     dx, dw, _ = run_kernel("ConvTransposeGrad", [dy, x, w], [tx.grad.numpy(), tw.grad.numpy(), None], attrs, MS)
     assert_sums_close(dx, tx.grad.numpy())
     assert_sums_close(dw, tw.grad.numpy())
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CASES)
+def test_conv_transpose_shape_rule_matches_ort(x_shape, w_shape, attrs):
+    from onnxplan.ir.graph import Node
+    from onnxplan.ir.shapes import infer_shapes
+    from onnxplan.ir.tensor import TensorSpec
+
+    rng = np.random.default_rng(10)
+    x, w = randn(rng, *x_shape), randn(rng, *w_shape)
+    (y,) = ort_run("ConvTranspose", [x, w], [("float32", None)], attrs)
+    node = Node("t", "ConvTranspose", "", ["x", "w"], ["y"], attrs)
+    known = {"x": TensorSpec("float32", x_shape), "w": TensorSpec("float32", w_shape)}
+    specs, _ = infer_shapes([node], known, {}, {"": 17})
+    assert specs["y"].shape == y.shape

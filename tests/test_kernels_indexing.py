@@ -121,3 +121,25 @@ def test_slice_grad():
     dy = rand(2, 3)
     check("SliceGrad", [dy, ints(2, 9), ints(1), ints(9), ints(1), ints(3)], domain=MS)
     check("SliceGrad", [rand(3, 2), ints(5, 4), ints(-1, 0), ints(-6, 4), ints(0, 1), ints(-2, 2)], domain=MS)
+
+
+def test_shrunken_gather_zero_gradient_in_place_accumulator():
+    check("ShrunkenGather", [rand(5, 3), ints(4, 0, -1)], domain=MS)
+    check("ZeroGradient", [rand(4, 3), rand(4, 3)], domain=MS, aliases=[(0, 0)])
+    for flag in (True, False):
+        check("InPlaceAccumulator", [rand(4, 3), rand(4, 3), np.array([flag])], domain=MS,
+              aliases=[(0, 0), (0, 1)])
+    check("InPlaceAccumulator", [rand(4, 3), rand(4, 3)], domain=MS)
+
+
+@pytest.mark.parametrize("op", ["NonZero", "Unique", "Compress"])
+def test_data_dependent_ops_are_refused_at_plan_time(op):
+    from onnxplan.ir.graph import Node
+    from onnxplan.ir.shape_rules import ShapeInferenceError
+    from onnxplan.ir.shapes import infer_shapes
+    from onnxplan.ir.tensor import TensorSpec
+
+    node = Node("nz", op, "", ["x"] + (["c"] if op == "Compress" else []), ["y"], {})
+    known = {"x": TensorSpec("float32", (3, 4)), "c": TensorSpec("bool", (3,))}
+    with pytest.raises(ShapeInferenceError, match=f"{op}'s output shape depends on the input values"):
+        infer_shapes([node], known, {}, {"": 17})

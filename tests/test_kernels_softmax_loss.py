@@ -189,3 +189,17 @@ def test_sce_loss_allocates_only_label_sized_temporaries():
     fn = find_kernel(node).fn
     fn(ctx, [x, labels], outputs)
     assert peak_bytes(lambda: fn(ctx, [x, labels], outputs)) < 4 * 1024 * 1024 // 8
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore", [None, 2])
+def test_negative_log_likelihood_loss(reduction, weighted, ignore):
+    from tests.kernel_harness import check
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    target = rng.integers(0, 5, size=(3, 4)).astype(np.int64)
+    inputs = [x, target] + ([rng.uniform(0.5, 2, 5).astype(np.float32)] if weighted else [])
+    attrs = {"reduction": reduction} | ({"ignore_index": ignore} if ignore is not None else {})
+    check("NegativeLogLikelihoodLoss", inputs, attrs, rtol=1e-5, atol=1e-6)

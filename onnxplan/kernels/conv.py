@@ -8,7 +8,6 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from onnxplan.ir.graph import Node
-from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -231,10 +230,23 @@ def _depthwise(x_shape, group: int) -> bool:
     return group > 1 and int(x_shape[1]) == group
 
 
-def _depthwise_chunks(xp, dtype, n: int, c: int, per_row: int, rows_out: int):
-    """(images, channels, output rows) slices of the blocks a depthwise conv works in: each
-    block's [images, channels, multiplier, rows, rest] fits a block's temporaries."""
-    budget = _xp.block_elems(dtype, xp)
+DEPTHWISE_BLOCK = 1 << 18  # elements of a depthwise block's temporaries (in the planned scratch)
+
+
+def _depthwise_block(y_shape, c: int) -> int:
+    """Elements of one block: DEPTHWISE_BLOCK, at most the whole output, at least one output row
+    of one channel (all its multiplier's outputs)."""
+    per_row = (int(y_shape[1]) // c) * prod(y_shape[3:])
+    return max(min(DEPTHWISE_BLOCK, prod(y_shape)), per_row)
+
+
+def _depthwise_scratch(y_shape, c: int, itemsize: int, regions: int) -> int:
+    return regions * _align(_depthwise_block(y_shape, c) * itemsize)
+
+
+def _depthwise_chunks(budget: int, n: int, c: int, per_row: int, rows_out: int):
+    """(images, channels, end row, first row) of the blocks a depthwise conv works in: each
+    block's [images, channels, multiplier, rows, rest] holds at most `budget` elements."""
     per_channel = per_row * rows_out
     band = rows_out if per_channel <= budget else max(1, budget // per_row)
     step_c = max(1, min(c, budget // per_channel)) if band == rows_out else 1
@@ -245,16 +257,23 @@ def _depthwise_chunks(xp, dtype, n: int, c: int, per_row: int, rows_out: int):
                 yield (slice(n0, n0 + step_n), slice(c0, c0 + step_c), min(r0 + band, rows_out), r0)
 
 
-def _depthwise_conv(xp, win: Window, x, w, y) -> None:
+def _temp(ctx: KernelContext, region: int, budget: int, shape, dtype):
+    """A block-shaped temporary in scratch region `region` (each region holds `budget` elements)."""
+    return ctx.scratch_array(region * _align(budget * dtype.itemsize), shape, dtype)
+
+
+def _depthwise_conv(ctx: KernelContext, win: Window, x, w, y) -> None:
     """Y[n, c, j] = sum over taps t of W[c, j, t] X[n, c] at t's positions (c: the channel, j: the
-    multiplier), block by block; the bias is added by the caller."""
+    multiplier), block by block, products in the scratch; the bias is added by the caller."""
+    xp = ctx.xp
     n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
     spatial = len(win.kernel)
     w3 = w.reshape(c, mg, -1)
     y5 = y.reshape(n, c, mg, *y.shape[2:])
     lead = (slice(None),) * 3
     ones = (1,) * spatial
-    for ns, cs, r1, r0 in _depthwise_chunks(xp, y.dtype, n, c, mg * prod(y.shape[3:]), y.shape[2]):
+    budget = _depthwise_block(y.shape, c)
+    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(y.shape[3:]), y.shape[2]):
         sub = win.band(r0, r1)
         yb = y5[ns, cs, :, r0:r1]
         yb[...] = 0
@@ -263,13 +282,15 @@ def _depthwise_conv(xp, win: Window, x, w, y) -> None:
             if tap.empty:
                 continue
             dst = yb[lead + tap.out_slices]
-            weights = w3[cs, :, t].reshape(1, -1, mg, *ones)
-            dst += weights * xb[lead + tap.in_slices]
+            product = _temp(ctx, 0, budget, dst.shape, y.dtype)
+            xp.multiply(w3[cs, :, t].reshape(1, -1, mg, *ones), xb[lead + tap.in_slices], out=product)
+            xp.add(dst, product, out=dst)
 
 
-def _depthwise_conv_grad(xp, win: Window, dy, x, w, dx, dw) -> None:
+def _depthwise_conv_grad(ctx: KernelContext, win: Window, dy, x, w, dx, dw) -> None:
     """dW[c, j, t] = sum of dY[n, c, j] X[n, c] at t's positions; dX[n, c] at t's positions +=
-    sum over j of W[c, j, t] dY[n, c, j]; block by block (dB is the caller's)."""
+    sum over j of W[c, j, t] dY[n, c, j]; block by block, products in the scratch (dB is the caller's)."""
+    xp = ctx.xp
     n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
     spatial = len(win.kernel)
     w3 = w.reshape(c, mg, -1)
@@ -282,7 +303,8 @@ def _depthwise_conv_grad(xp, win: Window, dy, x, w, dx, dw) -> None:
         dw3[...] = 0
     if dx is not None:
         dx[...] = 0
-    for ns, cs, r1, r0 in _depthwise_chunks(xp, dy.dtype, n, c, mg * prod(dy.shape[3:]), dy.shape[2]):
+    budget = _depthwise_block(dy.shape, c)
+    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(dy.shape[3:]), dy.shape[2]):
         sub = win.band(r0, r1)
         dyb = dy5[ns, cs, :, r0:r1]
         xb = x[ns, cs][:, :, None]
@@ -291,12 +313,20 @@ def _depthwise_conv_grad(xp, win: Window, dy, x, w, dx, dw) -> None:
             if tap.empty:
                 continue
             g = dyb[lead + tap.out_slices]
+            product = _temp(ctx, 0, budget, g.shape, dy.dtype)
             if dw3 is not None:
+                xp.multiply(g, xb[lead + tap.in_slices], out=product)
                 part = dw3[cs, :, t]
-                part += (g * xb[lead + tap.in_slices]).sum(axis=summed)
+                part += product.sum(axis=summed)
             if dxb is not None:
                 dst = dxb[(slice(None), slice(None)) + tap.in_slices]
-                dst += (g * w3[cs, :, t].reshape(1, -1, mg, *ones)).sum(axis=2)
+                xp.multiply(g, w3[cs, :, t].reshape(1, -1, mg, *ones), out=product)
+                if mg == 1:
+                    xp.add(dst, product[:, :, 0], out=dst)
+                else:
+                    total = _temp(ctx, 1, budget, dst.shape, dy.dtype)
+                    xp.sum(product, axis=2, out=total)
+                    xp.add(dst, total, out=dst)
 
 
 def conv_scratch(node, in_specs, out_specs) -> int:
@@ -307,7 +337,7 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
     if _depthwise(x.shape, group):
-        return 0
+        return _depthwise_scratch(y.shape, x.shape[1], x.itemsize, 1)
     return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False).nbytes
 
 
@@ -326,7 +356,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     w2 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
     if _depthwise(x.shape, group):
-        _depthwise_conv(xp, win, x, w, y)
+        _depthwise_conv(ctx, win, x, w, y)
     elif win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
         x3 = x.reshape(n, c, length)
         for g in range(group):
@@ -359,7 +389,8 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     win = _conv_window(node.attrs, x.shape, w.shape, dy.shape)
     group = int(node.attrs.get("group", 1))
     if _depthwise(x.shape, group):
-        return 0
+        regions = 2 if need_dx and w.shape[0] != x.shape[1] else 1  # dX sums over a multiplier
+        return _depthwise_scratch(dy.shape, x.shape[1], x.itemsize, regions) if need_dx or need_dw else 0
     need_cols = need_dw or (need_dx and not win.pointwise)
     return _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, need_cols, need_dw).nbytes
 
@@ -382,7 +413,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
     if _depthwise(x.shape, group):
-        _depthwise_conv_grad(xp, win, dy, x, w, dx, dw)
+        _depthwise_conv_grad(ctx, win, dy, x, w, dx, dw)
         return
     if dx is not None and win.pointwise:  # dX[n] = W^T @ dY[n] for every image in one batched call
         dx3 = dx.reshape(n, c, length)

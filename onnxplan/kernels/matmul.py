@@ -1,9 +1,10 @@
-"""Matrix-product kernels: Gemm, MatMul and ONNX Runtime's FusedMatMul/TransposeMatMul, straight into their outputs."""
+"""Matrix-product kernels: Gemm, MatMul, Einsum and ONNX Runtime's FusedMatMul/TransposeMatMul, straight into their outputs."""
 
 from __future__ import annotations
 
 import itertools
 
+from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into"]
@@ -112,4 +113,8 @@ def einsum(ctx: KernelContext, inputs, outputs) -> None:
     """numpy's einsum of the equation straight into the output (its sums of products, no BLAS)."""
     equation = ctx.attrs["equation"]
     equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-    ctx.xp.einsum(equation.replace(" ", ""), *[x for x in inputs if x is not None], out=outputs[0])
+    operands = [x for x in inputs if x is not None]
+    if _xp.is_cupy(ctx.xp):  # CuPy's einsum takes no out=
+        ctx.xp.copyto(outputs[0], ctx.xp.einsum(equation.replace(" ", ""), *operands))
+        return
+    ctx.xp.einsum(equation.replace(" ", ""), *operands, out=outputs[0])

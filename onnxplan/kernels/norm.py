@@ -387,3 +387,56 @@ def group_norm(ctx: KernelContext, inputs, outputs) -> None:
     if scale.size != c:  # per group: each group's value for its channels
         scale, bias = xp.repeat(scale, c // groups), xp.repeat(bias, c // groups)
     _affine(xp, y, scale, bias)
+
+
+@kernel("LpNormalization", overwrites={0: (0,)})
+def lp_normalization(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = X / ||X||_p along axis (p 1 or 2; 0 where the norm is 0), a few rows at a time."""
+    from onnxplan.kernels import _xp
+
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    p = int(ctx.attrs.get("p", 2))
+    if p not in (1, 2):
+        raise ValueError(f"{ctx.node.name}: LpNormalization p={p} is neither 1 nor 2")
+    pre, dim, post = _xp.axis3(x.shape, int(ctx.attrs.get("axis", -1)))
+
+    def block(o, v):
+        norm = xp.abs(v).sum(axis=1, keepdims=True) if p == 1 else xp.sqrt((v * v).sum(axis=1, keepdims=True))
+        norm[norm == 0] = 1  # a zero vector stays zero (ORT and ONNX), not 0 / 0
+        xp.divide(v, norm, out=o)
+
+    step = max(1, _xp.block_elems(x.dtype, xp) // max(1, dim * post))
+    x3, y3 = x.reshape(pre, dim, post), y.reshape(pre, dim, post)
+    for r0 in range(0, pre, step):
+        block(y3[r0:r0 + step], x3[r0:r0 + step])
+
+
+@kernel("MeanVarianceNormalization", overwrites={0: (0,)})
+def mean_variance_normalization(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = (X - mean) / (sqrt(var) + 1e-9) over `axes` (default 0, 2, 3), ONNX's function body."""
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    axes = tuple(int(a) + x.ndim if int(a) < 0 else int(a) for a in ctx.attrs.get("axes") or (0, 2, 3))
+    mean = x.mean(axis=axes, keepdims=True)  # statistics-sized
+    var = (x * x).mean(axis=axes, keepdims=True) - mean * mean
+    xp.subtract(x, mean, out=y)
+    xp.divide(y, xp.sqrt(var) + x.dtype.type(1e-9), out=y)
+
+
+@kernel("LRN")
+def lrn(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = X / (bias + alpha / size * sum of X^2 over the channel window)^beta, the window
+    [c - (size - 1) // 2, c + ceil((size - 1) / 2)], through a running sum over channels."""
+    xp, x, y = ctx.xp, inputs[0], outputs[0]
+    size = int(ctx.attrs["size"])
+    alpha, beta = float(ctx.attrs.get("alpha", 1e-4)), float(ctx.attrs.get("beta", 0.75))
+    bias = float(ctx.attrs.get("bias", 1.0))
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    c = x.shape[1]
+    for i in range(x.shape[0]):  # one image at a time: the running sums are image-sized
+        sq = x[i].astype(np.float64) ** 2
+        run = xp.concatenate([xp.zeros((1, *sq.shape[1:])), xp.cumsum(sq, axis=0)])
+        top = xp.minimum(xp.arange(c) + hi + 1, c)
+        bottom = xp.maximum(xp.arange(c) - lo, 0)
+        window = run[top] - run[bottom]
+        scale = (window * (alpha / size) + bias) ** beta
+        xp.copyto(y[i], x[i] / scale, casting="unsafe")

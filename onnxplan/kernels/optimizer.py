@@ -209,3 +209,20 @@ def sgd_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """One parameter of the interleaved optimizer: (lr, p, g) -> p'."""
     lr = np.float32(_xp.host_scalar(inputs[0]))
     _sgd_one(ctx.xp, lr, inputs[1], inputs[2], outputs[0], _scratch_one(ctx, inputs[1].dtype))
+
+
+@kernel("InPlaceAccumulator", MS, overwrites={0: (0, 1)})
+def in_place_accumulator(ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """(old sum, value, do update?) -> old sum + value, or the old sum unchanged when the flag is false."""
+    xp, old, value, out = ctx.xp, inputs[0], inputs[1], outputs[0]
+    update = len(inputs) < 3 or inputs[2] is None or bool(inputs[2].reshape(-1)[0])
+    if update:
+        xp.add(old, value, out=out)
+    elif not _same(out, old):
+        xp.copyto(out, old)
+
+
+@kernel("ZeroGradient", MS, overwrites={0: (0,)})
+def zero_gradient(ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """(gradient, reset signal) -> zeros of the gradient's shape."""
+    outputs[0].fill(0)

@@ -1,8 +1,11 @@
-"""Softmax-family kernels: (Log)Softmax, their gradients, SoftmaxCrossEntropyLoss and its gradient."""
+"""Softmax-family kernels: (Log)Softmax, their gradients, SoftmaxCrossEntropyLoss and its gradient,
+NegativeLogLikelihoodLoss."""
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import kernel
@@ -203,3 +206,39 @@ def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
     xp.multiply(out3, factor.reshape(n, 1, d), out=out3)
     if bias is not None:
         xp.add(out, bias, out=out)
+
+
+@kernel("NegativeLogLikelihoodLoss")
+def negative_log_likelihood_loss(ctx, inputs, outputs):
+    """loss[n, d] = -input[n, target[n, d], d] * weight[target] (0 at ignore_index); reduction none,
+    sum, or mean (divided by the sum of the weights taken)."""
+    xp, x, target, out = ctx.xp, inputs[0], inputs[1], outputs[0]
+    weight = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    reduction = ctx.attrs.get("reduction", "mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    ignore = ctx.attrs.get("ignore_index")
+    t = target.astype(np.int64)
+    keep = t != int(ignore) if ignore is not None else None
+    if keep is not None:
+        t = xp.where(keep, t, 0)
+    picked = xp.take_along_axis(x, xp.expand_dims(t, 1), axis=1)[:, 0]  # target-sized
+    w = xp.take(weight, t) if weight is not None else xp.ones(t.shape, x.dtype)
+    if keep is not None:
+        w = w * keep
+    loss = -(picked * w)
+    if reduction == "none":
+        xp.copyto(out, loss)
+    elif reduction == "sum":
+        xp.copyto(out, loss.sum())
+    else:
+        xp.copyto(out, loss.sum() / w.sum())
+
+
+@kernel("Hardmax", since=13)
+def hardmax(ctx, inputs, outputs):
+    """1 at the first largest value along axis (default -1), 0 elsewhere."""
+    xp, x, out = ctx.xp, inputs[0], outputs[0]
+    axis = _xp.norm_axis(int(ctx.attrs.get("axis", -1)), x.ndim)
+    first = xp.expand_dims(xp.argmax(x, axis=axis), axis)  # the input without the axis
+    positions = xp.arange(x.shape[axis]).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+    _xp.blockwise(xp, lambda o, f, p: xp.copyto(o, f == p, casting="unsafe"), out, first, positions)

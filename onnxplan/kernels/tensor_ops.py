@@ -134,6 +134,7 @@ def _checked_indices(xp, indices, dim: int, where: str):
 
 
 @kernel("Gather")
+@kernel("ShrunkenGather", MS)
 def gather(ctx, inputs, outputs):
     xp, (data, indices) = ctx.xp, inputs[:2]
     axis = _xp.norm_axis(int(ctx.attrs.get("axis", 0)), data.ndim)

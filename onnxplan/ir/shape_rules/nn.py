@@ -22,8 +22,18 @@ from onnxplan.ir.tensor import TensorSpec
 
 __all__ = ["window_out_dims", "conv_out_dims", "conv_transpose_out_dims", "layer_norm_stat_spec"]
 
-register_same_as_input(("Softmax", "LogSoftmax", "Hardmax", "LRN", "InstanceNormalization",
+register_same_as_input(("Softmax", "LogSoftmax", "LRN", "InstanceNormalization",
                         "MeanVarianceNormalization", "LpNormalization"))
+
+
+@shape_rule("Hardmax", since=13)
+def _hardmax(node, specs, consts):
+    return outputs(node, need(node, specs, 0))
+
+
+@shape_rule("Hardmax", until=12)
+def _hardmax_2d(node, specs, consts):
+    raise fail("Hardmax before opset 13 (on the input coerced to 2-D) is not supported")
 register_same_as_input(("BiasSoftmax",), MS)
 
 

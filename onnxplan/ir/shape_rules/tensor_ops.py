@@ -295,6 +295,10 @@ def _same_as_data(node, specs, consts):
 @shape_rule("Pad")
 def _pad(node, specs, consts):
     x = need(node, specs, 0)
+    mode = attr(node, "mode", "constant")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise fail(f"Pad mode {mode!r} is not supported")
     pads = const_ints(node, consts, 1, "pads") if has_input(node, 1) else attr_ints(node, "pads")
     axes = const_ints(node, consts, 3, "axes") if has_input(node, 3) else list(range(x.rank))
     axes = norm_axes(node, axes, x.rank)
@@ -334,6 +338,13 @@ def _top_k(node, specs, consts):
     axis = norm_axis(node, attr(node, "axis", -1), x.rank)
     shape = x.shape[:axis] + (k,) + x.shape[axis + 1 :]
     return outputs(node, x.with_shape(shape), TensorSpec("int64", shape))
+
+
+@shape_rule("NonZero")
+@shape_rule("Unique")
+@shape_rule("Compress")
+def _data_dependent(node, specs, consts):
+    raise fail(f"{node.op_type}'s output shape depends on the input values: not supported (static shapes only)")
 
 
 @shape_rule("Resize")
