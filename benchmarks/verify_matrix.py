@@ -82,7 +82,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--out", default="reports/verify-matrix.jsonl")
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--inputs", default="", help="with --markdown: only write the table of these JSON-lines files")
     a = ap.parse_args()
+    if a.inputs:
+        rows = [json.loads(line) for f in a.inputs.split(",") for line in Path(f).read_text().splitlines()]
+        Path(a.markdown).write_text(markdown(rows))
+        return
     from onnxplan.models import list_models
 
     models = a.models.split(",") if a.models else [m.name for m in list_models()]

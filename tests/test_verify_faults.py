@@ -34,6 +34,7 @@ def _failure(prep: Prepared, steps: int = 1):
     assert not v.ok, "a planted fault passed verification"
     bad = next(s for s in v.steps if not s.ok)
     assert bad.first_difference is not None
+    print(f"\nnamed: {bad.first_difference}")  # pytest -s shows what --verify says
     return bad.first_difference
 
 
@@ -192,3 +193,53 @@ def test_dropout_ignoring_the_mask_is_caught(monkeypatch, dropout_model):
     _patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
     first = _failure(dropout_model)
     assert first.node == "drop"
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_ort_step_is_the_training_apis_step(optimizer):
+    """ONNX Runtime's side of the verification (training and optimizer models in
+    InferenceSessions, the state fed in) computes what onnxruntime.training.api's Module and
+    Optimizer compute for the same step: the same loss and parameters after one step."""
+    from onnxplan.executor.runner import initial_parameters, step_batches
+    from onnxplan.reference import run_reference
+    from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
+
+    mlp = _prepared("mlp", 2, optimizer)
+    params = initial_parameters(mlp.folder)
+    batch = step_batches(mlp.folder, 1, 0)[0]
+    ort = OrtTrainingStep(mlp.folder).run(params, batch)
+    names = list(mlp.graph.optimizer["params"])
+    zeros = {f"{p}.{m}": np.zeros_like(params[p]) for p in names for m in ("exp_avg", "exp_avg_sq")}
+    new = OrtOptimizerStep(mlp.folder).run(names, ORT_DEFAULT_LEARNING_RATE, 1, params, ort.grads, zeros)
+    ref = run_reference(mlp.folder, steps=1)
+    assert ort.loss == ref.losses[0]
+    for p in names:
+        np.testing.assert_array_equal(new[p], ref.params[p], err_msg=p)
+
+
+def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(monkeypatch, mlp):
+    """A loss that differs from ONNX Runtime's only because ORT's float32 reduction is less
+    accurate passes (judged against the loss node in float64 on ORT's inputs); a wrong loss
+    kernel still fails."""
+    from onnxplan.verification import ort_step
+
+    real_run = ort_step.OrtTrainingStep.run
+
+    def inaccurate(self, *args, **kwargs):  # ORT's loss off by 1e-4 relative, its inputs intact
+        out = real_run(self, *args, **kwargs)
+        out.loss *= 1 + 1e-4
+        return out
+
+    monkeypatch.setattr(ort_step.OrtTrainingStep, "run", inaccurate)
+    v = verify_run(mlp, steps=1)
+    assert v.ok, v.summary()
+    assert "float64" in v.steps[0].checks["loss"].name
+
+    def make(fn):
+        def bad(ctx, inputs, outputs):
+            fn(ctx, inputs, outputs)
+            outputs[0][...] *= 1.001
+        return bad
+
+    _patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
+    assert not verify_run(mlp, steps=1).ok

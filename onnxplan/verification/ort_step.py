@@ -44,6 +44,7 @@ class OrtStep:
     running: dict[str, np.ndarray]  # running statistic (a frozen parameter) -> its new value
     random: dict[str, np.ndarray]  # random node -> what it drew (keep-mask or output)
     values: dict[str, np.ndarray] = field(default_factory=dict)  # intermediates, when exposed
+    loss_inputs: list[np.ndarray | None] = field(default_factory=list)  # what the loss node read
 
 
 def _session(model: onnx.ModelProto):
@@ -99,6 +100,8 @@ class OrtTrainingStep:
                 if o:
                     self.value_node[o] = n.name
         self.inputs = [vi.name for vi in g.input]
+        self.loss_node = next((n for n in g.node if self.loss_name in n.output), None)
+        self.opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self._sessions: dict[tuple[bool, bool], object] = {}
 
     def _session_for(self, expose_all: bool, given: bool):
@@ -109,6 +112,8 @@ class OrtTrainingStep:
                 _take_random_as_inputs(m, set(self.random_of))
             have = {o.name for o in m.graph.output}
             want = [*self.grad_of.values(), *self.running_of.values(), *self.random_of.values()]
+            if self.loss_node is not None:
+                want += [i for i in self.loss_node.input if i in self.value_node]
             if expose_all:
                 want += list(self.value_node)
             for name in dict.fromkeys(want):
@@ -126,8 +131,10 @@ class OrtTrainingStep:
         for name in self.inputs:
             if name in batch:
                 feeds[name] = batch[name]
+            elif name in self.running_of:  # state a kernel may update in place: never our copy
+                feeds[name] = np.array(params[name], copy=True)
             elif name in params:
-                feeds[name] = np.array(params[name], copy=True)  # ORT may update state inputs in place
+                feeds[name] = params[name]
             elif name == RESET_FLAG:
                 feeds[name] = np.ones((1,), dtype=bool)
             elif name.endswith(ACC_SUFFIX) and name[: -len(ACC_SUFFIX)] in params:
@@ -143,7 +150,40 @@ class OrtTrainingStep:
             running={r: out[v] for r, v in self.running_of.items()},
             random={n: out[v] for n, v in self.random_of.items()},
             values=out if expose_all else {},
+            loss_inputs=[] if self.loss_node is None else
+            [out.get(i, feeds.get(i)) if i else None for i in self.loss_node.input],
         )
+
+    def exact_loss(self, step: OrtStep) -> float | None:
+        """The loss node evaluated in float64 (the ONNX reference evaluator) on the inputs ONNX
+        Runtime gave it: the loss without ONNX Runtime's float32 reduction error. None when the
+        node is not a standard ONNX op or cannot be evaluated."""
+        from onnx import helper
+        from onnx.reference import ReferenceEvaluator
+
+        n = self.loss_node
+        if n is None or n.domain not in ("", "ai.onnx") or any(x is None for x in step.loss_inputs if x is not None):
+            return None
+        feeds, inputs = {}, []
+        for k, (name, x) in enumerate(zip(n.input, step.loss_inputs)):
+            if not name or x is None:
+                inputs.append("")
+                continue
+            x = np.asarray(x)
+            x = x.astype(np.float64) if x.dtype.kind == "f" else x
+            feeds[f"i{k}"] = x
+            inputs.append(f"i{k}")
+        node = helper.make_node(n.op_type, inputs, [f"o{j}" for j in range(len(n.output))])
+        node.attribute.extend(n.attribute)
+        graph = helper.make_graph(
+            [node], "loss",
+            [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()],
+            [helper.make_tensor_value_info(f"o{j}", onnx.TensorProto.UNDEFINED, None) for j in range(len(n.output))])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+        try:
+            return float(np.asarray(ReferenceEvaluator(model).run(None, feeds)[0]).reshape(-1)[0])
+        except Exception:  # noqa: BLE001 - a help to judge the loss, never a failure of its own
+            return None
 
 
 _GIVEN_PREFIX = "verify.given."
@@ -245,8 +285,8 @@ class OrtOptimizerStep:
             moments: dict | None = None) -> dict[str, np.ndarray]:
         """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
         moments = moments or {}
-        seqs = {"params": [np.array(params[p], copy=True) for p in names],
-                "gradients": [np.array(grads[p], copy=True) for p in names]}
+        # AdamWOptimizer updates its sequence inputs in place: give it copies of the state
+        seqs = {"params": [np.array(params[p], copy=True) for p in names], "gradients": [grads[p] for p in names]}
         if self.kind == "AdamW":
             seqs["first_order_moments"] = [np.array(moments[f"{p}.exp_avg"], copy=True) for p in names]
             seqs["second_order_moments"] = [np.array(moments[f"{p}.exp_avg_sq"], copy=True) for p in names]
