@@ -67,9 +67,11 @@ def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
         return [m.name for m in list_models()]
     if not models:
         raise UsageError("no model given: name zoo models (onnxplan models list) or use --all")
+    from onnxplan.models.hf import is_hf_name
+
     zoo = [m.name for m in list_models()]
     for name in models:  # before any work: a typo in the last model should not cost the sweep
-        if name not in zoo and not Path(name).exists():
+        if name not in zoo and not is_hf_name(name) and not Path(name).exists():
             raise UsageError(f"'{name}' is neither a file, an artifact folder nor a zoo model "
                              f"(zoo: {', '.join(zoo)})")
     return list(dict.fromkeys(models))

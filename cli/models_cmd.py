@@ -22,14 +22,26 @@ models_app = typer.Typer(help="The built-in model zoo (built in code, seeded wei
 @models_app.command("list", cls=OnnxplanCommand)
 @handle_errors
 def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List the zoo models with their default batch, loss and optimizer."""
-    from onnxplan.models import list_models
+    """List the zoo models with their default batch, loss and optimizer.
+
+    With `transformers` installed, the list also has the corpus of real architectures:
+    hf-ARCH is the model exported with PyTorch's TorchScript exporter (dynamo=False,
+    opset 17, training mode), hf-ARCH-dynamo the same model with the default dynamo
+    exporter. Their artifacts go through the forward-model path, as a user's .onnx does.
+    """
+    from onnxplan.models import hf, list_models
 
     rows = [
         {"name": m.name, "batch": m.default_batch, "loss": m.default_loss,
          "optimizer": m.default_optimizer, "description": m.description}
         for m in list_models()
     ]
+    if hf.available():  # the corpus of Hugging Face architectures, each with both exporters
+        rows += [
+            {"name": hf.zoo_name(s.arch, e), "batch": s.default_batch, "loss": "ce", "optimizer": "adamw",
+             "description": f"{s.description} ({e} export)"}
+            for s in hf.hf_specs() for e in hf.EXPORTERS
+        ]
     if json_out:
         print_json(rows)
         return
@@ -42,7 +54,8 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
 @models_app.command("build", cls=OnnxplanCommand)
 @handle_errors
 def build_command(
-    name: str = typer.Argument(..., help="Zoo model name (see `onnxplan models list`)."),
+    name: str = typer.Argument(..., help="Zoo model name (see `onnxplan models list`); hf-ARCH uses the "
+                               "TorchScript exporter, hf-ARCH-dynamo the dynamo one."),
     batch: int = typer.Option(None, "--batch", help="Batch size (default: the model's)."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (default: the model's)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (default: the model's)."),
@@ -51,13 +64,20 @@ def build_command(
 ) -> None:
     """Write forward.onnx and the onnxruntime-training artifacts of a zoo model.
 
+    hf-ARCH[-dynamo] (needs `transformers`) exports the model to a forward .onnx (cached)
+    and builds its artifacts through the forward-model path, as for a user's own file.
+
     Artifacts are cached by content hash ($ONNXPLAN_CACHE, default ~/.cache/onnxplan/artifacts);
     -o copies them into a folder of your choice.
     """
     from onnxplan.models import get_model
+    from onnxplan.models.hf import PREFIX, require_spec
     from onnxplan.resolve import resolve_artifacts
 
-    get_model(name)  # unknown name -> one clear line
+    if name.startswith(PREFIX):  # unknown name -> one clear line
+        require_spec(name)
+    else:
+        get_model(name)
     req = model_request(name, batch, optimizer, loss, None)
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a folder")

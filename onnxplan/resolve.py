@@ -40,6 +40,10 @@ def _looks_like_path(text: str) -> bool:
 def resolve_artifacts(req: ModelRequest) -> Path:
     """The artifact folder for a request, building artifacts into the cache when needed."""
     path = Path(req.model)
+    from onnxplan.models.hf import export_forward, is_hf_name
+
+    if is_hf_name(req.model) and not path.exists():  # the corpus: a user's export, as a user's file
+        path = export_forward(req.model, batch=req.batch)
     if (req.train or req.freeze) and not path.is_file():
         raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
                          f"'{req.model}' is not one")
@@ -62,7 +66,6 @@ def resolve_artifacts(req: ModelRequest) -> Path:
             train=list(req.train), freeze=list(req.freeze),
         )
     from onnxplan.models import build_forward, list_models
-
     names = [m.name for m in list_models()]
     if req.model in names and not _looks_like_path(req.model):
         from onnxplan.artifacts import build_artifacts
