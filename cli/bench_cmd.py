@@ -9,8 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, print_json,
-                                  write_atomic)
+from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, handle_errors, print_json, write_atomic
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes, parse_size
@@ -143,7 +142,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
             write_atomic(out, dumps_results(d))
 
     with Progress("bench", total=count_tasks(config)) as progress:
-        advance = lambda text, n: progress.update(text, n)  # noqa: E731
+        advance = lambda text, n: progress.update(text, n)
         if workers is None and scheduler is None:
             doc = run_bench(config, doc, save, advance)
         else:

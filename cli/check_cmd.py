@@ -104,7 +104,7 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
                          budgets=gate.budgets, model_options=gate.model_options)
     doc = new_results(config.to_json())
     with Progress("check", total=count_tasks(config)) as progress:
-        advance = lambda text, n: progress.update(text, n)  # noqa: E731
+        advance = lambda text, n: progress.update(text, n)
         if gate.workers is None and gate.scheduler is None:
             doc = run_bench(config, doc, lambda d: None, advance)
         else:

@@ -19,8 +19,18 @@ from typing import Any
 
 from onnxplan.bench.results import peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
-from onnxplan.bench.sweep import (BenchConfig, _fill_peers, _loadavg, _peers_todo, _row_done, _start_run,
-                                  load_graph, model_meta, plan_entry, plan_one)
+from onnxplan.bench.sweep import (
+    BenchConfig,
+    _fill_peers,
+    _loadavg,
+    _peers_todo,
+    _row_done,
+    _start_run,
+    load_graph,
+    model_meta,
+    plan_entry,
+    plan_one,
+)
 from onnxplan.errors import UsageError
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
@@ -48,8 +58,12 @@ def _client(Client, LocalCluster, scheduler, workers) -> Iterator[Any]:
         with client:
             yield client
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    import dask
+
+    # one row at a time per worker: a worker that dies takes no queued row down with it
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}), \
+            LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                         silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
 
@@ -147,7 +161,7 @@ def run_bench_dask(config: BenchConfig, doc: dict[str, Any], save: Callable[[dic
         failed[:] = [f for f in failed if {k: f.get(k) for k in what} != what]
         try:
             result = future.result()
-        except Exception as e:  # the task raised, or its worker died on every try
+        except Exception as e:  # noqa: BLE001 (the task raised, or its worker died on every try)
             failed.append({**what, "host": None, "error": _cause(e)})
             finish(f"{model} {name}: failed")
             continue
