@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, handle_errors, print_json, write_atomic
+from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, print_json,
+                                  write_atomic)
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes, parse_size
