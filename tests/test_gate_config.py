@@ -104,3 +104,17 @@ def test_this_repos_gate_is_todays_gate(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     with pytest.raises(UsageError, match="no \\[tool.onnxplan\\]"):
         load_gate_config(tmp_path / "pyproject.toml")
+
+
+def test_the_readme_example_is_a_valid_gate(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Using onnxplan in CI")[1]
+    toml = section.split("```toml\n")[1].split("```")[0]
+    (tmp_path / "pyproject.toml").write_text(toml)
+    gate = load_gate_config(find_gate_config(tmp_path))
+    assert gate.models == [str(tmp_path / "path/to/model.onnx"), "gpt"]
+    assert gate.model_options == {"gpt": {"batch": 8, "optimizer": "sgd", "loss": "ce"}}
+    assert gate.budgets == {"gpt": 512 * 2**20} and gate.baseline == tmp_path / "memory-baseline.json"
+    workflow = section.split("```yaml\n")[1].split("```")[0]
+    assert [ln.split("#")[0].strip() for ln in workflow.splitlines() if "- run:" in ln] == \
+        ["- run: pip install -e .", "- run: onnxplan check"]

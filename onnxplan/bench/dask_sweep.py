@@ -35,7 +35,7 @@ from onnxplan.errors import UsageError
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
 
-_GRAPHS: dict[tuple, Any] = {}  # per worker process: (folder, request) -> StepGraph, reused by its rows
+_MODELS: dict[Any, tuple] = {}  # per worker process: request -> (folder, meta, StepGraph), reused by its rows
 
 
 def open_client(scheduler: str | None = None, workers: int | None = None):
@@ -76,21 +76,24 @@ def _timed_run_lock() -> Iterator[None]:
         yield
 
 
-def _graph(folder, config: BenchConfig, model: str):
-    key = (str(folder), config.request(model))
-    if key not in _GRAPHS:
-        _GRAPHS[key] = load_graph(folder, config, model)
-    return _GRAPHS[key]
+def _model(config: BenchConfig, model: str) -> tuple:
+    """(artifact folder, metadata, step graph) of `model` on this worker (resolving a zoo model
+    builds its forward model to find the cache entry: done once per worker process)."""
+    from onnxplan.resolve import resolve_artifacts
+
+    key = config.request(model)
+    if key not in _MODELS:
+        folder = resolve_artifacts(key)  # the worker's own cache
+        _MODELS[key] = folder, model_meta(folder, config, model), load_graph(folder, config, model)
+    return _MODELS[key]
 
 
 def row_task(config: BenchConfig, model: str, strategy: Strategy) -> tuple[dict, dict]:
     """On a worker: plan (and measure) one row; (row, plan entry)."""
     from onnxplan.bench.measure import measure_plan
-    from onnxplan.resolve import resolve_artifacts
 
-    folder = resolve_artifacts(config.request(model))  # the worker's own cache
-    meta = model_meta(folder, config, model)
-    row, plan = plan_one(_graph(folder, config, model), model, meta, strategy, config)
+    folder, meta, graph = _model(config, model)
+    row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
         with _timed_run_lock():
             row.update(measure_plan(folder, plan, config.repeat, config.warmup))
@@ -101,9 +104,8 @@ def row_task(config: BenchConfig, model: str, strategy: Strategy) -> tuple[dict,
 def peer_task(config: BenchConfig, model: str, peer: str) -> dict:
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
     from onnxplan.bench.peers import measure_peer
-    from onnxplan.resolve import resolve_artifacts
 
-    folder = resolve_artifacts(config.request(model))
+    folder = _model(config, model)[0]
     with _timed_run_lock():
         figures = measure_peer(peer, folder, config.repeat, config.warmup)
     return {**figures, "host": platform.node()}
