@@ -63,11 +63,11 @@ def _sweep(tmp_path, client, row_fn):
 def test_a_worker_dying_once_mid_row_is_retried(tmp_path, client):
     marker = str(tmp_path / "died")
 
-    def dies_once(config, model, strategy):
+    def dies_once(config, model, strategy, folder):
         if strategy.name == "nntrainer+sort" and not os.path.exists(marker):
             open(marker, "w").close()
             os._exit(17)  # the worker process dies in the middle of the row
-        return row_task(config, model, strategy)
+        return row_task(config, model, strategy, folder)
 
     doc, saved = _sweep(tmp_path, client, dies_once)
     assert os.path.exists(marker)
@@ -76,10 +76,10 @@ def test_a_worker_dying_once_mid_row_is_retried(tmp_path, client):
 
 
 def test_a_row_whose_worker_always_dies_is_recorded_with_its_cause(tmp_path, client):
-    def always_dies(config, model, strategy):
+    def always_dies(config, model, strategy, folder):
         if strategy.name == "nntrainer+sort":
             os._exit(17)
-        return row_task(config, model, strategy)
+        return row_task(config, model, strategy, folder)
 
     _, saved = _sweep(tmp_path, client, always_dies)
     assert [r["strategy"] for r in saved["rows"]] == ["given+best-fit"]  # the other row is kept
@@ -89,10 +89,10 @@ def test_a_row_whose_worker_always_dies_is_recorded_with_its_cause(tmp_path, cli
 
 
 def test_a_row_that_raises_is_recorded_and_bench_exits_1(tmp_path, client):
-    def raises(config, model, strategy):
+    def raises(config, model, strategy, folder):
         if strategy.name == "nntrainer+sort":
             raise MemoryError("no room")
-        return row_task(config, model, strategy)
+        return row_task(config, model, strategy, folder)
 
     _, saved = _sweep(tmp_path, client, raises)
     assert saved["failed"][0]["error"] == "MemoryError: no room"

@@ -76,23 +76,30 @@ def _timed_run_lock() -> Iterator[None]:
         yield
 
 
-def _model(config: BenchConfig, model: str) -> tuple:
-    """(artifact folder, metadata, step graph) of `model` on this worker (resolving a zoo model
-    builds its forward model to find the cache entry: done once per worker process)."""
+def _model(config: BenchConfig, model: str, folder: str | None) -> tuple:
+    """(artifact folder, metadata, step graph) of `model` on this worker, once per worker process.
+
+    `folder` is where the client found the artifacts: on the same machine (a LocalCluster, a
+    shared cache) they are used as they are; elsewhere the worker resolves them into its own
+    cache (for a zoo model that builds its forward model to find the cache entry)."""
+    from pathlib import Path
+
+    from onnxplan.artifacts import ARTIFACT_FILES
     from onnxplan.resolve import resolve_artifacts
 
     key = config.request(model)
     if key not in _MODELS:
-        folder = resolve_artifacts(key)  # the worker's own cache
+        here = folder is not None and all((Path(folder) / f).is_file() for f in ARTIFACT_FILES)
+        folder = Path(folder) if here else resolve_artifacts(key)
         _MODELS[key] = folder, model_meta(folder, config, model), load_graph(folder, config, model)
     return _MODELS[key]
 
 
-def row_task(config: BenchConfig, model: str, strategy: Strategy) -> tuple[dict, dict]:
+def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | None = None) -> tuple[dict, dict]:
     """On a worker: plan (and measure) one row; (row, plan entry)."""
     from onnxplan.bench.measure import measure_plan
 
-    folder, meta, graph = _model(config, model)
+    folder, meta, graph = _model(config, model, folder)
     row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
         with _timed_run_lock():
@@ -101,11 +108,11 @@ def row_task(config: BenchConfig, model: str, strategy: Strategy) -> tuple[dict,
     return row, plan_entry(plan, strategy.name, meta.get("batch"))
 
 
-def peer_task(config: BenchConfig, model: str, peer: str) -> dict:
+def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = None) -> dict:
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
     from onnxplan.bench.peers import measure_peer
 
-    folder = _model(config, model)[0]
+    folder = _model(config, model, folder)[0]
     with _timed_run_lock():
         figures = measure_peer(peer, folder, config.repeat, config.warmup)
     return {**figures, "host": platform.node()}
@@ -135,22 +142,21 @@ def run_bench_dask(config: BenchConfig, doc: dict[str, Any], save: Callable[[dic
 
     rows = {row_key(r): r for r in doc["rows"]}
     failed = doc.setdefault("failed", [])
-    run = _start_run(doc)
+    run, t0 = _start_run(doc), time.perf_counter()
     tasks: dict[Any, tuple] = {}
     for model in config.models:
         advance(f"{model}: artifacts", 0)
-        batch = model_meta(resolve_artifacts(config.request(model)), config, model).get("batch")
+        folder = resolve_artifacts(config.request(model))
+        batch = model_meta(folder, config, model).get("batch")
         for strategy in config.strategies:
             if _row_done(rows.get((model, batch, strategy.name)), config):
                 advance(f"{model} {strategy.name}: kept", 1)
                 continue
-            tasks[client.submit(row_fn, config, model, strategy, pure=False)] = ("row", model, batch, strategy.name)
+            tasks[client.submit(row_fn, config, model, strategy, str(folder), pure=False)] = ("row", model, batch, strategy.name)
         todo = _peers_todo(doc, peer_key(model, batch), config)
         advance(f"{model}: peers", len(config.peers) - len(todo))
         for peer in todo:
-            tasks[client.submit(peer_fn, config, model, peer, pure=False)] = ("peer", model, batch, peer)
-
-    t0 = time.perf_counter()
+            tasks[client.submit(peer_fn, config, model, peer, str(folder), pure=False)] = ("peer", model, batch, peer)
 
     def finish(text: str) -> None:
         run.update(wall_seconds=round(time.perf_counter() - t0, 1), rows_after=len(rows), loadavg_end=_loadavg())
