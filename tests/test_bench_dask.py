@@ -104,3 +104,18 @@ def test_workers_and_scheduler_usage_errors(tmp_path):
         assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     res = runner.invoke(app, ["bench", "mlp", "--no-measure", "--scheduler", "tcp://127.0.0.1:9"])
     assert res.exit_code == 2 and "cannot connect" in res.output, res.output
+
+
+def test_timed_runs_take_turns_on_one_host(client):
+    from onnxplan.bench.dask_sweep import _timed_run_lock
+
+    def timed(i):
+        import time
+
+        with _timed_run_lock():
+            start = time.time()
+            time.sleep(0.5)
+            return start, time.time()
+
+    spans = sorted(client.gather([client.submit(timed, i, pure=False) for i in range(2)]))
+    assert spans[0][1] <= spans[1][0]  # the second began after the first ended
