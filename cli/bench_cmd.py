@@ -11,7 +11,7 @@ from rich.table import Table
 
 from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, print_json,
                                   write_atomic)
-from onnxplan.errors import UsageError
+from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes, parse_size
 
@@ -43,6 +43,10 @@ def bench_command(
     train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
     freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
+    workers: int = typer.Option(None, "--workers",
+                                help="Run the rows on a Dask LocalCluster of N processes on this machine."),
+    scheduler: str = typer.Option(None, "--scheduler",
+                                  help="Run the rows on the Dask cluster at ADDRESS (tcp://host:8786)."),
 ) -> None:
     """Benchmark memory strategies: for each model x strategy, the planned peak, lower bound,
     persistent and arena bytes, solve time, and (unless --no-measure) the measured peak and
@@ -52,10 +56,14 @@ def bench_command(
     The results file is JSON with a `rows` list (pandas: pd.DataFrame(json.load(f)["rows"])),
     the chosen plan of every row under `plans` and the peers' figures under `peers`; it is
     rewritten atomically after every row, so an interrupted run resumes where it stopped.
-    Exit 0 when the sweep completed, 2 on bad input.
+    With --workers N or --scheduler ADDRESS the rows run as Dask tasks (pip install
+    'onnxplan[dask]'): planning in parallel, timed runs one at a time per machine; each row
+    records its `host`; a row whose worker died or that raised is listed under `failed`.
+    Exit 0 when the sweep completed, 1 when some row failed on the cluster, 2 on bad input.
     """
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
-                          budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze)
+                          budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze,
+                          workers, scheduler)
 
 
 def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
@@ -89,7 +97,8 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
 
 
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
-           fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None) -> None:
+           fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None, workers=None,
+           scheduler=None) -> None:
     from onnxplan.bench import (
         BenchConfig,
         count_tasks,
@@ -107,6 +116,10 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     if repeat < 1 or warmup < 0:
         raise UsageError("--repeat must be >= 1 and --warmup >= 0")
     check_time_limit(time_limit)
+    if workers is not None and scheduler is not None:
+        raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS, not both")
+    if workers is not None and workers < 1:
+        raise UsageError(f"invalid --workers {workers}: must be a positive integer")
     check_output(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
     names = _model_names(models, all_models)
@@ -126,7 +139,14 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
             write_atomic(out, dumps_results(d))
 
     with Progress("bench", total=count_tasks(config)) as progress:
-        doc = run_bench(config, doc, save, lambda text, n: progress.update(text, n))
+        advance = lambda text, n: progress.update(text, n)
+        if workers is None and scheduler is None:
+            doc = run_bench(config, doc, save, advance)
+        else:
+            from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+
+            with open_client(scheduler, workers) as client:
+                doc = run_bench_dask(config, doc, save, client, advance)
         progress.finish(f"{len(doc['rows'])} row(s)")
     if csv_out is not None:
         write_atomic(csv_out, rows_to_csv(doc["rows"]))
@@ -143,6 +163,11 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         print_json(rows)
     else:
         _print_table(rows)
+    if doc.get("failed"):
+        for f in doc["failed"]:
+            typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}",
+                       err=True)
+        raise typer.Exit(EXIT_FAILURE)
 
 
 def _ms(seconds: float) -> str:

@@ -1,4 +1,8 @@
-"""`onnxplan check RESULTS --baseline FILE`: the memory-regression gate (exit 1 on a regression)."""
+"""`onnxplan check [RESULTS --baseline FILE]`: the memory-regression gate (exit 1 on a regression).
+
+With no RESULTS, the whole gate from [tool.onnxplan] (onnxplan/gate_config.py): plan, compare,
+budgets (exit 3 when no plan of a model fits its budget).
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,20 @@ from rich.console import Console
 from rich.table import Table
 
 from onnxplan.cli.common import check_output, handle_errors, write_atomic
-from onnxplan.errors import EXIT_FAILURE
+from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE
 
 __all__ = ["check_command"]
 
 
 def check_command(
-    results: Path = typer.Argument(..., help="Results JSON of `onnxplan bench`."),
-    baseline: Path = typer.Option(..., "--baseline", help="Baseline results JSON to compare with."),
+    results: Path = typer.Argument(None, help="Results JSON of `onnxplan bench` (default: run the gate "
+                                                "configured in pyproject.toml [tool.onnxplan] or onnxplan.toml)."),
+    baseline: Path = typer.Option(None, "--baseline", help="Baseline results JSON to compare with."),
     tolerance: str = typer.Option(None, "--tolerance",
                                   help="Allowed growth: 1% or 0.01 (default: planned_peak 1%, "
                                        "measured_peak 10%, latency 25%)."),
-    metric: str = typer.Option("planned_peak", "--metric", help="planned_peak, measured_peak or latency."),
+    metric: str = typer.Option(None, "--metric",
+                               help="planned_peak (default), measured_peak or latency."),
     allow_missing: bool = typer.Option(False, "--allow-missing",
                                        help="Rows of the baseline missing from RESULTS are not a failure."),
     update_baseline: bool = typer.Option(False, "--update-baseline",
@@ -29,12 +35,20 @@ def check_command(
 ) -> None:
     """Compare RESULTS with --baseline row by row (model, batch, strategy) on one metric.
 
+    With no RESULTS: run the gate configured under [tool.onnxplan] in the nearest
+    pyproject.toml (or an onnxplan.toml): bench its models and strategies, compare with its
+    baseline, and check its per-model budgets (exit 3 naming each model that no plan fits);
+    --update-baseline rewrites that baseline. Options given here override the file's.
+
     Exit 0 when no row got worse than the tolerance allows; 1 with a table of the rows that
     did (model, strategy, before, after, change), or when baseline rows are missing from
     RESULTS (unless --allow-missing); 2 on unusable input (missing or malformed file, no row
     to compare). --update-baseline accepts the new numbers: it writes the baseline and exits 0.
     """
-    handle_errors(_check)(results, baseline, tolerance, metric, allow_missing, update_baseline)
+    if results is None:
+        handle_errors(_gate)(baseline, tolerance, metric, allow_missing, update_baseline)
+    else:
+        handle_errors(_check)(results, baseline, tolerance, metric, allow_missing, update_baseline)
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -60,6 +74,78 @@ def _missing_lines(missing: list[tuple], results: Path, allowed: bool, models_sh
 
 def _check(results, baseline, tolerance, metric, allow_missing, update_baseline) -> None:
     from onnxplan.bench import load_results
+    from onnxplan.errors import UsageError
+
+    if baseline is None:
+        raise UsageError("check RESULTS needs --baseline FILE (or give no RESULTS: the configured gate)")
+    if _compare(load_results(results), str(results), baseline, tolerance, metric or "planned_peak",
+                allow_missing, update_baseline):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
+    """The gate of [tool.onnxplan]: bench, compare with its baseline, check its budgets."""
+    from onnxplan.bench import BenchConfig, count_tasks, new_results, parse_strategies, run_bench
+    from onnxplan.cli.bench_cmd import _model_names
+    from onnxplan.errors import UsageError
+    from onnxplan.gate_config import find_gate_config, load_gate_config
+    from onnxplan.progress import Progress
+
+    gate = load_gate_config(find_gate_config())
+    names = _model_names(gate.models, gate.models is None)
+    for model in gate.budgets:
+        if model != "*" and model not in names:
+            raise UsageError(f"{gate.source}: budgets.{model}: not a model of the gate ({', '.join(names)})")
+    baseline = baseline or gate.baseline
+    if not update_baseline and not baseline.exists():
+        raise UsageError(f"{gate.source}: the baseline {baseline} does not exist; "
+                         "write it with: onnxplan check --update-baseline")
+    config = BenchConfig(names, parse_strategies(gate.strategies), None, [], measure=gate.measure,
+                         budgets=gate.budgets, model_options=gate.model_options)
+    doc = new_results(config.to_json())
+    with Progress("check", total=count_tasks(config)) as progress:
+        advance = lambda text, n: progress.update(text, n)
+        if gate.workers is None and gate.scheduler is None:
+            doc = run_bench(config, doc, lambda d: None, advance)
+        else:
+            from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+
+            with open_client(gate.scheduler, gate.workers) as client:
+                doc = run_bench_dask(config, doc, lambda d: None, client, advance)
+        progress.finish(f"{len(doc['rows'])} row(s)")
+    label = f"the gate of {gate.source.name}"
+    failed = _compare(doc, label, baseline, tolerance or gate.tolerance,
+                      metric or gate.metric, allow_missing, update_baseline)
+    over = _over_budget(doc["rows"], config)
+    for f in doc.get("failed", []):
+        typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}", err=True)
+    if over and not update_baseline:
+        raise typer.Exit(EXIT_BUDGET)
+    if failed or doc.get("failed"):
+        raise typer.Exit(EXIT_FAILURE)
+
+
+def _over_budget(rows: list[dict], config) -> list[str]:
+    """Print one line per model whose budget no plan fits; those models."""
+    from onnxplan.sizes import format_bytes
+
+    over = []
+    for model in config.models:
+        budget = config.budget(model)
+        mine = [r for r in rows if r["model"] == model and r.get("planned_peak_bytes") is not None]
+        if budget is None or not mine or any(r["planned_peak_bytes"] <= budget for r in mine):
+            continue
+        best = min(mine, key=lambda r: r["planned_peak_bytes"])
+        typer.echo(f"onnxplan: budget not met: {model}: no plan fits {format_bytes(budget)} "
+                   f"(the smallest: {format_bytes(best['planned_peak_bytes'])} with {best['strategy']})")
+        over.append(model)
+    return over
+
+
+def _compare(new: dict, results: str, baseline: Path, tolerance, metric, allow_missing,
+             update_baseline) -> bool:
+    """Compare `new` with the baseline file and print the outcome; True when the gate fails."""
+    from onnxplan.bench import load_results
     from onnxplan.bench.results import dumps_results
     from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
     from onnxplan.errors import UsageError
@@ -69,11 +155,10 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
     tol = parse_tolerance(tolerance, metric)
     if update_baseline:
         check_output(baseline)
-    new = load_results(results)
     if update_baseline and not baseline.exists():
         write_atomic(baseline, dumps_results(baseline_document(new)))
         typer.echo(f"onnxplan: wrote the baseline {baseline} ({len(new['rows'])} rows)")
-        return
+        return False
     res = compare(new, load_results(baseline), metric, tol)
     con = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 160))
     summary = (f"{metric}: {res.compared} rows compared (tolerance {res.tolerance:.2%}): "
@@ -101,6 +186,5 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
     if update_baseline:
         write_atomic(baseline, dumps_results(baseline_document(new)))
         con.print(f"baseline {baseline} updated ({len(new['rows'])} rows)", highlight=False)
-        return
-    if res.regressions or (res.missing and not allow_missing):
-        raise typer.Exit(EXIT_FAILURE)
+        return False
+    return bool(res.regressions or (res.missing and not allow_missing))

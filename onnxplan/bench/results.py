@@ -45,7 +45,7 @@ ROW_FIELDS = (
     "ort_peak_bytes", "ort_median_step_seconds", "ort_min_step_seconds", "ort_max_step_seconds",
     "ort_first_loss", "ort_error",
     "torch_peak_bytes", "torch_median_step_seconds", "torch_min_step_seconds", "torch_max_step_seconds",
-    "torch_first_loss", "torch_error",
+    "torch_first_loss", "torch_error", "host",
 )
 _REQUIRED = ("model", "strategy", "planned_peak_bytes", "lower_bound_bytes")
 

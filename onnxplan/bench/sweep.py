@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.errors import OnnxplanError
 
-__all__ = ["BenchConfig", "count_tasks", "plan_entry", "run_bench"]
+__all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 
 
 @dataclass
@@ -35,6 +36,17 @@ class BenchConfig:
     budgets: dict[str, int] = field(default_factory=dict)  # model (or "*") -> bytes
     train: tuple[str, ...] = ()  # --train GLOB for every forward .onnx model
     freeze: tuple[str, ...] = ()  # --freeze GLOB for every forward .onnx model
+    # model -> its own batch / optimizer / loss / dims (the gate config, onnxplan/gate_config.py)
+    model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def request(self, model: str):
+        """The ModelRequest that resolves `model`'s artifacts."""
+        from onnxplan.resolve import ModelRequest
+
+        opts = self.model_options.get(model, {})
+        return ModelRequest(model, opts.get("batch", self.batch), opts.get("optimizer"), opts.get("loss"),
+                            tuple(sorted(opts.get("dims", {}).items())), train=tuple(self.train),
+                            freeze=tuple(self.freeze))
 
     def to_json(self) -> dict[str, Any]:
         return {"models": list(self.models), "strategies": [s.name for s in self.strategies],
@@ -42,7 +54,8 @@ class BenchConfig:
                 "warmup": self.warmup, "measure": self.measure, "time_limit": self.time_limit,
                 "budgets": dict(self.budgets),
                 **({"train": list(self.train)} if self.train else {}),
-                **({"freeze": list(self.freeze)} if self.freeze else {})}
+                **({"freeze": list(self.freeze)} if self.freeze else {}),
+                **({"model_options": dict(self.model_options)} if self.model_options else {})}
 
     def budget(self, model: str) -> int | None:
         return self.budgets.get(model, self.budgets.get("*"))
@@ -68,9 +81,34 @@ def _plan_row(model: str, meta: dict, strategy: Strategy, plan, budget: int | No
         lower_bound_bytes=plan.lower_bound_bytes, persistent_bytes=plan.persistent_bytes,
         arena_bytes=plan.arena_bytes, fragmentation=plan.fragmentation, solve_seconds=plan.solve_seconds,
         budget_bytes=budget, fits_budget=None if budget is None else plan.peak_bytes <= budget,
-        measured=False, steps_timed=0,
+        measured=False, steps_timed=0, host=platform.node(),
     )
     return row
+
+
+def model_meta(folder, config: BenchConfig, model: str) -> dict:
+    """The artifacts' onnxplan.json (batch, optimizer, loss), or just the batch asked for."""
+    from onnxplan.data import read_metadata
+
+    try:
+        return read_metadata(folder)
+    except OnnxplanError:  # a user's artifact folder from elsewhere: no onnxplan.json
+        return {"batch": config.request(model).batch}
+
+
+def load_graph(folder, config: BenchConfig, model: str):
+    from onnxplan.ir.load import load_step
+
+    req = config.request(model)
+    return load_step(folder, dims=dict(req.dims) or None, batch=req.batch)
+
+
+def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
+    """Plan one row: (the row, without measurement, and the plan)."""
+    from onnxplan.planning import plan_step
+
+    plan = plan_step(graph, strategy.options(config.time_limit)).plan
+    return _plan_row(model, meta, strategy, plan, config.budget(model)), plan
 
 
 def _row_done(row: dict | None, config: BenchConfig) -> bool:
@@ -96,10 +134,7 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
     or peer, so an interrupted run resumes where it stopped. `advance(text, n)` reports
     progress in units of count_tasks(config).
     """
-    from onnxplan.data import read_metadata
-    from onnxplan.ir.load import load_step
-    from onnxplan.planning import plan_step
-    from onnxplan.resolve import ModelRequest, resolve_artifacts
+    from onnxplan.resolve import resolve_artifacts
 
     rows = {row_key(r): r for r in doc["rows"]}
     run, t0 = _start_run(doc), time.perf_counter()
@@ -111,12 +146,8 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
 
     for model in config.models:
         advance(f"{model}: artifacts", 0)
-        folder = resolve_artifacts(ModelRequest(model, config.batch, train=tuple(config.train),
-                                                freeze=tuple(config.freeze)))
-        try:
-            meta = read_metadata(folder)
-        except OnnxplanError:  # a user's artifact folder from elsewhere: no onnxplan.json
-            meta = {"batch": config.batch}
+        folder = resolve_artifacts(config.request(model))
+        meta = model_meta(folder, config, model)
         batch = meta.get("batch")
         graph = None
         measured_plans: dict[str, dict] = {}  # plan fingerprint -> the row whose run measured it
@@ -127,9 +158,8 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
                 continue
             advance(f"{model} {strategy.name}: planning", 0)
             if graph is None:
-                graph = load_step(folder, batch=config.batch)
-            plan = plan_step(graph, strategy.options(config.time_limit)).plan
-            row = _plan_row(model, meta, strategy, plan, config.budget(model))
+                graph = load_graph(folder, config, model)
+            row, plan = plan_one(graph, model, meta, strategy, config)
             if config.measure:
                 twin = measured_plans.get(_fingerprint(plan))
                 if twin is not None:  # the very same program: its run stands for this row too
