@@ -213,7 +213,7 @@ def test_device_as_model_is_not_missing():
 
 
 # usage errors: one line, exit 2, for every command; usage lines without {model} or list[...]
-COMMANDS = [["inspect"], ["plan"], ["run"], ["explain"], ["report"], ["check"], ["models", "build"]]
+COMMANDS = [["inspect"], ["plan"], ["run"], ["explain"], ["report"], ["models", "build"]]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -225,7 +225,7 @@ def test_usage_errors_are_one_line(command):
     assert "{" not in usage.splitlines()[0] and "list[" not in usage, usage
 
 
-@pytest.mark.parametrize("command", [["bench"], ["models", "list"]], ids=" ".join)
+@pytest.mark.parametrize("command", [["bench"], ["models", "list"], ["check"]], ids=" ".join)
 def test_usage_errors_are_one_line_without_required_arguments(command):
     _one_line(_run(*command, "--no-such-option"), 2, "No such option")
     _one_line(_run(*command, "--json", "--json=3"), 2, "")

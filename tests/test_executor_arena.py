@@ -89,8 +89,8 @@ def test_step_allocations_do_not_grow_with_the_tensors(model):
 def _shorten(lifetimes_fn, victim: dict):
     """A lifetimes analysis with a bug: one buffer's life ends one EO before its last reader."""
 
-    def buggy(g, order):
-        lt = lifetimes_fn(g, order)
+    def buggy(g, order, *args):
+        lt = lifetimes_fn(g, order, *args)
         bufs = list(lt.buffers)
         i = max((k for k, b in enumerate(bufs) if b.last > b.first + 1 and not b.name.startswith("scratch:")),
                 key=lambda k: bufs[k].nbytes)
