@@ -12,16 +12,13 @@ from typer.testing import CliRunner
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.ir.checkpoint_file import checkpoint_parameters
+from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
 
 
 def _refused(result, needle: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("onnxplan: error: "), err
-    assert needle in err, err
-    assert "Traceback" not in result.stdout + result.stderr
+    assert_one_line_error(result, code, needle)
 
 
 @pytest.mark.parametrize("command", [("plan", "mlp"), ("run", "mlp"), ("bench", "mlp", "--no-measure")])

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from onnxplan.cli.app import app
+from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
 
@@ -21,13 +22,7 @@ def _run(*args: str):
     return runner.invoke(app, list(args))
 
 
-def _assert_one_line_error(result, code: int, needle: str) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("onnxplan: error: ")
-    assert needle in err, err
-    assert "Traceback" not in result.stdout + result.stderr
+_assert_one_line_error = assert_one_line_error
 
 
 def _cache_entries() -> set[str]:

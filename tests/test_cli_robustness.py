@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
 from onnxplan.cli.app import app
+from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
 NINES_400 = "9" * 400
@@ -23,13 +24,7 @@ def _run(*args: str, env: dict | None = None):
     return runner.invoke(app, list(args), env=env)
 
 
-def _one_line(result, code: int, needle: str) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith("onnxplan: error: ")
-    assert needle in err, err
-    assert "Traceback" not in result.stdout + result.stderr
+_one_line = assert_one_line_error
 
 
 def _cache() -> set[str]:

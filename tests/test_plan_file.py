@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onnxplan.cli.app import app
+from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
 RUN = ("--no-measure", "--steps", "1", "--warmup", "0")
@@ -21,11 +22,7 @@ def _run(*args: str):
 
 
 def _refused(result, needle: str, code: int = 2) -> None:
-    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    err = result.stderr.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("onnxplan: error: "), err
-    assert needle in err, err
-    assert "Traceback" not in result.stdout + result.stderr
+    assert_one_line_error(result, code, needle)
     assert not result.stdout.strip()  # refused before running: no half report
 
 
