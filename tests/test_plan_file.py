@@ -24,6 +24,7 @@ def _run(*args: str):
 def _refused(result, needle: str, code: int = 2) -> None:
     assert_one_line_error(result, code, needle)
     assert not result.stdout.strip()  # refused before running: no half report
+    assert not result.stdout.strip()  # refused before running: no half report
 
 
 @pytest.fixture(scope="module")
