@@ -3,7 +3,8 @@ uint64, int16, uint16: it has float, double, int32, int8, uint8), cast to int32 
 every value provably fits: the indices, and so the int64 output, are unchanged (exact).
 
 The proof is a small interval walk back from the ArgMax input through integer-valued ops
-(Cast, comparisons and logic, Where, Mul/Add/Sub/Neg/Abs/Min/Max, shape-only ops, constants);
+(Cast, comparisons and logic, Where, Mul/Add/Sub/Neg/Abs/Min/Max, Range, shape-only ops,
+constants);
 any other producer, a graph input, or an interval leaving its type's range means "unknown",
 and the node is left as it is (ONNX Runtime's refusal then names it: forward/ort_errors.py).
 """
@@ -109,6 +110,9 @@ class _Ranges:
                     r = (min(a[0], b[0]), min(a[1], b[1]))
                 else:
                     r = (max(a[0], b[0]), max(a[1], b[1]))
+        elif op == "Range" and len(ins) == 3:  # start + k*delta strictly before limit: between the two
+            a, b = self.of(ins[0], depth + 1), self.of(ins[1], depth + 1)
+            r = None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
         elif op == "Neg":
             a = self.of(ins[0], depth + 1)
             r = None if a is None else (-a[1], -a[0])
