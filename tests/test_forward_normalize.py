@@ -79,8 +79,8 @@ def test_integer_argmax_provably_in_int32_is_cast_first_and_exact():
     model, notes = _argmax_model(3), []
     cast_integer_args(model, notes)
     onnx.checker.check_model(model, full_check=True)
-    assert notes == ["ArgMax (node pool) over int64 values provably in [0, 12] cast to int32 first "
-                     "(onnxruntime 1.19.2's CPU ArgMax has no int64 kernel)"]
+    assert notes == [("ArgMax (node pool) over int64 values provably in [0, 12] cast to int32 first "
+                      "(onnxruntime 1.19.2's CPU ArgMax has no int64 kernel)")]
     pool = next(n for n in model.graph.node if n.name == "pool")
     cast = next(n for n in model.graph.node if n.output[0] == pool.input[0])
     assert cast.op_type == "Cast" and cast.attribute[0].i == TensorProto.INT32

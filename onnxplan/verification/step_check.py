@@ -34,11 +34,10 @@ tolerance is therefore also at least an absolute floor from the magnitudes it is
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import math
 
 import numpy as np
 
