@@ -109,3 +109,10 @@ def test_runtime_refusals_name_the_cause(change, cause, tmp_path):
     text = str(exc.value)
     assert cause in text and "\n" not in text
     assert "onnxruntime::" not in text and "/onnxruntime_src" not in text
+
+
+def test_ort_cause_names_op_and_node_without_a_kernel():
+    raw = ("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation for "
+           "ArgMax(13) node with name '/inner/ArgMax'")
+    assert ort_cause(raw) == ("onnxruntime 1.19.2 (CPU) has no kernel for ArgMax-13 on the input types "
+                              "of node /inner/ArgMax")

@@ -23,6 +23,7 @@ _NEW_OPSET = re.compile(r"Opset (\d+) is under development.*?support for domain 
 _UNREGISTERED = re.compile(r"(?:Fatal error:\s*)?([\w.]+):(\w+)\(-?\d+\) is not a registered function/op")
 _NO_OP = re.compile(r"No Op registered for (\S+) with domain_version of (\d+)")
 _BAD_NODE = re.compile(r"Name:\s*(\S*)\s+OpType:\s*(\S+)")
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
 
 
 def _strip_signature(text: str) -> str:
@@ -84,6 +85,10 @@ def _cause(text: str) -> str:
         node = f" (node {where.group(1)})" if where and where.group(1) else ""
         return (f"onnxruntime has no operator {m.group(1)} for opset {m.group(2)} of its domain{node}; "
                 f"unknown custom op or opset too new")
+    m = _NO_KERNEL.search(text)
+    if m:
+        return (f"onnxruntime 1.19.2 (CPU) has no kernel for {m.group(1)}-{m.group(2)} on the input types "
+                f"of node {m.group(3)}")
     if text.startswith("Checkpoint verification failed"):
         return "unreadable checkpoint (not an onnxruntime-training checkpoint, or corrupt)"
     return text.strip() or "unknown error"

@@ -57,8 +57,9 @@ def _session(model: onnx.ModelProto):
     try:
         return onnxruntime.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - pybind errors share no base but Exception
-        text = " ".join(str(exc).split())
-        raise ModelError(f"onnxruntime refused the verification model: {text.partition('] : ')[2] or text}") from None
+        from onnxplan.forward.ort_errors import ort_cause
+
+        raise ModelError(f"onnxruntime refused the verification model: {ort_cause(str(exc))}") from None
 
 
 def _load(path: Path) -> onnx.ModelProto:

@@ -24,10 +24,17 @@ state with every float input and parameter moved one ulp at random. The optimize
 identical inputs agrees to ~2 ulp (2.3e-7 of the tensor's magnitude): tolerance 1e-5. Running
 statistics from the same state agree to <= 1e-6: tolerance 1e-4. Planted bugs move a tensor by
 far more (tests/test_verify_faults.py).
+
+A BatchNorm statistic (running mean and variance, the saved batch mean) is a reduction, and a
+reduction can cancel: a channel whose exact mean is zero (a bias-free conv of a zero-mean input)
+gets a float32 mean that is pure rounding on both sides, so no relative tolerance holds. Its
+tolerance is therefore also at least an absolute floor from the magnitudes it is computed from
+(see bn_floor): the float32 rounding both sides may make, not a measured constant.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,67 @@ __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 # relative to the largest magnitude of the tensor it updates
 TOLERANCES = {"loss": 1e-5, "gradient": 3e-2, "running": 1e-4, "update": 1e-5, "intermediate": 3e-2}
 NOISE_FACTOR = 10.0  # ... or this many times the tensor's own rounding noise in this step, if larger
+_BN_OPS = ("BatchNormalization", "BatchNormInternal")
+_U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
+
+
+def bn_floor(x: np.ndarray, old_mean: np.ndarray, old_var: np.ndarray, momentum: float) -> dict[int, float]:
+    """Output index -> the norm of an absolute error bound for a training BatchNorm's statistics
+    (1: running mean, 2: running variance, 3: saved batch mean), per channel summed in L2.
+
+    Each side computes a channel's batch mean of N float32 values by blocked/pairwise summation
+    (numpy here, Eigen in ONNX Runtime): each term goes through at most ceil(log2 N) roundings,
+    so the mean is off by <= ceil(log2 N) u mean|x| (Higham, Accuracy and Stability, 4.2), plus
+    one rounding for the division, one for x itself as stored, and two for the running update
+    m*old + (1-m)*batch (each relative to its own term): c = ceil(log2 N) + 4 roundings per side,
+    two independent sides. The variance's terms (x - mean)^2 are bounded by x^2 (either way of
+    computing it: E[(x-mu)^2] or E[x^2] - mu^2), times N/(N-1) where it is unbiased. So:
+        running mean:  2c u (m |old_mean| + (1-m) mean|x|)
+        running var:   2c u (m |old_var|  + (1-m) mean(x^2) N/(N-1))
+        batch mean:    2c u mean|x|
+    Where a statistic is well above its rounding this is orders below 1e-4 of it and changes
+    nothing; it only matters where the exact value cancels to ~0 (then it is what both sides'
+    rounding may differ by)."""
+    xd = x.astype(np.float64)
+    axes = tuple(k for k in range(xd.ndim) if k != 1)
+    n = max(xd.size // max(xd.shape[1], 1), 1) if xd.ndim >= 2 else max(xd.size, 1)
+    c = 2 * (math.ceil(math.log2(n)) + 4) * _U32 if n > 1 else 8 * _U32
+    m = float(momentum)
+    abs_mean = np.mean(np.abs(xd), axis=axes) if xd.ndim >= 2 else np.abs(xd)
+    sq_mean = np.mean(xd * xd, axis=axes) * (n / (n - 1) if n > 1 else 1.0) if xd.ndim >= 2 else xd * xd
+    old_m, old_v = np.abs(np.asarray(old_mean, np.float64)), np.abs(np.asarray(old_var, np.float64))
+    return {1: float(np.linalg.norm(c * (m * old_m + (1 - m) * abs_mean))),
+            2: float(np.linalg.norm(c * (m * old_v + (1 - m) * sq_mean))),
+            3: float(np.linalg.norm(c * abs_mean))}
+
+
+def bn_grad_floor(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray,
+                  inv_std: np.ndarray) -> dict[int, float]:
+    """Output index -> the norm of an absolute error bound for BatchNormalizationGrad (0: dX,
+    1: dscale = sum(dY x^), 2: dbias = sum(dY)), by the same rounding count as bn_floor: a sum
+    of N terms is off by <= c u sum|terms|. dX = scale inv_std (dY - dbias/N - x^ dscale/N)
+    is off by c u |scale inv_std| (|dY| + sum|dY|/N + |x^| sum|dY x^|/N) per element. A BN
+    whose output feeds a per-channel-affine-invariant op (a linear map into another BN) has a
+    dbias that is zero in exact arithmetic: pure rounding on both sides."""
+    d, xd = dy.astype(np.float64), x.astype(np.float64)
+    if xd.ndim < 2:
+        return {}
+    shape = (1, -1) + (1,) * (xd.ndim - 2)
+    axes = tuple(k for k in range(xd.ndim) if k != 1)
+    n = max(xd.size // max(xd.shape[1], 1), 1)
+    c = 2 * (math.ceil(math.log2(n)) + 4) * _U32 if n > 1 else 8 * _U32
+    xh = (xd - np.asarray(mean, np.float64).reshape(shape)) * np.asarray(inv_std, np.float64).reshape(shape)
+    a, b = np.sum(np.abs(d), axis=axes), np.sum(np.abs(d * xh), axis=axes)
+    g = np.abs(np.asarray(scale, np.float64) * np.asarray(inv_std, np.float64)).reshape(shape)
+    dx = c * g * (np.abs(d) + (a / n).reshape(shape) + np.abs(xh) * (b / n).reshape(shape))
+    return {0: float(np.linalg.norm(dx)), 1: float(np.linalg.norm(c * b)), 2: float(np.linalg.norm(c * a))}
+
+
+def floored(tolerance: float, floor: float, want) -> float:
+    """`tolerance` on a relative norm error, raised to what an absolute error `floor` is
+    relative to ||want|| (an all-zero `want` keeps it: exact zeros agree exactly)."""
+    ref = float(np.linalg.norm(np.asarray(want, np.float64)))
+    return max(tolerance, floor / ref) if floor > 0 and ref > 0 else tolerance
 
 
 @dataclass
@@ -131,11 +199,14 @@ class _Hooks:
         self.replace: dict[str, np.ndarray] = {}  # our gradient name -> the value to use
         self.reference: dict[str, np.ndarray] | None = None  # traced step: ORT's intermediates
         self.tolerance: dict[str, float] = {}  # value -> its tolerance, where not "intermediate"
+        self.floor: dict[str, float] = {}  # BatchNorm statistic -> its absolute error floor (bn_floor)
         self.first: Check | None = None
 
     def wrap(self, node, fn):
         # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
         grads = [k for k, i in enumerate(node.inputs) if _base(i) in self.grad_names]
+        stats = node.op_type in _BN_OPS and len(node.inputs) >= 5 and len([o for o in node.outputs if o]) > 1
+        bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
 
         def run(ctx, inputs, outputs):
             for k in grads:
@@ -143,6 +214,16 @@ class _Hooks:
                 self.captured[name] = _download(inputs[k])
                 if name in self.replace:
                     _upload(self.xp, inputs[k], self.replace[name])
+            floors = {}
+            if stats:  # before the kernel: it updates the running statistics in place
+                floors = bn_floor(_download(inputs[0]), _download(inputs[3]), _download(inputs[4]),
+                                  node.attrs.get("momentum", 0.9))
+            elif bn_grad:
+                floors = bn_grad_floor(*(_download(a) for a in inputs[:5]))
+            if floors:
+                for k, f in floors.items():
+                    if k < len(node.outputs) and node.outputs[k]:
+                        self.floor[_base(node.outputs[k])] = f
             fn(ctx, inputs, outputs)
             if self.reference is not None and self.first is None:
                 self._compare(node, outputs)
@@ -155,7 +236,8 @@ class _Hooks:
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
-            tol = self.tolerance.get(_base(name), TOLERANCES["intermediate"])
+            tol = floored(self.tolerance.get(_base(name), TOLERANCES["intermediate"]),
+                          self.floor.get(_base(name), 0.0), want)
             if err > tol:
                 self.first = Check("intermediate", name, err, tol, node.name)
                 return
@@ -181,10 +263,11 @@ class StepVerifier:
                                for i in n.inputs if _base(i) in self.grad_name}
         producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
         self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
+        self.grad_value = {}  # parameter -> the value that node computed
         for p, g in self.grad_name.items():
-            n = producer.get(g)
+            n, self.grad_value[p] = producer.get(g), g
             if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in producer:
-                n = producer[n.inputs[1]]
+                n, self.grad_value[p] = producer[n.inputs[1]], n.inputs[1]
             self.grad_node[p] = n.name if n is not None else ""
         self.stat_node = {}  # running statistic -> the node that updates it (its first reader)
         for n in graph.nodes:
@@ -201,7 +284,7 @@ class StepVerifier:
 
     def _our_step(self, batch, ort_step, reference=None) -> float:
         h = self.hooks
-        h.captured, h.first, h.reference = {}, None, reference
+        h.captured, h.first, h.reference, h.floor = {}, None, reference, {}
         h.replace = {self.grad_name[p]: g for p, g in ort_step.grads.items() if p in self.grad_name}
         self.ex.random.given = dict(ort_step.random)
         try:
@@ -231,6 +314,7 @@ class StepVerifier:
             ours = self.hooks.captured.get(self.grad_name[p])
             err = float("inf") if ours is None else rel_norm_error(ours, ort.grads[p])
             t = max(tol["gradient"], NOISE_FACTOR * noise[("gradient", p)])
+            t = floored(t, self.hooks.floor.get(self.grad_value[p], 0.0), ort.grads[p])
             checks.append(Check("gradient", p, err, t, self.grad_node.get(p, "")))
         for name, want in ort_new.items():
             got = new_params.get(name, new_moments.get(name))
@@ -241,6 +325,7 @@ class StepVerifier:
             got = new_params.get(name)
             err = float("inf") if got is None else rel_norm_error(got, want)
             t = max(tol["running"], NOISE_FACTOR * noise[("running", name)])
+            t = floored(t, self.hooks.floor.get(self.ort.running_of[name], 0.0), want)
             checks.append(Check("running", name, err, t, self.stat_node.get(name, "")))
 
         worst: dict[str, Check] = {}
