@@ -338,10 +338,10 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
     """Export `model` on input `x` to `path` as a user would, with all exporter chatter silenced."""
     import torch
 
-    from onnxplan.artifacts import _quiet_fds
+    from onnxplan.artifacts import quiet_fds
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-            contextlib.redirect_stderr(io.StringIO()), _quiet_fds():
+            contextlib.redirect_stderr(io.StringIO()), quiet_fds():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
             torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17,

@@ -24,6 +24,7 @@ __all__ = [
     "build_artifacts",
     "generate_from_onnx",
     "load_metadata",
+    "quiet_fds",
     "default_cache_dir",
     "content_hash",
 ]
@@ -98,7 +99,7 @@ def load_metadata(art_dir: Path) -> dict:
 
 
 @contextlib.contextmanager
-def _quiet_fds() -> Iterator[Path]:
+def quiet_fds() -> Iterator[Path]:
     """Send fds 1 and 2 to a temp file (ORT's C++ INFO logging ignores Python's sys.stdout).
 
     Yields the log path so a failure can quote it. Process-wide while active.
@@ -136,7 +137,7 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     onnxruntime.set_default_logger_severity(3)
     loss = {"ce": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[fm.loss]
     optim = {"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer]
-    with _quiet_fds() as log_path:
+    with quiet_fds() as log_path:
         try:
             artifacts.generate_artifacts(fm.model, requires_grad=list(fm.trainable),
                                          frozen_params=list(fm.frozen), loss=loss, optimizer=optim,
