@@ -11,7 +11,13 @@ import numpy as np
 
 from onnxplan.ir.tensor import TensorSpec
 
-__all__ = ["ValueClass", "Value", "Node", "StepGraph", "PERSISTENT_CLASSES"]
+__all__ = ["ValueClass", "Value", "Node", "StepGraph", "PERSISTENT_CLASSES", "original_name"]
+
+
+def original_name(name: str) -> str:
+    """The node or value a copy stands for: swap-ins (`NAME@inK`, `NAME@start`) and recomputed
+    nodes and values (`NAME@rcK`) carry the original name before the '@'."""
+    return name.split("@")[0]
 
 
 class ValueClass(str, Enum):

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan.ir.graph import original_name
 from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import kernel
 
@@ -45,7 +46,7 @@ class Randomness:
     def draw(self, node_name: str, make) -> np.ndarray:
         """The host array for `node_name`: the given one, else what this node (or the node it
         is a recomputed copy of, `NAME@rcK`) drew earlier in this step, else make(generator)."""
-        key = node_name.split("@")[0]
+        key = original_name(node_name)
         value = self.given.get(key)
         if value is None:
             value = self.drawn.get(key)

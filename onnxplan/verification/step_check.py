@@ -44,6 +44,7 @@ import numpy as np
 from onnxplan.executor import runner
 from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
+from onnxplan.ir.graph import original_name
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
@@ -183,12 +184,6 @@ class Verification:
         return f"step {bad.step}: {where}" + (f"; {bad.explanation}" if bad.explanation else "")
 
 
-def _base(name: str) -> str:
-    """The value a copy stands for: swap-ins (`NAME@inK`, `NAME@start`) and recomputed values
-    (`NAME@rcK`) carry the original name before the '@'."""
-    return name.split("@")[0]
-
-
 class _Hooks:
     """The per-node hook: capture and replace gradients before the optimizer; compare every
     output with ONNX Runtime's in a traced step."""
@@ -204,13 +199,13 @@ class _Hooks:
 
     def wrap(self, node, fn):
         # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
-        grads = [k for k, i in enumerate(node.inputs) if _base(i) in self.grad_names]
+        grads = [k for k, i in enumerate(node.inputs) if original_name(i) in self.grad_names]
         stats = node.op_type in _BN_OPS and len(node.inputs) >= 5 and len([o for o in node.outputs if o]) > 1
         bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
 
         def run(ctx, inputs, outputs):
             for k in grads:
-                name = _base(node.inputs[k])
+                name = original_name(node.inputs[k])
                 self.captured[name] = _download(inputs[k])
                 if name in self.replace:
                     _upload(self.xp, inputs[k], self.replace[name])
@@ -223,7 +218,7 @@ class _Hooks:
             if floors:
                 for k, f in floors.items():
                     if k < len(node.outputs) and node.outputs[k]:
-                        self.floor[_base(node.outputs[k])] = f
+                        self.floor[original_name(node.outputs[k])] = f
             fn(ctx, inputs, outputs)
             if self.reference is not None and self.first is None:
                 self._compare(node, outputs)
@@ -232,12 +227,12 @@ class _Hooks:
 
     def _compare(self, node, outputs) -> None:
         for name, arr in zip(node.outputs, outputs):
-            want = self.reference.get(_base(name)) if name else None
+            want = self.reference.get(original_name(name)) if name else None
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
-            tol = floored(self.tolerance.get(_base(name), TOLERANCES["intermediate"]),
-                          self.floor.get(_base(name), 0.0), want)
+            tol = floored(self.tolerance.get(original_name(name), TOLERANCES["intermediate"]),
+                          self.floor.get(original_name(name), 0.0), want)
             if err > tol:
                 self.first = Check("intermediate", name, err, tol, node.name)
                 return
@@ -259,8 +254,8 @@ class StepVerifier:
         self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
-        self.optimizer_node = {_base(i): n.name for n in graph.nodes if n.phase == "optimizer"
-                               for i in n.inputs if _base(i) in self.grad_name}
+        self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
+                               for i in n.inputs if original_name(i) in self.grad_name}
         producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
         self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
         self.grad_value = {}  # parameter -> the value that node computed
