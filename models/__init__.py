@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import numbers
+from pathlib import Path
+
+import numpy as np
+import onnx
 
 from onnxplan.errors import UsageError
 from onnxplan.models._spec import LOSSES, OPTIMIZERS, ForwardModel, InputSpec, ModelSpec
@@ -26,6 +31,7 @@ __all__ = [
     "list_models",
     "get_model",
     "build_forward",
+    "build_recipe",
     "build_transformer",
     "build_gpt",
 ]
@@ -70,11 +76,34 @@ def get_model(name: str) -> ModelSpec:
         raise UsageError(f"unknown model {name!r}; known: {', '.join(_ZOO)}") from None
 
 
-def build_forward(name: str, batch: int | None = None, loss: str | None = None) -> ForwardModel:
-    """Build zoo model `name` at `batch` (default: its own) with `loss` (default: its own)."""
+def _checked(name: str, batch: int | None, loss: str | None) -> tuple[ModelSpec, int, str]:
     spec = get_model(name)
     if batch is not None and (not isinstance(batch, numbers.Integral) or batch < 1):
         raise UsageError(f"batch must be a positive integer, got {batch!r}")
     if loss is not None and loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r}; known: {', '.join(LOSSES)}")
-    return spec.builder(batch=int(batch or spec.default_batch), loss=loss or spec.default_loss)
+    return spec, int(batch or spec.default_batch), loss or spec.default_loss
+
+
+def build_forward(name: str, batch: int | None = None, loss: str | None = None) -> ForwardModel:
+    """Build zoo model `name` at `batch` (default: its own) with `loss` (default: its own)."""
+    spec, batch, loss = _checked(name, batch, loss)
+    return spec.builder(batch=batch, loss=loss)
+
+
+def _builder_sources() -> str:
+    """sha256 of this package's builder code: a changed builder is a different recipe."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def build_recipe(name: str, batch: int | None = None, loss: str | None = None) -> dict:
+    """Everything build_forward(name, batch, loss)'s output depends on: the entry, the batch
+    and loss it resolves to, the builders' source and the numpy / onnx versions that draw the
+    seeded weights and serialise the model. Equal recipes build byte-identical models, so an
+    artifact cache may key on the recipe without building (onnxplan.artifacts.recipe_entry)."""
+    spec, batch, loss = _checked(name, batch, loss)
+    return {"zoo": spec.name, "batch": batch, "loss": loss, "builders": _builder_sources(),
+            "numpy": np.__version__, "onnx": onnx.__version__}

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 import onnx
 
@@ -22,6 +22,7 @@ __all__ = [
     "ARTIFACT_FILES",
     "METADATA_FILE",
     "build_artifacts",
+    "recipe_artifacts",
     "generate_from_onnx",
     "load_metadata",
     "quiet_fds",
@@ -33,6 +34,7 @@ SCHEMA_VERSION = 1
 ARTIFACT_FILES = ("forward.onnx", "training_model.onnx", "optimizer_model.onnx", "eval_model.onnx",
                   "checkpoint", METADATA_FILE)
 FAILED_SUFFIX = ".failed"  # <hash>.failed: the one-line cause of a build that failed
+RECIPES_DIR = "recipes"  # recipes/<key>: the content hash a deterministic recipe built
 
 
 class ArtifactBuildError(ModelError):
@@ -192,9 +194,11 @@ def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> No
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _write_failure(path: Path, message: str) -> None:
-    """Record a failed build's one-line cause at `path` (temp name + rename)."""
+def _write_note(path: Path, message: str) -> None:
+    """Record a one-line note at `path` (temp name + rename): a failed build's cause, a
+    recipe's content hash."""
     with contextlib.suppress(OSError):  # best effort: an unwritable cache only loses the shortcut
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             f.write(message + "\n")
@@ -220,7 +224,7 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
         try:
             _write_entry(fm, optimizer, digest, tmp)
         except ArtifactBuildError as exc:
-            _write_failure(failed, str(exc))
+            _write_note(failed, str(exc))
             raise
         if entry.exists():  # incomplete leftover (e.g. files deleted by hand): set it aside
             trash = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-old-", dir=root))
@@ -271,6 +275,28 @@ def build_artifacts(fm: ForwardModel, out_dir: Path | None, optimizer: str = "ad
         return _copy_out(entry, Path(out_dir)) if out_dir is not None else entry
     except OSError as exc:
         raise ModelError(f"cannot write artifacts: {exc}") from None
+
+
+def recipe_artifacts(recipe: Mapping, make: Callable[[], ForwardModel], optimizer: str = "adamw",
+                     cache_dir: Path | None = None) -> Path:
+    """build_artifacts(make(), None, optimizer), skipping make() when the cache already holds
+    what this recipe built. `recipe` must name everything make()'s output depends on
+    (onnxplan.models.build_recipe: entry, batch, loss, builder sources, numpy and onnx
+    versions); with the optimizer, onnxruntime's version and SCHEMA_VERSION it keys
+    <root>/recipes/<sha256>, a note holding the content hash of the entry it built. Building a
+    zoo model's seeded weights and hashing them costs more than planning it."""
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    root = (Path(cache_dir) if cache_dir is not None else default_cache_dir()).expanduser()
+    key = {**recipe, "optimizer": optimizer, "onnxruntime": _ort_version(), "schema": SCHEMA_VERSION}
+    note = root / RECIPES_DIR / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        digest = note.read_text().strip()
+        if len(digest) == 64 and _complete(root / digest):
+            return root / digest
+    entry = build_artifacts(make(), None, optimizer=optimizer, cache_dir=root)
+    _write_note(note, entry.name)
+    return entry
 
 
 # -- a user's own forward model ----------------------------------------------------------------

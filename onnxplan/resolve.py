@@ -65,14 +65,15 @@ def resolve_artifacts(req: ModelRequest) -> Path:
             optimizer=req.optimizer or "adamw", loss=req.loss or "ce",
             train=list(req.train), freeze=list(req.freeze),
         )
-    from onnxplan.models import build_forward, list_models
+    from onnxplan.models import build_forward, build_recipe, list_models
     names = [m.name for m in list_models()]
     if req.model in names and not _looks_like_path(req.model):
-        from onnxplan.artifacts import build_artifacts
+        from onnxplan.artifacts import recipe_artifacts
 
         spec = next(m for m in list_models() if m.name == req.model)
-        fm = build_forward(req.model, batch=req.batch, loss=req.loss)
-        return build_artifacts(fm, None, optimizer=req.optimizer or spec.default_optimizer)
+        return recipe_artifacts(build_recipe(req.model, batch=req.batch, loss=req.loss),
+                                lambda: build_forward(req.model, batch=req.batch, loss=req.loss),
+                                optimizer=req.optimizer or spec.default_optimizer)
     if path.exists():
         raise ModelError(f"{req.model}: not a regular file or folder (a device, pipe or socket)")
     if _looks_like_path(req.model):

@@ -201,3 +201,33 @@ def test_generate_from_onnx_errors(tmp_path):
         art.generate_from_onnx(path, loss="ce", batch=2, train=["nope"], cache_dir=tmp_path)
     with pytest.raises(UsageError, match="unknown loss"):
         art.generate_from_onnx(path, loss="l7", batch=2, cache_dir=tmp_path)
+
+
+def test_recipe_hit_skips_the_build_and_matches_a_fresh_build(tmp_path):
+    from onnxplan.models import build_forward, build_recipe
+
+    calls = []
+
+    def make(batch=4):
+        calls.append(batch)
+        return build_forward("mlp", batch=batch)
+
+    first = art.recipe_artifacts(build_recipe("mlp", batch=4), make, cache_dir=tmp_path)
+    assert calls == [4]
+    # the note names the entry a fresh build of the same model lands in (the ground truth)
+    assert first == art.build_artifacts(build_forward("mlp", batch=4), None, cache_dir=tmp_path)
+    assert art.recipe_artifacts(build_recipe("mlp", batch=4), make, cache_dir=tmp_path) == first
+    assert calls == [4]  # a hit: no weights drawn, nothing hashed
+    # anything the model depends on is part of the recipe: another batch, optimizer or builder
+    other = art.recipe_artifacts(build_recipe("mlp", batch=5), lambda: make(5), cache_dir=tmp_path)
+    assert other != first and calls == [4, 5]
+    assert art.recipe_artifacts(build_recipe("mlp", batch=4), make, optimizer="sgd", cache_dir=tmp_path) != first
+    changed = {**build_recipe("mlp", batch=4), "builders": "0" * 64}
+    assert art.recipe_artifacts(changed, make, cache_dir=tmp_path) == first
+    assert calls == [4, 5, 4, 4]
+    # a note whose entry is gone or incomplete is rebuilt, not trusted
+    (first / "checkpoint").unlink()
+    assert art.recipe_artifacts(build_recipe("mlp", batch=4), make, cache_dir=tmp_path) == first
+    assert (first / "checkpoint").exists() and calls == [4, 5, 4, 4, 4]
+    with pytest.raises(UsageError, match="unknown optimizer"):
+        art.recipe_artifacts(build_recipe("mlp"), make, optimizer="lion", cache_dir=tmp_path)
