@@ -12,6 +12,7 @@ from onnxplan.orders.given import given_order
 from onnxplan.orders.greedy import greedy_order
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, check_order, peak_of_order
 from onnxplan.orders.nntrainer import nntrainer_order
+from onnxplan.orders.window import improve_by_windows
 from onnxplan.progress import solve_cp_sat
 
 __all__ = ["VARS_PER_SECOND", "step_windows", "update_pins", "pin_updates", "solve_order", "ilp_policy"]
@@ -19,6 +20,7 @@ __all__ = ["VARS_PER_SECOND", "step_windows", "update_pins", "pin_updates", "sol
 # Models with more boolean variables than this many per second of time limit are not
 # solved: building them alone would eat the budget. The seed order is returned instead.
 VARS_PER_SECOND = 10_000  # measured: ~100k variables take ~10 s to build and presolve
+TOO_LARGE = "model too large"
 
 
 def step_windows(mm: MemoryModel) -> tuple[dict[str, int], dict[str, int]]:
@@ -245,7 +247,7 @@ def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | 
     nvars = _count_vars(mm, asap, alap)
     limit = max_vars if max_vars is not None else int(VARS_PER_SECOND * time_limit)
     if nvars > limit:
-        return seed, False, None, f"model too large ({nvars} variables > {limit}): kept the seed order"
+        return seed, False, None, f"{TOO_LARGE} ({nvars} variables > {limit}): kept the seed order"
     prog = _Program(mm, seed, pins, asap, alap)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.1, time_limit - (time.perf_counter() - start))
@@ -275,8 +277,14 @@ def ilp_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = 10.0) -
         pins, hint = {}, seed
     remaining = max(0.1, time_limit - (time.perf_counter() - start))
     order, optimal, bound, note = solve_order(mm, hint, pins=pins, time_limit=remaining)
-    peak = peak_of_order(mm, order)
     notes = [note]
+    if bound is None and note.startswith(TOO_LARGE):  # decompose: one window of EOs at a time
+        remaining = max(0.1, time_limit - (time.perf_counter() - start))
+        res = improve_by_windows(mm, hint, time_limit=remaining, solve=solve_order)
+        order, optimal = res.order, False
+        notes.append(res.note)
+        pins = {}
+    peak = peak_of_order(mm, order)
     if pins and bound is not None:
         notes.append(f"{len(pins)} updates pinned after their gradients (early weight update); "
                      "optimality is proven within that restriction")

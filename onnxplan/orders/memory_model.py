@@ -14,6 +14,7 @@ __all__ = [
     "memory_model",
     "peak_of_order",
     "live_bytes_of_order",
+    "buffer_spans",
     "check_order",
     "is_valid_order",
 ]
@@ -210,7 +211,7 @@ def is_valid_order(mm: MemoryModel, order: Sequence[str]) -> bool:
     return True
 
 
-def _spans(mm: MemoryModel, order: Sequence[str]) -> dict[str, tuple[int, int]]:
+def buffer_spans(mm: MemoryModel, order: Sequence[str]) -> dict[str, tuple[int, int]]:
     """Buffer -> (first EO, last EO) it is live under `order`."""
     last_eo = len(order) - 1
     spans: dict[str, tuple[int, int]] = {}
@@ -229,7 +230,7 @@ def _spans(mm: MemoryModel, order: Sequence[str]) -> dict[str, tuple[int, int]]:
 def live_bytes_of_order(mm: MemoryModel, order: Sequence[str]) -> list[int]:
     """Live transient bytes at each EO of `order` (buffers live creator..last reader)."""
     deltas = [0] * (len(order) + 1)
-    for b, (lo, hi) in _spans(mm, order).items():
+    for b, (lo, hi) in buffer_spans(mm, order).items():
         deltas[lo] += mm.size[b]
         deltas[hi + 1] -= mm.size[b]
     out, live = [], 0
