@@ -14,7 +14,7 @@ import pytest
 
 from onnxplan.errors import UnsupportedOpError
 from onnxplan.executor.runner import Executor, run_plan
-from onnxplan.executor.swap_io import SwapStore, fs_type
+from onnxplan.executor.swap_io import SwapIOError, SwapStore, fs_type
 from onnxplan.planning import PlanOptions, plan_step
 from tests.test_swap import linear_chain
 from tests.zoo_small import SMALL, small_artifacts
@@ -216,6 +216,39 @@ def test_io_failure_is_reported(chain_case, monkeypatch):
     monkeypatch.setattr(SwapStore, "write", broken)
     with pytest.raises(Exception, match="No space left"):
         ex.step(batch)
+
+
+def test_failed_settle_fails_later_waits_instead_of_hanging(chain_case, monkeypatch):
+    """A write-back that fails between steps (EIO from fdatasync / sync_file_range) reaches the
+    next step's first wait as a one-line swap error; before, the worker thread died with it and
+    every later wait blocked forever."""
+    import threading
+
+    g, params, batch = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    ex = Executor(res.graph, res.plan)
+    ex.load_state(params)
+    ex.step(batch)
+
+    def broken(self):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(SwapStore, "settle", broken)
+    outcome = []
+
+    def second_step():
+        try:
+            ex.step(batch)
+            outcome.append(None)
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            outcome.append(exc)
+
+    t = threading.Thread(target=second_step, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "a wait hung on the swap worker"
+    assert isinstance(outcome[0], SwapIOError) and "Input/output error" in str(outcome[0])
+    assert "\n" not in str(outcome[0])
 
 
 # ---- every zoo model, every policy: bit-identical to the same plan without swap -----------------

@@ -228,6 +228,9 @@ class SwapWorker(threading.Thread):
         self.store = store
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.busy_seconds = 0.0
+        # the first failure of a settle (write-back, page drop): every later job fails with it,
+        # so no wait blocks on a worker that can no longer vouch for the file
+        self.failure: BaseException | None = None
 
     def put(self, job: Job) -> Job:
         self.jobs.put(job)
@@ -238,13 +241,15 @@ class SwapWorker(threading.Thread):
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:  # idle: settle the written pages, then wait for work
-                self._timed(self.store.settle)
+                self._settle()
                 job = self.jobs.get()
             if job is None:
-                self._timed(self.store.settle)
+                self._settle()
                 return
             if job.kind == "settle":
-                self._timed(self.store.settle)
+                self._settle()
+            if job.kind == "settle" or self.failure is not None:
+                job.error = self.failure
                 job.done.set()
                 continue
             t0 = time.perf_counter()
@@ -262,9 +267,14 @@ class SwapWorker(threading.Thread):
             self.busy_seconds += job.seconds
             job.done.set()
 
-    def _timed(self, fn) -> None:
+    def _settle(self) -> None:
+        if self.failure is not None:
+            return
         t0 = time.perf_counter()
-        fn()
+        try:
+            self.store.settle()
+        except BaseException as exc:  # noqa: BLE001 - handed to every later job
+            self.failure = exc
         self.busy_seconds += time.perf_counter() - t0
 
     def stop(self) -> None:
@@ -412,7 +422,10 @@ class SwapRuntime:
     def _wait(self, job: Job) -> None:
         if not job.done.is_set():
             t0 = time.perf_counter()
-            job.done.wait()
+            while not job.done.wait(0.5):
+                if not self.worker.is_alive():  # cannot happen (the worker catches all); never hang
+                    job.error = job.error or RuntimeError("the swap I/O worker stopped")
+                    break
             self.stats.stalls += 1
             self.stats.stall_seconds += time.perf_counter() - t0
         if isinstance(job.error, OnnxplanError):
