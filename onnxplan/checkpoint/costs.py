@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.ir.graph import Node, StepGraph, original_name
 
 __all__ = ["CPU_NUMPY", "Machine", "TimeModel", "node_bytes", "node_flops"]
 
@@ -95,7 +95,7 @@ class TimeModel:
     source: str = "flops"  # flops | profile
 
     def node_seconds(self, g: StepGraph, n: Node) -> float:
-        base = n.name.split("@rc", 1)[0]  # a recomputed copy costs what its original costs
+        base = original_name(n.name)  # a recomputed copy costs what its original costs
         if base in self.measured:
             return self.measured[base]
         if n.aliases and all(k == "rv" for _, k in n.aliases.values()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
@@ -14,10 +15,17 @@ from onnxplan.ir.tensor import TensorSpec
 __all__ = ["ValueClass", "Value", "Node", "StepGraph", "PERSISTENT_CLASSES", "original_name"]
 
 
+_COPY_SUFFIX = re.compile(r"@(?:rc\d+|in\d+|start)$")
+
+
 def original_name(name: str) -> str:
     """The node or value a copy stands for: swap-ins (`NAME@inK`, `NAME@start`) and recomputed
-    nodes and values (`NAME@rcK`) carry the original name before the '@'."""
-    return name.split("@")[0]
+    nodes and values (`NAME@rcK`) carry the original name before those suffixes (a swap-in of
+    a recomputed value carries both). Only these suffixes are copies: an '@' of the model's own
+    names (`layer@2`) stays part of the name."""
+    while (m := _COPY_SUFFIX.search(name)) is not None:
+        name = name[: m.start()]
+    return name
 
 
 class ValueClass(str, Enum):

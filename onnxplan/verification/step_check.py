@@ -256,7 +256,7 @@ class StepVerifier:
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
                                for i in n.inputs if original_name(i) in self.grad_name}
-        producer = {o: n for n in graph.nodes for o in n.outputs if o and "@" not in n.name}
+        producer = {o: n for n in graph.nodes for o in n.outputs if o and original_name(n.name) == n.name}
         self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
         self.grad_value = {}  # parameter -> the value that node computed
         for p, g in self.grad_name.items():
