@@ -254,6 +254,23 @@ def test_average_pool_matches_ort_exactly(attrs, count_include_pad):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_average_pool_with_a_kernel_far_larger_than_its_input():
+    """EfficientNet's pooler: AvgPool2d(1280, ceil_mode=True) over a 2x3 map. Of its 1280 x 1280
+    taps six reach the input; the kernels visit only those (the others cost 0.3 s per call)."""
+    rng = np.random.default_rng(16)
+    attrs = {"kernel_shape": [1280, 1280], "strides": [1280, 1280], "ceil_mode": 1}
+    x = randn(rng, 2, 3, 2, 3)
+    win = pool_window(attrs, x.shape, (2, 3, 1, 1))
+    assert len(list(win.taps(live_only=True))) == 6
+    (expected,) = ort_run("AveragePool", [x], [("float32", None)], attrs)
+    (got,) = run_kernel("AveragePool", [x], [("float32", expected.shape)], attrs)
+    np.testing.assert_array_equal(got, expected)
+    dy = randn(rng, *expected.shape)
+    (expected_dx,) = ort_run("AveragePoolGrad", [dy], [("float32", x.shape)], attrs)
+    (got_dx,) = run_kernel("AveragePoolGrad", [dy], [("float32", x.shape)], attrs)
+    np.testing.assert_array_equal(got_dx, expected_dx)
+
+
 @pytest.mark.parametrize("count_include_pad", [0, 1])
 @pytest.mark.parametrize("attrs", [a for a in POOL_CASES if not a.get("ceil_mode")])
 def test_average_pool_matches_reference(attrs, count_include_pad):

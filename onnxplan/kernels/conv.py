@@ -83,11 +83,16 @@ class Window:
         lo = min(lo, n_out)
         return lo, max(lo, hi), lo * s + off
 
-    def taps(self):
-        """Every kernel position in row-major order (the order ORT visits a window in)."""
+    def taps(self, live_only: bool = False):
+        """Every kernel position in row-major order (the order ORT visits a window in); with
+        `live_only`, only those that reach an output inside the input (not `empty`), without
+        visiting the others: a pool whose kernel dwarfs its input (EfficientNet's 1280x1280
+        pooler over a 1x1 map) has millions of taps and one live one."""
         axes = range(len(self.kernel))
         per_axis = [[self.span(a, k) for k in range(self.kernel[a])] for a in axes]
-        for index in itertools.product(*(range(k) for k in self.kernel)):
+        ks = [[k for k in range(self.kernel[a]) if per_axis[a][k][1] > per_axis[a][k][0]] if live_only
+              else range(self.kernel[a]) for a in axes]
+        for index in itertools.product(*ks):
             spans, slices = [], []
             for a, k in zip(axes, index):
                 lo, hi, start = per_axis[a][k]
