@@ -71,9 +71,10 @@ def node_flops(g: StepGraph, n: Node) -> float:
         return 2.0 * out * _contracted(g, n)
     if n.key == ("", "Conv"):
         return 2.0 * out * _conv_taps(g, n, n.inputs[1])
-    if n.key == (MS, "ConvGrad"):  # dX and dW: two products of the forward's size
-        dy = _numel(g, n.inputs[0])
-        return 4.0 * dy * _conv_taps(g, n, n.inputs[2])
+    if n.key in ((MS, "ConvGrad"), ("onnxplan", "ConvGradInput")):  # dX, dW: a forward-sized product each
+        outs = [*n.outputs, "", ""][:2] if n.op_type == "ConvGrad" else [n.outputs[0], ""]
+        weight = n.inputs[2] if n.op_type == "ConvGrad" else n.inputs[1]
+        return 2.0 * sum(bool(o) for o in outs) * _numel(g, n.inputs[0]) * _conv_taps(g, n, weight)
     if n.op_type in ("ReduceSum", "ReduceMean", "GlobalAveragePool", "Sum"):
         return float(sum(_numel(g, i) for i in n.inputs if i))
     total = sum(_numel(g, o) for o in n.outputs if o)
@@ -102,7 +103,7 @@ class TimeModel:
             return 0.0  # read-only views move no data
         m = self.machine
         flops = node_flops(g, n)
-        rate = m.matmul_flops if n.key in _MATMUL or n.op_type in ("Conv", "ConvGrad") else m.elementwise_flops
+        rate = m.matmul_flops if n.key in _MATMUL or n.op_type in ("Conv", "ConvGrad", "ConvGradInput") else m.elementwise_flops
         return max(flops / rate, node_bytes(g, n) / m.bandwidth) + m.call_seconds
 
     def step_seconds(self, g: StepGraph) -> float:

@@ -49,6 +49,13 @@ def _conv_grad(node, specs, consts):
     return outputs(node, x, w, w.with_shape((w.shape[0],)))
 
 
+@shape_rule("ConvGradInput", "onnxplan")
+def _conv_grad_input(node, specs, consts):
+    """(dY, W) -> dX of shape x_shape (the dX half of a split ConvGrad, passes/split_grad.py)."""
+    dy = need(node, specs, 0)
+    return outputs(node, dy.with_shape(tuple(attr_ints(node, "x_shape"))))
+
+
 @shape_rule("ResizeGrad", MS)
 def _resize_grad(node, specs, consts):
     """(dY, X, roi, scales) -> dX like X (dY's dtype)."""
