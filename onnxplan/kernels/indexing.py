@@ -155,9 +155,15 @@ def top_k(ctx, inputs, outputs):
     axis = _xp.norm_axis(int(ctx.attrs.get("axis", -1)), x.ndim)
     k = values.shape[axis]
     largest = int(ctx.attrs.get("largest", 1))
-    key = -x.astype(np.float64) if largest else x
-    order = xp.argsort(key, axis=axis, kind="stable")
-    order = xp.take(order, xp.arange(k), axis=axis)
-    xp.copyto(values, xp.take_along_axis(x, order, axis=axis))
-    if indices is not None:
-        xp.copyto(indices, order)
+    # rows along the last axis, sorted a block of rows at a time: the sort's keys and indices are
+    # block-sized temporaries (at least one row), never X-sized
+    xs, vs = xp.moveaxis(x, axis, -1), xp.moveaxis(values, axis, -1)
+    ins = xp.moveaxis(indices, axis, -1) if indices is not None else None
+    rows = max(1, _xp.block_elems(np.float64, xp) // max(1, x.shape[axis]))
+    for b in _xp.blocks(xs.shape[:-1], rows):
+        xb = xs[b]
+        key = -xb.astype(np.float64) if largest else xb
+        order = xp.argsort(key, axis=-1, kind="stable")[..., :k]
+        xp.copyto(vs[b], xp.take_along_axis(xb, order, axis=-1))
+        if ins is not None:
+            xp.copyto(ins[b], order)

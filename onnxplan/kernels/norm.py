@@ -6,6 +6,7 @@ from math import prod
 
 import numpy as np
 
+from onnxplan.kernels import _xp
 from onnxplan.kernels import conv as _conv
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -346,7 +347,6 @@ def batch_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
 def _normalize_rows(xp, x2, y2, eps: float) -> None:
     """y2[r] = (x2[r] - mean) / sqrt(var + eps) per row (biased variance, computed in float64 from
     the centred values), a few rows at a time."""
-    from onnxplan.kernels import _xp
 
     rows, m = x2.shape
     step = max(1, _xp.block_elems(np.float64, xp) // max(1, m))
@@ -392,7 +392,6 @@ def group_norm(ctx: KernelContext, inputs, outputs) -> None:
 @kernel("LpNormalization", overwrites={0: (0,)})
 def lp_normalization(ctx: KernelContext, inputs, outputs) -> None:
     """Y = X / ||X||_p along axis (p 1 or 2; 0 where the norm is 0), a few rows at a time."""
-    from onnxplan.kernels import _xp
 
     xp, x, y = ctx.xp, inputs[0], outputs[0]
     p = int(ctx.attrs.get("p", 2))
@@ -417,7 +416,13 @@ def mean_variance_normalization(ctx: KernelContext, inputs, outputs) -> None:
     xp, x, y = ctx.xp, inputs[0], outputs[0]
     axes = tuple(int(a) + x.ndim if int(a) < 0 else int(a) for a in ctx.attrs.get("axes") or (0, 2, 3))
     mean = x.mean(axis=axes, keepdims=True)  # statistics-sized
-    var = (x * x).mean(axis=axes, keepdims=True) - mean * mean
+    squares = xp.zeros_like(mean)  # E[X^2] summed a block at a time: no X-sized X * X
+    for b in _xp.blocks(x.shape, _xp.block_elems(x.dtype, xp)):
+        xb = x[b]
+        at = tuple(slice(None) if a in axes else b[a] for a in range(x.ndim))
+        squares[at] += (xb * xb).sum(axis=axes, keepdims=True)
+    count = x.dtype.type(prod(x.shape[a] for a in axes))
+    var = squares / count - mean * mean
     xp.subtract(x, mean, out=y)
     xp.divide(y, xp.sqrt(var) + x.dtype.type(1e-9), out=y)
 
@@ -431,12 +436,16 @@ def lrn(ctx: KernelContext, inputs, outputs) -> None:
     alpha, beta = float(ctx.attrs.get("alpha", 1e-4)), float(ctx.attrs.get("beta", 0.75))
     bias = float(ctx.attrs.get("bias", 1.0))
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
-    c = x.shape[1]
-    for i in range(x.shape[0]):  # one image at a time: the running sums are image-sized
-        sq = x[i].astype(np.float64) ** 2
-        run = xp.concatenate([xp.zeros((1, *sq.shape[1:])), xp.cumsum(sq, axis=0)])
-        top = xp.minimum(xp.arange(c) + hi + 1, c)
-        bottom = xp.maximum(xp.arange(c) - lo, 0)
-        window = run[top] - run[bottom]
-        scale = (window * (alpha / size) + bias) ** beta
-        xp.copyto(y[i], x[i] / scale, casting="unsafe")
+    n, c = x.shape[:2]
+    top = xp.minimum(xp.arange(c) + hi + 1, c)
+    bottom = xp.maximum(xp.arange(c) - lo, 0)
+    x3, y3 = x.reshape(n, c, -1), y.reshape(n, c, -1)
+    cols = max(1, _xp.block_elems(np.float64, xp) // (c + 1))  # the running sums: block-sized
+    for i in range(n):
+        for p0 in range(0, x3.shape[2], cols):
+            xb = x3[i, :, p0:p0 + cols]
+            sq = xb.astype(np.float64) ** 2
+            run = xp.concatenate([xp.zeros((1, sq.shape[1])), xp.cumsum(sq, axis=0)])
+            window = run[top] - run[bottom]
+            scale = (window * (alpha / size) + bias) ** beta
+            xp.copyto(y3[i, :, p0:p0 + cols], xb / scale, casting="unsafe")
