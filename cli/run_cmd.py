@@ -10,7 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onnxplan.budget import MemoryRequest, cost_model, plan_for_budget
 from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, fail, handle_errors, model_request, print_json
+from onnxplan.device import array_module
+from onnxplan.executor.prepare import Prepared, load_request, prepare
+from onnxplan.executor.swap_account import describe_accounting, swap_accounting
+from onnxplan.plan import Plan
+from onnxplan.planning import PlanOptions, check_time_limit
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError, UsageError
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -81,11 +87,6 @@ def run_command(
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
          checkpoint_args=(None, False), device="cpu", select_args=(None, None)) -> None:
-    from onnxplan.device import array_module
-    from onnxplan.executor.prepare import prepare
-    from onnxplan.plan import Plan
-    from onnxplan.planning import PlanOptions, check_time_limit
-
     if steps < 1 or warmup < 0:
         raise UsageError(f"invalid --steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
     if lr is not None and not lr > 0:
@@ -111,15 +112,12 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         how = Plan.load(plan_file)
         req = _plan_request(how, req, model is None)
     else:
-        from onnxplan.cli.plan_cmd import _swap_options
-        from onnxplan.sizes import parse_size
-
-        budget_bytes = parse_size(budget) if budget is not None else None
-        how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile,
-                          device=device)
+        how = PlanOptions(**plan_opts)
+        memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
     with Progress("run") as progress:
         progress.update("checking the plan" if plan_file is not None else "planning")
-        prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
+        prep = prepare(req, how) if plan_file is not None else \
+            _prepare_planned(req, how, memory, cost_model(profile, device))
         out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp,
                        progress)
         progress.finish("done")
@@ -157,14 +155,10 @@ def _plan_request(plan, req, no_model: bool):
     return req
 
 
-def _prepare_planned(req, opts, checkpoint, swap):
-    """Load and plan as `onnxplan plan` does: --checkpoint, and the memory strategy under a
-    --budget with neither --checkpoint nor --swap (onnxplan.checkpoint.auto)."""
-    from onnxplan.cli.plan_cmd import _plan_with_memory_strategy
-    from onnxplan.executor.prepare import Prepared, load_request
-
+def _prepare_planned(req, opts, memory, costs):
+    """Load and plan as `onnxplan plan` does (onnxplan.budget decides what the budget needs)."""
     folder, graph = load_request(req)
-    res = _plan_with_memory_strategy(graph, opts, checkpoint, swap)
+    res = plan_for_budget(graph, opts, memory, costs)
     return Prepared(folder, res.graph, res.plan)
 
 
@@ -211,8 +205,6 @@ def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, 
         "predicted_from": _predicted(prep.plan)[1], "device": device_name(xp),
     }
     if res.swap is not None:  # accounting, and the latency of the same plan without swap
-        from onnxplan.swap.account import swap_accounting
-
         tell("the same steps without swap (for comparison)")
         out["swap"] = swap_accounting(req, prep, res, steps=steps, warmup=warmup, seed=seed, lr=lr,
                                       threads=threads, xp=xp)
@@ -291,8 +283,6 @@ def _print(out: dict) -> None:
                       "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
                       "pages of the arena never touched by a live buffer are not counted")
     if out.get("swap") is not None:
-        from onnxplan.swap.account import describe_accounting
-
         for line in describe_accounting(out["swap"]):
             con.print(line)
     if out["verified"] is not None:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
+from onnxplan.budget import fit_budget, plan_with_checkpoint
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.plan import Plan
@@ -25,7 +26,7 @@ def transformer():
 @pytest.fixture(scope="module")
 def least(transformer):
     plain = plan_step(transformer, OPTS).plan.peak_bytes
-    return plain, {p: plan_step(transformer, replace(OPTS, checkpoint=p)) for p in ("sqrt", "chen", "rotor")}
+    return plain, {p: plan_with_checkpoint(transformer, OPTS, p) for p in ("sqrt", "chen", "rotor")}
 
 
 def test_every_policy_lowers_the_peak(least):
@@ -46,12 +47,12 @@ def test_budgets_between_least_and_plain_are_met(transformer, least):
         budget = int(bottom + frac * (plain - bottom))
         fits = {}
         for policy in ("sqrt", "chen", "rotor"):
-            out = plan_step(transformer, replace(OPTS, checkpoint=policy, budget=budget))
+            out = plan_with_checkpoint(transformer, replace(OPTS, budget=budget), policy)
             fits[policy] = out.plan.peak_bytes <= budget
         assert fits["rotor"], budget  # rotor reaches every limit down to the least of all
         assert fits["rotor"] >= max(fits.values())
     # a budget the plain plan meets: no recomputation at all
-    out = plan_step(transformer, replace(OPTS, checkpoint="rotor", budget=plain))
+    out = plan_with_checkpoint(transformer, replace(OPTS, budget=plain), "rotor")
     assert not any(p.startswith("recompute:") for p in out.plan.passes)
 
 
@@ -70,8 +71,6 @@ def test_plan_file_replays_the_rewrite(transformer, least, tmp_path):
 
 
 def test_auto_strategy_under_a_budget(transformer, least):
-    from onnxplan.checkpoint.auto import fit_budget
-
     plain, outs = least
     budget = (plain + outs["rotor"].plan.peak_bytes) // 2
     out, why = fit_budget(transformer, replace(OPTS, budget=budget))
