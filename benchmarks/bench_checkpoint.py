@@ -108,11 +108,11 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
         limit = int(bottom + (top - bottom) * k / (limits - 1))
         for policy in POLICIES:
             out, secs = _plan(graph, replace(base_opts, budget=limit), policy)
-            ck = out.plan.options.get("checkpoint", {})
+            ck = out.plan.checkpoint
             row = {"model": name, "batch": batch, "policy": policy, "limit": limit,
                    "planned_peak": out.plan.peak_bytes, "fits": out.plan.peak_bytes <= limit,
-                   "predicted": predicted_step_seconds(out, times), "chain_time": ck.get("chain_time_seconds"),
-                   "schedule": ck.get("schedule", ""), "plan_seconds": secs, "key": key(out)}
+                   "predicted": predicted_step_seconds(out, times), "chain_time": ck.chain_time_seconds if ck else None,
+                   "schedule": ck.schedule if ck else "", "plan_seconds": secs, "key": key(out)}
             if row["fits"]:
                 preps.setdefault(key(out), Prepared(folder, out.graph, out.plan))
             rows.append(row)

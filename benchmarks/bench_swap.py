@@ -172,7 +172,7 @@ def _budget_row(args, name: str) -> dict:
     base = run_plan(req, None, steps=3, prepared=none, threads=args.threads)
     t = swap_totals(prep.plan.swaps)
     row = {"model": name, "no_swap_peak": none.plan.peak_bytes, "budget": budget,
-           "policy": prep.plan.options["swap"].get("described", "none"), "planned_peak": prep.plan.peak_bytes,
+           "policy": (prep.plan.swap.described or "none"), "planned_peak": prep.plan.peak_bytes,
            "measured_peak": measured, "fits": prep.plan.peak_bytes <= budget, "swaps": t["swaps"],
            "bytes_in": t["bytes_in"], "verified": cmp.ok, "max_rel_diff": cmp.max_rel_diff,
            "overhead": statistics.median(res.step_seconds) / statistics.median(base.step_seconds) - 1.0,

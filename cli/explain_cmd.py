@@ -33,7 +33,7 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
 
     plan = Plan.load(plan_file)
     check_plan_record(plan)  # (run --plan re-verifies it in full against its model)
-    info = plan.options.get("checkpoint")
+    info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
     if json_out:
         print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info})
         return

@@ -122,10 +122,10 @@ def _print_table(res, budget_bytes, params: dict | None = None) -> None:
     for note in res.pass_notes:
         con.print(f"  {note}")
     if plan.order_policy == "ilp":
-        o = plan.options
-        state = "optimal" if o.get("order_optimal") else (
-            f"gap {o['order_gap']:.1%}" if o.get("order_gap") is not None else "not proven")
-        con.print(f"  order ilp: {state} in {o['order_seconds']:.2f} s; {'; '.join(o.get('order_notes', []))}")
+        o = plan.solver
+        state = "optimal" if o.order_optimal else (
+            f"gap {o.order_gap:.1%}" if o.order_gap is not None else "not proven")
+        con.print(f"  order ilp: {state} in {o.order_seconds:.2f} s; {'; '.join(o.order_notes)}")
     t = Table("planner", "peak", "arena", "lower bound", "fragmentation", "seconds", "")
     for r in res.rows:
         mark = "chosen" if r.planner == plan.planner else ""

@@ -165,13 +165,11 @@ def _prepare_planned(req, opts, memory, costs):
 def _predicted(plan) -> tuple[float | None, str]:
     """The plan's predicted step time and what it rests on (recorded when a checkpoint
     policy or the memory strategy planned it)."""
-    ck = plan.options.get("checkpoint")
-    if ck:
-        return ck.get("predicted_step_seconds"), ck.get("time_source", "")
-    ms = plan.options.get("memory_strategy")
-    if ms:
-        chosen = [c for c in ms["candidates"] if c["strategy"] == ms["chosen"]]
-        return (chosen[0]["predicted_step_seconds"] if chosen else None), "strategy"
+    if plan.checkpoint is not None:
+        return plan.checkpoint.predicted_step_seconds, plan.checkpoint.time_source
+    if plan.strategy is not None:
+        chosen = plan.strategy.chosen_candidate
+        return (chosen.predicted_step_seconds if chosen else None), "strategy"
     return None, ""
 
 

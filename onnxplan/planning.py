@@ -16,6 +16,7 @@ from onnxplan.orders import memory_model, order_policy
 from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.plan import Plan, PlannedBuffer
+from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
 from onnxplan.verify import verify_offsets
@@ -255,10 +256,9 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         order_policy=policy,
         solve_seconds=time.perf_counter() - t0,
         passes=tuple(names),
-        options={"interleave": opts.interleave, "inplace": opts.inplace, "time_limit": opts.time_limit,
-                 "order_seconds": order_seconds, "order_optimal": order_res.optimal,
-                 "order_gap": order_res.gap, "order_notes": list(order_res.notes),
-                 "skipped": skipped, "swap": _swap_options(swap, opts)},
+        settings=PlanSettings(opts.interleave, opts.inplace, opts.time_limit),
+        solver=SolverStats(order_seconds, order_res.optimal, order_res.gap, tuple(order_res.notes), tuple(skipped)),
+        swap=_swap_record(swap, opts),
         swaps=swap.swaps if swap is not None else (),
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
@@ -288,11 +288,11 @@ def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions) -> SwapOutcome | Non
                       window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.solver_seconds)
 
 
-def _swap_options(swap, opts: PlanOptions) -> dict[str, Any]:
+def _swap_record(swap: SwapOutcome | None, opts: PlanOptions) -> SwapRecord:
     if swap is None:
-        return {"policy": "none", "requested": opts.swap}
-    return {**swap.options, "requested": opts.swap, "described": swap.policy, "budget": opts.budget,
-            **swap_totals(swap.swaps)}
+        return SwapRecord("none", opts.swap)
+    return SwapRecord(requested=opts.swap, described=swap.policy, budget=opts.budget,
+                      **swap.options, **swap_totals(swap.swaps))
 
 
 def _planned(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[PlannedBuffer, ...]:

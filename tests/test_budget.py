@@ -47,13 +47,13 @@ def test_plan_step_raises_on_a_budget_it_misses(step, plain):
 def test_budget_layer_picks_a_strategy_and_says_why(step, plain):
     budget = plain.plan.peak_bytes - 1
     out = plan_for_budget(step, OPTS, MemoryRequest(budget=budget))
-    info = out.plan.options["memory_strategy"]
-    assert {c["strategy"] for c in info["candidates"]} == {"none", *STRATEGIES}
+    info = out.plan.strategy
+    assert {c.strategy for c in info.candidates} == {"none", *STRATEGIES}
     assert any(n.startswith("memory strategy: ") for n in out.pass_notes)
-    fits = [c for c in info["candidates"] if c["fits"]]
+    fits = [c for c in info.candidates if c.fits]
     assert (out.plan.peak_bytes <= budget) == bool(fits)
     same = plan_for_budget(step, OPTS, MemoryRequest(budget=plain.plan.peak_bytes))
-    assert same.plan.options["memory_strategy"]["chosen"] == "none"
+    assert same.plan.strategy.chosen == "none"
 
 
 def test_a_new_strategy_is_one_more_entry(step, plain, monkeypatch):
@@ -69,7 +69,7 @@ def test_a_new_strategy_is_one_more_entry(step, plain, monkeypatch):
     costs = FlopCosts()
     out = plan_for_budget(step, replace(OPTS, time_limit=2.0), MemoryRequest(budget=budget), costs)
     assert seen == {"budget": budget, "costs": costs, "time_limit": 2.0}
-    assert "joint" in {c["strategy"] for c in out.plan.options["memory_strategy"]["candidates"]}
+    assert "joint" in {c.strategy for c in out.plan.strategy.candidates}
 
 
 @pytest.mark.parametrize("flags,needle", [

@@ -32,11 +32,11 @@ def least(transformer):
 def test_every_policy_lowers_the_peak(least):
     plain, outs = least
     for policy, out in outs.items():
-        info = out.plan.options["checkpoint"]
+        info = out.plan.checkpoint
         assert out.plan.peak_bytes < plain, policy
         assert any(p.startswith("recompute:") for p in out.plan.passes)
-        assert info["policy"] == policy and info["schedule"]
-        assert info["predicted_step_seconds"] > info["predicted_step_seconds_without"]
+        assert info.policy == policy and info.schedule
+        assert info.predicted_step_seconds > info.predicted_step_seconds_without
     assert outs["rotor"].plan.peak_bytes <= min(o.plan.peak_bytes for o in outs.values())
 
 
@@ -74,12 +74,12 @@ def test_auto_strategy_under_a_budget(transformer, least):
     plain, outs = least
     budget = (plain + outs["rotor"].plan.peak_bytes) // 2
     out, why = fit_budget(transformer, replace(OPTS, budget=budget))
-    info = out.plan.options["memory_strategy"]
-    assert info["chosen"] in ("recompute", "swap") and why == info["reason"]
-    assert {c["strategy"] for c in info["candidates"]} >= {"none", "recompute"}
+    info = out.plan.strategy
+    assert info.chosen in ("recompute", "swap") and why == info.reason
+    assert {c.strategy for c in info.candidates} >= {"none", "recompute"}
     assert out.plan.peak_bytes <= budget
     out, why = fit_budget(transformer, replace(OPTS, budget=plain))
-    assert out.plan.options["memory_strategy"]["chosen"] == "none"
+    assert out.plan.strategy.chosen == "none"
 
 
 def test_cli_plan_and_explain(tmp_path, monkeypatch):

@@ -167,7 +167,7 @@ def test_checkpoint_profile_times_the_gpu_kernels():
     folder, graph = load_request(small_artifacts("resnet18"))
     res = plan_for_budget(graph, PlanOptions(planner="best-fit"), MemoryRequest(checkpoint="rotor"),
                           ProfiledCosts("cuda"))
-    notes = res.plan.options["checkpoint"]["notes"]
+    notes = res.plan.checkpoint.notes
     assert any("profile (wall clock, cuda)" in n for n in notes), notes
 
 

@@ -13,6 +13,7 @@ from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
 from onnxplan.checkpoint.select import Selection, choose_schedule, stage_summary
 from onnxplan.ir.graph import StepGraph
+from onnxplan.plan_records import CheckpointRecord
 from onnxplan.passes import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome, pipeline_names
 
@@ -24,7 +25,7 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
     """Plan with the checkpoint `policy` under `opts.budget`: choose the schedule (stage
     times from `costs`), then plan the step with the recompute pass replaying it
     ("recompute:<schedule>" in the plan's passes), and record the choice in
-    plan.options["checkpoint"]. A budget the plain plan meets needs no recomputation. The
+    plan.checkpoint. A budget the plain plan meets needs no recomputation. The
     outcome may miss the budget (the caller weighs it)."""
     t0 = time.perf_counter()
     base = replace(opts, recompute="")
@@ -51,17 +52,17 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
         if opts.budget is None or out.plan.peak_bytes <= opts.budget:
             break
     sim = simulate(chain.costs(), sched.ops)
-    info = {
-        "policy": policy, "budget_bytes": opts.budget, "schedule": code, "slots": slots,
-        "stages": stage_summary(chain, sched), "time_source": chain.time_source,
-        "chain_time_seconds": sim.time, "chain_model_peak_bytes": sim.peak,
-        "extra_forward_seconds": sim.time - sum(s.forward_seconds + s.backward_seconds for s in chain.stages),
-        "predicted_step_seconds": times.step_seconds(out.graph),
-        "predicted_step_seconds_without": times.step_seconds(pre),
-        "notes": [time_note, *sel.notes, *sched.notes], "select_seconds": time.perf_counter() - t0,
-        "tried": [{"schedule": encode(s.ops, chain.length), "planned_peak_bytes": p,
-                   "chain_time_seconds": simulate(chain.costs(), s.ops).time} for s, p in sel.tried],
-    }
-    out.plan = replace(out.plan, options={**out.plan.options, "checkpoint": info})
-    out.pass_notes = [*out.pass_notes, *(f"checkpoint: {n}" for n in info["notes"])]
+    record = CheckpointRecord(
+        policy=policy, budget_bytes=opts.budget, schedule=code, slots=slots,
+        stages=tuple(stage_summary(chain, sched)), time_source=chain.time_source,
+        chain_time_seconds=sim.time, chain_model_peak_bytes=sim.peak,
+        extra_forward_seconds=sim.time - sum(s.forward_seconds + s.backward_seconds for s in chain.stages),
+        predicted_step_seconds=times.step_seconds(out.graph),
+        predicted_step_seconds_without=times.step_seconds(pre),
+        notes=(time_note, *sel.notes, *sched.notes), select_seconds=time.perf_counter() - t0,
+        tried=tuple({"schedule": encode(s.ops, chain.length), "planned_peak_bytes": p,
+                     "chain_time_seconds": simulate(chain.costs(), s.ops).time} for s, p in sel.tried),
+    )
+    out.plan = replace(out.plan, checkpoint=record)
+    out.pass_notes = [*out.pass_notes, *(f"checkpoint: {n}" for n in record.notes)]
     return out

@@ -10,6 +10,7 @@ from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import CostModel, FlopCosts
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.plan_records import StrategyCandidate, StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
 
@@ -57,7 +58,7 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
     the plain plan if it fits; else every registered strategy is planned and the fitting one
     with the least predicted step time (by `costs`) is kept (none fits: the one of least
     peak). Returns (outcome, one line saying what was chosen and why); the choice is also
-    recorded in plan.options["memory_strategy"]."""
+    recorded in plan.strategy."""
     budget = opts.budget
     plain = attempt(graph, replace(opts, swap="none", recompute=""))
     times = None
@@ -86,8 +87,7 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
 
 
 def _record(out: PlanOutcome, name: str, why: str, rows, budget: int | None) -> PlanOutcome:
-    info = {"chosen": name, "reason": why, "budget_bytes": budget,
-            "candidates": [{"strategy": n, "peak_bytes": o.plan.peak_bytes, "predicted_step_seconds": s,
-                            "fits": budget is None or o.plan.peak_bytes <= budget} for n, o, s in rows]}
-    out.plan = replace(out.plan, options={**out.plan.options, "memory_strategy": info})
+    record = StrategyRecord(name, why, budget, tuple(
+        StrategyCandidate(n, o.plan.peak_bytes, s, budget is None or o.plan.peak_bytes <= budget) for n, o, s in rows))
+    out.plan = replace(out.plan, strategy=record)
     return out
