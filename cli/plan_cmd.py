@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.budget import MemoryRequest, cost_model, plan_for_budget
+from onnxplan.api import load_step_of, solve
+from onnxplan.budget import MemoryRequest, cost_model
 from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, model_request,
                                   parameter_lines, parameter_report, print_json, write_atomic)
 from onnxplan.device import array_module
 from onnxplan.errors import BudgetError
-from onnxplan.ir.load import load_step
-from onnxplan.planning import PlanOptions, budget_miss, check_time_limit
-from onnxplan.resolve import model_reference, resolve_artifacts
+from onnxplan.planning import PlanOptions, budget_miss
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
 
@@ -64,15 +62,13 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
           profile=False, device="cpu", train=None, freeze=None) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
     budget_bytes = memory.budget
-    check_time_limit(time_limit)
+    opts = PlanOptions(order, planner, interleave, inplace, time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)
-    folder = resolve_artifacts(req)
-    graph = load_step(folder, dims=dict(req.dims), batch=req.batch)
-    res = plan_for_budget(graph, PlanOptions(order, planner, interleave, inplace, time_limit), memory,
-                          cost_model(profile, device))
-    plan = replace(res.plan, source=model_reference(req, folder))  # `run --plan` finds the model
+    step = load_step_of(req)
+    res = solve(step, opts, memory, cost_model(profile, device))
+    plan, graph = res.plan, step.graph  # the plan names its model: `run --plan` finds it
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:
         write_atomic(out, plan.dumps())

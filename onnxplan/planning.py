@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnxplan import __version__
+from onnxplan._version import __version__
 from onnxplan.checkpoint import recompute as _recompute  # noqa: F401  (registers the pass "recompute:<schedule>")
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.ir.graph import StepGraph

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from onnxplan import __version__
+from onnxplan._version import __version__
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import load_step, read_metadata
