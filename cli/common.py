@@ -13,6 +13,7 @@ from typing import Any, Callable
 import typer
 
 from onnxplan.errors import OnnxplanError, UsageError
+from onnxplan.ir.graph import ValueClass
 from onnxplan.resolve import ModelRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
@@ -117,8 +118,6 @@ def print_json(obj: Any) -> None:
 def parameter_report(graph) -> dict:
     """Trained and frozen parameter names of a step graph, and for a forward .onnx what
     onnxplan rewrote to make it trainable (JSON: inspect's and plan's "parameters")."""
-    from onnxplan.ir.graph import ValueClass
-
     produced = {o for n in graph.nodes for o in n.outputs}
     params = [v for v in graph.values.values() if v.vclass == ValueClass.PARAMETER and v.name not in produced]
     return {

@@ -11,8 +11,17 @@ from rich.table import Table
 
 from onnxplan.api import load_step_of, solve
 from onnxplan.budget import MemoryRequest, cost_model
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, model_request,
-                                  parameter_lines, parameter_report, print_json, write_atomic)
+from onnxplan.cli.common import (
+    FREEZE_HELP,
+    TRAIN_HELP,
+    check_output,
+    handle_errors,
+    model_request,
+    parameter_lines,
+    parameter_report,
+    print_json,
+    write_atomic,
+)
 from onnxplan.device import array_module
 from onnxplan.errors import BudgetError
 from onnxplan.planning import PlanOptions, budget_miss
