@@ -74,11 +74,19 @@ def imports_of(name: str, source: str, known: set[str]) -> set[str]:
     return out
 
 
-def module_graph() -> dict[str, set[str]]:
-    """module -> the package's modules it imports at module level."""
+def module_graph(everywhere: bool = False) -> dict[str, set[str]]:
+    """module -> the package's modules it imports at module level (`everywhere`: also inside
+    functions, the imports that run on use)."""
     mods = modules()
     known = set(mods)
-    return {name: imports_of(name, path.read_text(), known) for name, path in mods.items()}
+    out = {}
+    for name, path in mods.items():
+        source = path.read_text()
+        if everywhere:  # every import statement, wherever it is, read as if at module level
+            source = "\n".join(ast.unparse(n) for n in ast.walk(ast.parse(source))
+                               if isinstance(n, (ast.Import, ast.ImportFrom)))
+        out[name] = imports_of(name, source, known)
+    return out
 
 
 def unit(module: str) -> str:
@@ -146,6 +154,8 @@ def main() -> None:
         print("CYCLE:", " <-> ".join(c))
     for m, d in forbidden_imports(module_graph()):
         print(f"FORBIDDEN: {m} imports {d}")
+    for c in cycles(unit_graph(module_graph(everywhere=True))):
+        print("cycle through imports inside functions:", " <-> ".join(c))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,17 @@ def test_planning_layers_do_not_import_the_executor():
     assert not bad, f"module-level imports of onnxplan.executor below it: {bad}"
 
 
+def test_not_even_imports_on_use_tie_the_planning_layers_to_the_executor():
+    """Imports inside functions included: planning and the packages below it never import the
+    executor, and no cycle runs through planning, the budget layer, the executor or the API."""
+    full = ig.module_graph(everywhere=True)
+    assert not ig.forbidden_imports(full)
+    layers = {"onnxplan.planning", "onnxplan.budget", "onnxplan.executor", "onnxplan.api", "onnxplan.checkpoint",
+              "onnxplan.swap", "onnxplan.passes", "onnxplan.orders", "onnxplan.offsets"}
+    tangled = [c for c in ig.cycles(ig.unit_graph(full)) if layers & set(c)]
+    assert not tangled, tangled
+
+
 def test_the_walk_sees_the_layers():
     """The walk finds what it should: the budget layer above planning and the executor."""
     units = ig.unit_graph(ig.module_graph())
