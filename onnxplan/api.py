@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
 from onnxplan.bench.peers import parse_peers
@@ -28,6 +26,9 @@ from onnxplan.resolve import (ModelRequest, check_content_hash, make_request, mo
                               resolve_artifacts)
 from onnxplan.run_report import RunReport, run_prepared
 from onnxplan.sizes import parse_size
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Step", "bench", "check_run_options", "load", "load_step_of", "plan", "plan_request", "run", "solve"]
 
@@ -131,7 +132,7 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
           repeat: int = 3, warmup: int = 1, measure: bool = False, time_limit: float | None = None,
-          budget: str | int | None = None) -> pd.DataFrame:
+          budget: str | int | None = None) -> "pd.DataFrame":
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan
     (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too."""
@@ -140,4 +141,6 @@ def bench(models: Iterable[str], *, strategies: str = "default", batch: int | No
     config = BenchConfig(list(models), parse_strategies(strategies), batch, parse_peers(peers), repeat, warmup,
                          measure, time_limit, budgets)
     doc: dict[str, Any] = run_bench(config, new_results(config.to_json()), save=lambda d: None)
+    import pandas as pd  # 0.3 s to import: on use, so that every CLI command does not pay it
+
     return pd.DataFrame(doc["rows"])
