@@ -31,11 +31,12 @@ POLICIES = ("sqrt", "chen", "rotor")
 CLOCK = "cpu"  # step and profile times: CPU seconds of this process (one BLAS thread)
 
 
-def _plan(graph, opts):
-    from onnxplan.planning import plan_step
+def _plan(graph, opts, policy: str | None = None):
+    """The plain plan, or the plan of a checkpoint policy under opts.budget (profiled stage times)."""
+    from onnxplan.budget import ProfiledCosts, attempt, plan_with_checkpoint
 
     t0 = time.perf_counter()
-    out = plan_step(graph, opts)
+    out = attempt(graph, opts) if policy is None else plan_with_checkpoint(graph, opts, policy, ProfiledCosts(clock=CLOCK))
     return out, time.perf_counter() - t0
 
 
@@ -81,8 +82,8 @@ def _measure(folder, preps: dict, steps: int, rounds: int) -> dict:
 
 def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limits: int,
                 rounds: int) -> list[dict]:
-    from onnxplan.checkpoint.auto import predicted_step_seconds
-    from onnxplan.checkpoint.profile import profile_times
+    from onnxplan.budget import predicted_step_seconds
+    from onnxplan.executor.profile import profile_times
     from onnxplan.executor.prepare import Prepared
     from onnxplan.passes._infra import run_pipeline
     from onnxplan.planning import PlanOptions
@@ -91,7 +92,7 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
     req = ModelRequest(name, batch)
     folder = resolve_artifacts(req)
     graph = load_model(req)
-    base_opts = PlanOptions(planner=planner, profile=True)
+    base_opts = PlanOptions(planner=planner)
     plain, secs = _plan(graph, base_opts)
     times, _ = profile_times(run_pipeline(graph, ["realize", "interleave"])[0], clock=CLOCK)
 
@@ -101,17 +102,17 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
     preps = {key(plain): Prepared(folder, plain.graph, plain.plan)}
     rows = [{"model": name, "batch": batch, "policy": "none", "limit": None, "planned_peak": plain.plan.peak_bytes,
              "plan_seconds": secs, "predicted": predicted_step_seconds(plain, times), "key": key(plain)}]
-    least = {p: _plan(graph, replace(base_opts, checkpoint=p))[0].plan.peak_bytes for p in POLICIES}
+    least = {p: _plan(graph, base_opts, p)[0].plan.peak_bytes for p in POLICIES}
     bottom, top = min(least.values()), plain.plan.peak_bytes
     for k in range(limits):
         limit = int(bottom + (top - bottom) * k / (limits - 1))
         for policy in POLICIES:
-            out, secs = _plan(graph, replace(base_opts, checkpoint=policy, budget=limit))
-            ck = out.plan.options.get("checkpoint", {})
+            out, secs = _plan(graph, replace(base_opts, budget=limit), policy)
+            ck = out.plan.checkpoint
             row = {"model": name, "batch": batch, "policy": policy, "limit": limit,
                    "planned_peak": out.plan.peak_bytes, "fits": out.plan.peak_bytes <= limit,
-                   "predicted": predicted_step_seconds(out, times), "chain_time": ck.get("chain_time_seconds"),
-                   "schedule": ck.get("schedule", ""), "plan_seconds": secs, "key": key(out)}
+                   "predicted": predicted_step_seconds(out, times), "chain_time": ck.chain_time_seconds if ck else None,
+                   "schedule": ck.schedule if ck else "", "plan_seconds": secs, "key": key(out)}
             if row["fits"]:
                 preps.setdefault(key(out), Prepared(folder, out.graph, out.plan))
             rows.append(row)
@@ -181,9 +182,6 @@ def main() -> None:
     from onnxplan.executor.threads import set_blas_threads
 
     set_blas_threads(args.threads)
-    from onnxplan.checkpoint import profile
-
-    profile.DEFAULT_CLOCK = CLOCK  # the plans' stage times and the predictions: the same clock
     rows = []
     for m in args.models:
         rows += bench_model(m, args.batch, not args.no_run, args.steps, args.planner, args.limits, args.rounds)

@@ -29,7 +29,8 @@ from datetime import date
 from pathlib import Path
 
 from onnxplan.executor.measure import measure_blas_workspace, measure_run
-from onnxplan.executor.prepare import prepare
+from onnxplan.budget import MemoryRequest, plan_for_budget
+from onnxplan.executor.prepare import Prepared, load_request, prepare
 from onnxplan.memprobe import probe_peak
 from onnxplan.models import get_model, list_models
 from onnxplan.planning import PlanOptions
@@ -148,8 +149,10 @@ def at_budget(req: ModelRequest, row: dict, args) -> dict:
     prep = None
     for how in ({"checkpoint": "rotor"}, {"swap": "auto"}):
         try:
-            cand = prepare(req, PlanOptions(args.order, args.planner, time_limit=args.time_limit,
-                                            budget=budget, **how))
+            folder, graph = load_request(req)
+            res = plan_for_budget(graph, PlanOptions(args.order, args.planner, time_limit=args.time_limit),
+                                  MemoryRequest(budget, **how))
+            cand = Prepared(folder, res.graph, res.plan)
         except Exception as exc:  # noqa: BLE001 - a policy that cannot reach the budget
             out.setdefault("notes", []).append(f"{how}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
             continue

@@ -154,7 +154,9 @@ def part2(args) -> list[dict]:
 
 
 def _budget_row(args, name: str) -> dict:
+    from onnxplan.budget import attempt
     from onnxplan.executor.compare import compare_results
+    from onnxplan.executor.prepare import Prepared, load_request
     from onnxplan.executor.runner import run_plan
     from onnxplan.reference import run_reference
 
@@ -162,8 +164,9 @@ def _budget_row(args, name: str) -> dict:
     req = ModelRequest(model, None, optimizer or None)
     none = prepare(req, PlanOptions(planner=args.planner, time_limit=args.time_limit))
     budget = int(none.plan.peak_bytes * args.fraction)
-    prep = prepare(req, PlanOptions(planner=args.planner, time_limit=args.time_limit, swap="auto",
-                                    budget=budget))
+    folder, graph = load_request(req)  # a budget swapping cannot reach is a row that does not fit
+    out = attempt(graph, PlanOptions(planner=args.planner, time_limit=args.time_limit, swap="auto", budget=budget))
+    prep = Prepared(folder, out.graph, out.plan)
     res = run_plan(req, None, steps=3, prepared=prep, threads=args.threads)
     ref = run_reference(prep.folder, steps=3)
     cmp = compare_results(res.losses, res.params, ref.losses, ref.params)
@@ -172,7 +175,7 @@ def _budget_row(args, name: str) -> dict:
     base = run_plan(req, None, steps=3, prepared=none, threads=args.threads)
     t = swap_totals(prep.plan.swaps)
     row = {"model": name, "no_swap_peak": none.plan.peak_bytes, "budget": budget,
-           "policy": prep.plan.options["swap"].get("described", "none"), "planned_peak": prep.plan.peak_bytes,
+           "policy": (prep.plan.swap.described or "none"), "planned_peak": prep.plan.peak_bytes,
            "measured_peak": measured, "fits": prep.plan.peak_bytes <= budget, "swaps": t["swaps"],
            "bytes_in": t["bytes_in"], "verified": cmp.ok, "max_rel_diff": cmp.max_rel_diff,
            "overhead": statistics.median(res.step_seconds) / statistics.median(base.step_seconds) - 1.0,

@@ -21,9 +21,7 @@ POLICIES = ("plain", *SWAPS, *CHECKPOINTS)
 
 
 def verify_one(model: str, batch: int | None, optimizer: str, policy: str, steps: int) -> dict:
-    from dataclasses import replace
-
-    from onnxplan.cli.plan_cmd import _plan_with_memory_strategy
+    from onnxplan.budget import MemoryRequest, plan_for_budget
     from onnxplan.executor.prepare import Prepared, load_request
     from onnxplan.planning import PlanOptions
     from onnxplan.resolve import ModelRequest
@@ -31,14 +29,10 @@ def verify_one(model: str, batch: int | None, optimizer: str, policy: str, steps
 
     req = ModelRequest(model, batch, optimizer)
     folder, graph = load_request(req)
-    opts = PlanOptions(profile=False)
-    swap = checkpoint = None
-    if policy in SWAPS:
-        swap, opts = policy, replace(opts, swap=policy)
-    elif policy in CHECKPOINTS:
-        checkpoint = policy
+    memory = MemoryRequest(swap=policy if policy in SWAPS else None,
+                           checkpoint=policy if policy in CHECKPOINTS else None)
     t0 = time.perf_counter()
-    res = _plan_with_memory_strategy(graph, opts, checkpoint, swap)
+    res = plan_for_budget(graph, PlanOptions(), memory)
     v = verify_run(Prepared(folder, res.graph, res.plan), steps=steps)
     worst = {}
     for s in v.steps:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from onnxplan import __version__
+from onnxplan._version import __version__
 from onnxplan.cli.bench_cmd import bench_command
 from onnxplan.cli.check_cmd import check_command
 from onnxplan.cli.core import DEBUG_ENV, OnnxplanCommand, OnnxplanGroup, set_debug

@@ -9,10 +9,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, print_json,
-                                  write_atomic)
+from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
+from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+from onnxplan.bench.peers import parse_peers
+from onnxplan.bench.results import dumps_results, rows_to_csv
+from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, print_json, write_atomic
 from onnxplan.errors import EXIT_FAILURE, UsageError
+from onnxplan.models import list_models
+from onnxplan.models.hf import is_hf_name
+from onnxplan.planning import check_time_limit
 from onnxplan.progress import Progress
+from onnxplan.report import markdown_summary, render_html
 from onnxplan.sizes import format_bytes, parse_size
 
 __all__ = ["bench_command"]
@@ -67,15 +74,12 @@ def bench_command(
 
 
 def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
-    from onnxplan.models import list_models
-
     if all_models and models:
         raise UsageError("give MODELS or --all, not both")
     if all_models:
         return [m.name for m in list_models()]
     if not models:
         raise UsageError("no model given: name zoo models (onnxplan models list) or use --all")
-    from onnxplan.models.hf import is_hf_name
 
     zoo = [m.name for m in list_models()]
     for name in models:  # before any work: a typo in the last model should not cost the sweep
@@ -99,18 +103,6 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None, workers=None,
            scheduler=None) -> None:
-    from onnxplan.bench import (
-        BenchConfig,
-        count_tasks,
-        load_results,
-        new_results,
-        parse_strategies,
-        run_bench,
-    )
-    from onnxplan.bench.peers import parse_peers
-    from onnxplan.bench.results import dumps_results, rows_to_csv
-    from onnxplan.planning import check_time_limit
-
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
     if repeat < 1 or warmup < 0:
@@ -143,16 +135,12 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         if workers is None and scheduler is None:
             doc = run_bench(config, doc, save, advance)
         else:
-            from onnxplan.bench.dask_sweep import open_client, run_bench_dask
-
             with open_client(scheduler, workers) as client:
                 doc = run_bench_dask(config, doc, save, client, advance)
         progress.finish(f"{len(doc['rows'])} row(s)")
     if csv_out is not None:
         write_atomic(csv_out, rows_to_csv(doc["rows"]))
     if html_out is not None or md_out is not None:
-        from onnxplan.report import markdown_summary, render_html
-
         if html_out is not None:
             write_atomic(html_out, render_html([doc]))
         if md_out is not None:

@@ -13,8 +13,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
+from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+from onnxplan.bench.results import dumps_results
+from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
+from onnxplan.cli.bench_cmd import _model_names
 from onnxplan.cli.common import check_output, handle_errors, write_atomic
-from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE
+from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
+from onnxplan.gate_config import find_gate_config, load_gate_config
+from onnxplan.progress import Progress
+from onnxplan.sizes import format_bytes
 
 __all__ = ["check_command"]
 
@@ -73,9 +81,6 @@ def _missing_lines(missing: list[tuple], results: Path, allowed: bool, models_sh
 
 
 def _check(results, baseline, tolerance, metric, allow_missing, update_baseline) -> None:
-    from onnxplan.bench import load_results
-    from onnxplan.errors import UsageError
-
     if baseline is None:
         raise UsageError("check RESULTS needs --baseline FILE (or give no RESULTS: the configured gate)")
     if _compare(load_results(results), str(results), baseline, tolerance, metric or "planned_peak",
@@ -85,11 +90,6 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
 
 def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
     """The gate of [tool.onnxplan]: bench, compare with its baseline, check its budgets."""
-    from onnxplan.bench import BenchConfig, count_tasks, new_results, parse_strategies, run_bench
-    from onnxplan.cli.bench_cmd import _model_names
-    from onnxplan.errors import UsageError
-    from onnxplan.gate_config import find_gate_config, load_gate_config
-    from onnxplan.progress import Progress
 
     gate = load_gate_config(find_gate_config())
     names = _model_names(gate.models, gate.models is None)
@@ -108,8 +108,6 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
         if gate.workers is None and gate.scheduler is None:
             doc = run_bench(config, doc, lambda d: None, advance)
         else:
-            from onnxplan.bench.dask_sweep import open_client, run_bench_dask
-
             with open_client(gate.scheduler, gate.workers) as client:
                 doc = run_bench_dask(config, doc, lambda d: None, client, advance)
         progress.finish(f"{len(doc['rows'])} row(s)")
@@ -127,8 +125,6 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
 
 def _over_budget(rows: list[dict], config) -> list[str]:
     """Print one line per model whose budget no plan fits; those models."""
-    from onnxplan.sizes import format_bytes
-
     over = []
     for model in config.models:
         budget = config.budget(model)
@@ -145,10 +141,6 @@ def _over_budget(rows: list[dict], config) -> list[str]:
 def _compare(new: dict, results: str, baseline: Path, tolerance, metric, allow_missing,
              update_baseline) -> bool:
     """Compare `new` with the baseline file and print the outcome; True when the gate fails."""
-    from onnxplan.bench import load_results
-    from onnxplan.bench.results import dumps_results
-    from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
-    from onnxplan.errors import UsageError
 
     if metric not in METRICS:
         raise UsageError(f"unknown --metric '{metric}'; known: {', '.join(METRICS)}")

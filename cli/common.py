@@ -13,7 +13,8 @@ from typing import Any, Callable
 import typer
 
 from onnxplan.errors import OnnxplanError, UsageError
-from onnxplan.resolve import ModelRequest
+from onnxplan.ir.graph import ValueClass
+from onnxplan.resolve import ModelRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
 __all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail"]
@@ -55,17 +56,8 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None, train: list[str] | None = None,
                   freeze: list[str] | None = None) -> ModelRequest:
-    if batch is not None and not 0 < batch <= MAX_BYTES:
-        raise UsageError(f"invalid --batch {batch}: must be a positive integer, at most 2**53")
-    if optimizer is not None and optimizer not in ("adamw", "sgd"):
-        raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
-    if loss is not None and loss not in ("ce", "mse"):
-        raise UsageError(f"invalid --loss '{loss}': expected ce or mse")
-    for option, globs in (("--train", train), ("--freeze", freeze)):
-        if any(not g for g in globs or []):
-            raise UsageError(f"invalid {option} '': expected a glob over initializer names, e.g. 'fc.*'")
-    return ModelRequest(model, batch, optimizer, loss, parse_dims(dims), tuple(train or ()),
-                        tuple(freeze or ()))
+    """The request of the model options (--dim as NAME=INT), checked (onnxplan.resolve.make_request)."""
+    return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
 
 
 TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
@@ -126,8 +118,6 @@ def print_json(obj: Any) -> None:
 def parameter_report(graph) -> dict:
     """Trained and frozen parameter names of a step graph, and for a forward .onnx what
     onnxplan rewrote to make it trainable (JSON: inspect's and plan's "parameters")."""
-    from onnxplan.ir.graph import ValueClass
-
     produced = {o for n in graph.nodes for o in n.outputs}
     params = [v for v in graph.values.values() if v.vclass == ValueClass.PARAMETER and v.name not in produced]
     return {

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from onnxplan.cli.common import handle_errors, print_json
+from onnxplan.executor.prepare import check_plan_record
+from onnxplan.plan import Plan
 from onnxplan.sizes import format_bytes
 
 __all__ = ["explain_command"]
@@ -28,12 +30,9 @@ def explain_command(
 
 
 def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
-    from onnxplan.executor.prepare import check_plan_record
-    from onnxplan.plan import Plan
-
     plan = Plan.load(plan_file)
     check_plan_record(plan)  # (run --plan re-verifies it in full against its model)
-    info = plan.options.get("checkpoint")
+    info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
     if json_out:
         print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info})
         return

@@ -8,8 +8,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, handle_errors, model_request, parameter_lines,
-                                  parameter_report, print_json)
+from onnxplan.cli.common import (
+    FREEZE_HELP,
+    TRAIN_HELP,
+    handle_errors,
+    model_request,
+    parameter_lines,
+    parameter_report,
+    print_json,
+)
+from onnxplan.resolve import load_model
 from onnxplan.sizes import format_bytes
 
 __all__ = ["inspect_command", "inspect_summary"]
@@ -53,8 +61,6 @@ def inspect_command(
 
 
 def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=None) -> None:
-    from onnxplan.resolve import load_model
-
     graph = load_model(model_request(model, batch, optimizer, loss, dim, train, freeze))
     s = inspect_summary(graph)
     if json_out:

@@ -12,6 +12,9 @@ from rich.table import Table
 from onnxplan.cli.common import handle_errors, model_request, print_json
 from onnxplan.cli.core import OnnxplanCommand
 from onnxplan.errors import UsageError
+from onnxplan.models import get_model, hf, list_models
+from onnxplan.models.hf import PREFIX, require_spec
+from onnxplan.resolve import resolve_artifacts
 
 __all__ = ["models_app"]
 
@@ -29,8 +32,6 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     opset 17, training mode), hf-ARCH-dynamo the same model with the default dynamo
     exporter. Their artifacts go through the forward-model path, as a user's .onnx does.
     """
-    from onnxplan.models import hf, list_models
-
     rows = [
         {"name": m.name, "batch": m.default_batch, "loss": m.default_loss,
          "optimizer": m.default_optimizer, "description": m.description}
@@ -70,9 +71,6 @@ def build_command(
     Artifacts are cached by content hash ($ONNXPLAN_CACHE, default ~/.cache/onnxplan/artifacts);
     -o copies them into a folder of your choice.
     """
-    from onnxplan.models import get_model
-    from onnxplan.models.hf import PREFIX, require_spec
-    from onnxplan.resolve import resolve_artifacts
 
     if name.startswith(PREFIX):  # unknown name -> one clear line
         require_spec(name)

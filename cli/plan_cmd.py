@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import (FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, model_request,
-                                  parameter_lines, parameter_report, print_json, write_atomic)
-from onnxplan.errors import BudgetError, UsageError
-from onnxplan.sizes import format_bytes, parse_size
+from onnxplan.api import load_step_of, solve
+from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.cli.common import (
+    FREEZE_HELP,
+    TRAIN_HELP,
+    check_output,
+    handle_errors,
+    model_request,
+    parameter_lines,
+    parameter_report,
+    print_json,
+    write_atomic,
+)
+from onnxplan.device import array_module
+from onnxplan.errors import BudgetError
+from onnxplan.planning import PlanOptions, budget_miss
+from onnxplan.sizes import format_bytes
+from onnxplan.swap import swap_totals
 
 __all__ = ["plan_command"]
 
@@ -56,22 +69,15 @@ def plan_command(
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
           profile=False, device="cpu", train=None, freeze=None) -> None:
-    from onnxplan.device import array_module
-    from onnxplan.ir.load import load_step
-    from onnxplan.planning import PlanOptions, check_time_limit
-    from onnxplan.resolve import model_reference, resolve_artifacts
-
-    budget_bytes = parse_size(budget) if budget is not None else None
-    check_time_limit(time_limit)
+    memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
+    budget_bytes = memory.budget
+    opts = PlanOptions(order, planner, interleave, inplace, time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)
-    folder = resolve_artifacts(req)
-    graph = load_step(folder, dims=dict(req.dims), batch=req.batch)
-    swap_opts = _swap_options(swap, lookahead, window_bytes, budget_bytes)
-    res = _plan_with_memory_strategy(graph, PlanOptions(order, planner, interleave, inplace, time_limit, **swap_opts,
-                                                        profile=profile, device=device), checkpoint, swap)
-    plan = replace(res.plan, source=model_reference(req, folder))  # `run --plan` finds the model
+    step = load_step_of(req)
+    res = solve(step, opts, memory, cost_model(profile, device))
+    plan, graph = res.plan, step.graph  # the plan names its model: `run --plan` finds it
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:
         write_atomic(out, plan.dumps())
@@ -89,59 +95,11 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         print_json(d)
     else:
         _print_table(res, budget_bytes, parameter_report(graph))
-    if not fits and res.swap is not None and res.swap.floor is not None:
-        raise BudgetError(
-            f"no plan reaches the budget {format_bytes(budget_bytes)}: smallest peak "
-            f"{format_bytes(plan.peak_bytes)} ({plan.peak_bytes} B) even swapping everything "
-            f"({res.swap.policy}); {res.swap.floor.describe()}"
-        )
     if not fits:
-        raise BudgetError(
-            f"no plan reaches the budget {format_bytes(budget_bytes)}: smallest peak "
-            f"{format_bytes(plan.peak_bytes)} ({plan.peak_bytes} B) by order "
-            f"{plan.order_policy} + planner {plan.planner}"
-        )
-
-
-def _plan_with_memory_strategy(graph, opts, checkpoint, swap):
-    """--checkpoint POLICY: recompute with it (no swap unless --swap); --budget with neither
-    --checkpoint nor --swap: onnxplan.checkpoint.auto picks recompute or swap by predicted
-    step time; otherwise the options as given."""
-    from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
-    from onnxplan.planning import plan_step
-
-    if checkpoint is not None and checkpoint not in CHECKPOINT_POLICIES:
-        raise UsageError(f"invalid --checkpoint {checkpoint!r}: expected one of {', '.join(CHECKPOINT_POLICIES)}")
-    if checkpoint is None and swap is None and opts.budget is not None:
-        from onnxplan.checkpoint.auto import fit_budget
-
-        res, why = fit_budget(graph, opts)
-        res.pass_notes.append(f"memory strategy: {why}")
-        return res
-    if checkpoint is not None:
-        opts = replace(opts, checkpoint=checkpoint, swap=opts.swap if swap is not None else "none")
-    return plan_step(graph, opts)
-
-
-def _swap_options(swap, lookahead, window_bytes, budget_bytes) -> dict:
-    """PlanOptions fields for the swap flags: no --swap means auto under a --budget."""
-    from onnxplan.swap import SWAP_CHOICES
-
-    if swap is None:
-        swap = "auto" if budget_bytes is not None else "none"
-    elif swap not in SWAP_CHOICES:
-        raise UsageError(f"invalid --swap {swap!r}: expected one of {', '.join(SWAP_CHOICES)}")
-    if lookahead < 0:
-        raise UsageError(f"invalid --lookahead {lookahead}: must be >= 0")
-    window = parse_size(window_bytes) if window_bytes is not None else None
-    if window is not None and window <= 0:
-        raise UsageError(f"invalid --window-bytes {window_bytes}: must be > 0")
-    return {"swap": swap, "lookahead": lookahead, "window_bytes": window, "budget": budget_bytes}
+        raise BudgetError(budget_miss(res, budget_bytes))
 
 
 def _print_swaps(con, res) -> None:
-    from onnxplan.swap import swap_totals
-
     sw = res.swap
     if sw is None:
         return
@@ -169,10 +127,10 @@ def _print_table(res, budget_bytes, params: dict | None = None) -> None:
     for note in res.pass_notes:
         con.print(f"  {note}")
     if plan.order_policy == "ilp":
-        o = plan.options
-        state = "optimal" if o.get("order_optimal") else (
-            f"gap {o['order_gap']:.1%}" if o.get("order_gap") is not None else "not proven")
-        con.print(f"  order ilp: {state} in {o['order_seconds']:.2f} s; {'; '.join(o.get('order_notes', []))}")
+        o = plan.solver
+        state = "optimal" if o.order_optimal else (
+            f"gap {o.order_gap:.1%}" if o.order_gap is not None else "not proven")
+        con.print(f"  order ilp: {state} in {o.order_seconds:.2f} s; {'; '.join(o.order_notes)}")
     t = Table("planner", "peak", "arena", "lower bound", "fragmentation", "seconds", "")
     for r in res.rows:
         mark = "chosen" if r.planner == plan.planner else ""

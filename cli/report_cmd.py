@@ -6,8 +6,10 @@ from pathlib import Path
 
 import typer
 
+from onnxplan.bench import load_results
 from onnxplan.cli.common import check_output, handle_errors, write_atomic
 from onnxplan.errors import UsageError
+from onnxplan.report import markdown_summary, render_html
 
 __all__ = ["report_command"]
 
@@ -28,9 +30,6 @@ def report_command(
 
 
 def _report(results, out, markdown, title) -> None:
-    from onnxplan.bench import load_results
-    from onnxplan.report import markdown_summary, render_html
-
     check_output(out, markdown)
     docs = [load_results(p) for p in results]
     if not any(d["rows"] for d in docs):

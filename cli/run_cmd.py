@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from pathlib import Path
 
@@ -10,19 +9,22 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from onnxplan.api import check_run_options, load_step_of, plan_request, solve
+from onnxplan.budget import MemoryRequest, cost_model
 from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, fail, handle_errors, model_request, print_json
-from onnxplan.errors import EXIT_FAILURE, OnnxplanError, UsageError
+from onnxplan.device import array_module
+from onnxplan.errors import EXIT_FAILURE, UsageError
+from onnxplan.executor.prepare import Prepared, prepare
+from onnxplan.executor.swap_account import describe_accounting
+from onnxplan.plan import Plan
+from onnxplan.planning import PlanOptions, check_time_limit
 from onnxplan.progress import Progress
+from onnxplan.run_report import run_prepared
 from onnxplan.sizes import format_bytes
 from onnxplan.verification.report import describe_verification
 
 __all__ = ["run_command"]
 
-
-class RunFailed(OnnxplanError):
-    """Measuring failed (a crashed or killed subprocess)."""
-
-    exit_code = EXIT_FAILURE
 
 _PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inplace": True, "time_limit": None}
 
@@ -81,18 +83,8 @@ def run_command(
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
          checkpoint_args=(None, False), device="cpu", select_args=(None, None)) -> None:
-    from onnxplan.device import array_module
-    from onnxplan.executor.prepare import prepare
-    from onnxplan.plan import Plan
-    from onnxplan.planning import PlanOptions, check_time_limit
-
-    if steps < 1 or warmup < 0:
-        raise UsageError(f"invalid --steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
-    if lr is not None and not lr > 0:
-        raise UsageError(f"invalid --lr {lr}: must be positive")
+    check_run_options(steps, warmup, lr, threads)
     check_time_limit(plan_opts["time_limit"])
-    if threads is not None and threads < 1:
-        raise UsageError(f"invalid --threads {threads}: must be >= 1")
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once
     if model is None and plan_file is None:
         raise UsageError("run needs a MODEL (zoo name, forward .onnx or artifact folder) or --plan plan.json "
@@ -109,19 +101,17 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         if changed:
             raise UsageError(f"--plan fixes the plan; drop --{', --'.join(changed)}")
         how = Plan.load(plan_file)
-        req = _plan_request(how, req, model is None)
+        req = plan_request(how, req, model is None)
     else:
-        from onnxplan.cli.plan_cmd import _swap_options
-        from onnxplan.sizes import parse_size
-
-        budget_bytes = parse_size(budget) if budget is not None else None
-        how = PlanOptions(**plan_opts, **_swap_options(swap, lookahead, window_bytes, budget_bytes), profile=profile,
-                          device=device)
+        how = PlanOptions(**plan_opts)
+        memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
     with Progress("run") as progress:
         progress.update("checking the plan" if plan_file is not None else "planning")
-        prep = prepare(req, how) if plan_file is not None else _prepare_planned(req, how, checkpoint, swap)
-        out = _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir, xp,
-                       progress)
+        prep = prepare(req, how) if plan_file is not None else \
+            _prepare_planned(req, how, memory, cost_model(profile, device))
+        out = run_prepared(req, prep, steps=steps, warmup=warmup, seed=seed, lr=lr, check_arena=check_arena,
+                           threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp,
+                           tell=progress.update).to_json()
         progress.finish("done")
     if json_out:
         print_json(out)
@@ -132,131 +122,11 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         fail(f"the run differs from ONNX Runtime beyond tolerance: {first}", EXIT_FAILURE)
 
 
-def _plan_request(plan, req, no_model: bool):
-    """MODEL omitted, or the model the plan's reference names: the request of that reference
-    (--batch, --dim, --optimizer, --loss given override it); the artifacts must hold the
-    content the plan was made with. Another MODEL: as given (adopt_plan refuses it when its
-    graph is not the plan's)."""
-    from onnxplan.resolve import (
-        check_content_hash,
-        model_reference,
-        request_from_reference,
-        resolve_artifacts,
-    )
-
-    if not plan.source:
-        if no_model:
-            raise UsageError("this plan file names no model (made by an older onnxplan): give MODEL before --plan")
-        return req
-    if not no_model and model_reference(req, None)["model"] != plan.source.get("model"):
-        return req
-    overridden = req.batch is not None or req.optimizer or req.loss or req.dims or req.train or req.freeze
-    req = request_from_reference(plan.source, req.batch, req.optimizer, req.loss, req.dims, req.train, req.freeze)
-    if not overridden:  # else the graph's fingerprint tells
-        check_content_hash(plan.source, resolve_artifacts(req))
-    return req
-
-
-def _prepare_planned(req, opts, checkpoint, swap):
-    """Load and plan as `onnxplan plan` does: --checkpoint, and the memory strategy under a
-    --budget with neither --checkpoint nor --swap (onnxplan.checkpoint.auto)."""
-    from onnxplan.cli.plan_cmd import _plan_with_memory_strategy
-    from onnxplan.executor.prepare import Prepared, load_request
-
-    folder, graph = load_request(req)
-    res = _plan_with_memory_strategy(graph, opts, checkpoint, swap)
-    return Prepared(folder, res.graph, res.plan)
-
-
-def _predicted(plan) -> tuple[float | None, str]:
-    """The plan's predicted step time and what it rests on (recorded when a checkpoint
-    policy or the memory strategy planned it)."""
-    ck = plan.options.get("checkpoint")
-    if ck:
-        return ck.get("predicted_step_seconds"), ck.get("time_source", "")
-    ms = plan.options.get("memory_strategy")
-    if ms:
-        chosen = [c for c in ms["candidates"] if c["strategy"] == ms["chosen"]]
-        return (chosen[0]["predicted_step_seconds"] if chosen else None), "strategy"
-    return None, ""
-
-
-def _execute(req, prep, steps, warmup, seed, lr, check_arena, threads, measure, verify, swap_dir=None,
-             xp=None, progress=None) -> dict:
-    import numpy as np
-
-    from onnxplan.device import DevicePeak, device_name
-    from onnxplan.executor.runner import run_plan
-    from onnxplan.executor.threads import blas_threads
-
-    xp = np if xp is None else xp
-    progress = progress or Progress("run", enabled=False)
-    tell = progress.update
-    counted = DevicePeak(xp) if xp is not np and measure else contextlib.nullcontext()
-    with counted as device_peak:  # on a GPU the run itself is measured (None on the CPU)
-        res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
-                       learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp,
-                       on_step=lambda text: tell(f"running {text}"))
-    plan = prep.plan
-    out = {
-        "model": plan.model, "folder": str(prep.folder), "steps": steps, "warmup": warmup, "seed": seed,
-        "learning_rate": lr if lr is not None else 1e-3, "order_policy": plan.order_policy,
-        "planner": plan.planner, "passes": list(plan.passes), "loss": res.losses,
-        "step_seconds": res.step_seconds, "median_step_seconds": res.median_step_seconds,
-        "arena_bytes": res.arena_bytes, "persistent_bytes": res.persistent_bytes,
-        "state_region_bytes": res.state_region_bytes, "peak_bytes": res.peak_bytes,
-        "measured_peak_bytes": None, "measured_minus_planned_bytes": None, "check_arena": check_arena,
-        "verified": None, "max_rel_diff": None, "worst": [], "blas_threads": blas_threads(),
-        "swap": None, "predicted_step_seconds": _predicted(prep.plan)[0],
-        "predicted_from": _predicted(prep.plan)[1], "device": device_name(xp),
-    }
-    if res.swap is not None:  # accounting, and the latency of the same plan without swap
-        from onnxplan.swap.account import swap_accounting
-
-        tell("the same steps without swap (for comparison)")
-        out["swap"] = swap_accounting(req, prep, res, steps=steps, warmup=warmup, seed=seed, lr=lr,
-                                      threads=threads, xp=xp)
-    if device_peak is not None:  # the run above, counted on the device: no subprocess needed
-        peak = device_peak.peak
-        out["measured_peak_bytes"] = peak
-        out["measured_minus_planned_bytes"] = peak - res.peak_bytes
-        if out["swap"] is not None:
-            out["swap"]["measured_peak_bytes"] = peak
-        out["measurement"] = {"method": "device memory held by live CuPy arrays (pool memory hook)",
-                              "pool_total_bytes": device_peak.pool_total_bytes,
-                              "state_alignment_bytes": res.state_region_bytes - res.persistent_bytes}
-    elif measure:
-        from onnxplan.executor.measure import measure_run
-        from onnxplan.memprobe import ProbeError
-
-        try:
-            tell("measuring the peak in a fresh process")
-            child, peak = measure_run(req, None, steps=steps, warmup=warmup, seed=seed, learning_rate=lr,
-                                      prepared=prep, threads=threads)
-        except ProbeError as exc:
-            raise RunFailed(f"measuring the peak failed: {exc}") from None
-        out["measured_peak_bytes"] = peak
-        out["measured_minus_planned_bytes"] = peak - res.peak_bytes
-        if out["swap"] is not None:
-            out["swap"]["measured_peak_bytes"] = peak
-        out["measurement"] = {"method": child["probe"]["method"],
-                              "median_step_seconds_in_probe": _median(child["step_seconds"]),
-                              "state_alignment_bytes": res.state_region_bytes - res.persistent_bytes}
-    if verify:
-        from onnxplan.verification.step_check import verify_run
-
-        tell("verifying against ONNX Runtime")
-        ver = verify_run(prep, steps=steps, seed=seed, learning_rate=lr, xp=xp, swap_dir=swap_dir,
-                         check_arena=check_arena)
-        errors = [c.error for s in ver.steps for k, c in s.checks.items() if k != "update"]
-        out.update(verified=ver.ok, max_rel_diff=max(errors, default=0.0), verification=ver.as_dict(),
-                   ort_loss=[s.ort_loss for s in ver.steps], worst=[] if ver.ok else [ver.summary()])
-    return out
-
-
-def _median(xs) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+def _prepare_planned(req, opts, memory, costs):
+    """Load and plan as `onnxplan plan` does (onnxplan.budget decides what the budget needs)."""
+    step = load_step_of(req)
+    res = solve(step, opts, memory, costs)
+    return Prepared(step.folder, res.graph, res.plan)
 
 
 def _print(out: dict) -> None:
@@ -291,8 +161,6 @@ def _print(out: dict) -> None:
                       "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
                       "pages of the arena never touched by a live buffer are not counted")
     if out.get("swap") is not None:
-        from onnxplan.swap.account import describe_accounting
-
         for line in describe_accounting(out["swap"]):
             con.print(line)
     if out["verified"] is not None:

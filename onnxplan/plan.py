@@ -1,4 +1,5 @@
-"""The Plan: execution order and arena offsets of one training step, as versioned JSON."""
+"""The Plan: execution order and arena offsets of one training step, as versioned JSON
+(onnxplan/PLAN_SCHEMA.md)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from onnxplan.errors import ModelError
+from onnxplan.plan_records import (CheckpointRecord, PlanSettings, SolverStats, StrategyRecord, SwapRecord, from_v1,
+                                   to_v1)
 
-__all__ = ["SCHEMA_VERSION", "PlannedBuffer", "PlannedSwap", "Plan"]
+__all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "PlannedBuffer", "PlannedSwap", "Plan"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: migrated on load (its `options` read into the typed sections)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,11 @@ class Plan:
     order_policy: str
     solve_seconds: float
     passes: tuple[str, ...] = ()
-    options: dict[str, Any] = field(default_factory=dict)
+    settings: PlanSettings = PlanSettings()
+    solver: SolverStats = SolverStats()
+    swap: SwapRecord = SwapRecord()  # the swap policy's record (policy "none": no swap)
+    checkpoint: CheckpointRecord | None = None  # a checkpoint policy's schedule (onnxplan.budget)
+    strategy: StrategyRecord | None = None  # the budget layer's choice when no policy was named
     swaps: tuple[PlannedSwap, ...] = ()  # onnxplan.swap: evictions; the order holds their nodes
     # what the plan was made for: StepGraph.fingerprint() of the loaded (pre-pass) graph, the
     # onnxplan version, and the model reference `run --plan` resolves without a MODEL
@@ -109,7 +117,12 @@ class Plan:
             "order_policy": self.order_policy,
             "planner": self.planner,
             "passes": list(self.passes),
-            "options": self.options,
+            "settings": self.settings.to_json(),
+            "solver": self.solver.to_json(),
+            "swap": self.swap.to_json(),
+            "checkpoint": self.checkpoint.to_json() if self.checkpoint is not None else None,
+            "strategy": self.strategy.to_json() if self.strategy is not None else None,
+            "options": self.options,  # schema 1's view of the sections above, for its readers; not read
             "persistent_bytes": self.persistent_bytes,
             "arena_bytes": self.arena_bytes,
             "peak_bytes": self.peak_bytes,
@@ -121,29 +134,39 @@ class Plan:
             "swaps": [s.to_json() for s in self.swaps],
         }
 
+    @property
+    def options(self) -> dict[str, Any]:
+        """The sections as schema 1's free-form `options` (written for readers of v1 files)."""
+        return to_v1(self.settings, self.solver, self.swap, self.checkpoint, self.strategy)
+
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Plan":
+        """A plan of schema 2, or of schema 1 migrated (its `options` read into the sections);
+        any other version, or a malformed plan, is a one-line ModelError (exit 2)."""
         if not isinstance(d, dict):
             raise ModelError(f"not a plan: the JSON is {type(d).__name__}, not an object")
-        if d.get("schema_version") != SCHEMA_VERSION:
-            raise ModelError(f"plan schema_version {d.get('schema_version')!r} is not {SCHEMA_VERSION}")
+        version = d.get("schema_version")
+        if version not in READABLE_VERSIONS:
+            raise ModelError(f"plan schema_version {version!r} is not one this onnxplan reads "
+                             f"({', '.join(map(str, READABLE_VERSIONS))}): make the plan again with `onnxplan plan -o`")
         try:
             buffers = tuple(
                 PlannedBuffer(b["name"], int(b["bytes"]), b["class"], int(b["first_eo"]),
                               int(b["last_eo"]), int(b["offset"]), tuple(b.get("aliases", ())))
                 for b in d["buffers"]
             )
+            sections = from_v1(dict(d.get("options") or {})) if version == 1 else _sections(d)
             return cls(d["model"], tuple(d["order"]), buffers, int(d["persistent_bytes"]),
                        int(d["arena_bytes"]), int(d["lower_bound_bytes"]), d["planner"],
                        d["order_policy"], float(d["solve_seconds"]), tuple(d.get("passes", ())),
-                       dict(d.get("options", {})),
-                       tuple(PlannedSwap.from_json(s) for s in d.get("swaps", ())),
-                       str(d.get("graph_fingerprint", "")), str(d.get("onnxplan_version", "")),
-                       dict(d.get("source") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
+                       swaps=tuple(PlannedSwap.from_json(s) for s in d.get("swaps", ())),
+                       graph_fingerprint=str(d.get("graph_fingerprint", "")),
+                       onnxplan_version=str(d.get("onnxplan_version", "")),
+                       source=dict(d.get("source") or {}), **sections)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ModelError(f"malformed plan: {type(exc).__name__}: {exc}") from None
 
     @classmethod
@@ -161,3 +184,14 @@ class Plan:
             raise ModelError(f"{path}: not a plan JSON file ({exc})") from None
         except ModelError as exc:
             raise ModelError(f"{path}: {exc}") from None
+
+
+def _sections(d: dict[str, Any]) -> dict[str, Any]:
+    """The typed sections of a schema-2 plan (Plan field name -> record)."""
+    return {
+        "settings": PlanSettings.from_json(d["settings"]),
+        "solver": SolverStats.from_json(d["solver"]),
+        "swap": SwapRecord.from_json(d["swap"]),
+        "checkpoint": CheckpointRecord.from_json(d["checkpoint"]) if d.get("checkpoint") else None,
+        "strategy": StrategyRecord.from_json(d["strategy"]) if d.get("strategy") else None,
+    }

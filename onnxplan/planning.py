@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from onnxplan import __version__
-from onnxplan.errors import UsageError
+from onnxplan._version import __version__
+from onnxplan.checkpoint import recompute as _recompute  # noqa: F401  (registers the pass "recompute:<schedule>")
+from onnxplan.errors import BudgetError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
-from onnxplan.passes import inplace as _inplace  # noqa: F401
-from onnxplan.passes import interleave as _interleave  # noqa: F401
-from onnxplan.passes import realize as _realize  # noqa: F401  (registers the passes)
-from onnxplan.checkpoint import recompute as _recompute  # noqa: F401, I001  (registers "recompute:<schedule>")
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.orders import memory_model, order_policy
+from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.plan import Plan, PlannedBuffer
+from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
+from onnxplan.sizes import format_bytes
+from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
 from onnxplan.verify import verify_offsets
 
-__all__ = ["PlanOptions", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
+__all__ = ["BudgetNotMet", "PlanOptions", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
 
 HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
@@ -38,6 +40,9 @@ ILP_AUTO_MAX_BUFFERS = 2000  # larger: building the model alone eats the budget
 
 @dataclass(frozen=True)
 class PlanOptions:
+    """Fixed decisions for plan_step. Choosing them for a budget (which swap or checkpoint
+    policy, which recompute schedule) is onnxplan.budget's."""
+
     order: str = "auto"  # auto = the heuristic order with the smallest lower bound
     planner: str = "auto"  # auto = every planner within the time limit, keep the smallest
     interleave: bool = True
@@ -46,12 +51,8 @@ class PlanOptions:
     swap: str = "none"  # none | auto | on-demand | reduced | proactive | window (onnxplan.swap)
     lookahead: int = 1  # proactive: EOs a swap-in is issued ahead of its use
     window_bytes: int | None = None  # window: the byte window (default: largest working set)
-    budget: int | None = None  # swap: evict until the peak fits (None: swap all the policy can)
-    checkpoint: str = "none"  # none | sqrt | chen | rotor (onnxplan.checkpoint): what to recompute
-    slots: int = 500  # rotor: memory slots of its dynamic program
-    recompute: str = ""  # a chosen recompute schedule (set by onnxplan.checkpoint; replayed by name)
-    profile: bool = False  # checkpoint: time stages by a short run of our kernels (else FLOPs)
-    device: str = "cpu"  # where the step will run (cpu | cuda): the profile times our kernels there
+    budget: int | None = None  # the peak must fit (else BudgetNotMet); swap: evict until it does
+    recompute: str = ""  # a recompute schedule (chosen by onnxplan.budget; replayed by name)
 
     def __post_init__(self) -> None:
         check_time_limit(self.time_limit)
@@ -65,8 +66,6 @@ class PlanOptions:
 def check_time_limit(seconds: float | None) -> float | None:
     """A solver time limit must be a positive finite number of seconds (UsageError, exit 2);
     None (not given) is the anytime default."""
-    import math
-
     if seconds is None:
         return None
     if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
@@ -86,6 +85,15 @@ class PlannerRow:
     gap: float | None = None
 
 
+class BudgetNotMet(BudgetError):
+    """plan_step planned the step but its peak misses opts.budget (exit 3); `outcome` is that
+    plan, the least peak these fixed decisions reach."""
+
+    def __init__(self, message: str, outcome: PlanOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
 @dataclass
 class PlanOutcome:
     plan: Plan
@@ -93,7 +101,7 @@ class PlanOutcome:
     rows: list[PlannerRow]
     orders: dict[str, int] = field(default_factory=dict)  # policy -> transient lower bound
     pass_notes: list[str] = field(default_factory=list)
-    swap: Any = None  # onnxplan.swap.SwapOutcome when swaps were planned
+    swap: SwapOutcome | None = None  # when swaps were planned
     skipped: list[str] = field(default_factory=list)  # what the anytime default did not run, and why
     stage_seconds: dict[str, float] = field(default_factory=dict)  # passes, orders, swap, planners, verify
 
@@ -117,8 +125,6 @@ def ilp_budget(gap: float, buffers: int) -> float:
 def _heuristic_orders(g: StepGraph, opts: PlanOptions) -> list[tuple]:
     """(policy, order, lifetimes, transient bound, OrderResult) per order policy to try,
     the smallest bound first (file order of HEURISTIC_ORDERS on ties)."""
-    from onnxplan.orders import memory_model, order_policy
-
     if opts.order not in ORDER_CHOICES:
         raise UsageError(f"unknown order {opts.order!r}; known: {', '.join(ORDER_CHOICES)}")
     policies = HEURISTIC_ORDERS if opts.order == "auto" else (opts.order,)
@@ -206,13 +212,12 @@ def _maybe_ilp(lt, bound: int, opts: PlanOptions, rows: list, plans: dict, skipp
 
 
 def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcome:
-    """Rewrite the step, order it, place every transient buffer; every plan is verified."""
+    """Rewrite the step, order it, place every transient buffer; every plan is verified.
+    With `opts.budget` the plan honours it or BudgetNotMet is raised (carrying the plan):
+    only a swap policy works towards a budget here; choosing what to do for one is
+    onnxplan.budget.plan_for_budget's."""
     if opts.planner not in PLANNER_CHOICES:
         raise UsageError(f"unknown planner {opts.planner!r}; known: {', '.join(PLANNER_CHOICES)}")
-    if opts.checkpoint != "none" and not opts.recompute:
-        from onnxplan.checkpoint.select import plan_with_checkpoint
-
-        return plan_with_checkpoint(graph, opts)  # chooses the schedule, then plans with it
     t0 = time.perf_counter()
     names = pipeline_names(opts)
     g, results = run_pipeline(graph, names)
@@ -251,35 +256,43 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         order_policy=policy,
         solve_seconds=time.perf_counter() - t0,
         passes=tuple(names),
-        options={"interleave": opts.interleave, "inplace": opts.inplace, "time_limit": opts.time_limit,
-                 "order_seconds": order_seconds, "order_optimal": order_res.optimal,
-                 "order_gap": order_res.gap, "order_notes": list(order_res.notes),
-                 "skipped": skipped, "swap": _swap_options(swap, opts)},
+        settings=PlanSettings(opts.interleave, opts.inplace, opts.time_limit),
+        solver=SolverStats(order_seconds, order_res.optimal, order_res.gap, tuple(order_res.notes), tuple(skipped)),
+        swap=_swap_record(swap, opts),
         swaps=swap.swaps if swap is not None else (),
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
     )
     verify_plan(g, plan)
     stages["verify"] = time.perf_counter() - t0 - sum(stages.values())
-    return PlanOutcome(plan, g, rows, bounds, notes, swap, skipped, stages)
+    outcome = PlanOutcome(plan, g, rows, bounds, notes, swap, skipped, stages)
+    if opts.budget is not None and plan.peak_bytes > opts.budget:
+        raise BudgetNotMet(budget_miss(outcome, opts.budget), outcome)
+    return outcome
 
 
-def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions):
-    from onnxplan.swap import SWAP_CHOICES, plan_swaps
+def budget_miss(outcome: PlanOutcome, budget: int) -> str:
+    """The line for a plan that misses `budget`: the smallest peak reached and by what."""
+    plan, sw = outcome.plan, outcome.swap
+    head = (f"no plan reaches the budget {format_bytes(budget)}: smallest peak "
+            f"{format_bytes(plan.peak_bytes)} ({plan.peak_bytes} B)")
+    if sw is not None and sw.floor is not None:
+        return f"{head} even swapping everything ({sw.policy}); {sw.floor.describe()}"
+    return f"{head} by order {plan.order_policy} + planner {plan.planner}"
 
+
+def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions) -> SwapOutcome | None:
     if opts.swap not in SWAP_CHOICES:
         raise UsageError(f"unknown swap policy {opts.swap!r}; known: {', '.join(SWAP_CHOICES)}")
     return plan_swaps(g, order, lt, swap=opts.swap, budget=opts.budget, lookahead=opts.lookahead,
                       window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.solver_seconds)
 
 
-def _swap_options(swap, opts: PlanOptions) -> dict[str, Any]:
+def _swap_record(swap: SwapOutcome | None, opts: PlanOptions) -> SwapRecord:
     if swap is None:
-        return {"policy": "none", "requested": opts.swap}
-    from onnxplan.swap import swap_totals
-
-    return {**swap.options, "requested": opts.swap, "described": swap.policy, "budget": opts.budget,
-            **swap_totals(swap.swaps)}
+        return SwapRecord("none", opts.swap)
+    return SwapRecord(requested=opts.swap, described=swap.policy, budget=opts.budget,
+                      **swap.options, **swap_totals(swap.swaps))
 
 
 def _planned(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[PlannedBuffer, ...]:
@@ -294,6 +307,4 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
     offsets = {b.name: b.offset for b in plan.buffers}
     verify_offsets(lt.buffers, OffsetPlan(plan.planner, offsets, plan.arena_bytes, 0.0))
     if plan.swaps:  # swap-ins bring back the current bytes; nothing reads a stale copy
-        from onnxplan.swap.verify import verify_swaps
-
         verify_swaps(graph, plan)

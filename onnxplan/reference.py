@@ -15,6 +15,7 @@ from onnxruntime.training import api as ort_training  # imports torch
 
 from onnxplan.data import InputSpec, make_step_batch, read_input_specs, run_steps
 from onnxplan.errors import ModelError
+from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.memprobe import mark_baseline
 
 __all__ = [
@@ -115,8 +116,6 @@ class _OrtTrainer:
 
 def _ort_message(exc: Exception) -> str:
     """ONNX Runtime's error: its cause, without the C++ source location and signature."""
-    from onnxplan.forward.ort_errors import ort_cause
-
     return f"onnxruntime refused the artifacts: {ort_cause(str(exc))}"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,11 +10,13 @@ from onnxplan.errors import ModelError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
 from onnxplan.ir.onnx_files import load_onnx
+from onnxplan.sizes import MAX_BYTES
 
 __all__ = [
     "ModelRequest",
     "check_content_hash",
     "load_model",
+    "make_request",
     "model_reference",
     "request_from_reference",
     "resolve_artifacts",
@@ -31,6 +34,22 @@ class ModelRequest:
     dims: tuple[tuple[str, int], ...] = ()
     train: tuple[str, ...] = ()  # --train GLOB: forward .onnx only
     freeze: tuple[str, ...] = ()  # --freeze GLOB: forward .onnx only
+
+
+def make_request(model: str | Path, batch: int | None = None, optimizer: str | None = None, loss: str | None = None,
+                 dims: Iterable[tuple[str, int]] = (), train: Iterable[str] | None = None,
+                 freeze: Iterable[str] | None = None) -> ModelRequest:
+    """A ModelRequest with its values checked (UsageError, exit 2, naming the CLI option)."""
+    if batch is not None and not 0 < batch <= MAX_BYTES:
+        raise UsageError(f"invalid --batch {batch}: must be a positive integer, at most 2**53")
+    if optimizer is not None and optimizer not in ("adamw", "sgd"):
+        raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
+    if loss is not None and loss not in ("ce", "mse"):
+        raise UsageError(f"invalid --loss '{loss}': expected ce or mse")
+    for option, globs in (("--train", train), ("--freeze", freeze)):
+        if any(not g for g in globs or []):
+            raise UsageError(f"invalid {option} '': expected a glob over initializer names, e.g. 'fc.*'")
+    return ModelRequest(str(model), batch, optimizer, loss, tuple(dims), tuple(train or ()), tuple(freeze or ()))
 
 
 def _looks_like_path(text: str) -> bool:

@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
 
-from onnxplan.data import run_steps
+from onnxplan.data import make_step_batch, read_input_specs, read_metadata, run_steps
 from onnxplan.errors import UnsupportedOpError
+from onnxplan.memprobe import mark_baseline
 
 __all__ = [
     "TORCH_OPS",
@@ -314,8 +315,6 @@ class TorchTrainer:
 
 
 def _setup(artifact_dir: str | Path, steps: int, seed: int):
-    from onnxplan.data import make_step_batch, read_input_specs, read_metadata
-
     meta = read_metadata(artifact_dir)
     inputs, labels = read_input_specs(artifact_dir)
     batches = [make_step_batch(inputs, labels, seed, k) for k in range(steps)]
@@ -332,8 +331,6 @@ def run_torch(artifact_dir: str | Path, steps: int = 3, seed: int = 0) -> dict[s
 def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0) -> dict:
     """Memory-probe entry point: baseline after imports, step data and the ONNX file are loaded;
     measured: parameters, gradients, optimizer state and the steps' activations."""
-    from onnxplan.memprobe import mark_baseline
-
     meta, batches, model = _setup(artifact_dir, steps, seed)
     mark_baseline()
     return run_steps(TorchTrainer(model, meta), batches)

@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from onnxplan.budget import plan_with_checkpoint
+from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.planning import PlanOptions
 from tests.zoo_small import SMALL, small_artifacts
 
@@ -17,7 +19,6 @@ POLICIES = ("sqrt", "chen", "rotor", "rotor-least")
 def _least_rotor_code(folder) -> str:
     """rotor's schedule for the least memory of its chain model (deeply nested re-runs), even
     where the planned peak would not choose it."""
-    import onnxplan.planning  # noqa: F401
     from onnxplan.checkpoint.chain import build_chain
     from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
     from onnxplan.checkpoint.schedule import encode
@@ -53,10 +54,12 @@ def test_recomputation_changes_no_number(baseline, policy):
         reruns = len(ops) > 2 * length  # some stage runs again: its copies are in the plan
         assert reruns == any(n.endswith("@rc1") for n in res.plan.order)
     else:
-        res = run_plan(str(folder), replace(OPTS, checkpoint=policy), steps=3)
+        loaded, graph = load_request(str(folder))
+        out = plan_with_checkpoint(graph, OPTS, policy)
+        res = run_plan(str(folder), steps=3, prepared=Prepared(loaded, out.graph, out.plan))
     np.testing.assert_allclose(res.losses, base.losses, rtol=1e-6, atol=0, err_msg=f"{name} {policy} loss")
     assert res.params.keys() == base.params.keys()
     for k, v in base.params.items():
         np.testing.assert_allclose(res.params[k], v, rtol=1e-6, atol=1e-12, err_msg=f"{name} {policy} {k}")
     if policy == "sqrt":  # sqrt always re-runs its segments: the test exercises recomputation
-        assert max(s["runs"] for s in res.plan.options["checkpoint"]["stages"]) > 1
+        assert max(s["runs"] for s in res.plan.checkpoint.stages) > 1

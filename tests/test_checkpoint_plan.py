@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
+from onnxplan.budget import fit_budget, plan_with_checkpoint
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.plan import Plan
@@ -25,17 +26,17 @@ def transformer():
 @pytest.fixture(scope="module")
 def least(transformer):
     plain = plan_step(transformer, OPTS).plan.peak_bytes
-    return plain, {p: plan_step(transformer, replace(OPTS, checkpoint=p)) for p in ("sqrt", "chen", "rotor")}
+    return plain, {p: plan_with_checkpoint(transformer, OPTS, p) for p in ("sqrt", "chen", "rotor")}
 
 
 def test_every_policy_lowers_the_peak(least):
     plain, outs = least
     for policy, out in outs.items():
-        info = out.plan.options["checkpoint"]
+        info = out.plan.checkpoint
         assert out.plan.peak_bytes < plain, policy
         assert any(p.startswith("recompute:") for p in out.plan.passes)
-        assert info["policy"] == policy and info["schedule"]
-        assert info["predicted_step_seconds"] > info["predicted_step_seconds_without"]
+        assert info.policy == policy and info.schedule
+        assert info.predicted_step_seconds > info.predicted_step_seconds_without
     assert outs["rotor"].plan.peak_bytes <= min(o.plan.peak_bytes for o in outs.values())
 
 
@@ -46,12 +47,12 @@ def test_budgets_between_least_and_plain_are_met(transformer, least):
         budget = int(bottom + frac * (plain - bottom))
         fits = {}
         for policy in ("sqrt", "chen", "rotor"):
-            out = plan_step(transformer, replace(OPTS, checkpoint=policy, budget=budget))
+            out = plan_with_checkpoint(transformer, replace(OPTS, budget=budget), policy)
             fits[policy] = out.plan.peak_bytes <= budget
         assert fits["rotor"], budget  # rotor reaches every limit down to the least of all
         assert fits["rotor"] >= max(fits.values())
     # a budget the plain plan meets: no recomputation at all
-    out = plan_step(transformer, replace(OPTS, checkpoint="rotor", budget=plain))
+    out = plan_with_checkpoint(transformer, replace(OPTS, budget=plain), "rotor")
     assert not any(p.startswith("recompute:") for p in out.plan.passes)
 
 
@@ -70,17 +71,15 @@ def test_plan_file_replays_the_rewrite(transformer, least, tmp_path):
 
 
 def test_auto_strategy_under_a_budget(transformer, least):
-    from onnxplan.checkpoint.auto import fit_budget
-
     plain, outs = least
     budget = (plain + outs["rotor"].plan.peak_bytes) // 2
     out, why = fit_budget(transformer, replace(OPTS, budget=budget))
-    info = out.plan.options["memory_strategy"]
-    assert info["chosen"] in ("recompute", "swap") and why == info["reason"]
-    assert {c["strategy"] for c in info["candidates"]} >= {"none", "recompute"}
+    info = out.plan.strategy
+    assert info.chosen in ("recompute", "swap") and why == info.reason
+    assert {c.strategy for c in info.candidates} >= {"none", "recompute"}
     assert out.plan.peak_bytes <= budget
     out, why = fit_budget(transformer, replace(OPTS, budget=plain))
-    assert out.plan.options["memory_strategy"]["chosen"] == "none"
+    assert out.plan.strategy.chosen == "none"
 
 
 def test_cli_plan_and_explain(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from onnxplan.budget import MemoryRequest, ProfiledCosts, plan_for_budget, plan_with_checkpoint
 from onnxplan.cli.app import app
 from onnxplan.device import DevicePeak, array_module, cuda_available
 from onnxplan.errors import EXIT_USAGE, UsageError
@@ -114,8 +115,8 @@ def test_recompute_on_gpu_equals_no_recompute(cp, policy):
     params, batches = initial_parameters(folder), step_batches(folder, 3, 0)
     opts = PlanOptions(planner="best-fit")
     none = plan_step(graph, opts)
-    ck = replace(opts, recompute=_least_rotor_code(folder)) if policy == "rotor-least" else replace(opts, checkpoint=policy)
-    least = plan_step(graph, ck)
+    least = plan_step(graph, replace(opts, recompute=_least_rotor_code(folder))) if policy == "rotor-least" \
+        else plan_with_checkpoint(graph, opts, policy)
     assert any(n.endswith("@rc1") for n in least.plan.order), "nothing is recomputed"
     runs = []
     for res in (none, least):
@@ -164,8 +165,9 @@ def test_scatter_add_on_gpu_is_deterministic_and_numpys_order(cp, pre, post):
 def test_checkpoint_profile_times_the_gpu_kernels():
     """With device cuda the profile behind rotor runs our kernels on the GPU (its note says so)."""
     folder, graph = load_request(small_artifacts("resnet18"))
-    res = plan_step(graph, PlanOptions(planner="best-fit", checkpoint="rotor", profile=True, device="cuda"))
-    notes = res.plan.options["checkpoint"]["notes"]
+    res = plan_for_budget(graph, PlanOptions(planner="best-fit"), MemoryRequest(checkpoint="rotor"),
+                          ProfiledCosts("cuda"))
+    notes = res.plan.checkpoint.notes
     assert any("profile (wall clock, cuda)" in n for n in notes), notes
 
 

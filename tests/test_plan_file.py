@@ -75,7 +75,7 @@ CASES = {
     "passes": ("swap", lambda d: d.update(passes=["realize", "inplace", "interleave"]), "pass list"),
     "recompute-pass": ("ck", lambda d: d.update(passes=[p for p in d["passes"] if not p.startswith("recompute")]),
                        "checkpoint record's schedule"),
-    "recompute-schedule": ("ck", lambda d: d["options"]["checkpoint"].update(schedule="L6.c1.n2-6.b6-1"),
+    "recompute-schedule": ("ck", lambda d: d["checkpoint"].update(schedule="L6.c1.n2-6.b6-1"),
                            "checkpoint record's schedule"),
     "fingerprint": ("b8", lambda d: d.update(graph_fingerprint="0" * 64), "made for another graph"),
 }
@@ -114,6 +114,47 @@ def test_run_without_model_or_plan_says_what_is_needed():
 
 def test_explain_refuses_a_checkpoint_record_that_is_not_the_plans(plans, tmp_path):
     assert _run("explain", str(plans["ck"])).exit_code == 0
-    path = _tampered(tmp_path, plans["ck"], lambda d: d["options"]["checkpoint"].update(schedule="L6.c1.n2-6.b6-1"))
+    path = _tampered(tmp_path, plans["ck"], lambda d: d["checkpoint"].update(schedule="L6.c1.n2-6.b6-1"))
     r = _run("explain", str(path))
     assert r.exit_code == 2 and "checkpoint record's schedule" in r.stderr and not r.stdout.strip()
+
+
+SECTIONS = ("settings", "solver", "swap", "checkpoint", "strategy")
+
+
+def _as_v1(d: dict) -> None:
+    """A schema-1 file: the free-form `options`, none of the typed sections."""
+    d["schema_version"] = 1
+    for key in SECTIONS:
+        d.pop(key)
+
+
+def test_a_schema_1_plan_is_migrated(plans, tmp_path):
+    from onnxplan.plan import Plan
+
+    for key in ("swap", "ck"):
+        v2 = json.loads(plans[key].read_text())
+        path = _tampered(tmp_path, plans[key], _as_v1)
+        assert Plan.load(path) == Plan.from_json(v2)  # the sections read back from `options`
+        r = _run("run", "--plan", str(path), *RUN, "--json")
+        assert r.exit_code == 0, r.stderr
+    assert Plan.load(path).checkpoint.schedule  # the recompute record survived
+    assert _run("explain", str(path)).exit_code == 0
+
+
+def test_a_plan_of_an_unknown_schema_or_sections_is_refused_in_one_line(plans, tmp_path):
+    path = _tampered(tmp_path, plans["b8"], lambda d: d.update(schema_version=7))
+    _refused(_run("run", "--plan", str(path), *RUN), "schema_version 7 is not one this onnxplan reads (1, 2)")
+    path = _tampered(tmp_path, plans["b8"], lambda d: d.pop("settings"))
+    _refused(_run("run", "--plan", str(path), *RUN), "malformed plan: KeyError")
+    path = _tampered(tmp_path, plans["b8"], lambda d: d["settings"].update(interleave=False))
+    _refused(_run("run", "--plan", str(path), *RUN), "settings say interleave=False but the pass list says True")
+
+
+def test_the_plan_records_version_fingerprint_and_typed_sections(plans):
+    from onnxplan import __version__
+
+    d = json.loads(plans["ck"].read_text())
+    assert d["schema_version"] == 2 and d["onnxplan_version"] == __version__ and len(d["graph_fingerprint"]) == 64
+    assert set(SECTIONS) <= set(d) and d["swap"]["policy"] == "none" and d["strategy"] is None
+    assert d["checkpoint"]["policy"] == "sqrt" and d["options"]["checkpoint"] == d["checkpoint"]  # v1's view

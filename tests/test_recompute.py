@@ -22,8 +22,6 @@ MODELS = ["mlp", "transformer", "gpt", "resnet18", "vgg16", "nnt-conv-ac-fl"]
 
 @pytest.fixture(scope="module", params=MODELS)
 def pre(request):
-    import onnxplan.planning  # noqa: F401  (registers the passes)
-
     g = load_step(small_artifacts(request.param))
     return run_pipeline(g, ["realize", "interleave"])[0]
 
@@ -102,8 +100,6 @@ def test_backward_reads_recomputed_values(pre):
 
 
 def test_batchnorm_copies_do_not_update_running_statistics():
-    import onnxplan.planning  # noqa: F401
-
     g = run_pipeline(load_step(small_artifacts("resnet18")), ["realize", "interleave"])[0]
     chain = build_chain(g)
     sched = Schedule(segments_schedule(chain.length, list(range(1, chain.length))), "each")
@@ -123,8 +119,6 @@ def test_batchnorm_copies_do_not_update_running_statistics():
 
 
 def test_random_ops_are_never_recomputed():
-    import onnxplan.planning  # noqa: F401
-
     g = run_pipeline(load_step(small_artifacts("mlp")), ["realize", "interleave"])[0]
     relu = next(n for n in g.nodes if n.op_type == "Relu" and n.phase == "forward")
     relu.op_type, relu.attrs = "Dropout", {"ratio": 0.1}  # a random op (never executed here)

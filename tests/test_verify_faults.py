@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from onnxplan.executor.prepare import Prepared
+from onnxplan.budget import MemoryRequest, plan_for_budget
+from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.kernels.registry import find_decl
 from onnxplan.planning import PlanOptions
 from onnxplan.resolve import ModelRequest
@@ -19,14 +20,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def _prepared(name: str, batch: int, optimizer: str, *, swap: str | None = None, checkpoint: str | None = None,
               budget: int | None = None) -> Prepared:
-    from onnxplan.cli.run_cmd import _prepare_planned
-
-    opts = PlanOptions(swap=swap or "none", budget=budget) if swap else PlanOptions()
-    return _prepared_with(ModelRequest(name, batch, optimizer), opts, checkpoint, swap, _prepare_planned)
-
-
-def _prepared_with(req, opts, checkpoint, swap, planner):
-    return planner(req, opts, checkpoint, swap)
+    folder, graph = load_request(ModelRequest(name, batch, optimizer))
+    res = plan_for_budget(graph, PlanOptions(), MemoryRequest(budget if swap else None, swap, checkpoint=checkpoint))
+    return Prepared(folder, res.graph, res.plan)
 
 
 def _failure(prep: Prepared, steps: int = 1):

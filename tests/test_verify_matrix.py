@@ -4,10 +4,9 @@ a transformer and a causal decoder (the full matrix: benchmarks/verify_matrix.py
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
+from onnxplan.budget import MemoryRequest, plan_for_budget
 from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.planning import PlanOptions
 from onnxplan.resolve import ModelRequest
@@ -19,14 +18,10 @@ POLICIES = ("plain", *SWAPS, *CHECKPOINTS)
 
 
 def _verify(model: str, batch: int, optimizer: str, policy: str, steps: int = 2):
-    from onnxplan.cli.plan_cmd import _plan_with_memory_strategy
-
     folder, graph = load_request(ModelRequest(model, batch, optimizer))
-    opts = PlanOptions(profile=False)
     swap = policy if policy in SWAPS else None
-    if swap:
-        opts = replace(opts, swap=swap)
-    res = _plan_with_memory_strategy(graph, opts, policy if policy in CHECKPOINTS else None, swap)
+    res = plan_for_budget(graph, PlanOptions(), MemoryRequest(swap=swap,
+                                                             checkpoint=policy if policy in CHECKPOINTS else None))
     if swap:
         assert res.plan.swaps, f"{policy} planned no swap"
     return verify_run(Prepared(folder, res.graph, res.plan), steps=steps)

@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from onnxplan.artifacts import ARTIFACT_FILES
+from onnxplan.bench.measure import measure_plan
+from onnxplan.bench.peers import measure_peer
 from onnxplan.bench.results import peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.bench.sweep import (
@@ -32,6 +35,7 @@ from onnxplan.bench.sweep import (
     plan_one,
 )
 from onnxplan.errors import UsageError
+from onnxplan.resolve import resolve_artifacts
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
 
@@ -84,8 +88,6 @@ def _model(config: BenchConfig, model: str, folder: str | None) -> tuple:
     cache (for a zoo model that builds its forward model to find the cache entry)."""
     from pathlib import Path
 
-    from onnxplan.artifacts import ARTIFACT_FILES
-    from onnxplan.resolve import resolve_artifacts
 
     key = config.request(model)
     if key not in _MODELS:
@@ -97,8 +99,6 @@ def _model(config: BenchConfig, model: str, folder: str | None) -> tuple:
 
 def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | None = None) -> tuple[dict, dict]:
     """On a worker: plan (and measure) one row; (row, plan entry)."""
-    from onnxplan.bench.measure import measure_plan
-
     folder, meta, graph = _model(config, model, folder)
     row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
@@ -110,8 +110,6 @@ def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | 
 
 def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = None) -> dict:
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
-    from onnxplan.bench.peers import measure_peer
-
     folder = _model(config, model, folder)[0]
     with _timed_run_lock():
         figures = measure_peer(peer, folder, config.repeat, config.warmup)
@@ -138,7 +136,6 @@ def run_bench_dask(config: BenchConfig, doc: dict[str, Any], save: Callable[[dic
     """
     from distributed import as_completed
 
-    from onnxplan.resolve import resolve_artifacts
 
     rows = {row_key(r): r for r in doc["rows"]}
     failed = doc.setdefault("failed", [])

@@ -6,6 +6,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from onnxplan.errors import UsageError
+from onnxplan.memprobe import ProbeError, probe_peak
+
 __all__ = ["PEERS", "measure_peer", "parse_peers", "peer_row_fields", "step_stats"]
 
 PEERS = ("ort", "torch")
@@ -14,8 +17,6 @@ _TARGETS = {"ort": "onnxplan.reference:probe_target", "torch": "onnxplan.torch_p
 
 def parse_peers(text: str | None) -> list[str]:
     """'ort,torch' -> ['ort', 'torch']; '' or 'none' -> []."""
-    from onnxplan.errors import UsageError
-
     if text is None:
         return list(PEERS)
     names = [p.strip() for p in text.split(",") if p.strip() and p.strip() != "none"]
@@ -39,8 +40,6 @@ def measure_peer(peer: str, artifact_dir: Path, repeat: int, warmup: int = 1, se
                  timeout_s: float = 900.0) -> dict[str, Any]:
     """One peer's peak RSS increase and step latency: warmup + repeat seeded steps in a fresh
     interpreter. Never raises for a failed run: the figure is null and `error` says why."""
-    from onnxplan.memprobe import ProbeError, probe_peak
-
     kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": warmup + repeat, "seed": seed}
     try:
         probe = probe_peak(_TARGETS[peer], kwargs, timeout_s=timeout_s)

@@ -16,7 +16,11 @@ from onnxplan.bench.measure import MEASURED_FIELDS, measure_plan
 from onnxplan.bench.peers import measure_peer, peer_row_fields
 from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
+from onnxplan.data import read_metadata
 from onnxplan.errors import OnnxplanError
+from onnxplan.ir.load import load_step
+from onnxplan.planning import plan_step
+from onnxplan.resolve import ModelRequest, resolve_artifacts
 
 __all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 
@@ -41,8 +45,6 @@ class BenchConfig:
 
     def request(self, model: str):
         """The ModelRequest that resolves `model`'s artifacts."""
-        from onnxplan.resolve import ModelRequest
-
         opts = self.model_options.get(model, {})
         return ModelRequest(model, opts.get("batch", self.batch), opts.get("optimizer"), opts.get("loss"),
                             tuple(sorted(opts.get("dims", {}).items())), train=tuple(self.train),
@@ -88,8 +90,6 @@ def _plan_row(model: str, meta: dict, strategy: Strategy, plan, budget: int | No
 
 def model_meta(folder, config: BenchConfig, model: str) -> dict:
     """The artifacts' onnxplan.json (batch, optimizer, loss), or just the batch asked for."""
-    from onnxplan.data import read_metadata
-
     try:
         return read_metadata(folder)
     except OnnxplanError:  # a user's artifact folder from elsewhere: no onnxplan.json
@@ -97,16 +97,12 @@ def model_meta(folder, config: BenchConfig, model: str) -> dict:
 
 
 def load_graph(folder, config: BenchConfig, model: str):
-    from onnxplan.ir.load import load_step
-
     req = config.request(model)
     return load_step(folder, dims=dict(req.dims) or None, batch=req.batch)
 
 
 def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
     """Plan one row: (the row, without measurement, and the plan)."""
-    from onnxplan.planning import plan_step
-
     plan = plan_step(graph, strategy.options(config.time_limit)).plan
     return _plan_row(model, meta, strategy, plan, config.budget(model)), plan
 
@@ -134,8 +130,6 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
     or peer, so an interrupted run resumes where it stopped. `advance(text, n)` reports
     progress in units of count_tasks(config).
     """
-    from onnxplan.resolve import resolve_artifacts
-
     rows = {row_key(r): r for r in doc["rows"]}
     run, t0 = _start_run(doc), time.perf_counter()
     inner_save = save

@@ -1,21 +1,22 @@
-"""Choose a schedule with a named policy, fit it to a budget, and plan the rewritten step."""
+"""Choose a schedule with a named policy for a chain, within a memory limit (planning the rewritten
+step with it is onnxplan.budget's)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from onnxplan.checkpoint.chain import Chain, build_chain
+from onnxplan.checkpoint.chain import Chain
 from onnxplan.checkpoint.chen import chen_candidates
-from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.recompute import apply_schedule
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS, rotor_schedule, rotor_table_for_chain
-from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, encode, simulate, store_all
+from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, simulate, store_all
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound, plan_offsets
+from onnxplan.orders import order_nodes
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
@@ -25,7 +26,6 @@ __all__ = [
     "PeakEvaluator",
     "Selection",
     "choose_schedule",
-    "plan_with_checkpoint",
     "stage_summary",
 ]
 
@@ -58,8 +58,6 @@ class PeakEvaluator:
 
     def __call__(self, schedule: Schedule) -> int:
         if schedule.ops not in self.cache:
-            from onnxplan.orders import order_nodes
-
             g = apply_schedule(self.pre, self.chain, schedule).graph
             g, _ = run_pipeline(g, ["inplace" if self.inplace else "inplace-state"])
             roots = alias_roots(g)
@@ -184,55 +182,3 @@ def stage_summary(chain: Chain, schedule: Schedule) -> list[dict[str, Any]]:
             "not_recomputable": st.nondeterministic,
         })
     return rows
-
-
-def plan_with_checkpoint(graph: StepGraph, opts) -> Any:
-    """plan_step with `opts.checkpoint` (a policy) and `opts.budget`: choose the schedule,
-    then plan the step with the recompute pass replaying it ("recompute:<schedule>" in the
-    plan's passes), and record the choice in plan.options["checkpoint"]. A budget the plain
-    plan meets needs no recomputation."""
-    from onnxplan.planning import pipeline_names, plan_step
-
-    t0 = time.perf_counter()
-    base = replace(opts, checkpoint="none", recompute="")
-    plain = plan_step(graph, base) if opts.budget is not None else None
-    names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
-    pre, _ = run_pipeline(graph, names)
-    times, time_note = TimeModel(), "time: FLOP estimate"
-    if getattr(opts, "profile", False):
-        from onnxplan.checkpoint.profile import profile_times
-
-        times, time_note = profile_times(pre, inplace=opts.inplace, order=opts.order, device=opts.device)
-    chain = build_chain(pre, times)
-    if plain is not None and plain.plan.peak_bytes <= opts.budget:
-        sel = Selection(opts.checkpoint, Schedule(store_all(chain.length), opts.checkpoint), chain,
-                        plain.plan.peak_bytes, notes=["the plain plan fits the budget: no recomputation"])
-        candidates = []
-    else:
-        sel = choose_schedule(pre, chain, opts.checkpoint, opts.budget, inplace=opts.inplace, slots=opts.slots,
-                              order=opts.order)
-        candidates = [sel.schedule]
-        if opts.budget is not None:  # should the full planner disagree with the quick evaluation
-            candidates += [s for s, p in sorted(sel.tried, key=lambda x: -x[1]) if p < (sel.planned_peak or 0)][:2]
-    out, sched, code = plain, sel.schedule, ""
-    for sched in candidates:
-        runs = sched.executions(chain.length)
-        code = encode(sched.ops, chain.length) if any(r > 1 for r in runs[1:]) else ""
-        out = plan_step(graph, replace(base, recompute=code))
-        if opts.budget is None or out.plan.peak_bytes <= opts.budget:
-            break
-    sim = simulate(chain.costs(), sched.ops)
-    info = {
-        "policy": opts.checkpoint, "budget_bytes": opts.budget, "schedule": code, "slots": opts.slots,
-        "stages": stage_summary(chain, sched), "time_source": chain.time_source,
-        "chain_time_seconds": sim.time, "chain_model_peak_bytes": sim.peak,
-        "extra_forward_seconds": sim.time - sum(s.forward_seconds + s.backward_seconds for s in chain.stages),
-        "predicted_step_seconds": times.step_seconds(out.graph),
-        "predicted_step_seconds_without": times.step_seconds(pre),
-        "notes": [time_note, *sel.notes, *sched.notes], "select_seconds": time.perf_counter() - t0,
-        "tried": [{"schedule": encode(s.ops, chain.length), "planned_peak_bytes": p,
-                   "chain_time_seconds": simulate(chain.costs(), s.ops).time} for s, p in sel.tried],
-    }
-    out.plan = replace(out.plan, options={**out.plan.options, "checkpoint": info})
-    out.pass_notes = [*out.pass_notes, *(f"checkpoint: {n}" for n in info["notes"])]
-    return out

@@ -5,13 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxplan._version import __version__
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import load_step, read_metadata
+from onnxplan.offsets import align, lower_bound
+from onnxplan.passes import run_pipeline
 from onnxplan.passes.analysis import node_preds
+from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.resolve import ModelRequest, resolve_artifacts
+from onnxplan.swap.insert import rewrite_graph
+from onnxplan.swap.verify import verify_swap_records
+from onnxplan.verify import PlanError
 
 __all__ = ["Prepared", "adopt_plan", "check_plan_record", "load_request", "prepare"]
 
@@ -43,9 +50,6 @@ def adopt_plan(graph: StepGraph, plan: Plan) -> StepGraph:
     then the independent verifiers (offsets, the swap checker). Returns the rewritten graph.
     A plan made for another graph, or that fails any check (a corrupted or edited file), is a
     ModelError (exit 2)."""
-    from onnxplan import __version__
-    from onnxplan.verify import PlanError
-
     if plan.model != graph.name:
         raise ModelError(f"the plan is for model {plan.model!r}, not {graph.name!r}")
     if plan.graph_fingerprint and plan.graph_fingerprint != graph.fingerprint():
@@ -63,8 +67,6 @@ def adopt_plan(graph: StepGraph, plan: Plan) -> StepGraph:
 def check_plan_record(plan: Plan) -> None:
     """The checks a plan file passes without its model: a pass list the planner writes and a
     checkpoint record naming the recompute pass's schedule (ModelError, exit 2)."""
-    from onnxplan.verify import PlanError
-
     try:
         _check_passes(plan)
         _check_checkpoint_record(plan)
@@ -75,8 +77,6 @@ def check_plan_record(plan: Plan) -> None:
 def _check_passes(plan: Plan) -> None:
     """The pass list must be one the planner writes (planning.pipeline_names), consistent with
     the plan's options and checkpoint record."""
-    from onnxplan.verify import PlanError
-
     passes = list(plan.passes)
     recompute = [p for p in passes if p.startswith("recompute:")]
     expected = ["realize", *(["interleave"] if "interleave" in passes else []), *recompute[:1],
@@ -84,21 +84,18 @@ def _check_passes(plan: Plan) -> None:
     if passes != expected:
         raise PlanError(f"pass list {passes} is not one the planner writes (realize, [interleave], "
                         "[recompute:SCHEDULE], inplace or inplace-state)")
-    opts = plan.options
     for key, on in (("interleave", "interleave" in passes), ("inplace", "inplace" in passes)):
-        if key in opts and bool(opts[key]) != on:
-            raise PlanError(f"options say {key}={opts[key]} but the pass list says {on}")
+        if getattr(plan.settings, key) != on:
+            raise PlanError(f"settings say {key}={getattr(plan.settings, key)} but the pass list says {on}")
 
 
 def _check_checkpoint_record(plan: Plan) -> None:
     """The schedule the checkpoint record names is the one the recompute pass replays."""
-    from onnxplan.verify import PlanError
-
-    ck = plan.options.get("checkpoint")
-    if isinstance(ck, dict) and "schedule" in ck:
+    ck = plan.checkpoint
+    if ck is not None:
         code = next((p.partition(":")[2] for p in plan.passes if p.startswith("recompute:")), "")
-        if ck["schedule"] != code:
-            raise PlanError(f"the checkpoint record's schedule {ck['schedule']!r} is not the recompute pass's "
+        if ck.schedule != code:
+            raise PlanError(f"the checkpoint record's schedule {ck.schedule!r} is not the recompute pass's "
                             f"{code!r}")
 
 
@@ -120,20 +117,11 @@ def _check_order(g: StepGraph, order: list[str], what: str) -> None:
 
 
 def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
-    from onnxplan.offsets import lower_bound
-    from onnxplan.offsets.buffers import align
-    from onnxplan.passes._infra import run_pipeline
-    from onnxplan.passes.lifetimes import lifetimes
-    from onnxplan.verify import PlanError
-
     _check_passes(plan)
     g, _ = run_pipeline(graph, list(plan.passes))
     _check_checkpoint_record(plan)
     what = f"{graph.name!r} after passes {', '.join(plan.passes)}"
     if plan.swaps:  # the swap nodes and the swapped buffers' segments, rebuilt from the plan
-        from onnxplan.swap.insert import rewrite_graph
-        from onnxplan.swap.verify import verify_swap_records
-
         swap_nodes = {s.out_node for s in plan.swaps} | {s.in_node for s in plan.swaps}
         if len(swap_nodes) != 2 * len(plan.swaps):
             raise PlanError("two swap entries name the same swap node")

@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import OnnxplanError, UsageError
+import onnxplan.swap.kernels  # noqa: F401  (declares the swap nodes' kernels)
+from onnxplan.errors import ModelError, OnnxplanError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
 
@@ -311,8 +312,6 @@ class SwapRuntime:
 
     def __init__(self, graph: StepGraph, plan: Plan, binding: Any, arena: Any, *,
                  folder: str | Path | None = None, sync: bool = False) -> None:
-        import onnxplan.swap.kernels  # noqa: F401  (declares the swap nodes' kernels)
-
         planned = {b.name: b for b in plan.buffers}
         self.binding = binding
         self.eo = {name: t for t, name in enumerate(plan.order)}
@@ -451,8 +450,6 @@ class SwapRuntime:
     def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None) -> None:
         """Initial state of the evicted persistent values into their slots (their home):
         parameters from `params`, optimizer state from `optimizer_state` or zero."""
-        from onnxplan.errors import ModelError
-
         optimizer_state = optimizer_state or {}
         self._wait(self.worker.put(Job("settle", "", None, -1)))  # the worker is idle after it
         for slot, (vclass, spec) in self.state.items():

@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 
 from onnxplan.errors import ModelError
+from onnxplan.forward._names import NameSource
 from onnxplan.forward.gradients import ORT_TRAINING
 
 __all__ = ["TARGET_OPSET", "RUNTIME_IR_VERSION", "KNOWN_DOMAINS", "default_opset", "normalize"]
@@ -119,7 +120,6 @@ def _hide_for_conversion(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     to a private domain so the converter, which has no adapter for them, skips them."""
     from onnx import numpy_helper
 
-    from onnxplan.forward._names import NameSource
 
     targets = [n for n in model.graph.node if n.domain in ("", "ai.onnx") and n.op_type in _NO_ADAPTER]
     if not targets:

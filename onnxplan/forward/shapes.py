@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 
 from onnxplan.errors import DynamicDimError, ModelError
+from onnxplan.forward._names import NameSource
 
 __all__ = ["StaticShapes", "fix_shapes"]
 
@@ -174,7 +175,6 @@ def _batch_following_reshapes(model: onnx.ModelProto, exported: int) -> int:
     inits = {t.name: t for t in graph.initializer}
     from onnx import numpy_helper
 
-    from onnxplan.forward._names import NameSource
 
     names = NameSource(graph)
     count = 0

@@ -6,8 +6,6 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from ortools.sat.python import cp_model
-
 from onnxplan.offsets.best_fit import best_fit_offsets
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan, lower_bound, unique_buffers
 from onnxplan.offsets.greedy_size import greedy_size_offsets
@@ -127,6 +125,8 @@ def _solve_addresses(
                     default=0)
     if top_fixed > upper:
         return None
+    from ortools.sat.python import cp_model  # heavy and optional: import on use
+
     model = cp_model.CpModel()
     arena = model.new_int_var(max(lower, top_fixed), upper, "arena")
     spans, boxes, offset_vars = [], [], {}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxplan.errors import UsageError
+from onnxplan.sizes import format_bytes
 from onnxplan.swap.model import Gap, SwapModel
 
 __all__ = [
@@ -204,8 +205,6 @@ class Window(SwapPolicy):
         return out
 
     def describe(self) -> str:
-        from onnxplan.sizes import format_bytes
-
         w = "largest working set" if self.window_bytes is None else format_bytes(self.window_bytes)
         return f"window ({w})"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from onnxplan.ir.graph import StepGraph
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
+from onnxplan.swap.insert import swap_node_name
+from onnxplan.swap.model import swap_model
 from onnxplan.verify import PlanError
 
 __all__ = ["verify_swap_records", "verify_swaps"]
@@ -17,8 +19,6 @@ def verify_swap_records(graph: StepGraph, base_order: list[str], swaps) -> None:
     wrap gap), that group's byte size and class, the gap's last and next use, and the node
     names of onnxplan.swap.insert; no gap swapped twice. The byte sizes are recomputed from the
     graph: a plan cannot make a swap move fewer bytes than its buffer holds."""
-    from onnxplan.swap.insert import swap_node_name
-    from onnxplan.swap.model import swap_model
 
     model = swap_model(graph, base_order, lifetimes(graph, base_order), min_bytes=0)
     seen: set[tuple[str, int]] = set()

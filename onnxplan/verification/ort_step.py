@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from onnxplan.errors import ModelError
+from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 
 __all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep"]
@@ -57,7 +58,6 @@ def _session(model: onnx.ModelProto):
     try:
         return onnxruntime.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - pybind errors share no base but Exception
-        from onnxplan.forward.ort_errors import ort_cause
 
         raise ModelError(f"onnxruntime refused the verification model: {ort_cause(str(exc))}") from None
 

@@ -6,19 +6,20 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan.executor.prepare import prepare
+from onnxplan.executor.runner import run_plan
+from onnxplan.planning import PlanOptions
 from onnxplan.sizes import format_bytes
-from onnxplan.swap.driver import swap_totals
+from onnxplan.swap import swap_totals
 
 __all__ = ["describe_accounting", "no_swap_options", "swap_accounting"]
 
 
 def no_swap_options(plan) -> Any:
     """PlanOptions giving `plan` without its swaps: the same order policy, planner, passes."""
-    from onnxplan.planning import PlanOptions
-
-    o = plan.options
-    return PlanOptions(order=plan.order_policy, planner=plan.planner, interleave=o.get("interleave", True),
-                       inplace=o.get("inplace", True), time_limit=o.get("time_limit", 10.0))
+    s = plan.settings
+    return PlanOptions(order=plan.order_policy, planner=plan.planner, interleave=s.interleave, inplace=s.inplace,
+                       time_limit=s.time_limit)
 
 
 def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: float | None,
@@ -26,9 +27,6 @@ def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: f
     """Planned peak with and without swap, swaps, bytes out/in and stalls per step (measured),
     and the latency overhead against the same plan without swap (run here unless `baseline`,
     a RunResult of that plan, is given)."""
-    from onnxplan.executor.prepare import prepare
-    from onnxplan.executor.runner import run_plan
-
     plan = prep.plan
     if baseline is None:
         plain = prepare(req, no_swap_options(plan))
@@ -39,7 +37,7 @@ def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: f
     base = float(np.median(baseline.step_seconds))
     t = swap_totals(plan.swaps)
     return {
-        "policy": plan.options.get("swap", {}).get("described", ""),
+        "policy": plan.swap.described,
         "planned_peak_bytes": plan.peak_bytes,
         "planned_peak_no_swap_bytes": baseline.peak_bytes,
         "measured_peak_bytes": None,

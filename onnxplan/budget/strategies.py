@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
+from onnxplan.budget.attempt import attempt
+from onnxplan.budget.checkpoint import plan_with_checkpoint
+from onnxplan.budget.costs import CostModel, FlopCosts
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.plan_records import StrategyCandidate, StrategyRecord
+from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
 
-__all__ = ["STRATEGIES", "fit_budget", "predicted_step_seconds", "register_strategy"]
+__all__ = ["STRATEGIES", "Strategy", "fit_budget", "predicted_step_seconds", "register_strategy"]
 
-# name -> the PlanOptions that make a plan with that strategy (given the caller's options).
+# name -> a function planning the step with that strategy: (graph, budget, cost model, time
+# limit, base options: the caller's order, planner, passes) -> PlanOutcome, fitting or not.
 # A strategy is any way to trade time for memory; each is planned and the fitting one with
 # the least predicted step time wins. Recompute and swap are registered here; a new one
-# (recompute and swap together, offloading optimizer state...) registers itself the same way.
-Strategy = Callable[[Any], Any]
+# (a joint solver, offloading optimizer state...) registers itself the same way.
+Strategy = Callable[[StepGraph, int, CostModel, "float | None", PlanOptions], PlanOutcome]
 STRATEGIES: dict[str, Strategy] = {}
 
 
@@ -29,43 +34,42 @@ def register_strategy(name: str) -> Callable[[Strategy], Strategy]:
 
 
 @register_strategy("recompute")
-def _recompute(opts):
-    return replace(opts, swap="none", checkpoint="rotor")  # rotor: the fastest schedule that fits
+def _recompute(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
+               base: PlanOptions) -> PlanOutcome:
+    opts = replace(base, swap="none", budget=budget, time_limit=time_limit)
+    return plan_with_checkpoint(graph, opts, "rotor", costs)  # rotor: the fastest schedule that fits
 
 
 @register_strategy("swap")
-def _swap(opts):
-    return replace(opts, swap="auto", checkpoint="none")  # the swap module's own choice of policy
+def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
+          base: PlanOptions) -> PlanOutcome:
+    return attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit))  # swap's own policy
 
 
-def predicted_step_seconds(outcome, times: TimeModel | None = None) -> float:
+def predicted_step_seconds(outcome: PlanOutcome, times: TimeModel | None = None) -> float:
     """Predicted seconds of one step of a planned outcome: every node once, in one stream (a
     recomputed copy costs its original; a swap node moves its bytes at memory bandwidth, with
     no overlap assumed: an upper bound for proactive swaps)."""
     return (times or TimeModel()).step_seconds(outcome.graph)
 
 
-def fit_budget(graph: StepGraph, opts) -> tuple[Any, str]:
+def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts()) -> tuple[PlanOutcome, str]:
     """The plan for `opts.budget` when the user named neither a checkpoint nor a swap policy:
     the plain plan if it fits; else every registered strategy is planned and the fitting one
-    with the least predicted step time is kept (none fits: the one of least peak). Returns
-    (outcome, one line saying what was chosen and why); the choice is also recorded in
-    plan.options["memory_strategy"]."""
-    from onnxplan.planning import plan_step
-
+    with the least predicted step time (by `costs`) is kept (none fits: the one of least
+    peak). Returns (outcome, one line saying what was chosen and why); the choice is also
+    recorded in plan.strategy."""
     budget = opts.budget
-    plain = plan_step(graph, replace(opts, swap="none", checkpoint="none"))
+    plain = attempt(graph, replace(opts, swap="none", recompute=""))
     times = None
-    if opts.profile and (budget is None or plain.plan.peak_bytes > budget):
-        from onnxplan.checkpoint.profile import profile_times
-
-        times, _ = profile_times(plain.graph, inplace=opts.inplace, order=opts.order, device=opts.device)
+    if budget is None or plain.plan.peak_bytes > budget:
+        times, _ = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
     rows = [("none", plain, predicted_step_seconds(plain, times))]
     if budget is None or plain.plan.peak_bytes <= budget:
         why = "the plan fits without recomputation or swap"
         return _record(plain, "none", why, rows, budget), why
     for name, make in STRATEGIES.items():
-        out = plan_step(graph, make(opts))
+        out = make(graph, budget, costs, opts.time_limit, opts)
         rows.append((name, out, predicted_step_seconds(out, times)))
     fitting = [r for r in rows[1:] if r[1].plan.peak_bytes <= budget]
     if fitting:
@@ -82,9 +86,8 @@ def fit_budget(graph: StepGraph, opts) -> tuple[Any, str]:
     return _record(out, name, why, rows, budget), why
 
 
-def _record(out, name: str, why: str, rows, budget):
-    info = {"chosen": name, "reason": why, "budget_bytes": budget,
-            "candidates": [{"strategy": n, "peak_bytes": o.plan.peak_bytes, "predicted_step_seconds": s,
-                            "fits": budget is None or o.plan.peak_bytes <= budget} for n, o, s in rows]}
-    out.plan = replace(out.plan, options={**out.plan.options, "memory_strategy": info})
+def _record(out: PlanOutcome, name: str, why: str, rows, budget: int | None) -> PlanOutcome:
+    record = StrategyRecord(name, why, budget, tuple(
+        StrategyCandidate(n, o.plan.peak_bytes, s, budget is None or o.plan.peak_bytes <= budget) for n, o, s in rows))
+    out.plan = replace(out.plan, strategy=record)
     return out

@@ -1,4 +1,5 @@
-"""A short profile of our kernels: seconds per node of the step, for the chain's time costs."""
+"""A short profile of our kernels: seconds per node of the step (the profiled cost model of
+onnxplan.budget; planning itself never runs kernels)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import time
 import numpy as np
 
 from onnxplan.checkpoint.costs import TimeModel
+from onnxplan.device import array_module
 from onnxplan.errors import OnnxplanError
+from onnxplan.executor.runner import Executor
 from onnxplan.ir.graph import StepGraph
+from onnxplan.planning import PlanOptions, plan_step
 
 __all__ = ["DEFAULT_CLOCK", "profile_times", "step_data"]
 
@@ -54,10 +58,6 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     thread). `device`: where the kernels run (cuda: CuPy, wall clock, the device synchronised
     around every kernel). Returns (time model, note); a step our kernels cannot run falls back
     to the FLOP estimate, and the note says why."""
-    from onnxplan.device import array_module
-    from onnxplan.executor.runner import Executor
-    from onnxplan.planning import PlanOptions, plan_step
-
     xp = array_module(device)
     clock = "wall" if xp is not np else (clock or DEFAULT_CLOCK)  # a GPU's time is not this process's CPU
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize

@@ -1,0 +1,13 @@
+"""The budget layer: turns a memory budget into decisions (swap, recompute, which policy),
+weighing them with a cost model passed in, above planning (planning.plan_step plans fixed
+decisions) and the executor (which supplies the profiled cost model)."""
+
+from onnxplan.budget.attempt import attempt
+from onnxplan.budget.checkpoint import plan_with_checkpoint
+from onnxplan.budget.costs import CostModel, FlopCosts, ProfiledCosts, cost_model
+from onnxplan.budget.decide import MemoryRequest, plan_for_budget
+from onnxplan.budget.strategies import STRATEGIES, Strategy, fit_budget, predicted_step_seconds, register_strategy
+
+__all__ = ["STRATEGIES", "CostModel", "FlopCosts", "MemoryRequest", "ProfiledCosts", "Strategy", "attempt",
+           "cost_model", "fit_budget", "plan_for_budget", "plan_with_checkpoint", "predicted_step_seconds",
+           "register_strategy"]

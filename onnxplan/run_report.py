@@ -1,0 +1,155 @@
+"""Run a prepared plan and report it: losses, latency, planned against measured peak, swap
+accounting, and the comparison with ONNX Runtime (`onnxplan run`'s JSON is RunReport.to_json)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxplan.device import DevicePeak, device_name
+from onnxplan.errors import EXIT_FAILURE, OnnxplanError
+from onnxplan.executor.measure import measure_run
+from onnxplan.executor.prepare import Prepared
+from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, run_plan
+from onnxplan.executor.swap_account import swap_accounting
+from onnxplan.executor.threads import blas_threads
+from onnxplan.memprobe import ProbeError
+from onnxplan.plan import Plan
+from onnxplan.resolve import ModelRequest
+from onnxplan.verification.step_check import verify_run
+
+__all__ = ["RunFailed", "RunReport", "predicted_step", "run_prepared"]
+
+OPTIONAL = ("measurement", "verification", "ort_loss")  # keys of to_json only when present
+
+
+class RunFailed(OnnxplanError):
+    """Measuring failed (a crashed or killed subprocess)."""
+
+    exit_code = EXIT_FAILURE
+
+
+@dataclass
+class RunReport:
+    """What a run of a plan did: per step loss and seconds, the planned peak and (measured) the
+    peak in a fresh process or on the device, swap accounting, and with verify the comparison
+    with ONNX Runtime from the same state (`verified`: None when not verified)."""
+
+    model: str
+    folder: str
+    steps: int
+    warmup: int
+    seed: int
+    learning_rate: float
+    order_policy: str
+    planner: str
+    passes: list[str]
+    loss: list[float]
+    step_seconds: list[float]
+    median_step_seconds: float
+    arena_bytes: int
+    persistent_bytes: int
+    state_region_bytes: int
+    peak_bytes: int
+    measured_peak_bytes: int | None = None
+    measured_minus_planned_bytes: int | None = None
+    check_arena: bool = False
+    verified: bool | None = None
+    max_rel_diff: float | None = None
+    worst: list[str] = field(default_factory=list)
+    blas_threads: int | None = None
+    swap: dict[str, Any] | None = None  # swap accounting (onnxplan.executor.swap_account)
+    predicted_step_seconds: float | None = None
+    predicted_from: str = ""
+    device: str = "cpu"
+    measurement: dict[str, Any] | None = None  # how the peak was measured
+    verification: dict[str, Any] | None = None  # per step checks (onnxplan.verification)
+    ort_loss: list[float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        for key in OPTIONAL:
+            if d[key] is None:
+                del d[key]
+        return d
+
+
+def predicted_step(plan: Plan) -> tuple[float | None, str]:
+    """The plan's predicted step time and what it rests on (recorded when a checkpoint policy
+    or the budget layer's strategy choice planned it)."""
+    if plan.checkpoint is not None:
+        return plan.checkpoint.predicted_step_seconds, plan.checkpoint.time_source
+    if plan.strategy is not None:
+        chosen = plan.strategy.chosen_candidate
+        return (chosen.predicted_step_seconds if chosen else None), "strategy"
+    return None, ""
+
+
+def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: int = 1, seed: int = 0,
+                 lr: float | None = None, check_arena: bool = False, threads: int | None = None,
+                 measure: bool = False, verify: bool = False, swap_dir=None, xp: Any = np,
+                 tell: Callable[[str], None] = lambda text: None) -> RunReport:
+    """Run `prep` (a plan adopted or made for `req`'s step): `steps` seeded steps after `warmup`;
+    with `measure` the peak (a fresh process on the CPU, CuPy's pool on a GPU); with `verify`
+    every step against ONNX Runtime from the same state. `tell(text)` reports progress."""
+    counted = DevicePeak(xp) if xp is not np and measure else contextlib.nullcontext()
+    with counted as device_peak:  # on a GPU the run itself is measured (None on the CPU)
+        res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
+                       learning_rate=lr, prepared=prep, threads=threads, swap_dir=swap_dir, xp=xp,
+                       on_step=lambda text: tell(f"running {text}"))
+    plan = prep.plan
+    predicted, source = predicted_step(plan)
+    out = RunReport(
+        model=plan.model, folder=str(prep.folder), steps=steps, warmup=warmup, seed=seed,
+        learning_rate=lr if lr is not None else DEFAULT_LEARNING_RATE, order_policy=plan.order_policy,
+        planner=plan.planner, passes=list(plan.passes), loss=res.losses, step_seconds=res.step_seconds,
+        median_step_seconds=res.median_step_seconds, arena_bytes=res.arena_bytes,
+        persistent_bytes=res.persistent_bytes, state_region_bytes=res.state_region_bytes,
+        peak_bytes=res.peak_bytes, check_arena=check_arena, blas_threads=blas_threads(),
+        predicted_step_seconds=predicted, predicted_from=source, device=device_name(xp),
+    )
+    if res.swap is not None:  # accounting, and the latency of the same plan without swap
+        tell("the same steps without swap (for comparison)")
+        out.swap = swap_accounting(req, prep, res, steps=steps, warmup=warmup, seed=seed, lr=lr,
+                                   threads=threads, xp=xp)
+    alignment = res.state_region_bytes - res.persistent_bytes
+    if device_peak is not None:  # the run above, counted on the device: no subprocess needed
+        _measured(out, device_peak.peak)
+        out.measurement = {"method": "device memory held by live CuPy arrays (pool memory hook)",
+                           "pool_total_bytes": device_peak.pool_total_bytes, "state_alignment_bytes": alignment}
+    elif measure:
+        try:
+            tell("measuring the peak in a fresh process")
+            child, peak = measure_run(req, None, steps=steps, warmup=warmup, seed=seed, learning_rate=lr,
+                                      prepared=prep, threads=threads)
+        except ProbeError as exc:
+            raise RunFailed(f"measuring the peak failed: {exc}") from None
+        _measured(out, peak)
+        out.measurement = {"method": child["probe"]["method"],
+                           "median_step_seconds_in_probe": _median(child["step_seconds"]),
+                           "state_alignment_bytes": alignment}
+    if verify:
+        tell("verifying against ONNX Runtime")
+        ver = verify_run(prep, steps=steps, seed=seed, learning_rate=lr, xp=xp, swap_dir=swap_dir,
+                         check_arena=check_arena)
+        errors = [c.error for s in ver.steps for k, c in s.checks.items() if k != "update"]
+        out.verified, out.max_rel_diff = ver.ok, max(errors, default=0.0)
+        out.verification, out.ort_loss = ver.as_dict(), [s.ort_loss for s in ver.steps]
+        out.worst = [] if ver.ok else [ver.summary()]
+    return out
+
+
+def _measured(out: RunReport, peak: int) -> None:
+    out.measured_peak_bytes = peak
+    out.measured_minus_planned_bytes = peak - out.peak_bytes
+    if out.swap is not None:
+        out.swap["measured_peak_bytes"] = peak
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
