@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import onnxplan.passes.split_grad  # noqa: F401  (registers the pass)
-import onnxplan.planning  # noqa: F401
 from onnxplan.executor.runner import Executor, initial_parameters, step_batches
 from onnxplan.ir.load import load_step
 from onnxplan.orders import memory_model
