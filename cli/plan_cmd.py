@@ -38,6 +38,7 @@ def plan_command(
     planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
     inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs (off: only optimizer and running-statistics updates are in place)."),
+    split_grad: bool = typer.Option(False, "--split-grad", help="Split each ConvGrad into its dW half (reads X) and its dX half (does not): X can die before dX is made, which lowers the working set of the backward pass (same FLOPs, same numbers). With --budget and no policy named, tried when it helps."),
     time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
     swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
@@ -63,15 +64,15 @@ def plan_command(
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
                          batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
-                         device, train, freeze)
+                         device, train, freeze, split_grad)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu", train=None, freeze=None) -> None:
+          profile=False, device="cpu", train=None, freeze=None, split_grad=False) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
     budget_bytes = memory.budget
-    opts = PlanOptions(order, planner, interleave, inplace, time_limit)
+    opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)

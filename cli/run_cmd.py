@@ -26,7 +26,8 @@ from onnxplan.verification.report import describe_verification
 __all__ = ["run_command"]
 
 
-_PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inplace": True, "time_limit": None}
+_PLAN_DEFAULTS = {"order": "auto", "planner": "auto", "interleave": True, "inplace": True, "time_limit": None,
+                  "split_grad": False}
 
 
 def run_command(
@@ -35,6 +36,7 @@ def run_command(
     planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
     interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
     inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs."),
+    split_grad: bool = typer.Option(False, "--split-grad", help="Split each ConvGrad into its dW half (reads X) and its dX half (does not): X can die before dX is made, which lowers the working set of the backward pass (same FLOPs, same numbers). With --budget and no policy named, tried when it helps."),
     time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
     plan_file: Path = typer.Option(None, "--plan", help="Run this plan JSON (from `onnxplan plan -o`) instead of planning."),
     batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
@@ -73,7 +75,7 @@ def run_command(
     options), 3 the run does not fit the memory available (checked before allocating).
     """
     plan_opts = {"order": order, "planner": planner, "interleave": interleave, "inplace": inplace,
-                 "time_limit": time_limit}
+                 "time_limit": time_limit, "split_grad": split_grad}
     swap_args = (swap, lookahead, window_bytes, budget, swap_dir)
     handle_errors(_run)(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps,
                         warmup, seed, lr, verify, check_arena, threads, measure, json_out, swap_args,

@@ -72,7 +72,8 @@ def solve(step: Step, opts: PlanOptions = PlanOptions(), memory: MemoryRequest =
 def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", planner: str = "auto",
          interleave: bool = True, inplace: bool = True, time_limit: float | None = None,
          swap: str | None = None, lookahead: int = 1, window_bytes: str | int | None = None,
-         checkpoint: str | None = None, profile: bool = False, device: str = "cpu") -> Plan:
+         checkpoint: str | None = None, profile: bool = False, device: str = "cpu",
+         split_grad: bool = False) -> Plan:
     """Plan `step` (the CLI's `plan` options; sizes as "256MiB" or bytes). Under a budget with
     no swap or checkpoint policy named, recompute or swap is chosen by predicted step time
     (`profile`: time our kernels on `device`, else a FLOP estimate). A budget no plan reaches
@@ -80,7 +81,7 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
     check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: a UsageError now
-    res = solve(step, PlanOptions(order, planner, interleave, inplace, time_limit), memory,
+    res = solve(step, PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad), memory,
                 cost_model(profile, device))
     if memory.budget is not None and res.plan.peak_bytes > memory.budget:
         raise BudgetError(budget_miss(res, memory.budget))

@@ -24,6 +24,7 @@ class PlanSettings:
     interleave: bool = True
     inplace: bool = True
     time_limit: float | None = None
+    split_grad: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -32,7 +33,7 @@ class PlanSettings:
     def from_json(cls, d: dict[str, Any]) -> PlanSettings:
         limit = d.get("time_limit")
         return cls(bool(d.get("interleave", True)), bool(d.get("inplace", True)),
-                   None if limit is None else float(limit))
+                   None if limit is None else float(limit), bool(d.get("split_grad", False)))
 
 
 @dataclass(frozen=True)

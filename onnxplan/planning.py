@@ -53,6 +53,7 @@ class PlanOptions:
     window_bytes: int | None = None  # window: the byte window (default: largest working set)
     budget: int | None = None  # the peak must fit (else BudgetNotMet); swap: evict until it does
     recompute: str = ""  # a recompute schedule (chosen by onnxplan.budget; replayed by name)
+    split_grad: bool = False  # split ConvGrad into its dW and dX halves (passes/split_grad.py)
 
     def __post_init__(self) -> None:
         check_time_limit(self.time_limit)
@@ -112,6 +113,8 @@ def pipeline_names(opts: PlanOptions) -> list[str]:
         names.append("interleave")
     if opts.recompute:
         names.append(f"recompute:{opts.recompute}")
+    if opts.split_grad:
+        names.append("split-grad")
     names.append("inplace" if opts.inplace else "inplace-state")
     return names
 
@@ -256,7 +259,7 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         order_policy=policy,
         solve_seconds=time.perf_counter() - t0,
         passes=tuple(names),
-        settings=PlanSettings(opts.interleave, opts.inplace, opts.time_limit),
+        settings=PlanSettings(opts.interleave, opts.inplace, opts.time_limit, opts.split_grad),
         solver=SolverStats(order_seconds, order_res.optimal, order_res.gap, tuple(order_res.notes), tuple(skipped)),
         swap=_swap_record(swap, opts),
         swaps=swap.swaps if swap is not None else (),

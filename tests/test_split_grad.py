@@ -68,3 +68,40 @@ def test_dx_half_does_not_read_x_and_lowers_the_working_set():
         assert x_of[n.name.removesuffix("/dX")] not in n.inputs
     fused, halves = widest(g, {"ConvGrad"}), widest(s, {"ConvGrad", "ConvGradInput"})
     assert halves < fused
+
+
+def test_split_grad_through_the_cli_plan_file_and_budget(tmp_path):
+    """plan --split-grad records the pass and the setting; the plan file runs; a budget under
+    the fused swap floor is reached by swap on the split graph without asking for it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
+
+    runner = CliRunner()
+    folder = str(small_artifacts("vgg16", "sgd"))  # with AdamW an update sets the swap floor
+    out = tmp_path / "plan.json"
+    res = runner.invoke(app, ["plan", folder, "--split-grad", "--json", "-o", str(out)])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(out.read_text())
+    assert "split-grad" in doc["passes"] and doc["settings"]["split_grad"] is True
+    ran = runner.invoke(app, ["run", "--plan", str(out), "--steps", "1", "--no-measure", "--json"])
+    assert ran.exit_code == 0, ran.stderr
+    doc["settings"]["split_grad"] = False  # a plan whose settings disagree with its passes
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    refused = runner.invoke(app, ["run", "--plan", str(bad), "--steps", "1", "--no-measure"])
+    assert refused.exit_code == 2 and "split_grad" in refused.stderr
+    # the fused graph's swap floor, then a budget between it and the split graph's floor
+    floor = {}
+    for flag in ([], ["--split-grad"]):
+        r = runner.invoke(app, ["plan", folder, "--swap", "on-demand", "--budget", "1KiB", "--json", *flag])
+        assert r.exit_code == 3
+        floor[bool(flag)] = json.loads(r.stdout)["peak_bytes"]
+    assert floor[True] < floor[False]
+    budget = (floor[True] + floor[False]) // 2
+    r = runner.invoke(app, ["plan", folder, "--budget", f"{budget}B", "--json"])
+    assert r.exit_code == 0, r.stderr
+    chosen = json.loads(r.stdout)
+    assert chosen["peak_bytes"] <= budget and "split-grad" in chosen["passes"]

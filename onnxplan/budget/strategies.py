@@ -10,6 +10,7 @@ from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import CostModel, FlopCosts
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.passes.split_grad import splittable
 from onnxplan.plan_records import StrategyCandidate, StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -43,7 +44,14 @@ def _recompute(graph: StepGraph, budget: int, costs: CostModel, time_limit: floa
 @register_strategy("swap")
 def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
           base: PlanOptions) -> PlanOutcome:
-    return attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit))  # swap's own policy
+    out = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit))  # swap's own policy
+    if out.plan.peak_bytes > budget and not base.split_grad and any(splittable(n) for n in graph.nodes):
+        # the floor of swap is the largest working set: a fused ConvGrad (X, dY, dX, dW at once)
+        # often sets it; split, the same swaps reach lower (same FLOPs, same numbers)
+        split = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit, split_grad=True))
+        if split.plan.peak_bytes < out.plan.peak_bytes:
+            return split
+    return out
 
 
 def predicted_step_seconds(outcome: PlanOutcome, times: TimeModel | None = None) -> float:

@@ -16,27 +16,28 @@ from __future__ import annotations
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes._infra import PassResult, register_pass
 
-__all__ = ["SPLIT_OPS", "split_grad"]
+__all__ = ["SPLIT_OPS", "split_grad", "splittable"]
 
 MS = "com.microsoft"
 SPLIT_OPS = {(MS, "ConvGrad")}
 
 
-def _splittable(n: Node) -> bool:
+def splittable(n: Node) -> bool:
+    """A ConvGrad that makes dX and at least one of dW, dB."""
     outs = [*n.outputs, "", "", ""][:3]
     return n.key in SPLIT_OPS and bool(outs[0]) and bool(outs[1] or outs[2]) and len(n.inputs) >= 3
 
 
 @register_pass("split-grad")
 def split_grad(graph: StepGraph) -> PassResult:
-    targets = [n for n in graph.nodes if _splittable(n)]
+    targets = [n for n in graph.nodes if splittable(n)]
     if not targets:
         return PassResult(graph, False, [])
     g = graph.copy()
     halves: dict[str, list[str]] = {}
     nodes: list[Node] = []
     for n in g.nodes:
-        if not _splittable(n):
+        if not splittable(n):
             nodes.append(n)
             continue
         outs = [*n.outputs, "", "", ""][:3]
