@@ -13,7 +13,12 @@ forward node that the backward pass needs, directly or through a forward node it
 Every other transient buffer (backward values, gradients, the step's inputs, the loss) has the
 fixed lifetime the order gives it; a step input that a recomputable node reads stays live the
 whole step (conservative). Memory of an EO is its fixed bytes (scratch included) plus the
-decided buffers present; a decided buffer present in a stage counts for the whole stage.
+decided buffers present. In a stage, the recomputations run first, in forward order (at each,
+the fixed bytes carried into the stage, the kept buffers, and the restored ones still held: made
+by it or earlier and read by it or a later recomputation, or held for the anchor or the next
+stage; a buffer with a reader at or after it counts as held), then
+the anchor and the rest of the stage (the stage's most fixed bytes, the buffers kept into the
+stage, and the restored ones the anchor reads or that are kept into the next stage).
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class JointProblem:
     policy: str  # the order policy that gave it
     persistent: int  # bytes outside the arena
     fixed: list[int]  # per EO: aligned bytes of the fixed buffers live there, scratch included
+    carried: list[int]  # per EO: aligned bytes of the fixed buffers live before it and at it (no scratch)
     n_forward: int  # EOs 0 .. n_forward-1 are the forward pass
     starts: list[int]  # starts[t-1]: first EO of stage t (t = 1..T); the anchor is at anchors[t-1]
     anchors: list[str]
@@ -187,6 +193,7 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
     whole = {roots[i] for x in recomputable for i in nodes[x].inputs if i and roots.get(i) in step_inputs}
     n_eo = len(order)
     fixed = [0] * n_eo
+    carried = [0] * n_eo
     spans = [b for b in lt_post.buffers if b.name not in with_decided]
     spans += [b for b in lt.buffers if b.name not in index and post_roots.get(b.name) in with_decided]
     for b in spans:
@@ -195,6 +202,8 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
         lo, hi = (0, n_eo - 1) if post_roots.get(b.name, b.name) in whole or b.name in whole else (b.first, b.last)
         for e in range(lo, hi + 1):
             fixed[e] += b.padded
+            if e > lo and not b.name.startswith(SCRATCH_PREFIX):
+                carried[e] += b.padded
     buffers = []
     rbv = readers_by_value(g)
     for r in decided:
@@ -220,7 +229,8 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
             if base is not None:
                 views.setdefault(base, []).append(x)
     prob = JointProblem(
-        graph=g, order=tuple(order), policy=policy, persistent=g.persistent_bytes, fixed=fixed, n_forward=F,
+        graph=g, order=tuple(order), policy=policy, persistent=g.persistent_bytes, fixed=fixed, carried=carried,
+        n_forward=F,
         starts=starts, anchors=anchors, buffers=buffers, nodes=recomputable,
         node_seconds=[sec[x] for x in recomputable], node_inputs=node_inputs, node_outputs=node_outputs,
         node_scratch=node_scratch, step_seconds=sum(sec.values()), views=views,
@@ -312,15 +322,59 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
         fwd.append(m)
     stage = []
     for t in range(1, prob.stages + 1):
-        held = sum(b.nbytes * (d.present(prob, t, k) + ((t + 1, k) in d.page_in)) for k, b in enumerate(B))
+        ahead = sum(b.nbytes for k, b in enumerate(B) if (t + 1, k) in d.page_in)
         if t == 1:
-            held += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.last_forward + 1 >= F)
-        m = prob.stage_fixed(t) + held
+            ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.last_forward + 1 >= F)
+        at_anchor = 0
+        for k, b in enumerate(B):
+            kept = (t, k) in d.keep
+            restored = d.present(prob, t, k) and not kept
+            at_anchor += b.nbytes * (kept or (restored and (t in b.reads or (t + 1, k) in d.keep)))
+        m = prob.stage_fixed(t) + at_anchor + ahead
+        kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
         for tt, n in d.recompute:
-            if tt == t and prob.node_scratch[n]:
-                m = max(m, prob.fixed[prob.starts[t - 1]] + held + prob.node_scratch[n])
+            if tt == t:
+                m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
+                        + sum(B[k].nbytes for k in restored_at(prob, d, t, n)))
         stage.append(m)
     return prob.persistent + max(fwd + stage), fwd, stage
+
+
+def consumers(prob: JointProblem) -> list[list[int]]:
+    """Per buffer: the recomputable nodes that read it."""
+    out: list[list[int]] = [[] for _ in prob.buffers]
+    for n, ins in enumerate(prob.node_inputs):
+        for b in ins:
+            out[b].append(n)
+    return out
+
+
+def alive_at(prob: JointProblem, b: int, n: int, readers: list[list[int]]) -> bool | None:
+    """Whether buffer b, restored in a stage, is still held when node n is recomputed there:
+    True when n makes it or a node at or after n may read it, None when only if the anchor reads
+    it or it is kept into the next stage, False when n comes before its producer."""
+    p = prob.buffers[b].producer
+    if p > n:
+        return False
+    if p == n or any(c >= n for c in readers[b]):
+        return True
+    return None
+
+
+def restored_at(prob: JointProblem, d: Decisions, t: int, n: int) -> list[int]:
+    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t."""
+    readers = consumers(prob)
+    out = []
+    for k, b in enumerate(prob.buffers):
+        if not d.present(prob, t, k) or (t, k) in d.keep:
+            continue
+        alive = alive_at(prob, k, n, readers) if (t, k) not in d.page_in else (
+            True if any(c >= n for c in readers[k]) else None)
+        if alive is None:
+            alive = t in b.reads or (t + 1, k) in d.keep
+        if alive:
+            out.append(k)
+    return out
 
 
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
@@ -339,3 +393,21 @@ def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = Non
             before = prob.stage_seconds[t - 2] + rec[t - 1] if t > 1 else 0.0
             stall += max(0.0, inb - before)
     return prob.step_seconds + sum(rec) + stall, sum(rec), stall
+
+
+def recompute_stages(prob: JointProblem) -> list[set[int]]:
+    """Per recomputable node: the stages it may be recomputed in, just in time: where one of its
+    buffers is read by an anchor, or where a node reading them may be recomputed. (Recomputing
+    earlier only holds the outputs longer; the model is restricted to these stages.)"""
+    consumers: dict[int, list[int]] = {}
+    for n, ins in enumerate(prob.node_inputs):
+        for b in ins:
+            consumers.setdefault(b, []).append(n)
+    out: list[set[int]] = [set() for _ in prob.nodes]
+    for n in reversed(range(len(prob.nodes))):
+        for b in prob.node_outputs[n]:
+            out[n] |= prob.buffers[b].reads
+            for c in consumers.get(b, ()):
+                if c != n:
+                    out[n] |= out[c]
+    return out

@@ -11,8 +11,12 @@ counts); S[t+1,b] <= P[t,b]; I <= O; a paged buffer is never recomputed. Memory,
 units, with each EO's fixed bytes (scratch included):
   forward EO e: fixed + decided buffers between producer and last forward reader
                 + sum S[1,b] (buffers past their last forward reader) + O[b] one EO after it;
-  stage t:      max fixed over the stage + sum P[t,b] + I[t+1,b] (prefetch) [+ writes pending];
-  recompute n:  fixed at the stage's start + the same + scratch of n.
+  stage t, its anchor: max fixed over the stage + sum S[t,b] + the restored buffers the anchor reads
+                or that are kept into t+1 (Z[t,b] >= S[t+1,b] - S[t,b]) + I[t+1,b] (prefetch)
+                [+ writes still pending];
+  stage t, recomputing n (forward order): fixed bytes carried into the stage + sum S[t,b] + the
+                restored buffers still held (made by n or before it and read by n or a later
+                node, else only if held for the anchor) + prefetch + scratch of n.
 Objective: extra seconds = sum R[t,n] * cost(n) + exposed transfer time, where one I/O worker
 hides the writes behind the forward pass and stage t's page-ins behind stage t-1's compute
 (its recomputations included): stall_t >= in_t / bandwidth - compute_{t-1}.
@@ -25,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.problem import Decisions, JointProblem, build_problem, memory, minimal_keeps, step_seconds, \
-    violations
+from onnxplan.joint.problem import Decisions, JointProblem, alive_at, build_problem, consumers, memory, \
+    minimal_keeps, recompute_stages, step_seconds, violations
 
 __all__ = ["JointSchedule", "TIME_UNIT", "solve_joint", "solve_problem"]
 
@@ -88,8 +92,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     cap = (budget_bytes - prob.persistent) // BYTE_UNIT
     nb = [b.nbytes // BYTE_UNIT for b in B]
     m = cp_model.CpModel()
-    last_n = [max((B[b].last_need for b in prob.node_outputs[n]), default=0) for n in range(N)]
-    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(N) for t in range(1, last_n[n] + 1)}
+    jit = recompute_stages(prob)
+    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(N) for t in sorted(jit[n])}
     S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
     swap = bool(swap_bandwidth) and any(b.swappable for b in B)
     O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
@@ -113,7 +117,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
                 m.AddImplication(I[t, b], O[b])
             p = B[b].producer
             if p >= 0:
-                for t in range(1, last_n[p] + 1):
+                for t in jit[p]:
                     m.AddImplication(O[b], R[t, p].Not())
     for (t, n), r in R.items():
         for b in prob.node_inputs[n]:
@@ -126,18 +130,51 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         base = prob.forward_base(e) // BYTE_UNIT
         if terms:
             m.Add(base + sum(terms) <= cap)
-    held_expr = {}
+    readers = consumers(prob)
     for t in range(1, T + 1):
-        held = [nb[k] * x for k in range(len(B)) if B[k].last_need >= t for x in present(t, k)]
-        held += [nb[k] * I[t + 1, k] for k in O if (t + 1, k) in I]
+        ahead = [nb[k] * I[t + 1, k] for k in O if (t + 1, k) in I]
         if t == 1:
-            held += [nb[k] * O[k] for k in O if B[k].last_forward + 1 >= F]
-        held_expr[t] = sum(held)
-        m.Add(prob.stage_fixed(t) // BYTE_UNIT + held_expr[t] <= cap)
-    for (t, n), r in R.items():
-        if prob.node_scratch[n]:
-            base = (prob.fixed[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
-            m.Add(base + held_expr[t] <= cap).OnlyEnforceIf(r)
+            ahead += [nb[k] * O[k] for k in O if B[k].last_forward + 1 >= F]
+        at_anchor = []
+        restore_held = {}
+        for k in range(len(B)):
+            if B[k].last_need < t:
+                continue
+            restore = [x for x in present(t, k) if x is not S[t, k]]
+            at_anchor.append(nb[k] * S[t, k])
+            if not restore:
+                continue
+            if t in B[k].reads:
+                restore_held[t, k] = sum(nb[k] * x for x in restore)
+            elif (t + 1, k) in S:  # restored and kept on: held at the anchor too
+                z = m.NewBoolVar(f"Z{t}_{k}")
+                m.Add(z >= S[t + 1, k] - S[t, k])
+                restore_held[t, k] = nb[k] * z
+            if (t, k) in restore_held:
+                at_anchor.append(restore_held[t, k])
+        m.Add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= cap)
+        for n in sorted({n for (tt, n) in R if tt == t}):
+            terms = []
+            for k in range(len(B)):
+                if B[k].last_need < t:
+                    continue
+                terms.append(nb[k] * S[t, k])
+                held_for_anchor = restore_held.get((t, k))
+                for x in [R.get((t, B[k].producer))] if B[k].producer >= 0 else []:
+                    if x is None:
+                        continue
+                    alive = alive_at(prob, k, n, readers)
+                    if alive:
+                        terms.append(nb[k] * x)
+                    elif alive is None and held_for_anchor is not None:
+                        terms.append(held_for_anchor)
+                if (t, k) in I:
+                    if any(c >= n for c in readers[k]):
+                        terms.append(nb[k] * I[t, k])
+                    elif held_for_anchor is not None:
+                        terms.append(held_for_anchor)
+            base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
+            m.Add(base + sum(terms) + sum(ahead) <= cap).OnlyEnforceIf(R[t, n])
     # objective: recomputation + exposed transfers
     cost = [round(s / TIME_UNIT) for s in prob.node_seconds]
     objective = [cost[n] * r for (t, n), r in R.items()]
@@ -162,6 +199,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     if hint is not None:
         for key, x in R.items():
             m.AddHint(x, key in hint.recompute)
+        if any(key not in R for key in hint.recompute):
+            hint_name += " (partly outside the just-in-time stages)"
         for key, x in S.items():
             m.AddHint(x, key in hint.keep)
         for key, x in O.items():
@@ -172,6 +211,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
+    import os
+    solver.parameters.log_search_progress = bool(os.environ.get("JOINT_LOG"))
     status = solver.Solve(m)
     name = solver.StatusName(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
