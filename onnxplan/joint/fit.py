@@ -1,0 +1,53 @@
+"""Plan a step with the joint solver: solve, lower, order and place with the existing planners, and
+re-solve with a tightened budget when the placed peak misses it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.problem import build_problem
+from onnxplan.joint.solve import JointSchedule, solve_problem
+from onnxplan.offsets.buffers import ALIGNMENT
+
+__all__ = ["plan_joint"]
+
+
+def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mapping[str, float] | None = None,
+               swap_bandwidth: float | None = None, time_limit: float = 10.0, rounds: int = 3,
+               policy: str = "nntrainer", warm_start="auto") -> tuple[Any, JointSchedule]:
+    """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule
+    replayed by the recompute pass ("recompute:dag...." in the plan's passes), ordered, placed
+    and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/recompute are
+    ignored). When the placed peak misses the budget, the model's budget is lowered by the miss
+    and solved again from the last schedule, at most `rounds` solves in all. The rounds, the
+    model's estimate and the placed peak are in plan.options["joint"]."""
+    from onnxplan.planning import PlanOptions, pipeline_names, plan_step
+    from onnxplan.passes._infra import run_pipeline
+
+    base = replace(opts or PlanOptions(), checkpoint="none", swap="none", recompute="")
+    names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
+    pre, _ = run_pipeline(graph, names)
+    prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
+    target, hint, history = budget, warm_start, []
+    out = sched = None
+    for _ in range(max(1, rounds)):
+        sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs)
+        out = plan_step(graph, replace(base, recompute=sched.code))
+        history.append({"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes,
+                        "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": sched.gap,
+                        "solve_seconds": sched.wall_seconds, "warm_start": sched.warm_start,
+                        "recompute_seconds": sched.recompute_seconds})
+        if out.plan.peak_bytes <= budget or not sched.fits:
+            break
+        target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
+        hint = "auto"
+    info = {"budget_bytes": budget, "code": sched.code, "status": sched.status, "gap": sched.gap,
+            "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": out.plan.peak_bytes,
+            "predicted_step_seconds": sched.predicted_seconds, "recompute_seconds": sched.recompute_seconds,
+            "stall_seconds": sched.stall_seconds, "stages": prob.stages, "order_policy": policy,
+            "recomputations": len(sched.decisions.recompute), "rounds": history, "notes": sched.notes}
+    out.plan = replace(out.plan, options={**out.plan.options, "joint": info})
+    return out, sched
