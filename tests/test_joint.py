@@ -170,3 +170,24 @@ def test_joint_run_equals_plain_transformer():
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_joint_run_equals_plain_every_zoo_model(name):
     _joint_run_equals_plain(name, 0.9)
+
+
+def test_joint_swaps_run_equals_plain():
+    """With a fast swap store the solver pages buffers out and in; the plan (swap nodes from
+    the swap passes, replayed from the plan's records) runs bit for bit as the plain plan."""
+    from onnxplan.executor.runner import run_plan
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.fit import plan_joint
+
+    folder = small_artifacts("transformer")
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
+    out, sched = plan_joint(graph, budget, OPTS, time_limit=3, rounds=1, swap_bandwidth=1e10)
+    assert sched.decisions.page_in and out.plan.swaps
+    assert out.plan.peak_bytes < plain.plan.peak_bytes
+    base = run_plan(str(folder), OPTS, steps=3)
+    res = run_plan(str(folder), out.plan, steps=3)
+    assert res.losses == base.losses
+    for k, v in base.params.items():
+        assert np.array_equal(res.params[k], v), k

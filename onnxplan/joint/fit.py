@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem
 from onnxplan.joint.solve import JointSchedule, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
@@ -18,10 +19,11 @@ __all__ = ["plan_joint"]
 def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mapping[str, float] | None = None,
                swap_bandwidth: float | None = None, time_limit: float = 10.0, rounds: int = 3,
                policy: str = "nntrainer", warm_start="auto") -> tuple[Any, JointSchedule]:
-    """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule
-    replayed by the recompute pass ("recompute:dag...." in the plan's passes), ordered, placed
-    and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/recompute are
-    ignored). When the placed peak misses the budget, the model's budget is lowered by the miss
+    """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
+    recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
+    ordered, placed and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/
+    recompute are ignored), then its page-ins inserted as swap nodes on that order (plan.swaps)
+    and placed again. `swap_bandwidth`: bytes/s of the swap store (None: recompute only). When the placed peak misses the budget, the model's budget is lowered by the miss
     and solved again from the last schedule, at most `rounds` solves in all. The rounds, the
     model's estimate and the placed peak are in plan.options["joint"]."""
     from onnxplan.planning import PlanOptions, pipeline_names, plan_step
@@ -32,18 +34,25 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
     pre, _ = run_pipeline(graph, names)
     prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
     target, hint, history = budget, warm_start, []
-    out = sched = None
+    best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
     for _ in range(max(1, rounds)):
         sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs)
         out = plan_step(graph, replace(base, recompute=sched.code))
+        out, missed = lower_swaps(out, sched, base.planner)
         history.append({"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes,
                         "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": sched.gap,
                         "solve_seconds": sched.wall_seconds, "warm_start": sched.warm_start,
-                        "recompute_seconds": sched.recompute_seconds})
+                        "recompute_seconds": sched.recompute_seconds, "stall_seconds": sched.stall_seconds,
+                        "page_ins": len(sched.decisions.page_in), "page_ins_not_lowered": missed})
+        key = (out.plan.peak_bytes > budget, sched.predicted_seconds if out.plan.peak_bytes <= budget
+               else out.plan.peak_bytes)
+        if best is None or key < best[0]:
+            best = (key, out, sched)
         if out.plan.peak_bytes <= budget or not sched.fits:
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
+    _, out, sched = best
     info = {"budget_bytes": budget, "code": sched.code, "status": sched.status, "gap": sched.gap,
             "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": out.plan.peak_bytes,
             "predicted_step_seconds": sched.predicted_seconds, "recompute_seconds": sched.recompute_seconds,

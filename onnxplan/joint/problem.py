@@ -208,6 +208,9 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
                 carried[e] += b.padded
     buffers = []
     rbv = readers_by_value(g)
+    post_members: dict[str, list[str]] = {}  # a buffer the in-place pass merges with another is not paged
+    for v, r in post_roots.items():
+        post_members.setdefault(r, []).append(v)
     for r in decided:
         vs = members[r]
         p = cand[r]
@@ -215,7 +218,8 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
         nbytes = align(max(g.values[v].nbytes for v in vs))
         buffers.append(Buffer(
             r, nbytes, rindex.get(p, -1), eo[p], max([eo[p], *fwd_reads]), frozenset(direct.get(r, ())),
-            need[r], swappable=swap_min_bytes is not None and nbytes >= max(swap_min_bytes, 1)))
+            need[r], swappable=swap_min_bytes is not None and nbytes >= max(swap_min_bytes, 1)
+            and set(post_members.get(post_roots[r], ())) == set(vs)))
     node_inputs, node_outputs, node_scratch = [], [], []
     scratch = {b.name[len(SCRATCH_PREFIX):]: b.padded for b in lt_post.buffers if b.name.startswith(SCRATCH_PREFIX)}
     for x in recomputable:

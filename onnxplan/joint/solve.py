@@ -97,7 +97,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
     swap = bool(swap_bandwidth) and any(b.swappable for b in B)
     O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
-    I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(1, B[b].last_need + 1)}
+    # a page-in is issued a stage ahead: none for stage 1 (keep what the first stage reads)
+    I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
 
     def present(t: int, b: int) -> list:
         p = B[b].producer
@@ -113,7 +114,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             if t > 1:
                 m.Add(S[t, b] <= sum(present(t - 1, b)))
         if b in O:
-            for t in range(1, B[b].last_need + 1):
+            for t in range(2, B[b].last_need + 1):
                 m.AddImplication(I[t, b], O[b])
             p = B[b].producer
             if p >= 0:
