@@ -8,11 +8,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import onnxplan.planning as planning
+from onnxplan import planning
 from onnxplan.joint import build_problem, solve_problem
 from onnxplan.joint.hints import RotorColumns, keep_all
 from onnxplan.joint.lower import lower_joint
-from onnxplan.joint.problem import Decisions, memory, minimal_keeps, recompute_stages, step_seconds, violations
+from onnxplan.joint.problem import (
+    Decisions,
+    memory,
+    minimal_keeps,
+    recompute_stages,
+    step_seconds,
+    violations,
+)
 from onnxplan.offsets.buffers import live_bytes_by_eo
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
@@ -42,7 +49,7 @@ def two_linear_step(batch: int = 64):
     b.node("ReduceSumSquare", ["y"], ["loss"], [()], keepdims=0)
     b.g.outputs.append("loss")
     b.g.loss = "loss"
-    bw = dict(phase="backward", vclass=T)
+    bw = {"phase": "backward", "vclass": T}
     b.node("Scale", ["y"], ["dy"], domain="com.microsoft", **bw)
     b.node("Gemm", ["r0", "dy"], ["dW1"], [(16, 4)], phase="backward", vclass=G, transA=1)
     b.node("Gemm", ["dy", "W1"], ["dr0"], [(batch, 16)], transB=1, **bw)

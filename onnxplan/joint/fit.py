@@ -26,8 +26,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
     and placed again. `swap_bandwidth`: bytes/s of the swap store (None: recompute only). When the placed peak misses the budget, the model's budget is lowered by the miss
     and solved again from the last schedule, at most `rounds` solves in all. The rounds, the
     model's estimate and the placed peak are in plan.options["joint"]."""
-    from onnxplan.planning import PlanOptions, pipeline_names, plan_step
     from onnxplan.passes._infra import run_pipeline
+    from onnxplan.planning import PlanOptions, pipeline_names, plan_step
 
     base = replace(opts or PlanOptions(), checkpoint="none", swap="none", recompute="")
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
@@ -56,7 +56,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
     info = {"budget_bytes": budget, "code": sched.code, "status": sched.status, "gap": sched.gap,
             "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": out.plan.peak_bytes,
             "predicted_step_seconds": sched.predicted_seconds, "recompute_seconds": sched.recompute_seconds,
-            "stall_seconds": sched.stall_seconds, "stages": prob.stages, "order_policy": policy,
+            "stall_seconds": sched.stall_seconds, "stages": prob.stages, "order_policy": prob.policy,
             "recomputations": len(sched.decisions.recompute), "rounds": history, "notes": sched.notes}
     out.plan = replace(out.plan, options={**out.plan.options, "joint": info})
     return out, sched

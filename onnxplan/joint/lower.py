@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, copy_node, copy_suffix, is_recomputed, read_latest, \
-    stable_topological
+from onnxplan.checkpoint.recompute import (
+    RECOMPUTE_PHASE,
+    copy_node,
+    copy_suffix,
+    is_recomputed,
+    read_latest,
+    stable_topological,
+)
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.problem import Decisions, JointProblem, model_order
@@ -101,8 +107,8 @@ def lower_recompute(graph: StepGraph, order: tuple[str, ...], batches: dict[str,
     g.nodes = stable_topological(seq)
     copies = sum(1 for n in g.nodes if n.phase == RECOMPUTE_PHASE)
     runs = sum(len(b) for b in batches.values())
-    return PassResult(g, True, [f"recompute (joint): {runs} recomputations of {len(set().union(*batches.values()))} "
-                                f"forward nodes before {len(batches)} anchors, {copies} node copies"])
+    return PassResult(g, True, [(f"recompute (joint): {runs} recomputations of {len(set().union(*batches.values()))} "
+                                f"forward nodes before {len(batches)} anchors, {copies} node copies")])
 
 
 def dag_recompute_pass(code: str):

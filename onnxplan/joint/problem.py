@@ -35,7 +35,7 @@ from onnxplan.passes.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 
 __all__ = ["Buffer", "Decisions", "JointProblem", "alive_at", "build_problem", "consumers", "in_place", "memory",
-           "minimal_keeps", "model_order", "needs", "node_costs", "recompute_stages", "restored_at", "step_seconds",
+           "least_bound_policy", "minimal_keeps", "model_order", "needs", "node_costs", "recompute_stages", "restored_at", "step_seconds",
            "violations"]
 
 
@@ -118,12 +118,27 @@ def model_order(graph: StepGraph, policy: str = "nntrainer", post: StepGraph | N
     return tuple([x for x in order if phase[x] == "forward"] + [x for x in order if phase[x] != "forward"])
 
 
+def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
+    """The heuristic order policy whose order (forward first) has the least live-bytes bound
+    on the graph after the in-place pass (file order of the policies on ties)."""
+    from onnxplan.offsets import lower_bound
+    from onnxplan.planning import HEURISTIC_ORDERS
+
+    post = post if post is not None else in_place(graph)
+    bounds = [(lower_bound(lifetimes(post, model_order(graph, p, post)).buffers), k, p)
+              for k, p in enumerate(HEURISTIC_ORDERS)]
+    return min(bounds)[2]
+
+
 def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *, policy: str = "nntrainer",
                   order: tuple[str, ...] | None = None, swap_min_bytes: int | None = None) -> JointProblem:
-    """The problem for `graph` (after realize / interleave; no recompute, swap or in-place yet).
+    """The problem for `graph` (after realize / interleave; no recompute, swap or in-place yet),
+    in the order of `policy` (a heuristic order policy, or "auto": the one of least bound).
     `swap_min_bytes`: decided buffers at least this large may be paged out (None: none)."""
     g = graph
     post = in_place(g)
+    if policy == "auto":
+        policy = least_bound_policy(g, post)
     order = order or model_order(g, policy, post)
     nodes = {n.name: n for n in g.nodes}
     eo = {x: i for i, x in enumerate(order)}

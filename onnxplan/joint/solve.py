@@ -29,10 +29,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.problem import Decisions, JointProblem, alive_at, build_problem, consumers, memory, \
-    minimal_keeps, recompute_stages, step_seconds, violations
+from onnxplan.joint.problem import (
+    Decisions,
+    JointProblem,
+    alive_at,
+    build_problem,
+    consumers,
+    memory,
+    minimal_keeps,
+    recompute_stages,
+    step_seconds,
+    violations,
+)
 
-__all__ = ["JointSchedule", "TIME_UNIT", "solve_joint", "solve_problem"]
+__all__ = ["TIME_UNIT", "JointSchedule", "solve_joint", "solve_problem"]
 
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
@@ -83,7 +93,7 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 2) -> JointSchedule:
+                  workers: int = 2, linearization: int = 1) -> JointSchedule:
     from ortools.sat.python import cp_model  # heavy: import on use
 
     t0 = time.perf_counter()
@@ -212,8 +222,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    import os
-    solver.parameters.log_search_progress = bool(os.environ.get("JOINT_LOG"))
+    solver.parameters.linearization_level = linearization
     status = solver.Solve(m)
     name = solver.StatusName(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -229,8 +238,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
     peak, _, _ = memory(prob, d)
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
-    notes = [f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
-             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s"]
+    notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
+             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s")]
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes)
 
