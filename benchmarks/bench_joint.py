@@ -1,7 +1,7 @@
 """Benchmark: the joint solver against rotor (recompute on the chain) and swap-only, at a few budgets.
 
-Per model and budget (evenly spaced from rotor's least planned peak up to, not including, the
-plain plan's peak): each strategy's planned peak, whether it fits, its predicted step time (one
+Per model and budget (evenly spaced from the least planned peak of rotor and of swapping
+every gap, up to, not including, the plain plan's peak): each strategy's planned peak, whether it fits, its predicted step time (one
 profile of our kernels gives every strategy its node costs), the measured median step time
 (our executor, `--steps` steps after `--warmup`), and the solve time. The swap store's
 bandwidth is measured once (write then read of 64 MiB through a temporary file) unless given.
@@ -63,7 +63,8 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
     pre = run_pipeline(graph, ["realize", "interleave"])[0]
     times, note = profile_times(pre, inplace=True)
     costs = dict(times.measured)
-    least = plan_step(graph, replace(opts, checkpoint="rotor", profile=True)).plan.peak_bytes
+    least = min(plan_step(graph, replace(opts, checkpoint="rotor", profile=True)).plan.peak_bytes,
+                plan_step(graph, replace(opts, swap="proactive")).plan.peak_bytes)
     top = plain.plan.peak_bytes
     budgets = [int(least + k * (top - least) / args.budgets) for k in range(args.budgets)]
     rows = []
@@ -81,13 +82,14 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
                          time.perf_counter() - t0)
         for label, bw in (("joint-recompute", None), ("joint", bandwidth)):
             t0 = time.perf_counter()
-            out, sched = plan_joint(graph, budget, opts, costs=costs, swap_bandwidth=bw, time_limit=args.time_limit)
+            out, sched = plan_joint(graph, budget, opts, costs=costs, swap_bandwidth=bw, time_limit=args.time_limit,
+                                    swap_on_top=bw is not None)
             cands[label] = (out, sched, time.perf_counter() - t0)
         for label, (out, sched, solve) in cands.items():
             if label == "rotor":
                 predicted = out.plan.options.get("checkpoint", {}).get("predicted_step_seconds")
             elif sched is not None:
-                predicted = sched.predicted_seconds
+                predicted = out.plan.options["joint"]["predicted_step_seconds"]
             else:
                 predicted = predicted_step_seconds(out, times)
             fits = out.plan.peak_bytes <= budget
@@ -96,7 +98,8 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
             if sched is not None:
                 j = out.plan.options["joint"]
                 extra = (f"{j['status']} gap {j['gap']:.2f}, model {j['estimate_bytes'] / 2**20:.2f} MiB, "
-                         f"{j['recomputations']} recomputations, {len(out.plan.swaps)} swaps, {len(j['rounds'])} rounds")
+                         f"{j['recomputations']} recomputations, {len(out.plan.swaps)} swaps, {len(j['rounds'])} rounds"
+                         + ("; then swap auto" if any("swap auto" in n for n in j["notes"]) else ""))
             rows.append({"model": name, "budget": budget, "strategy": label, "peak": out.plan.peak_bytes,
                          "fits": fits, "predicted": predicted, "measured": measured, "solve": solve, "note": extra})
             print(_row(rows[-1]), flush=True)

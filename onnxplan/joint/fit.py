@@ -10,7 +10,7 @@ from typing import Any
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem
-from onnxplan.joint.solve import JointSchedule, solve_problem
+from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
 
 __all__ = ["plan_joint"]
@@ -18,14 +18,17 @@ __all__ = ["plan_joint"]
 
 def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mapping[str, float] | None = None,
                swap_bandwidth: float | None = None, time_limit: float = 10.0, rounds: int = 3,
-               policy: str = "nntrainer", warm_start="auto") -> tuple[Any, JointSchedule]:
+               policy: str = "nntrainer", warm_start="auto", swap_on_top: bool = True) -> tuple[Any, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
     ordered, placed and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/
     recompute are ignored), then its page-ins inserted as swap nodes on that order (plan.swaps)
     and placed again. `swap_bandwidth`: bytes/s of the swap store (None: recompute only). When the placed peak misses the budget, the model's budget is lowered by the miss
-    and solved again from the last schedule, at most `rounds` solves in all. The rounds, the
-    model's estimate and the placed peak are in plan.options["joint"]."""
+    and solved again, at most `rounds` solves in all; the best round is kept. Should it still
+    miss (the model pages activations only; parameters and optimizer state stay resident),
+    `swap_on_top` plans the swap module's `auto` policy on top of the schedule's recomputations
+    (replacing its page-ins) when that lowers the peak. The rounds, the model's estimate, the
+    placed peak and what was done are in plan.options["joint"]."""
     from onnxplan.passes._infra import run_pipeline
     from onnxplan.planning import PlanOptions, pipeline_names, plan_step
 
@@ -53,10 +56,23 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
     _, out, sched = best
+    rest, predicted = "", sched.predicted_seconds
+    if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
+        more = plan_step(graph, replace(base, recompute=sched.code, swap="auto", budget=budget))
+        if more.plan.peak_bytes < out.plan.peak_bytes:
+            from onnxplan.checkpoint.costs import TimeModel
+            from onnxplan.swap import is_swap_node
+
+            out = more  # its transfers at the swap module's estimate (memory bandwidth, no overlap)
+            predicted += sum(TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
+            rest = (f"the joint schedule's recomputations, then swap auto for the rest: "
+                    f"{len(more.plan.swaps)} swaps ({more.plan.options.get('swap', {}).get('described', '')})")
     info = {"budget_bytes": budget, "code": sched.code, "status": sched.status, "gap": sched.gap,
             "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": out.plan.peak_bytes,
-            "predicted_step_seconds": sched.predicted_seconds, "recompute_seconds": sched.recompute_seconds,
+            "predicted_step_seconds": predicted, "recompute_seconds": sched.recompute_seconds,
             "stall_seconds": sched.stall_seconds, "stages": prob.stages, "order_policy": prob.policy,
-            "recomputations": len(sched.decisions.recompute), "rounds": history, "notes": sched.notes}
+            "recomputations": len(sched.decisions.recompute), "rounds": history,
+            "notes": [*sched.notes, *([rest] if rest else [])],
+            "buffers": [r for r in schedule_summary(sched) if r["recomputed_in"] or r["paged_out"]]}
     out.plan = replace(out.plan, options={**out.plan.options, "joint": info})
     return out, sched

@@ -34,9 +34,25 @@ from onnxplan.offsets.buffers import align
 from onnxplan.passes.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 
-__all__ = ["Buffer", "Decisions", "JointProblem", "alive_at", "build_problem", "consumers", "in_place", "memory",
-           "least_bound_policy", "minimal_keeps", "model_order", "needs", "node_costs", "recompute_stages", "restored_at", "step_seconds",
-           "violations"]
+__all__ = [
+    "Buffer",
+    "Decisions",
+    "JointProblem",
+    "alive_at",
+    "build_problem",
+    "consumers",
+    "in_place",
+    "least_bound_policy",
+    "memory",
+    "minimal_keeps",
+    "model_order",
+    "needs",
+    "node_costs",
+    "recompute_stages",
+    "restored_at",
+    "step_seconds",
+    "violations",
+]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ class JointSchedule:
     predicted_seconds: float  # step time: every node once + recomputations + exposed transfers
     recompute_seconds: float
     stall_seconds: float
-    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN (no solution: the warm start is returned)
+    status: str  # OPTIMAL | FEASIBLE | UNKNOWN (no solution: the warm start is returned) | "INFEASIBLE
+    # (OPTIMAL least memory)": nothing fits the budget, the model's least-peak schedule is returned
     gap: float  # (objective - bound) / objective of the extra seconds; 0 when optimal
     wall_seconds: float
     warm_start: str  # the hint given to the solver
@@ -93,7 +94,7 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 2, linearization: int = 1) -> JointSchedule:
+                  workers: int = 2, linearization: int = 1, least_memory: bool = False) -> JointSchedule:
     from ortools.sat.python import cp_model  # heavy: import on use
 
     t0 = time.perf_counter()
@@ -102,6 +103,9 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     cap = (budget_bytes - prob.persistent) // BYTE_UNIT
     nb = [b.nbytes // BYTE_UNIT for b in B]
     m = cp_model.CpModel()
+    if least_memory:  # the budget is what to find: the least peak, then the least time at it
+        top = (max(prob.fixed) + 2 * sum(b.nbytes for b in B) + max(prob.node_scratch, default=0)) // BYTE_UNIT
+        cap = m.NewIntVar(0, top, "peak")
     jit = recompute_stages(prob)
     R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(N) for t in sorted(jit[n])}
     S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
@@ -187,11 +191,13 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
             m.Add(base + sum(terms) + sum(ahead) <= cap).OnlyEnforceIf(R[t, n])
     # objective: recomputation + exposed transfers
-    cost = [round(s / TIME_UNIT) for s in prob.node_seconds]
+    # every recomputation and transfer costs at least one unit: none is made for nothing
+    cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     objective = [cost[n] * r for (t, n), r in R.items()]
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
+        objective += [O[k] for k in O] + [I[key] for key in I]
         fst = m.NewIntVar(0, ub, "stall_fwd")
         m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
         objective.append(fst)
@@ -206,7 +212,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             st = m.NewIntVar(0, ub, f"stall{t}")
             m.Add(st >= sum(ins) - before)
             objective.append(st)
-    m.Minimize(sum(objective))
+    if least_memory:  # one unit of memory outweighs every second of the objective
+        weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
+        m.Minimize(cap * weight + sum(objective))
+    else:
+        m.Minimize(sum(objective))
     if hint is not None:
         for key, x in R.items():
             m.AddHint(x, key in hint.recompute)
@@ -231,6 +241,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             frozenset(k for k, x in O.items() if solver.Value(x)), frozenset(k for k, x in I.items() if solver.Value(x)))
         obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
+    elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
+        floor = solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, hint or warm_start, costs=costs,
+                              workers=workers, linearization=linearization, least_memory=True)
+        floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
+        floor.wall_seconds = time.perf_counter() - t0
+        return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
     bad = violations(prob, d)
@@ -265,3 +281,25 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -
     fit = [s for s in scored if s[0]]
     best = min(fit, key=lambda s: s[1]) if fit else min(scored, key=lambda s: s[2])
     return best[4], best[3]
+
+
+def schedule_summary(schedule: JointSchedule) -> list[dict]:
+    """Per decided buffer: its bytes, the stages it is kept into, the stages it is recomputed in
+    (and by which node), its page-out and page-ins, and the predicted extra seconds of its
+    choices (recomputations of its producer; transfers at the store's bandwidth, before overlap)."""
+    prob, d = schedule.problem, schedule.decisions
+    rows = []
+    for k, b in enumerate(prob.buffers):
+        p = b.producer
+        rec = sorted(t for t, n in d.recompute if n == p) if p >= 0 else []
+        ins = sorted(t for t, kk in d.page_in if kk == k)
+        moved = (len(ins) + (k in d.page_out)) * b.nbytes
+        rows.append({
+            "buffer": b.root, "bytes": b.nbytes, "kept_into": sorted(t for t, kk in d.keep if kk == k),
+            "recomputed_in": rec, "recomputed_by": prob.nodes[p] if rec else "",
+            "paged_out": k in d.page_out, "paged_in_for": ins,
+            "anchors": [prob.anchors[t - 1] for t in sorted(b.reads)],
+            "extra_seconds": len(rec) * (prob.node_seconds[p] if p >= 0 else 0.0)
+            + (moved / schedule.bandwidth if schedule.bandwidth else 0.0),
+        })
+    return rows
