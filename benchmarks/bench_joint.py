@@ -130,11 +130,11 @@ def main() -> None:
     ap.add_argument("-o", "--output", default=None)
     args = ap.parse_args()
     bandwidth = args.bandwidth or measure_bandwidth()
-    head = [f"swap store bandwidth {bandwidth / 1e9:.2f} GB/s ({'given' if args.bandwidth else 'measured'}); "
-            f"solver time limit {args.time_limit:.0f} s; median of {args.steps} steps after {args.warmup} warm-up",
+    head = [(f"swap store bandwidth {bandwidth / 1e9:.2f} GB/s ({'given' if args.bandwidth else 'measured'}); "
+            f"solver time limit {args.time_limit:.0f} s; median of {args.steps} steps after {args.warmup} warm-up"),
             "",
-            "| model | budget MiB | strategy | planned peak MiB | fits | predicted ms | measured ms | pred/meas | "
-            "plan s | joint |",
+            ("| model | budget MiB | strategy | planned peak MiB | fits | predicted ms | measured ms | pred/meas | "
+            "plan s | joint |"),
             "|---|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(head), flush=True)
     rows = []
