@@ -1,12 +1,13 @@
 """Benchmark: the joint solver against rotor (recompute on the chain) and swap-only, at a few budgets.
 
-Per model and budget (evenly spaced from the least planned peak of rotor and of swapping
-every gap, up to, not including, the plain plan's peak): each strategy's planned peak, whether it fits, its predicted step time (one
+Per model and budget (evenly spaced from rotor's least planned peak, or with --from-swap-floor
+from the least of it and of swapping every gap, up to, not including, the plain plan's peak): each strategy's planned peak, whether it fits, its predicted step time (one
 profile of our kernels gives every strategy its node costs), the measured median step time
 (our executor, `--steps` steps after `--warmup`), and the solve time. The swap store's
 bandwidth is measured once (write then read of 64 MiB through a temporary file) unless given.
 Run: python benchmarks/bench_joint.py [--models resnet18 transformer] [--small] [--budgets 4]
-     [--time-limit 10] [--steps 5] [--bandwidth BYTES_PER_S] [-o reports/joint.md]
+     [--time-limit 10] [--steps 5] [--bandwidth BYTES_PER_S] [--from-swap-floor] [--no-measure]
+     [-o reports/joint.md]
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def measure_bandwidth(nbytes: int = 64 << 20) -> float:
     return nbytes / max(t1 - t0, t2 - t1, 1e-9)
 
 
-def _measure(folder, plan, steps: int, warmup: int) -> float:
+def _measure(folder, plan, steps: int, warmup: int) -> float | None:
+    if not steps:
+        return None
     res = run_plan(str(folder), plan, steps=steps, warmup=warmup)
     return statistics.median(res.step_seconds)
 
@@ -63,8 +66,9 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
     pre = run_pipeline(graph, ["realize", "interleave"])[0]
     times, note = profile_times(pre, inplace=True)
     costs = dict(times.measured)
-    least = min(plan_step(graph, replace(opts, checkpoint="rotor", profile=True)).plan.peak_bytes,
-                plan_step(graph, replace(opts, swap="proactive")).plan.peak_bytes)
+    least = plan_step(graph, replace(opts, checkpoint="rotor", profile=True)).plan.peak_bytes
+    if args.from_swap_floor:
+        least = min(least, plan_step(graph, replace(opts, swap="proactive")).plan.peak_bytes)
     top = plain.plan.peak_bytes
     budgets = [int(least + k * (top - least) / args.budgets) for k in range(args.budgets)]
     rows = []
@@ -127,9 +131,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--bandwidth", type=float, default=None)
+    ap.add_argument("--from-swap-floor", action="store_true")
+    ap.add_argument("--no-measure", action="store_true", help="plan and predict only")
     ap.add_argument("-o", "--output", default=None)
     args = ap.parse_args()
     bandwidth = args.bandwidth or measure_bandwidth()
+    if args.no_measure:
+        args.steps = 0
     head = [(f"swap store bandwidth {bandwidth / 1e9:.2f} GB/s ({'given' if args.bandwidth else 'measured'}); "
             f"solver time limit {args.time_limit:.0f} s; median of {args.steps} steps after {args.warmup} warm-up"),
             "",

@@ -18,7 +18,8 @@ __all__ = ["plan_joint"]
 
 def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mapping[str, float] | None = None,
                swap_bandwidth: float | None = None, time_limit: float = 10.0, rounds: int = 3,
-               policy: str = "nntrainer", warm_start="auto", swap_on_top: bool = True) -> tuple[Any, JointSchedule]:
+               policy: str = "nntrainer", warm_start="auto", swap_on_top: bool = True,
+               deterministic_limit: float | None = None) -> tuple[Any, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
     ordered, placed and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/
@@ -39,7 +40,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
     target, hint, history = budget, warm_start, []
     best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
     for _ in range(max(1, rounds)):
-        sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs)
+        sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs,
+                              deterministic_limit=deterministic_limit)
         out = plan_step(graph, replace(base, recompute=sched.code))
         out, missed = lower_swaps(out, sched, base.planner)
         history.append({"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes,

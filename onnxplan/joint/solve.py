@@ -81,7 +81,8 @@ class JointSchedule:
 
 def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
                 swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
-                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 2) -> JointSchedule:
+                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 2,
+                deterministic_limit: float | None = None) -> JointSchedule:
     """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
     pass sees it) under `budget_bytes` (persistent bytes included). `costs`: seconds per node
     name (a profile; else the FLOP estimate). `swap_bandwidth`: bytes/s of the swap store
@@ -89,12 +90,14 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
     schedule for the budget), "none", "rotor", or Decisions."""
     prob = build_problem(graph, costs, policy=policy,
                          swap_min_bytes=swap_min_bytes if swap_bandwidth else None)
-    return solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, warm_start, costs=costs, workers=workers)
+    return solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, warm_start, costs=costs, workers=workers,
+                         deterministic_limit=deterministic_limit)
 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 2, linearization: int = 1, least_memory: bool = False) -> JointSchedule:
+                  workers: int = 2, linearization: int = 1, least_memory: bool = False,
+                  deterministic_limit: float | None = None) -> JointSchedule:
     from ortools.sat.python import cp_model  # heavy: import on use
 
     t0 = time.perf_counter()
@@ -230,6 +233,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.page_in)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
+    if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
+        solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     solver.parameters.linearization_level = linearization
@@ -243,7 +248,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
         floor = solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, hint or warm_start, costs=costs,
-                              workers=workers, linearization=linearization, least_memory=True)
+                              workers=workers, linearization=linearization, least_memory=True,
+                              deterministic_limit=deterministic_limit)
         floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
         floor.wall_seconds = time.perf_counter() - t0
         return floor
