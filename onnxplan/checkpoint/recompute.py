@@ -12,7 +12,8 @@ from onnxplan.ir.graph import Node, StepGraph, Value
 from onnxplan.kernels.registry import may_overwrite, updates_state
 from onnxplan.passes._infra import PassResult, register_pass_factory
 
-__all__ = ["RECOMPUTE_PHASE", "apply_schedule", "copy_suffix", "is_recomputed", "recompute_pass"]
+__all__ = ["RECOMPUTE_PHASE", "apply_schedule", "copy_node", "copy_suffix", "is_recomputed", "read_latest",
+           "recompute_pass", "stable_topological"]
 
 RECOMPUTE_PHASE = "recompute"
 
@@ -109,7 +110,7 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
         if kind == BWD:
             for name in chain.stages[s - 1].backward:
                 n = by_name[name]
-                _read_latest(n, current)
+                read_latest(n, current)
                 seq.append(n)
                 placed.add(name)
                 last_bwd = name
@@ -119,11 +120,11 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
         targets = {st.output, *st.saved} if kind == FALL else {st.output}
         made: set[str] = set()
         for n in _needed(stage_nodes[s], targets):
-            c = _copy(g, n, copy_suffix(done[s]), current, made, last_bwd)
+            c = copy_node(g, n, copy_suffix(done[s]), current, made, last_bwd)
             seq.append(c)
             copies += 1
     seq.extend(n for n in g.nodes if n.name not in placed)
-    g.nodes = _stable_topological(seq)
+    g.nodes = stable_topological(seq)
     extra = sum(chain.stages[s - 1].forward_seconds * (r - 1) for s, r in enumerate(runs) if s and r > 1)
     rerun = sum(1 for r in runs[1:] if r > 1)
     notes = [(f"recompute ({schedule.policy or 'schedule'}): {rerun} of {L} stage(s) run again, "
@@ -133,13 +134,17 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
     return PassResult(g, True, notes)
 
 
-def _read_latest(n: Node, current: dict[str, str]) -> None:
+def read_latest(n: Node, current: dict[str, str]) -> None:
+    """Point `n`'s inputs and alias sources at the latest version of each forward value."""
     n.inputs = [current.get(i, i) if i else i for i in n.inputs]
     n.aliases = {o: (current.get(src, src), k) for o, (src, k) in n.aliases.items()}
 
 
-def _copy(g: StepGraph, n: Node, suffix: str, current: dict[str, str], made: set[str],
-          last_bwd: str | None) -> Node:
+def copy_node(g: StepGraph, n: Node, suffix: str, current: dict[str, str], made: set[str],
+              last_bwd: str | None) -> Node:
+    """A recomputed copy of `n` (rules 2, 4, 5 of apply_schedule): its outputs named with
+    `suffix` and made the latest versions; a copy reading nothing made in this recomputation
+    runs after `last_bwd`."""
     state = _state_updates(g, n)
     inputs = [current.get(i, i) if i else i for i in n.inputs]
     for j, i in state.items():
@@ -166,7 +171,7 @@ def _copy(g: StepGraph, n: Node, suffix: str, current: dict[str, str], made: set
     return c
 
 
-def _stable_topological(seq: list[Node]) -> list[Node]:
+def stable_topological(seq: list[Node]) -> list[Node]:
     """`seq` reordered only where a node would run before what it needs (Kahn's algorithm,
     ready nodes taken in `seq` order)."""
     pos = {n.name: k for k, n in enumerate(seq)}
@@ -196,8 +201,13 @@ def _stable_topological(seq: list[Node]) -> list[Node]:
 
 def recompute_pass(code: str):
     """The pass for a schedule in encode()'s text form: the chain is re-derived from the
-    graph (deterministic), so a plan file replays the same rewrite."""
+    graph (deterministic), so a plan file replays the same rewrite. A code starting with
+    "dag." is a schedule of the joint solver on the whole graph (onnxplan.joint.lower)."""
 
+    if code.startswith("dag."):
+        from onnxplan.joint.lower import dag_recompute_pass
+
+        return dag_recompute_pass(code)
     try:
         length, ops = decode(code)
     except ValueError as exc:

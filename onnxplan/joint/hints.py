@@ -1,0 +1,110 @@
+"""Warm starts for the joint model: no recomputation, and rotor's chain schedule mapped onto the stages."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+
+from onnxplan.ir.graph import StepGraph, original_name
+from onnxplan.joint.problem import Decisions, JointProblem, memory, minimal_keeps
+
+__all__ = ["RotorColumns", "from_rewritten", "keep_all", "rotor_hint"]
+
+
+def keep_all(prob: JointProblem) -> Decisions:
+    """Every buffer kept from the forward pass to its last need."""
+    return Decisions(keep=minimal_keeps(prob, ()))
+
+
+def from_rewritten(prob: JointProblem, rewritten: StepGraph) -> Decisions:
+    """The decisions of a graph the chain recompute pass rewrote: each copy of a node the model
+    may recompute is placed in the earliest stage whose anchor reads it (through other copies)."""
+    from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE
+
+    eo = {x: i for i, x in enumerate(prob.order)}
+    index = {x: k for k, x in enumerate(prob.nodes)}
+    copies = [n for n in rewritten.nodes if n.phase == RECOMPUTE_PHASE]
+    readers: dict[str, list] = {}
+    for n in rewritten.nodes:
+        for i in n.inputs:
+            if i:
+                readers.setdefault(i, []).append(n)
+    stage_of: dict[str, int] = {}
+
+    def stage(node) -> int:
+        if node.phase != RECOMPUTE_PHASE:
+            return bisect.bisect_right(prob.starts, eo[node.name])
+        if node.name not in stage_of:
+            stage_of[node.name] = min((stage(r) for o in node.outputs if o for r in readers.get(o, ())),
+                                      default=prob.stages + 1)
+        return stage_of[node.name]
+
+    rec = set()
+    for c in copies:
+        k = index.get(original_name(c.name))
+        t = stage(c)
+        if k is not None and 1 <= t <= prob.stages:
+            rec.add((t, k))
+    rec = frozenset(rec)
+    return Decisions(rec, minimal_keeps(prob, rec))
+
+
+class RotorColumns:
+    """rotor's table for the chain of prob.graph; at(col): the schedule of a column as joint
+    decisions (None: no schedule there, or the chain pass refuses it)."""
+
+    def __init__(self, prob: JointProblem, costs: Mapping[str, float] | None) -> None:
+        from onnxplan.checkpoint.chain import build_chain
+        from onnxplan.checkpoint.costs import TimeModel
+        from onnxplan.checkpoint.rotor import rotor_table_for_chain
+        from onnxplan.errors import ModelError
+
+        self.prob, self.tab, self.lo = prob, None, None
+        self._cache: dict[int, Decisions | None] = {}
+        try:
+            self.chain = build_chain(prob.graph, TimeModel(measured=dict(costs or {}),
+                                                           source="profile" if costs else "flops"))
+        except ModelError:
+            return
+        if self.chain.length >= 2:
+            self.tab = rotor_table_for_chain(self.chain.costs(), 300)
+            self.lo = self.tab.min_feasible()
+
+    def at(self, col: int) -> Decisions | None:
+        from onnxplan.checkpoint.recompute import apply_schedule
+        from onnxplan.checkpoint.rotor import rotor_schedule
+        from onnxplan.errors import ModelError
+
+        if col not in self._cache:
+            sched = rotor_schedule(self.tab, col)
+            try:
+                self._cache[col] = None if sched is None else from_rewritten(
+                    self.prob, apply_schedule(self.prob.graph, self.chain, sched).graph)
+            except ModelError:
+                self._cache[col] = None
+        return self._cache[col]
+
+
+def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | None) -> Decisions | None:
+    """rotor's fastest schedule whose joint-model peak fits `budget` (bisection over its table's
+    columns); its least-memory schedule when none does; None without a chain to recompute."""
+    cols = RotorColumns(prob, costs)
+    if cols.lo is None:
+        return None
+
+    def fits(col: int) -> bool:
+        d = cols.at(col)
+        return d is not None and memory(prob, d)[0] <= budget
+
+    good, bad = cols.lo, cols.tab.slots
+    if not fits(good):
+        return cols.at(good)
+    if fits(bad):
+        return cols.at(bad)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return cols.at(good)

@@ -1,0 +1,227 @@
+"""Lowering a joint schedule: recomputed copies before their stage's anchor, by the recompute pass's
+own copy rules (onnxplan.checkpoint.recompute), replayable from a text code in the pass list;
+then its page-outs and page-ins as swap nodes of onnxplan.swap (lower_swaps), recorded in the
+plan's swaps as any swap policy's.
+
+The code is "dag.<order policy>.<node count>." followed by one "A:n1-n2-..." per stage with
+recomputations (A: the anchor's index in the graph's node list, n: the recomputed forward nodes'
+indices). Replaying it orders the graph with the same policy (deterministic), so a plan file
+rebuilds the same graph. Each recomputed node's forward views (Reshape, ... sharing its buffer)
+are copied right after it, at no cost, so readers of a view read the new version.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from onnxplan.checkpoint.recompute import (
+    RECOMPUTE_PHASE,
+    copy_node,
+    copy_suffix,
+    is_recomputed,
+    read_latest,
+    stable_topological,
+)
+from onnxplan.errors import ModelError
+from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.problem import Decisions, JointProblem, model_order
+from onnxplan.passes._infra import PassResult
+from onnxplan.passes.analysis import alias_roots
+from onnxplan.swap.model import Gap, SwapModel, swap_model
+from onnxplan.swap.policies import SwapPolicy, Timing
+
+__all__ = ["dag_recompute_pass", "decode_recompute", "encode_recompute", "lower_joint", "lower_recompute",
+           "lower_swaps", "swap_timings"]
+
+
+def encode_recompute(prob: JointProblem, d: Decisions) -> str:
+    """The recompute pass argument of `d`'s recomputations ('' when there are none)."""
+    if not d.recompute:
+        return ""
+    index = {n.name: i for i, n in enumerate(prob.graph.nodes)}
+    by_stage: dict[int, list[int]] = {}
+    for t, n in sorted(d.recompute):
+        by_stage.setdefault(t, []).append(n)
+    parts = [f"{index[prob.anchors[t - 1]]}:" + "-".join(str(index[prob.nodes[n]]) for n in sorted(ns))
+             for t, ns in sorted(by_stage.items())]
+    return f"dag.{prob.policy}.{len(prob.graph.nodes)}." + ".".join(parts)
+
+
+def decode_recompute(code: str, graph: StepGraph) -> tuple[str, dict[str, list[str]]]:
+    """(order policy, anchor node -> nodes recomputed before it) of a code, for `graph`."""
+    try:
+        _, policy, count, *parts = code.split(".")
+        if int(count) != len(graph.nodes):
+            raise ModelError(f"the joint recompute schedule is for a graph of {count} nodes; "
+                             f"this one has {len(graph.nodes)}")
+        batches = {}
+        for part in parts:
+            a, _, ns = part.partition(":")
+            batches[graph.nodes[int(a)].name] = [graph.nodes[int(k)].name for k in ns.split("-")]
+    except (ValueError, IndexError):
+        raise ModelError(f"malformed joint recompute schedule {code[:40]!r}") from None
+    return policy, batches
+
+
+def _views(graph: StepGraph) -> dict[str, list[str]]:
+    """Forward node -> the forward view nodes over its outputs' buffers, in file order."""
+    roots = alias_roots(graph)
+    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
+    out: dict[str, list[str]] = {}
+    for n in graph.nodes:
+        if n.phase == "forward" and n.aliases and all(k == "rv" for _, k in n.aliases.values()):
+            src = next((i for i in n.inputs if i), "")
+            base = producer.get(roots.get(src, src))
+            if base is not None:
+                out.setdefault(base, []).append(n.name)
+    return out
+
+
+def lower_recompute(graph: StepGraph, order: tuple[str, ...], batches: dict[str, list[str]]) -> PassResult:
+    """`graph` with the nodes of batches[A] copied right before the anchor A (in `order`,
+    whose forward nodes come first), every later reader reading the latest version; the
+    graph's node list follows `order` (so the `given` order policy reproduces the model)."""
+    if is_recomputed(graph):
+        return PassResult(graph, False, [])
+    if not batches:
+        return PassResult(graph, False, [])
+    g = graph.copy()
+    by_name = {n.name: n for n in g.nodes}
+    eo = {x: i for i, x in enumerate(order)}
+    views = _views(g)
+    current: dict[str, str] = {}
+    count: Counter = Counter()
+    seq = []
+    last = None
+    for x in order:
+        n = by_name[x]
+        if n.phase != "forward":
+            made: set[str] = set()
+            for y in sorted(batches.get(x, ()), key=eo.__getitem__):
+                for z in (y, *views.get(y, ())):
+                    count[z] += 1
+                    seq.append(copy_node(g, by_name[z], copy_suffix(count[z]), current, made, last))
+            read_latest(n, current)
+            last = x
+        seq.append(n)
+    g.nodes = stable_topological(seq)
+    copies = sum(1 for n in g.nodes if n.phase == RECOMPUTE_PHASE)
+    runs = sum(len(b) for b in batches.values())
+    return PassResult(g, True, [(f"recompute (joint): {runs} recomputations of {len(set().union(*batches.values()))} "
+                                f"forward nodes before {len(batches)} anchors, {copies} node copies")])
+
+
+def dag_recompute_pass(code: str):
+    """The recompute pass for a joint schedule's code (see the module docstring)."""
+
+    def run(graph: StepGraph) -> PassResult:
+        if is_recomputed(graph):
+            return PassResult(graph, False, [])
+        policy, batches = decode_recompute(code, graph)
+        return lower_recompute(graph, model_order(graph, policy), batches)
+
+    return run
+
+
+def lower_joint(graph: StepGraph, schedule) -> StepGraph:
+    """The step graph (after realize / interleave) with `schedule`'s recomputations in place."""
+    prob = schedule.problem
+    code = encode_recompute(prob, schedule.decisions)
+    if not code:
+        return graph
+    _, batches = decode_recompute(code, graph)
+    return lower_recompute(graph, prob.order, batches).graph
+
+
+class _ChosenGaps(SwapPolicy):
+    """The swap policy of a joint schedule: exactly the chosen gaps, with their timings (every
+    other gap gets an empty absence, so select_all takes only the chosen ones)."""
+
+    name = "joint"
+
+    def __init__(self, timings: dict[tuple[str, int], Timing]) -> None:
+        self.chosen = timings
+
+    def timing(self, model: SwapModel, gap: Gap) -> Timing:
+        if gap.wrap:
+            return Timing(model.n, 0)
+        return self.chosen.get((gap.root, gap.index), Timing(gap.after + 1, gap.after + 1))
+
+
+def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: SwapModel) -> tuple[dict, list[str]]:
+    """(root, gap index) -> Timing for each page-in of `schedule`, on the planned (recomputed,
+    in-place) graph in its base `order`; and the page-ins that found no swappable gap.
+
+    A page-in of buffer b for stage t swaps the gap of b's buffer that ends at its first touch
+    in stage t (stage t: its anchor and the recomputations right before it); the swap-in is
+    issued at the first EO of stage t-1, the swap-out completes one EO after the gap's start
+    when it writes (the first gap), right after it otherwise."""
+    prob = schedule.problem
+    d = schedule.decisions
+    if not d.page_in:
+        return {}, []
+    roots = alias_roots(graph)
+    stage_index = {a: t + 1 for t, a in enumerate(prob.anchors)}
+    phase = {n.name: n.phase for n in graph.nodes}
+    stage_of = [0] * len(order)
+    t = 0
+    for e, x in enumerate(order):  # a stage runs from its anchor to the next one
+        if phase[x] != "forward":
+            t = stage_index.get(x, max(t, 1))
+        stage_of[e] = t
+    for e in range(len(order) - 1, -1, -1):  # copies belong to the stage of the anchor after them
+        if phase[order[e]] == RECOMPUTE_PHASE:
+            stage_of[e] = stage_of[e + 1] if e + 1 < len(order) else prob.stages
+    first_eo: dict[int, int] = {}
+    for e, s in enumerate(stage_of):
+        first_eo.setdefault(s, e)
+    out, missed = {}, []
+    for t, b in sorted(d.page_in):
+        root = roots.get(prob.buffers[b].root, prob.buffers[b].root)
+        group = model.groups.get(root)
+        gap = None
+        if group is not None and group.swappable:
+            gap = next((g for g in model.gaps(root) if not g.wrap and stage_of[g.before] >= t > stage_of[g.after]
+                        and g.after >= 0), None)
+        if gap is None:
+            why = group.why_not if group is not None and group.why_not else "no gap ends in that stage"
+            missed.append(f"{prob.buffers[b].root} for stage {t} ({why})")
+            continue
+        first = not any(r == root for r, _ in out)
+        release = min(gap.after + (2 if first else 1), gap.before)
+        issue = min(max(first_eo.get(t - 1, gap.before), release), gap.before)
+        out[root, gap.index] = Timing(release, issue)
+    return out, missed
+
+
+def lower_swaps(outcome, schedule, planner: str = "auto"):
+    """(outcome, page-ins not lowered): `outcome` (plan_step of the step with the schedule's
+    recomputations, no swap) with the schedule's page-outs and page-ins inserted by the swap
+    passes (onnxplan.swap.insert) on the model's order (the graph's node order), placed again
+    and verified; the outcome unchanged when nothing is paged."""
+    from dataclasses import replace
+
+    from onnxplan.offsets import lower_bound
+    from onnxplan.passes.lifetimes import lifetimes
+    from onnxplan.planning import _planned, verify_plan
+    from onnxplan.swap.driver import _realize, swap_totals
+    from onnxplan.swap.select import select_all
+
+    g = outcome.graph
+    order = tuple(n.name for n in g.nodes)  # the model's order (the `given` policy), copies in place
+    model = swap_model(g, order, lifetimes(g, order))
+    timings, missed = swap_timings(schedule, g, order, model)
+    if not timings:
+        return outcome, missed
+    sel = select_all(model, _ChosenGaps(timings))
+    so = _realize(g, model, sel, None, planner, schedule.budget)
+    lt = so.lifetimes
+    plan = replace(
+        outcome.plan, order=so.order, buffers=_planned(lt.buffers, so.offsets), arena_bytes=so.offsets.arena_bytes,
+        lower_bound_bytes=lt.persistent_bytes + lower_bound(lt.buffers), planner=so.offsets.planner,
+        order_policy="given",
+        swaps=so.swaps, options={**outcome.plan.options, "swap": {
+            "policy": "joint", "requested": "joint", "described": "joint schedule", "budget": schedule.budget,
+            **swap_totals(so.swaps)}})
+    verify_plan(so.graph, plan)
+    return replace(outcome, plan=plan, graph=so.graph, swap=so), missed

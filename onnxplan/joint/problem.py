@@ -1,0 +1,450 @@
+"""What the joint solver sees: a fixed order of the step, stages over its backward part, and the
+forward buffers whose presence in each stage is decided (kept, recomputed or paged in).
+
+The step is ordered once (a heuristic order policy on the graph after realize / interleave; its
+forward nodes first). Forward EOs are the forward pass, run once as is. The rest is cut into
+**stages**: a stage starts at each non-forward node that reads a decided buffer (its *anchor*)
+and runs to the next anchor; the first stage also holds what runs between the forward pass and
+the first anchor. Between stages the solver may recompute forward nodes (just before the
+anchor) and page buffers in; a buffer read by an anchor must be in memory at its stage.
+
+A **decided buffer** is the alias group (views share it) of a transient value produced by a
+forward node that the backward pass needs, directly or through a forward node it may recompute.
+Every other transient buffer (backward values, gradients, the step's inputs, the loss) has the
+fixed lifetime the order gives it; a step input that a recomputable node reads stays live the
+whole step (conservative). Memory of an EO is its fixed bytes (scratch included) plus the
+decided buffers present. In a stage, the recomputations run first, in forward order (at each,
+the fixed bytes carried into the stage, the kept buffers, and the restored ones still held: made
+by it or earlier and read by it or a later recomputation, or held for the anchor or the next
+stage; a buffer with a reader at or after it counts as held), then
+the anchor and the rest of the stage (the stage's most fixed bytes, the buffers kept into the
+stage, and the restored ones the anchor reads or that are kept into the next stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from onnxplan.checkpoint.chain import nondeterminism
+from onnxplan.checkpoint.costs import TimeModel
+from onnxplan.errors import ModelError
+from onnxplan.ir.graph import StepGraph
+from onnxplan.offsets.buffers import align
+from onnxplan.passes.analysis import alias_roots, readers_by_value
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
+
+__all__ = [
+    "Buffer",
+    "Decisions",
+    "JointProblem",
+    "alive_at",
+    "build_problem",
+    "consumers",
+    "in_place",
+    "least_bound_policy",
+    "memory",
+    "minimal_keeps",
+    "model_order",
+    "needs",
+    "node_costs",
+    "recompute_stages",
+    "restored_at",
+    "step_seconds",
+    "violations",
+]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A decided buffer: its root value, aligned bytes, producer, and where it is needed."""
+
+    root: str
+    nbytes: int  # aligned
+    producer: int  # index of the producing node in JointProblem.nodes (-1: not recomputable)
+    born: int  # EO of its producer
+    last_forward: int  # EO of its last forward reader (>= born)
+    reads: frozenset[int]  # stages whose anchor reads it
+    last_need: int  # last stage it is needed in (read, or an input of a recomputation)
+    swappable: bool = False
+
+
+@dataclass
+class JointProblem:
+    graph: StepGraph  # the step after realize / interleave (what the recompute pass rewrites)
+    order: tuple[str, ...]  # forward nodes first
+    policy: str  # the order policy that gave it
+    persistent: int  # bytes outside the arena
+    fixed: list[int]  # per EO: aligned bytes of the fixed buffers live there, scratch included
+    carried: list[int]  # per EO: aligned bytes of the fixed buffers live before it and at it (no scratch)
+    n_forward: int  # EOs 0 .. n_forward-1 are the forward pass
+    starts: list[int]  # starts[t-1]: first EO of stage t (t = 1..T); the anchor is at anchors[t-1]
+    anchors: list[str]
+    buffers: list[Buffer]
+    nodes: list[str]  # recomputable forward nodes, in order
+    node_seconds: list[float]  # their costs
+    node_inputs: list[tuple[int, ...]]  # decided buffers each recomputable node reads
+    node_outputs: list[tuple[int, ...]]  # decided buffers it writes
+    node_scratch: list[int]  # aligned scratch bytes of each
+    step_seconds: float  # the step without recomputation or swap, by the same costs
+    stage_seconds: list[float] = field(default_factory=list)  # compute of each stage (no recompute)
+    forward_seconds: float = 0.0
+    views: dict[str, list[str]] = field(default_factory=dict)  # forward node -> view nodes of its outputs
+
+    @property
+    def stages(self) -> int:
+        return len(self.starts)
+
+    def stage_range(self, t: int) -> range:
+        end = self.starts[t] if t < len(self.starts) else len(self.order)
+        return range(self.starts[t - 1], end)
+
+    def stage_fixed(self, t: int) -> int:
+        return max(self.fixed[e] for e in self.stage_range(t))
+
+    def forward_base(self, e: int) -> int:
+        """Bytes at forward EO `e` no decision changes: fixed ones, and decided buffers
+        between their producer and last forward reader."""
+        return self.fixed[e] + sum(b.nbytes for b in self.buffers if b.born <= e <= b.last_forward)
+
+
+def node_costs(graph: StepGraph, costs: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Seconds per node: `costs` where given (a profile), else the FLOP/byte estimate."""
+    times = TimeModel()
+    given = costs or {}
+    return {n.name: float(given[n.name]) if n.name in given else times.node_seconds(graph, n) for n in graph.nodes}
+
+
+def in_place(graph: StepGraph) -> StepGraph:
+    """The graph after the in-place pass, as the planners will see it (same nodes)."""
+    from onnxplan.passes import inplace as _inplace  # noqa: F401  (registers the pass)
+    from onnxplan.passes._infra import run_pipeline
+
+    return run_pipeline(graph, ["inplace"])[0]
+
+
+def model_order(graph: StepGraph, policy: str = "nntrainer", post: StepGraph | None = None) -> tuple[str, ...]:
+    """The fixed order the model uses: `policy` on the graph after the in-place pass (`post`,
+    computed when not given), its forward nodes moved first (they never depend on the rest)."""
+    from onnxplan.orders import order_nodes
+
+    post = post if post is not None else in_place(graph)
+    order = order_nodes(post, policy, buffer_of=alias_roots(post)).order
+    phase = {n.name: n.phase for n in graph.nodes}
+    return tuple([x for x in order if phase[x] == "forward"] + [x for x in order if phase[x] != "forward"])
+
+
+def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
+    """The heuristic order policy whose order (forward first) has the least live-bytes bound
+    on the graph after the in-place pass (file order of the policies on ties)."""
+    from onnxplan.offsets import lower_bound
+    from onnxplan.planning import HEURISTIC_ORDERS
+
+    post = post if post is not None else in_place(graph)
+    bounds = [(lower_bound(lifetimes(post, model_order(graph, p, post)).buffers), k, p)
+              for k, p in enumerate(HEURISTIC_ORDERS)]
+    return min(bounds)[2]
+
+
+def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *, policy: str = "nntrainer",
+                  order: tuple[str, ...] | None = None, swap_min_bytes: int | None = None) -> JointProblem:
+    """The problem for `graph` (after realize / interleave; no recompute, swap or in-place yet),
+    in the order of `policy` (a heuristic order policy, or "auto": the one of least bound).
+    `swap_min_bytes`: decided buffers at least this large may be paged out (None: none)."""
+    g = graph
+    post = in_place(g)
+    if policy == "auto":
+        policy = least_bound_policy(g, post)
+    order = order or model_order(g, policy, post)
+    nodes = {n.name: n for n in g.nodes}
+    eo = {x: i for i, x in enumerate(order)}
+    fwd = [x for x in order if nodes[x].phase == "forward"]
+    F = len(fwd)
+    if any(eo[x] >= F for x in fwd):
+        raise ModelError("the model order must run the forward pass first")
+    roots = alias_roots(g)
+    members: dict[str, list[str]] = {}
+    for v, r in roots.items():
+        members.setdefault(r, []).append(v)
+    producer = {o: n.name for n in g.nodes for o in n.outputs if o}
+    outputs = {roots[o] for o in g.outputs if o in roots}
+    is_view = {n.name: bool(n.aliases) and all(k == "rv" for _, k in n.aliases.values()) for n in g.nodes}
+
+    # candidate roots: transient, produced by a non-view forward node, not a step output
+    cand = {}
+    for r, vs in members.items():
+        v = g.values[r]
+        p = producer.get(r)
+        if v.persistent or p is None or nodes[p].phase != "forward" or is_view[p] or r in outputs:
+            continue
+        cand[r] = p
+    # anchors: non-forward nodes reading a candidate root
+    anchors = [x for x in order[F:] if any(i and roots.get(i) in cand for i in nodes[x].inputs)]
+    starts = [eo[a] for a in anchors]
+    if not starts:
+        raise ModelError(f"{g.name}: the backward pass reads no forward value: nothing to recompute or swap")
+    starts[0] = F
+    stage_of_anchor = {a: t + 1 for t, a in enumerate(anchors)}
+    direct: dict[str, set[int]] = {}
+    for a in anchors:
+        for i in nodes[a].inputs:
+            if i and roots.get(i) in cand:
+                direct.setdefault(roots[i], set()).add(stage_of_anchor[a])
+    # recomputable nodes and the last stage each root is needed in (reverse forward order)
+    readers: dict[str, list[str]] = {}
+    for x in fwd:
+        for i in nodes[x].inputs:
+            if i and roots.get(i) in cand:
+                readers.setdefault(roots[i], []).append(x)
+    need: dict[str, int] = {r: max(direct.get(r, {0})) for r in cand}
+    node_need: dict[str, int] = {}
+    for x in reversed(fwd):
+        n = nodes[x]
+        outs = [roots[o] for o in n.outputs if o and roots.get(o) in cand and cand[roots[o]] == x]
+        node_need[x] = max((need[r] for r in outs), default=0)
+        if is_view[x]:  # a view needs its source's buffer wherever the view is needed
+            view_need = max((need.get(roots[o], 0) for o in n.outputs if o), default=0)
+            node_need[x] = view_need
+        for i in n.inputs:
+            if i and roots.get(i) in cand and node_need[x] and not is_view[x]:
+                need[roots[i]] = max(need[roots[i]], node_need[x])
+    decided = [r for r in cand if need[r] > 0]
+    index = {r: k for k, r in enumerate(decided)}
+    step_inputs = {roots[v] for v in g.inputs if v in roots}
+    recomputable = [x for x in fwd if not is_view[x] and node_need.get(x, 0) > 0 and not nondeterminism(nodes[x])
+                    and not any(o and roots.get(o) in outputs for o in nodes[x].outputs)]
+    rindex = {x: k for k, x in enumerate(recomputable)}
+    sec = node_costs(g, costs)
+
+    # fixed bytes per EO: every transient buffer but the decided ones, merged in place as the
+    # in-place pass merges them; a buffer that the pass merges with a decided one counts its
+    # own span unmerged; step inputs a recomputable node reads live the whole step
+    lt = lifetimes(g, order)
+    lt_post = lifetimes(post, order)
+    post_roots = alias_roots(post)
+    with_decided = {post_roots[r] for r in index}
+    whole = {roots[i] for x in recomputable for i in nodes[x].inputs if i and roots.get(i) in step_inputs}
+    n_eo = len(order)
+    fixed = [0] * n_eo
+    carried = [0] * n_eo
+    spans = [b for b in lt_post.buffers if b.name not in with_decided]
+    spans += [b for b in lt.buffers if b.name not in index and post_roots.get(b.name) in with_decided]
+    for b in spans:
+        if not b.nbytes:
+            continue
+        lo, hi = (0, n_eo - 1) if post_roots.get(b.name, b.name) in whole or b.name in whole else (b.first, b.last)
+        for e in range(lo, hi + 1):
+            fixed[e] += b.padded
+            if e > lo and not b.name.startswith(SCRATCH_PREFIX):
+                carried[e] += b.padded
+    buffers = []
+    rbv = readers_by_value(g)
+    post_members: dict[str, list[str]] = {}  # a buffer the in-place pass merges with another is not paged
+    for v, r in post_roots.items():
+        post_members.setdefault(r, []).append(v)
+    for r in decided:
+        vs = members[r]
+        p = cand[r]
+        fwd_reads = [eo[x] for v in vs for x in rbv.get(v, ()) if nodes[x].phase == "forward"]
+        nbytes = align(max(g.values[v].nbytes for v in vs))
+        buffers.append(Buffer(
+            r, nbytes, rindex.get(p, -1), eo[p], max([eo[p], *fwd_reads]), frozenset(direct.get(r, ())),
+            need[r], swappable=swap_min_bytes is not None and nbytes >= max(swap_min_bytes, 1)
+            and set(post_members.get(post_roots[r], ())) == set(vs)))
+    node_inputs, node_outputs, node_scratch = [], [], []
+    scratch = {b.name[len(SCRATCH_PREFIX):]: b.padded for b in lt_post.buffers if b.name.startswith(SCRATCH_PREFIX)}
+    for x in recomputable:
+        n = nodes[x]
+        node_inputs.append(tuple(sorted({index[roots[i]] for i in n.inputs if i and roots.get(i) in index})))
+        node_outputs.append(tuple(sorted({index[roots[o]] for o in n.outputs if o and roots.get(o) in index})))
+        node_scratch.append(scratch.get(x, 0))
+    views: dict[str, list[str]] = {}
+    for x in fwd:
+        if is_view[x]:
+            src = next(i for i in nodes[x].inputs if i)
+            base = producer.get(roots.get(src, src))
+            if base is not None:
+                views.setdefault(base, []).append(x)
+    prob = JointProblem(
+        graph=g, order=tuple(order), policy=policy, persistent=g.persistent_bytes, fixed=fixed, carried=carried,
+        n_forward=F,
+        starts=starts, anchors=anchors, buffers=buffers, nodes=recomputable,
+        node_seconds=[sec[x] for x in recomputable], node_inputs=node_inputs, node_outputs=node_outputs,
+        node_scratch=node_scratch, step_seconds=sum(sec.values()), views=views,
+        forward_seconds=sum(sec[x] for x in fwd))
+    prob.stage_seconds = [sum(sec[order[e]] for e in prob.stage_range(t)) for t in range(1, prob.stages + 1)]
+    return prob
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """One point of the model: (stage, node) recomputed before the stage's anchor, (stage, buffer)
+    kept in memory from the stage before, buffers written to the swap store after their last
+    forward use, (stage, buffer) paged in for the stage (issued one stage ahead)."""
+
+    recompute: frozenset[tuple[int, int]] = frozenset()
+    keep: frozenset[tuple[int, int]] = frozenset()
+    page_out: frozenset[int] = frozenset()
+    page_in: frozenset[tuple[int, int]] = frozenset()
+
+    def present(self, prob: JointProblem, t: int, b: int) -> bool:
+        p = prob.buffers[b].producer
+        return (t, b) in self.keep or (t, b) in self.page_in or (p >= 0 and (t, p) in self.recompute)
+
+
+def needs(prob: JointProblem, recompute) -> list[set[int]]:
+    """Per buffer: the stages it must be in memory in (its anchors, and each recomputation
+    that reads it)."""
+    out = [set(b.reads) for b in prob.buffers]
+    for t, n in recompute:
+        for b in prob.node_inputs[n]:
+            out[b].add(t)
+    return out
+
+
+def minimal_keeps(prob: JointProblem, recompute, page_in=()) -> frozenset[tuple[int, int]]:
+    """The fewest keeps that give every need its buffer: kept from the last restore (forward
+    pass, recomputation, page-in) up to each need."""
+    restores: set[tuple[int, int]] = {(t, b) for t, b in page_in}
+    for t, n in recompute:
+        restores.update((t, b) for b in prob.node_outputs[n])
+    keep = set()
+    for b, ts in enumerate(needs(prob, recompute)):
+        pending = False
+        for t in range(prob.buffers[b].last_need, 0, -1):
+            pending = pending or t in ts
+            if (t, b) in restores:
+                pending = False
+            elif pending:
+                keep.add((t, b))
+    return frozenset(keep)
+
+
+def violations(prob: JointProblem, d: Decisions) -> list[str]:
+    """What makes `d` not a schedule (empty: it is one): a need not in memory, a keep of a
+    buffer absent the stage before, a buffer both kept and restored, a page-in of a buffer
+    never written, a recomputation of a paged buffer or of a stage past its need."""
+    bad = []
+    for b, ts in enumerate(needs(prob, d.recompute)):
+        for t in ts:
+            if not d.present(prob, t, b):
+                bad.append(f"buffer {prob.buffers[b].root} needed at stage {t} is not in memory")
+    for t, b in d.keep:
+        if t > 1 and not d.present(prob, t - 1, b):
+            bad.append(f"buffer {prob.buffers[b].root} kept into stage {t} was not in memory at {t - 1}")
+        p = prob.buffers[b].producer
+        if (t, b) in d.page_in or (p >= 0 and (t, p) in d.recompute):
+            bad.append(f"buffer {prob.buffers[b].root} kept and restored at stage {t}")
+    for t, b in d.page_in:
+        if b not in d.page_out:
+            bad.append(f"buffer {prob.buffers[b].root} paged in at stage {t} but never written")
+    for t, n in d.recompute:
+        if any(b in d.page_out for b in prob.node_outputs[n]):
+            bad.append(f"node {prob.nodes[n]} recomputed although an output is paged")
+    return bad
+
+
+def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]:
+    """(peak with persistent bytes, bytes per forward EO, bytes per stage) of the model."""
+    B = prob.buffers
+    F = prob.n_forward
+    fwd = []
+    for e in range(F):
+        m = prob.forward_base(e)
+        for k, b in enumerate(B):
+            if b.last_forward < e:
+                m += b.nbytes * ((1, k) in d.keep)
+            if b.last_forward + 1 == e:
+                m += b.nbytes * (k in d.page_out)
+        fwd.append(m)
+    stage = []
+    for t in range(1, prob.stages + 1):
+        ahead = sum(b.nbytes for k, b in enumerate(B) if (t + 1, k) in d.page_in)
+        if t == 1:
+            ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.last_forward + 1 >= F)
+        at_anchor = 0
+        for k, b in enumerate(B):
+            kept = (t, k) in d.keep
+            restored = d.present(prob, t, k) and not kept
+            at_anchor += b.nbytes * (kept or (restored and (t in b.reads or (t + 1, k) in d.keep)))
+        m = prob.stage_fixed(t) + at_anchor + ahead
+        kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
+        for tt, n in d.recompute:
+            if tt == t:
+                m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
+                        + sum(B[k].nbytes for k in restored_at(prob, d, t, n)))
+        stage.append(m)
+    return prob.persistent + max(fwd + stage), fwd, stage
+
+
+def consumers(prob: JointProblem) -> list[list[int]]:
+    """Per buffer: the recomputable nodes that read it."""
+    out: list[list[int]] = [[] for _ in prob.buffers]
+    for n, ins in enumerate(prob.node_inputs):
+        for b in ins:
+            out[b].append(n)
+    return out
+
+
+def alive_at(prob: JointProblem, b: int, n: int, readers: list[list[int]]) -> bool | None:
+    """Whether buffer b, restored in a stage, is still held when node n is recomputed there:
+    True when n makes it or a node at or after n may read it, None when only if the anchor reads
+    it or it is kept into the next stage, False when n comes before its producer."""
+    p = prob.buffers[b].producer
+    if p > n:
+        return False
+    if p == n or any(c >= n for c in readers[b]):
+        return True
+    return None
+
+
+def restored_at(prob: JointProblem, d: Decisions, t: int, n: int) -> list[int]:
+    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t."""
+    readers = consumers(prob)
+    out = []
+    for k, b in enumerate(prob.buffers):
+        if not d.present(prob, t, k) or (t, k) in d.keep:
+            continue
+        alive = alive_at(prob, k, n, readers) if (t, k) not in d.page_in else (
+            True if any(c >= n for c in readers[k]) else None)
+        if alive is None:
+            alive = t in b.reads or (t + 1, k) in d.keep
+        if alive:
+            out.append(k)
+    return out
+
+
+def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
+    """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
+    the recomputations, and what one I/O worker cannot hide: the writes beyond the forward
+    pass's compute, each stage's page-ins beyond the compute of the stage before."""
+    rec = [0.0] * (prob.stages + 1)
+    for t, n in d.recompute:
+        rec[t] += prob.node_seconds[n]
+    stall = 0.0
+    if bandwidth and (d.page_out or d.page_in):
+        out = sum(prob.buffers[b].nbytes for b in d.page_out) / bandwidth
+        stall += max(0.0, out - prob.forward_seconds)
+        for t in range(1, prob.stages + 1):
+            inb = sum(prob.buffers[b].nbytes for tt, b in d.page_in if tt == t) / bandwidth
+            before = prob.stage_seconds[t - 2] + rec[t - 1] if t > 1 else 0.0
+            stall += max(0.0, inb - before)
+    return prob.step_seconds + sum(rec) + stall, sum(rec), stall
+
+
+def recompute_stages(prob: JointProblem) -> list[set[int]]:
+    """Per recomputable node: the stages it may be recomputed in, just in time: where one of its
+    buffers is read by an anchor, or where a node reading them may be recomputed. (Recomputing
+    earlier only holds the outputs longer; the model is restricted to these stages.)"""
+    consumers: dict[int, list[int]] = {}
+    for n, ins in enumerate(prob.node_inputs):
+        for b in ins:
+            consumers.setdefault(b, []).append(n)
+    out: list[set[int]] = [set() for _ in prob.nodes]
+    for n in reversed(range(len(prob.nodes))):
+        for b in prob.node_outputs[n]:
+            out[n] |= prob.buffers[b].reads
+            for c in consumers.get(b, ()):
+                if c != n:
+                    out[n] |= out[c]
+    return out

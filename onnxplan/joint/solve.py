@@ -1,0 +1,311 @@
+"""The joint CP-SAT model: recompute (Checkmate) and paging (POET) per buffer per stage, one budget.
+
+Variables, over the stages t = 1..T of a JointProblem (onnxplan.joint.problem):
+  R[t,n]  recompute forward node n right before stage t's anchor (only deterministic nodes);
+  S[t,b]  keep buffer b in memory from stage t-1 into t (S[1,b]: held past the forward pass);
+  O[b]    write b to the swap store after its last forward use (swappable buffers, a bandwidth given);
+  I[t,b]  page b in for stage t, issued at the start of stage t-1 (one stage of lookahead).
+Present P[t,b] = S[t,b] + R[t,producer(b)] + I[t,b] <= 1. Constraints: an anchor's buffers are
+present; a recomputation's input buffers are present (recomputed earlier in the same stage
+counts); S[t+1,b] <= P[t,b]; I <= O; a paged buffer is never recomputed. Memory, in 64-byte
+units, with each EO's fixed bytes (scratch included):
+  forward EO e: fixed + decided buffers between producer and last forward reader
+                + sum S[1,b] (buffers past their last forward reader) + O[b] one EO after it;
+  stage t, its anchor: max fixed over the stage + sum S[t,b] + the restored buffers the anchor reads
+                or that are kept into t+1 (Z[t,b] >= S[t+1,b] - S[t,b]) + I[t+1,b] (prefetch)
+                [+ writes still pending];
+  stage t, recomputing n (forward order): fixed bytes carried into the stage + sum S[t,b] + the
+                restored buffers still held (made by n or before it and read by n or a later
+                node, else only if held for the anchor) + prefetch + scratch of n.
+Objective: extra seconds = sum R[t,n] * cost(n) + exposed transfer time, where one I/O worker
+hides the writes behind the forward pass and stage t's page-ins behind stage t-1's compute
+(its recomputations included): stall_t >= in_t / bandwidth - compute_{t-1}.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.problem import (
+    Decisions,
+    JointProblem,
+    alive_at,
+    build_problem,
+    consumers,
+    memory,
+    minimal_keeps,
+    recompute_stages,
+    step_seconds,
+    violations,
+)
+
+__all__ = ["TIME_UNIT", "JointSchedule", "solve_joint", "solve_problem"]
+
+TIME_UNIT = 1e-7  # seconds per unit of the integer objective
+BYTE_UNIT = 64  # every size in the model is aligned to it
+
+
+@dataclass
+class JointSchedule:
+    """The solver's answer: its decisions, what the model predicts, and how it was found."""
+
+    problem: JointProblem
+    decisions: Decisions
+    budget: int  # the budget solved for (bytes, persistent included)
+    estimate_bytes: int  # the model's peak for the decisions (persistent included)
+    predicted_seconds: float  # step time: every node once + recomputations + exposed transfers
+    recompute_seconds: float
+    stall_seconds: float
+    status: str  # OPTIMAL | FEASIBLE | UNKNOWN (no solution: the warm start is returned) | "INFEASIBLE
+    # (OPTIMAL least memory)": nothing fits the budget, the model's least-peak schedule is returned
+    gap: float  # (objective - bound) / objective of the extra seconds; 0 when optimal
+    wall_seconds: float
+    warm_start: str  # the hint given to the solver
+    bandwidth: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate_bytes <= self.budget
+
+    @property
+    def code(self) -> str:
+        """The recompute pass argument that replays the recomputations ('' for none)."""
+        from onnxplan.joint.lower import encode_recompute
+
+        return encode_recompute(self.problem, self.decisions)
+
+
+def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
+                swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
+                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 2,
+                deterministic_limit: float | None = None) -> JointSchedule:
+    """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
+    pass sees it) under `budget_bytes` (persistent bytes included). `costs`: seconds per node
+    name (a profile; else the FLOP estimate). `swap_bandwidth`: bytes/s of the swap store
+    (None: recompute only). `warm_start`: "auto" (the best of no recomputation and rotor's
+    schedule for the budget), "none", "rotor", or Decisions."""
+    prob = build_problem(graph, costs, policy=policy,
+                         swap_min_bytes=swap_min_bytes if swap_bandwidth else None)
+    return solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, warm_start, costs=costs, workers=workers,
+                         deterministic_limit=deterministic_limit)
+
+
+def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
+                  time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
+                  workers: int = 2, linearization: int = 1, least_memory: bool = False,
+                  deterministic_limit: float | None = None) -> JointSchedule:
+    from ortools.sat.python import cp_model  # heavy: import on use
+
+    t0 = time.perf_counter()
+    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth)
+    B, T, N = prob.buffers, prob.stages, len(prob.nodes)
+    cap = (budget_bytes - prob.persistent) // BYTE_UNIT
+    nb = [b.nbytes // BYTE_UNIT for b in B]
+    m = cp_model.CpModel()
+    if least_memory:  # the budget is what to find: the least peak, then the least time at it
+        top = (max(prob.fixed) + 2 * sum(b.nbytes for b in B) + max(prob.node_scratch, default=0)) // BYTE_UNIT
+        cap = m.NewIntVar(0, top, "peak")
+    jit = recompute_stages(prob)
+    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(N) for t in sorted(jit[n])}
+    S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
+    swap = bool(swap_bandwidth) and any(b.swappable for b in B)
+    O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
+    # a page-in is issued a stage ahead: none for stage 1 (keep what the first stage reads)
+    I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
+
+    def present(t: int, b: int) -> list:
+        p = B[b].producer
+        terms = [x for x in (S.get((t, b)), I.get((t, b)), R.get((t, p)) if p >= 0 else None) if x is not None]
+        return terms
+
+    for b in range(len(B)):
+        for t in range(1, B[b].last_need + 1):
+            terms = present(t, b)
+            m.Add(sum(terms) <= 1)
+            if t in B[b].reads:
+                m.AddBoolOr(terms)
+            if t > 1:
+                m.Add(S[t, b] <= sum(present(t - 1, b)))
+        if b in O:
+            for t in range(2, B[b].last_need + 1):
+                m.AddImplication(I[t, b], O[b])
+            p = B[b].producer
+            if p >= 0:
+                for t in jit[p]:
+                    m.AddImplication(O[b], R[t, p].Not())
+    for (t, n), r in R.items():
+        for b in prob.node_inputs[n]:
+            m.Add(sum(present(t, b)) >= r)
+    # memory
+    F = prob.n_forward
+    for e in range(F):
+        terms = [nb[k] * S[1, k] for k, b in enumerate(B) if b.last_forward < e]
+        terms += [nb[k] * O[k] for k, b in enumerate(B) if k in O and b.last_forward + 1 == e]
+        base = prob.forward_base(e) // BYTE_UNIT
+        if terms:
+            m.Add(base + sum(terms) <= cap)
+    readers = consumers(prob)
+    for t in range(1, T + 1):
+        ahead = [nb[k] * I[t + 1, k] for k in O if (t + 1, k) in I]
+        if t == 1:
+            ahead += [nb[k] * O[k] for k in O if B[k].last_forward + 1 >= F]
+        at_anchor = []
+        restore_held = {}
+        for k in range(len(B)):
+            if B[k].last_need < t:
+                continue
+            restore = [x for x in present(t, k) if x is not S[t, k]]
+            at_anchor.append(nb[k] * S[t, k])
+            if not restore:
+                continue
+            if t in B[k].reads:
+                restore_held[t, k] = sum(nb[k] * x for x in restore)
+            elif (t + 1, k) in S:  # restored and kept on: held at the anchor too
+                z = m.NewBoolVar(f"Z{t}_{k}")
+                m.Add(z >= S[t + 1, k] - S[t, k])
+                restore_held[t, k] = nb[k] * z
+            if (t, k) in restore_held:
+                at_anchor.append(restore_held[t, k])
+        m.Add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= cap)
+        for n in sorted({n for (tt, n) in R if tt == t}):
+            terms = []
+            for k in range(len(B)):
+                if B[k].last_need < t:
+                    continue
+                terms.append(nb[k] * S[t, k])
+                held_for_anchor = restore_held.get((t, k))
+                for x in [R.get((t, B[k].producer))] if B[k].producer >= 0 else []:
+                    if x is None:
+                        continue
+                    alive = alive_at(prob, k, n, readers)
+                    if alive:
+                        terms.append(nb[k] * x)
+                    elif alive is None and held_for_anchor is not None:
+                        terms.append(held_for_anchor)
+                if (t, k) in I:
+                    if any(c >= n for c in readers[k]):
+                        terms.append(nb[k] * I[t, k])
+                    elif held_for_anchor is not None:
+                        terms.append(held_for_anchor)
+            base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
+            m.Add(base + sum(terms) + sum(ahead) <= cap).OnlyEnforceIf(R[t, n])
+    # objective: recomputation + exposed transfers
+    # every recomputation and transfer costs at least one unit: none is made for nothing
+    cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
+    objective = [cost[n] * r for (t, n), r in R.items()]
+    if O:
+        per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
+        ub = sum(per.values())
+        objective += [O[k] for k in O] + [I[key] for key in I]
+        fst = m.NewIntVar(0, ub, "stall_fwd")
+        m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
+        objective.append(fst)
+        for t in range(1, T + 1):
+            ins = [per[k] * I[t, k] for k in O if (t, k) in I]
+            if not ins:
+                continue
+            before = 0
+            if t > 1:
+                before = round(prob.stage_seconds[t - 2] / TIME_UNIT) + sum(
+                    cost[n] * R[t - 1, n] for n in range(N) if (t - 1, n) in R)
+            st = m.NewIntVar(0, ub, f"stall{t}")
+            m.Add(st >= sum(ins) - before)
+            objective.append(st)
+    if least_memory:  # one unit of memory outweighs every second of the objective
+        weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
+        m.Minimize(cap * weight + sum(objective))
+    else:
+        m.Minimize(sum(objective))
+    if hint is not None:
+        for key, x in R.items():
+            m.AddHint(x, key in hint.recompute)
+        if any(key not in R for key in hint.recompute):
+            hint_name += " (partly outside the just-in-time stages)"
+        for key, x in S.items():
+            m.AddHint(x, key in hint.keep)
+        for key, x in O.items():
+            m.AddHint(x, key in hint.page_out)
+        for key, x in I.items():
+            m.AddHint(x, key in hint.page_in)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
+        solver.parameters.max_deterministic_time = float(deterministic_limit)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    solver.parameters.linearization_level = linearization
+    status = solver.Solve(m)
+    name = solver.StatusName(status)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        d = Decisions(
+            frozenset(k for k, x in R.items() if solver.Value(x)), frozenset(k for k, x in S.items() if solver.Value(x)),
+            frozenset(k for k, x in O.items() if solver.Value(x)), frozenset(k for k, x in I.items() if solver.Value(x)))
+        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+        gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
+    elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
+        floor = solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, hint or warm_start, costs=costs,
+                              workers=workers, linearization=linearization, least_memory=True,
+                              deterministic_limit=deterministic_limit)
+        floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
+        floor.wall_seconds = time.perf_counter() - t0
+        return floor
+    else:
+        d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
+    bad = violations(prob, d)
+    if bad:  # the model and the checker disagree: a bug here
+        raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
+    peak, _, _ = memory(prob, d)
+    secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
+    notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
+             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s")]
+    return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
+                         hint_name, swap_bandwidth, notes)
+
+
+def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -> tuple[Decisions | None, str]:
+    if isinstance(warm_start, Decisions):
+        return warm_start, "given"
+    if warm_start in (None, "", "off"):
+        return None, "none"
+    from onnxplan.joint.hints import keep_all, rotor_hint
+
+    options = []
+    if warm_start in ("auto", "none"):
+        options.append(("no recomputation", keep_all(prob)))
+    if warm_start in ("auto", "rotor"):
+        d = rotor_hint(prob, budget, costs)
+        if d is not None:
+            options.append(("rotor", d))
+    if not options:
+        return None, "none"
+    scored = [(memory(prob, d)[0] <= budget, step_seconds(prob, d, bandwidth)[0], memory(prob, d)[0], name, d)
+              for name, d in options]
+    fit = [s for s in scored if s[0]]
+    best = min(fit, key=lambda s: s[1]) if fit else min(scored, key=lambda s: s[2])
+    return best[4], best[3]
+
+
+def schedule_summary(schedule: JointSchedule) -> list[dict]:
+    """Per decided buffer: its bytes, the stages it is kept into, the stages it is recomputed in
+    (and by which node), its page-out and page-ins, and the predicted extra seconds of its
+    choices (recomputations of its producer; transfers at the store's bandwidth, before overlap)."""
+    prob, d = schedule.problem, schedule.decisions
+    rows = []
+    for k, b in enumerate(prob.buffers):
+        p = b.producer
+        rec = sorted(t for t, n in d.recompute if n == p) if p >= 0 else []
+        ins = sorted(t for t, kk in d.page_in if kk == k)
+        moved = (len(ins) + (k in d.page_out)) * b.nbytes
+        rows.append({
+            "buffer": b.root, "bytes": b.nbytes, "kept_into": sorted(t for t, kk in d.keep if kk == k),
+            "recomputed_in": rec, "recomputed_by": prob.nodes[p] if rec else "",
+            "paged_out": k in d.page_out, "paged_in_for": ins,
+            "anchors": [prob.anchors[t - 1] for t in sorted(b.reads)],
+            "extra_seconds": len(rec) * (prob.node_seconds[p] if p >= 0 else 0.0)
+            + (moved / schedule.bandwidth if schedule.bandwidth else 0.0),
+        })
+    return rows

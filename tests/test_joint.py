@@ -1,0 +1,212 @@
+"""The joint solver: its CP-SAT optimum against brute force, against rotor, and bit-exact runs."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from onnxplan import planning
+from onnxplan.joint import build_problem, solve_problem
+from onnxplan.joint.hints import RotorColumns, keep_all
+from onnxplan.joint.lower import lower_joint
+from onnxplan.joint.problem import (
+    Decisions,
+    memory,
+    minimal_keeps,
+    recompute_stages,
+    step_seconds,
+    violations,
+)
+from onnxplan.offsets.buffers import live_bytes_by_eo
+from onnxplan.passes._infra import run_pipeline
+from onnxplan.passes.lifetimes import lifetimes
+from tests.graphs import GraphBuilder, three_linear_step
+from tests.zoo_small import SMALL, small_artifacts
+
+OPTS = planning.PlanOptions(planner="best-fit")
+DTIME = 0.3  # CP-SAT's deterministic time limit: the same search on a loaded machine
+
+
+def _pre(graph):
+    return run_pipeline(graph, ["realize", "interleave"])[0]
+
+
+def two_linear_step(batch: int = 64):
+    """Two linear layers with a ReLU between, a sum-of-squares loss, SGD (as three_linear_step)."""
+    from onnxplan.ir import TensorSpec, ValueClass
+
+    b = GraphBuilder("two-linear")
+    T, G = ValueClass.TEMPORARY, ValueClass.GRADIENT
+    b.value("x", (batch, 8), ValueClass.INPUT)
+    b.value("lr", (1,), ValueClass.INPUT)
+    for i, (k, m) in enumerate([(8, 16), (16, 4)]):
+        b.value(f"W{i}", (k, m), ValueClass.PARAMETER, trainable=True)
+    b.node("MatMul", ["x", "W0"], ["a0"], [(batch, 16)])
+    b.node("Relu", ["a0"], ["r0"])
+    b.node("MatMul", ["r0", "W1"], ["y"], [(batch, 4)])
+    b.node("ReduceSumSquare", ["y"], ["loss"], [()], keepdims=0)
+    b.g.outputs.append("loss")
+    b.g.loss = "loss"
+    bw = {"phase": "backward", "vclass": T}
+    b.node("Scale", ["y"], ["dy"], domain="com.microsoft", **bw)
+    b.node("Gemm", ["r0", "dy"], ["dW1"], [(16, 4)], phase="backward", vclass=G, transA=1)
+    b.node("Gemm", ["dy", "W1"], ["dr0"], [(batch, 16)], transB=1, **bw)
+    b.node("ReluGrad", ["dr0", "r0"], ["da0"], domain="com.microsoft", **bw)
+    b.node("Gemm", ["x", "da0"], ["dW0"], [(8, 16)], phase="backward", vclass=G, transA=1)
+    params, grads = ["W0", "W1"], ["dW0", "dW1"]
+    outs = [f"{p}.updated" for p in params]
+    for o, p in zip(outs, params):
+        b.value(o, b.g.values[p].spec.shape, ValueClass.PARAMETER, trainable=True)
+    b.node("SGDOptimizerV2", ["lr", *params, *grads], ["flag", *outs], [(1,)] * 3,
+           domain="com.microsoft", phase="optimizer", vclass=T, num_params=2)
+    b.g.values["flag"].spec = TensorSpec("bool", (1,))
+    b.g.outputs.extend(outs)
+    b.g.optimizer = {"type": "SGD", "params": params, "grads": grads}
+    return b.g
+
+
+def _brute_force(prob):
+    """Every set of just-in-time recomputations with the fewest keeps it needs: (model peak,
+    recompute seconds, decisions) of each valid one."""
+    pairs = sorted((t, n) for n, ts in enumerate(recompute_stages(prob)) for t in ts)
+    assert len(pairs) <= 17, "too many for brute force"
+    out = []
+    for k in range(len(pairs) + 1):
+        for rec in itertools.combinations(pairs, k):
+            rec = frozenset(rec)
+            d = Decisions(rec, minimal_keeps(prob, rec))
+            if not violations(prob, d):
+                out.append((memory(prob, d)[0], step_seconds(prob, d)[1], d))
+    return out
+
+
+def _agrees_with_brute_force(graph):
+    pre = _pre(graph)
+    prob = build_problem(pre)
+    every = _brute_force(prob)
+    assert len(every) > 8
+    peaks = sorted({p for p, _, _ in every})
+    for budget in peaks[:: max(1, len(peaks) // 6)] + [peaks[-1]]:
+        best = min(s for p, s, _ in every if p <= budget)
+        sched = solve_problem(prob, budget, time_limit=10, warm_start="none")
+        assert sched.status == "OPTIMAL"
+        assert sched.estimate_bytes <= budget
+        assert sched.recompute_seconds == pytest.approx(best, rel=1e-6, abs=1e-9)
+    # below the least peak of every schedule nothing fits: the least-peak schedule comes back
+    floor = solve_problem(prob, peaks[0] - 64, time_limit=10)
+    assert floor.status == "INFEASIBLE (OPTIMAL least memory)"
+    assert floor.estimate_bytes == peaks[0]
+    assert floor.recompute_seconds == pytest.approx(min(s for p, s, _ in every if p == peaks[0]), rel=1e-6, abs=1e-9)
+
+
+def test_cp_sat_optimum_equals_brute_force():
+    _agrees_with_brute_force(two_linear_step())
+
+
+@pytest.mark.slow
+def test_cp_sat_optimum_equals_brute_force_three_layers():
+    _agrees_with_brute_force(three_linear_step(batch=64))  # 2**17 recomputation sets, ~15 s
+
+
+def test_model_peak_bounds_the_lowered_order():
+    """The model's peak is at least the live bytes of the lowered graph in the model's order
+    (after the in-place pass), for every brute-force schedule: the model never under-counts."""
+    pre = _pre(three_linear_step(batch=64))
+    prob = build_problem(pre)
+    from onnxplan.joint.solve import JointSchedule
+
+    pairs = sorted((t, n) for n, ts in enumerate(recompute_stages(prob)) for t in ts)
+    every = []
+    for k in range(4):
+        for rec in itertools.combinations(pairs, k):
+            d = Decisions(frozenset(rec), minimal_keeps(prob, frozenset(rec)))
+            every.append((memory(prob, d)[0], 0.0, d))
+
+    for peak, _, d in every[::5]:
+        sched = JointSchedule(prob, d, peak, peak, 0.0, 0.0, 0.0, "GIVEN", 0.0, 0.0, "none")
+        g = run_pipeline(lower_joint(pre, sched), ["inplace"])[0]
+        lt = lifetimes(g, [n.name for n in g.nodes])
+        assert lt.persistent_bytes + max(live_bytes_by_eo(lt.buffers)) <= peak
+
+
+@pytest.mark.parametrize("name", ["resnet18", "transformer"])
+def test_not_slower_than_rotor_at_its_memory(name):
+    """At the model memory of a rotor schedule, the DAG solver's recomputation costs at most
+    rotor's (same costs)."""
+    from onnxplan.ir.load import load_step
+
+    prob = build_problem(_pre(load_step(small_artifacts(name))))
+    cols = RotorColumns(prob, None)
+    rotor = cols.at(cols.lo + (cols.tab.slots - cols.lo) // 3)
+    budget = memory(prob, rotor)[0]
+    rotor_seconds = step_seconds(prob, rotor)[1]
+    assert rotor_seconds > 0
+    sched = solve_problem(prob, budget, time_limit=60, deterministic_limit=DTIME)
+    assert sched.estimate_bytes <= budget
+    assert sched.recompute_seconds <= rotor_seconds + 1e-12
+    assert memory(prob, keep_all(prob))[0] > budget  # the budget needs recomputation
+
+
+def _joint_run_equals_plain(name: str, fraction: float, steps: int = 3):
+    from onnxplan.executor.runner import run_plan
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.fit import plan_joint
+
+    folder = small_artifacts(name)
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(fraction * plain.plan.arena_bytes)
+    out, sched = plan_joint(graph, budget, OPTS, time_limit=60, deterministic_limit=DTIME, rounds=2,
+                            swap_on_top=False)
+    if not sched.decisions.recompute:
+        pytest.skip(f"{name}: no recomputation reaches {fraction:.0%} of the arena in the model")
+    assert out.plan.peak_bytes < plain.plan.peak_bytes
+    assert any("@rc" in x for x in out.plan.order)
+    base = run_plan(str(folder), OPTS, steps=steps)
+    res = run_plan(str(folder), replace(OPTS, recompute=sched.code), steps=steps)
+    assert res.plan.peak_bytes == out.plan.peak_bytes  # the recompute pass replays the same rewrite
+    assert res.losses == base.losses, name
+    assert res.params.keys() == base.params.keys()
+    for k, v in base.params.items():
+        assert np.array_equal(res.params[k], v), f"{name} {k}"
+
+
+def test_joint_run_equals_plain_transformer():
+    _joint_run_equals_plain("transformer", 0.85)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_joint_run_equals_plain_every_zoo_model(name):
+    _joint_run_equals_plain(name, 0.9)
+
+
+def test_joint_swaps_run_equals_plain():
+    """With a fast swap store the solver pages buffers out and in; the plan (swap nodes from
+    the swap passes, replayed from the plan's records) runs bit for bit as the plain plan."""
+    from onnxplan.executor.runner import run_plan
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.fit import plan_joint
+
+    folder = small_artifacts("transformer")
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
+    out, sched = plan_joint(graph, budget, OPTS, time_limit=60, deterministic_limit=DTIME, rounds=1,
+                            swap_bandwidth=1e10)
+    assert sched.decisions.page_in and out.plan.swaps
+    assert out.plan.peak_bytes < plain.plan.peak_bytes
+    import json
+
+    from onnxplan.plan import Plan
+
+    plan = Plan.from_json(json.loads(out.plan.dumps()))  # as a plan file: passes replayed, swaps re-checked
+    base = run_plan(str(folder), OPTS, steps=3)
+    res = run_plan(str(folder), plan, steps=3)
+    assert res.plan.peak_bytes == out.plan.peak_bytes
+    assert res.losses == base.losses
+    for k, v in base.params.items():
+        assert np.array_equal(res.params[k], v), k
