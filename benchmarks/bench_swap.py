@@ -12,6 +12,9 @@ peak, measured peak, swaps and transfers, bytes out/in per step, stalls, median 
 of the measured steps, and the overhead against the no-swap run of the same order. The
 losses of every run are compared with the no-swap run's (bit-identical expected).
 
+--split-grad: every swapping policy on the graph with each ConvGrad split into its dW and dX
+halves (passes/split_grad.py), against the same fused no-swap baseline.
+
 Part 2: each of --budget-models planned at --fraction of its no-swap peak (swap auto), run
 three steps and compared with ONNX Runtime (loss per step and every parameter), peak measured.
 """
@@ -109,7 +112,8 @@ def part1(args) -> list[dict]:
     for policy, kw in POLICIES:
         t0 = time.perf_counter()
         opts = PlanOptions(planner=args.planner, time_limit=args.time_limit,
-                           swap=policy if policy != "none" else "none", **kw)
+                           swap=policy if policy != "none" else "none",
+                           split_grad=args.split_grad and policy != "none", **kw)
         prep = prepare(req, opts)
         plan_s = time.perf_counter() - t0
         none_prep = none_prep or prep
@@ -119,7 +123,7 @@ def part1(args) -> list[dict]:
         sw = child.get("swap") or {"steps": []}
         steps = sw["steps"] or [{}]
         row = {
-            "policy": _label(policy, kw), "planned_peak": prep.plan.peak_bytes, "measured_peak": measured,
+            "policy": _label(policy, kw) + ("+split" if opts.split_grad else ""), "planned_peak": prep.plan.peak_bytes, "measured_peak": measured,
             "persistent": prep.plan.persistent_bytes, "arena": prep.plan.arena_bytes,
             "swaps": t["swaps"], "transfers": t["transfers"], "bytes_out": t["bytes_out"], "bytes_in": t["bytes_in"],
             "measured_bytes_out": statistics.mean(s.get("bytes_out", 0) for s in steps),
@@ -193,7 +197,8 @@ def _mib(n: float) -> str:
 
 def report(args, rows: list[dict], budget_rows: list[dict]) -> str:
     lines = [
-        f"# Swap policies: {args.model} (batch {args.batch or 'default'}, {args.optimizer}), {date.today()}",
+        f"# Swap policies: {args.model} (batch {args.batch or 'default'}, {args.optimizer})"
+        f"{', ConvGrad split (--split-grad)' if args.split_grad else ''}, {date.today()}",
         "",
         (f"`python benchmarks/bench_swap.py` on {platform.machine()} ({platform.processor() or 'cpu'}), "
         f"numpy executor on the CPU with {args.threads} BLAS thread(s), swap file on {rows[-1]['store'].get('store_fs') or '?'} "
@@ -213,7 +218,7 @@ def report(args, rows: list[dict], budget_rows: list[dict]) -> str:
             f"| {_mib(r['measured_bytes_out'])} | {_mib(r['measured_bytes_in'])} | {r['stalls']:.0f} "
             f"| {r['stall_seconds']:.3f} | {r['median_step_seconds']:.3f} | {r['overhead']:+.1%} "
             f"| {_pct(r.get('paired_overhead'))} | {r['stall_overhead']:+.1%} "
-            f"| {'yes' if r['same_losses'] else 'NO'} | {PAPER.get(key, '')} |")
+            f"| {'yes' if r['same_losses'] else 'NO'} | {PAPER.get(key.removesuffix('+split'), '')} |")
     if budget_rows:
         lines += ["", f"## At {args.fraction:.0%} of the no-swap peak, checked against ONNX Runtime", "",
                   ("| model | no-swap peak MiB | budget MiB | chosen | planned peak MiB | measured peak MiB | swaps "
@@ -246,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fraction", type=float, default=0.25)
     p.add_argument("--pairs", type=int, default=3, help="alternated step pairs for the paired overhead (0: skip)")
     p.add_argument("--skip-policies", action="store_true")
+    p.add_argument("--split-grad", action="store_true",
+                   help="plan every swapping policy on the split-grad graph (the no-swap baseline stays fused)")
     p.add_argument("--threads", type=int, default=1,
                    help="BLAS threads of every run (default 1: the other core is the I/O worker's)")
     p.add_argument("--out", type=Path, default=Path("reports/swap-vgg16.md"))
