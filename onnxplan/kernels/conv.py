@@ -85,15 +85,24 @@ class Window:
 
     def taps(self):
         """Every kernel position in row-major order (the order ORT visits a window in)."""
+        return self._taps(live=False)
+
+    def live_taps(self):
+        """The taps that read some input, in taps()'s order: a window far larger than its input
+        (an exported adaptive pool: kernel 320 on 8 positions) has few, and only they are visited."""
+        return self._taps(live=True)
+
+    def _taps(self, live: bool):
         axes = range(len(self.kernel))
-        per_axis = [[self.span(a, k) for k in range(self.kernel[a])] for a in axes]
-        for index in itertools.product(*(range(k) for k in self.kernel)):
+        per_axis = [[(k, self.span(a, k)) for k in range(self.kernel[a])] for a in axes]
+        if live:
+            per_axis = [[(k, sp) for k, sp in ks if sp[1] > sp[0]] for ks in per_axis]
+        for combo in itertools.product(*per_axis):
             spans, slices = [], []
-            for a, k in zip(axes, index):
-                lo, hi, start = per_axis[a][k]
+            for a, (_k, (lo, hi, start)) in zip(axes, combo):
                 spans.append((lo, hi))
                 slices.append(slice(start, start + max(hi - lo - 1, 0) * self.strides[a] + 1, self.strides[a]))
-            yield Tap(index, tuple(spans), tuple(slices))
+            yield Tap(tuple(k for k, _sp in combo), tuple(spans), tuple(slices))
 
     def band(self, lo: int, hi: int) -> Window:
         """The window of output rows [lo, hi) of the first spatial axis alone."""
