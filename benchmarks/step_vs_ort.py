@@ -117,7 +117,7 @@ def bench(name: str, batch: int | None, rounds: int, steps: int) -> dict:
         _, prof_before = ex.timed_step(batches[0])
         _torch.ENABLED = True
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"model": name, "batch": prep.graph_batch if hasattr(prep, "graph_batch") else batch,
+    return {"model": name, "batch": batch or int(batches[0][specs[0].name].shape[0]),
             "ms": {k: 1e3 * v for k, v in med.items()},
             "profile_after": prof_after, "profile_before": prof_before}
 
@@ -177,10 +177,6 @@ def main() -> None:
         name, _, b = item.partition(":")
         t0 = time.perf_counter()
         row = bench(name, int(b) if b else None, args.rounds, args.steps)
-        if row["batch"] is None:
-            from onnxplan.models import get_model
-
-            row["batch"] = int(b) if b else get_model(name).default_batch
         rows.append(row)
         ms = row["ms"]
         print(f"{name}: ours {ms['ours']:.1f} ms, before {ms['before']:.1f}, ORT {ms['ort']:.1f}, "
