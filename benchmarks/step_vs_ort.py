@@ -28,8 +28,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-DEFAULT_MODELS = ["transformer", "gpt", "vgg16", "resnet18", "mlp", "hf-mobilenet-v2", "hf-efficientnet",
-                  "hf-convnext", "hf-regnet", "hf-resnet", "hf-vit", "hf-bert", "hf-gpt2"]
+DEFAULT_MODELS = ["transformer", "gpt", "vgg16", "resnet18", "mlp", "hf-resnet", "hf-mobilenet-v2", "hf-efficientnet",
+                  "hf-regnet", "hf-convnext", "hf-vit", "hf-swin", "hf-bert", "hf-distilbert", "hf-albert",
+                  "hf-roberta", "hf-gpt2", "hf-llama", "hf-t5-encoder"]
 DEPTHWISE = {"hf-mobilenet-v2", "hf-efficientnet", "hf-convnext", "hf-regnet"}  # depthwise/grouped conv
 TARGET = {"mlp": 1.5}  # ours/ORT; 1.0 elsewhere (2.0 for DEPTHWISE, with the corpus median <= 1.0)
 

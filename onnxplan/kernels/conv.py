@@ -3,6 +3,7 @@ in planned scratch plus BLAS GEMMs."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from math import prod
@@ -83,14 +84,15 @@ class Window:
         lo = min(lo, n_out)
         return lo, max(lo, hi), lo * s + off
 
-    def taps(self):
-        """Every kernel position in row-major order (the order ORT visits a window in)."""
-        return self._taps(live=False)
+    def taps(self) -> tuple[Tap, ...]:
+        """Every kernel position in row-major order (the order ORT visits a window in); made
+        once per window (a step calls the same layers again)."""
+        return _taps_of(self, False)
 
-    def live_taps(self):
+    def live_taps(self) -> tuple[Tap, ...]:
         """The taps that read some input, in taps()'s order: a window far larger than its input
         (an exported adaptive pool: kernel 320 on 8 positions) has few, and only they are visited."""
-        return self._taps(live=True)
+        return _taps_of(self, True)
 
     def _taps(self, live: bool):
         axes = range(len(self.kernel))
@@ -116,6 +118,11 @@ class Window:
         """A 1x1 window with unit strides and no padding: the input is its own column matrix."""
         return (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
                 and not any(self.pads_begin) and not any(self.pads_end))
+
+
+@functools.lru_cache(maxsize=4096)
+def _taps_of(win: Window, live: bool) -> tuple[Tap, ...]:
+    return tuple(win._taps(live))
 
 
 def window(attrs, in_dims, out_dims, kernel_shape) -> Window:
