@@ -28,9 +28,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-DEFAULT_MODELS = ["transformer", "gpt", "vgg16", "resnet18", "mlp", "hf-resnet", "hf-mobilenet-v2", "hf-efficientnet",
-                  "hf-regnet", "hf-convnext", "hf-vit", "hf-swin", "hf-bert", "hf-distilbert", "hf-albert",
-                  "hf-roberta", "hf-gpt2", "hf-llama", "hf-t5-encoder"]
+DEFAULT_MODELS = ["transformer", "gpt", "vgg16", "resnet18", "mlp", "hf-resnet", "hf-mobilenet-v2",
+                  "hf-efficientnet", "hf-regnet", "hf-convnext", "hf-vit", "hf-swin", "hf-bert",
+                  "hf-distilbert", "hf-albert", "hf-roberta", "hf-gpt2", "hf-llama", "hf-t5-encoder"]
 DEPTHWISE = {"hf-mobilenet-v2", "hf-efficientnet", "hf-convnext", "hf-regnet"}  # depthwise/grouped conv
 TARGET = {"mlp": 1.5}  # ours/ORT; 1.0 elsewhere (2.0 for DEPTHWISE, with the corpus median <= 1.0)
 
@@ -128,8 +128,8 @@ def _fmt(x) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    out = ["| model | batch | ours ms | ORT ms | ours/ORT | target | before ms | before/ORT | PyTorch ms | ours/PyTorch |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| model | batch | ours ms | ORT ms | ours/ORT | target | before ms | before/ORT | PyTorch ms "
+           "| ours/PyTorch |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ms = r["ms"]
         ratio = ms["ours"] / ms["ort"]
@@ -138,8 +138,8 @@ def table(rows: list[dict]) -> list[str]:
         tp = ms.get("torch")
         vs_torch = "-" if tp is None else f"{ms['ours'] / tp:.2f}"
         out.append(f"| {r['model']} | {r['batch']} | {_fmt(ms['ours'])} | {_fmt(ms['ort'])} | {ratio:.2f} | "
-                   f"<= {target} {mark} | {_fmt(ms['before'])} | {ms['before'] / ms['ort']:.2f} | {_fmt(tp)} | "
-                   f"{vs_torch} |")
+                   f"<= {target} {mark} | {_fmt(ms['before'])} | {ms['before'] / ms['ort']:.2f} | "
+                   f"{_fmt(tp)} | {vs_torch} |")
     corpus = [r["ms"]["ours"] / r["ms"]["ort"] for r in rows if r["model"].startswith("hf-")]
     if corpus:
         out.append("")
@@ -181,10 +181,12 @@ def main() -> None:
         rows.append(row)
         ms = row["ms"]
         print(f"{name}: ours {ms['ours']:.1f} ms, before {ms['before']:.1f}, ORT {ms['ort']:.1f}, "
-              f"torch {ms.get('torch', float('nan')):.1f}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"torch {ms.get('torch', float('nan')):.1f}  ({time.perf_counter() - t0:.0f} s)",
+              flush=True)
     load = os.getloadavg()
     head = [f"# CPU kernels: step time against ONNX Runtime and PyTorch ({date.today().isoformat()})", "",
-            f"`python benchmarks/step_vs_ort.py {' '.join(args.models)} --rounds {args.rounds} --steps {args.steps}`"
+            f"`python benchmarks/step_vs_ort.py {' '.join(args.models)} --rounds {args.rounds} "
+            f"--steps {args.steps}`"
             f" on {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread each "
             f"(OMP/MKL/OPENBLAS_NUM_THREADS=1, OpenBLAS threads {blas_threads()}, torch "
             f"{torch.get_num_threads()}, ORT intra/inter-op 1); load average after the run "
@@ -192,7 +194,8 @@ def main() -> None:
             f"interleaved: per round each implementation runs {args.steps} steps; medians over "
             f"{args.rounds} rounds. `before` = the same executor with the numpy-only kernels "
             "(onnxplan.kernels._torch.ENABLED off).", ""]
-    text = "\n".join(head + table(rows) + ["", "## Per-op profile (one step, ours)", ""] + profiles(rows)) + "\n"
+    lines = head + table(rows) + ["", "## Per-op profile (one step, ours)", ""] + profiles(rows)
+    text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -137,8 +137,8 @@ def hidden_bytes(cases: dict) -> dict:
     all measured one after another in one fresh process."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536",
                ONNXPLAN_TORCH_KERNELS="1", PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], check=False, capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
+    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], check=False, capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -103,7 +103,8 @@ class Window:
             spans, slices = [], []
             for a, (_k, (lo, hi, start)) in zip(axes, combo):
                 spans.append((lo, hi))
-                slices.append(slice(start, start + max(hi - lo - 1, 0) * self.strides[a] + 1, self.strides[a]))
+                step = self.strides[a]
+                slices.append(slice(start, start + max(hi - lo - 1, 0) * step + 1, step))
             yield Tap(tuple(k for k, _sp in combo), tuple(spans), tuple(slices))
 
     def band(self, lo: int, hi: int) -> Window:
