@@ -261,7 +261,7 @@ def test_average_pool_with_a_kernel_far_larger_than_its_input():
     attrs = {"kernel_shape": [1280, 1280], "strides": [1280, 1280], "ceil_mode": 1}
     x = randn(rng, 2, 3, 2, 3)
     win = pool_window(attrs, x.shape, (2, 3, 1, 1))
-    assert len(list(win.taps(live_only=True))) == 6
+    assert len(win.live_taps()) == 6
     (expected,) = ort_run("AveragePool", [x], [("float32", None)], attrs)
     (got,) = run_kernel("AveragePool", [x], [("float32", expected.shape)], attrs)
     np.testing.assert_array_equal(got, expected)

@@ -29,6 +29,7 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
     kernels, the step data and the checkpoint's parameters (the input, like a model file).
     After it: the arena, the state region, views, and whatever the kernels and BLAS touch."""
     from onnxplan.executor.runner import execute, initial_parameters, step_batches
+    from onnxplan.kernels import _torch
     from onnxplan.kernels.registry import _load_all
 
     req = ModelRequest(folder, batch, dims=tuple((str(k), int(v)) for k, v in (dims or [])))
@@ -37,6 +38,7 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
     batches = step_batches(prep.folder, max(steps, warmup), seed)
     params = initial_parameters(prep.folder)
     _load_all()  # every kernel module imported before the baseline
+    _torch.load()  # and torch, which some of them call
     if prep.plan.swaps:  # and the swap runtime's modules
         import onnxplan.executor.swap_io  # noqa: F401
         import onnxplan.swap.kernels  # noqa: F401

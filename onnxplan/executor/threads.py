@@ -1,4 +1,5 @@
-"""BLAS thread count of this process: read and set it in the OpenBLAS numpy loaded (ctypes)."""
+"""BLAS thread count of this process: read and set it in the OpenBLAS numpy loaded (ctypes), and
+torch's intra-op pool with it (the kernels that call torch's operators, onnxplan.kernels._torch)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,12 @@ def blas_threads() -> int | None:
 
 
 def set_blas_threads(n: int) -> bool:
-    """Set OpenBLAS's thread count (n >= 1); False when numpy uses another BLAS."""
+    """Set OpenBLAS's thread count (n >= 1), and torch's; False when numpy uses another BLAS."""
     if n < 1:
         raise ValueError(f"BLAS threads {n} < 1")
+    from onnxplan.kernels import _torch
+
+    _torch.set_threads(n)
     fns = _openblas()
     if fns is None:
         return False

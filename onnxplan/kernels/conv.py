@@ -3,6 +3,7 @@ in planned scratch plus BLAS GEMMs."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from math import prod
@@ -83,22 +84,28 @@ class Window:
         lo = min(lo, n_out)
         return lo, max(lo, hi), lo * s + off
 
-    def taps(self, live_only: bool = False):
-        """Every kernel position in row-major order (the order ORT visits a window in); with
-        `live_only`, only those that reach an output inside the input (not `empty`), without
-        visiting the others: a pool whose kernel dwarfs its input (EfficientNet's 1280x1280
-        pooler over a 1x1 map) has millions of taps and one live one."""
+    def taps(self) -> tuple[Tap, ...]:
+        """Every kernel position in row-major order (the order ORT visits a window in); made
+        once per window (a step calls the same layers again)."""
+        return _taps_of(self, False)
+
+    def live_taps(self) -> tuple[Tap, ...]:
+        """The taps that read some input, in taps()'s order: a window far larger than its input
+        (an exported adaptive pool: kernel 320 on 8 positions) has few, and only they are visited."""
+        return _taps_of(self, True)
+
+    def _taps(self, live: bool):
         axes = range(len(self.kernel))
-        per_axis = [[self.span(a, k) for k in range(self.kernel[a])] for a in axes]
-        ks = [[k for k in range(self.kernel[a]) if per_axis[a][k][1] > per_axis[a][k][0]] if live_only
-              else range(self.kernel[a]) for a in axes]
-        for index in itertools.product(*ks):
+        per_axis = [[(k, self.span(a, k)) for k in range(self.kernel[a])] for a in axes]
+        if live:
+            per_axis = [[(k, sp) for k, sp in ks if sp[1] > sp[0]] for ks in per_axis]
+        for combo in itertools.product(*per_axis):
             spans, slices = [], []
-            for a, k in zip(axes, index):
-                lo, hi, start = per_axis[a][k]
+            for a, (_k, (lo, hi, start)) in zip(axes, combo):
                 spans.append((lo, hi))
-                slices.append(slice(start, start + max(hi - lo - 1, 0) * self.strides[a] + 1, self.strides[a]))
-            yield Tap(index, tuple(spans), tuple(slices))
+                step = self.strides[a]
+                slices.append(slice(start, start + max(hi - lo - 1, 0) * step + 1, step))
+            yield Tap(tuple(k for k, _sp in combo), tuple(spans), tuple(slices))
 
     def band(self, lo: int, hi: int) -> Window:
         """The window of output rows [lo, hi) of the first spatial axis alone."""
@@ -112,6 +119,11 @@ class Window:
         """A 1x1 window with unit strides and no padding: the input is its own column matrix."""
         return (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
                 and not any(self.pads_begin) and not any(self.pads_end))
+
+
+@functools.lru_cache(maxsize=4096)
+def _taps_of(win: Window, live: bool) -> tuple[Tap, ...]:
+    return tuple(win._taps(live))
 
 
 def window(attrs, in_dims, out_dims, kernel_shape) -> Window:

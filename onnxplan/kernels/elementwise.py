@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _torch, _xp
 from onnxplan.kernels.registry import declare, kernel
 
 __all__: list[str] = []
@@ -126,6 +126,9 @@ def sigmoid(ctx, inputs, outputs):
 
 @kernel("Erf", overwrites=UNARY)
 def erf(ctx, inputs, outputs):
+    if _torch.usable(ctx.xp, outputs[0], inputs[0]):
+        _torch.aten().erf.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
+        return
     _xp.erf(ctx.xp, inputs[0], outputs[0])
 
 
@@ -151,6 +154,23 @@ def clip(ctx, inputs, outputs):
     xp.clip(x, lo, hi, out=out)
 
 
+def _torch_gelu(xp, out, x, approximate: str = "none") -> bool:
+    """out = gelu(x) by torch's kernel when it can take the arrays (False: it did nothing)."""
+    if not _torch.usable(xp, out, x):
+        return False
+    _torch.aten().gelu.out(_torch.tensor(x), approximate=approximate, out=_torch.tensor(out))
+    return True
+
+
+def _torch_gelu_grad(xp, out, dy, x, approximate: str = "none") -> bool:
+    """out = dY gelu'(X) by torch's kernel when it can take the arrays (False: it did nothing)."""
+    if not _torch.usable(xp, out, dy, x):
+        return False
+    _torch.aten().gelu_backward.grad_input(_torch.tensor(dy), _torch.tensor(x), approximate=approximate,
+                                           grad_input=_torch.tensor(out))
+    return True
+
+
 def _gelu_block(xp, o, x) -> None:
     t = x * x.dtype.type(SQRT1_2)
     _xp.erf(xp, t, t)
@@ -163,6 +183,8 @@ def _gelu_block(xp, o, x) -> None:
 @kernel("Gelu", MS, overwrites=UNARY)
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
+    if _torch_gelu(ctx.xp, outputs[0], inputs[0]):
+        return
     _xp.blockwise(ctx.xp, lambda o, x: _gelu_block(ctx.xp, o, x), outputs[0], inputs[0])
 
 
@@ -183,6 +205,11 @@ def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
     ins = [inputs[0]] + ([inputs[1]] if len(inputs) > 1 and inputs[1] is not None else [])
+    if _torch.usable(xp, outputs[0], inputs[0]):  # U into Y (Y may be X), then the tanh GELU in place
+        if len(ins) > 1:
+            xp.add(inputs[0], ins[1], out=outputs[0])
+        _torch_gelu(xp, outputs[0], outputs[0] if len(ins) > 1 else inputs[0], "tanh")
+        return
     _xp.blockwise(xp, lambda o, *v: _fast_gelu_block(xp, o, *v), outputs[0], *ins)
 
 
@@ -210,6 +237,10 @@ def quick_gelu(ctx, inputs, outputs):
 def relu_grad(ctx, inputs, outputs):
     """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places)."""
     xp = ctx.xp
+    if _torch.usable(xp, outputs[0], *inputs[:2]):
+        _torch.aten().threshold_backward.grad_input(_torch.tensor(inputs[0]), _torch.tensor(inputs[1]), 0,
+                                                    grad_input=_torch.tensor(outputs[0]))
+        return
     _xp.blockwise(xp, lambda o, dy, x: xp.copyto(o, xp.where(x > 0, dy, 0)), outputs[0], *inputs[:2])
 
 
@@ -245,6 +276,8 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
+    if _torch_gelu_grad(xp, outputs[0], inputs[0], inputs[1]):
+        return
     _xp.blockwise(xp, lambda o, dy, x: _gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
 
@@ -450,6 +483,10 @@ def leaky_relu_grad(ctx, inputs, outputs):
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
+    if _torch.usable(xp, outputs[0], inputs[0]):  # X + bias into Y (Y may be X), then Gelu in place
+        xp.add(inputs[0], inputs[1], out=outputs[0])
+        _torch_gelu(xp, outputs[0], outputs[0])
+        return
     _xp.blockwise(xp, lambda o, x, b: _gelu_block(xp, o, x + b), outputs[0], *inputs[:2])
 
 
@@ -472,6 +509,8 @@ def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp
     approximate = _xp.attr_str(ctx.attrs.get("approximate"), "none")
+    if approximate in ("none", "tanh") and _torch_gelu(xp, outputs[0], inputs[0], approximate):
+        return
     if approximate == "tanh":
         _xp.blockwise(xp, lambda o, x: _fast_gelu_block(xp, o, x), outputs[0], inputs[0])
     elif approximate == "none":

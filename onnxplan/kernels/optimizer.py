@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -81,8 +82,20 @@ def _same(a, b) -> bool:
 
 # ---- AdamW -------------------------------------------------------------------------------
 
+_ADAMW_ATTRS = (("alpha", 0.9), ("beta", 0.999), ("epsilon", 1e-8), ("weight_decay", 0.0), ("adam_mode", 0),
+                ("correct_bias", 1))
+
+
 def adamw_constants(attrs: dict, lr: float, step: int) -> dict:
-    """ORT's float32 scalars: the bias corrections use pow in double, cast to float."""
+    """ORT's float32 scalars: the bias corrections use pow in double, cast to float. Memoized:
+    every parameter's node of a step asks for the same ones (~10 us of numpy scalars each)."""
+    key = tuple(float(attrs.get(name, default)) for name, default in _ADAMW_ATTRS)
+    return _adamw_constants(key, float(lr), int(step))
+
+
+@functools.lru_cache(maxsize=64)
+def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
+    attrs = {name: value for (name, _default), value in zip(_ADAMW_ATTRS, key)}
     f = np.float32
     alpha, beta = f(attrs.get("alpha", 0.9)), f(attrs.get("beta", 0.999))
     alpha_corr, beta_corr, lr_corr = f(1), f(1), f(lr)

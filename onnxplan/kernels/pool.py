@@ -84,7 +84,7 @@ def max_pool(ctx: KernelContext, inputs, outputs) -> None:
     x, y = inputs[0], outputs[0]
     ind = outputs[1] if len(outputs) > 1 else None
     win = pool_window(ctx.attrs, x.shape, y.shape)
-    taps = list(win.taps(live_only=True))
+    taps = list(win.live_taps())
     lowest = np.finfo(y.dtype).min if y.dtype.kind == "f" else np.iinfo(y.dtype).min
     full = [i for i, t in enumerate(taps) if t.spans == tuple((0, o) for o in win.out_dims)]
     seeds = taps[:full[0] + 1] if full else taps
@@ -264,7 +264,7 @@ def average_pool(ctx: KernelContext, inputs, outputs) -> None:
         xp.divide(y2, y.dtype.type(prod(win.in_dims)), out=y2)
         return
     columns: dict[int, list] = {}
-    for tap in win.taps(live_only=True):
+    for tap in win.live_taps():
         columns.setdefault(tap.index[-1] if path == "vector" else 0, []).append(tap)
     grid_bytes = _align(prod(win.out_dims) * y.itemsize)
     every = (slice(None), slice(None))
@@ -316,7 +316,7 @@ def average_pool_grad(ctx: KernelContext, inputs, outputs) -> None:
     n = dy.shape[0]
     nb_max = _images_per_chunk(n, prod(dy.shape[1:]) * dy.itemsize)
     every = (slice(None), slice(None))
-    taps = list(win.taps(live_only=True))
+    taps = list(win.live_taps())
     for n0 in range(0, n, nb_max):
         nb = min(nb_max, n - n0)
         scaled = ctx.scratch_array(grid_bytes, (nb, *dy.shape[1:]), dy.dtype)
@@ -376,7 +376,7 @@ def lp_pool(ctx: KernelContext, inputs, outputs) -> None:
     for i in range(n):
         for c0 in range(0, c, step):
             yb, xb = y[i, c0:c0 + step], x[i, c0:c0 + step]
-            for tap in win.taps(live_only=True):
+            for tap in win.live_taps():
                 dst = yb[(slice(None),) + tap.out_slices]
                 dst += _lp_terms(xp, xb[(slice(None),) + tap.in_slices], p)
     if p == 2:

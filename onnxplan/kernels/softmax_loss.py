@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _torch, _xp
 from onnxplan.kernels.registry import kernel
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
@@ -34,7 +34,12 @@ def _views(shape, axis: int, coerce_2d: bool, *arrays):
 
 def _softmax(xp, x3, out3, log: bool) -> None:
     """out3 = (log)softmax of x3 along axis 1 (out3 may be x3's memory); as ORT/MLAS: subtract the
-    max, exponentiate, and scale by 1/sum (softmax) or subtract log(sum) (log-softmax)."""
+    max, exponentiate, and scale by 1/sum (softmax) or subtract log(sum) (log-softmax). Along the
+    last axis of a large tensor, torch's _(log_)softmax.out does the same in one pass per row."""
+    if x3.shape[2] == 1 and _torch.usable(xp, out3, x3):
+        op = _torch.aten()._log_softmax if log else _torch.aten()._softmax
+        op.out(_torch.tensor(x3[:, :, 0]), 1, False, out=_torch.tensor(out3[:, :, 0]))
+        return
     m = x3.max(axis=1, keepdims=True)
     xp.subtract(x3, m, out=out3)
     if log:
@@ -67,6 +72,11 @@ def _softmax_grad(ctx, inputs, outputs, coerce_2d: bool, default_axis: int) -> N
     xp, (dy, y), out = ctx.xp, inputs[:2], outputs[0]
     axis = int(ctx.attrs.get("axis", default_axis))
     dy3, y3, out3 = _views(y.shape, axis, coerce_2d, dy, y, out)
+    if y3.shape[2] == 1 and _torch.usable(xp, out3, dy3, y3):  # along the last axis: torch's row kernel
+        t = _torch.tensor
+        _torch.aten()._softmax_backward_data.out(t(dy3[:, :, 0]), t(y3[:, :, 0]), 1, t(y3).dtype,
+                                                 grad_input=t(out3[:, :, 0]))
+        return
     s = xp.zeros((y3.shape[0], 1, y3.shape[2]), dtype=out.dtype)
     _xp.sum_along(xp, lambda a, b: a * b, [y3, dy3], s)
 

@@ -1,0 +1,65 @@
+"""torch's CPU operators on zero-copy views of numpy arrays, for the kernels where an `out=`
+overload writes the planned view itself with no tensor-sized temporary (gelu, gelu_backward,
+threshold_backward, _softmax, _softmax_backward_data). torch is imported on first use (or by
+load(), which the memory probe calls before its baseline); `torch.from_numpy` costs ~2 us a
+call, so views are made per call, not cached. Convolution stays ours: torch's convolution.out
+allocates its result and copies it.
+
+Set ONNXPLAN_TORCH_KERNELS=0 to run the numpy kernels everywhere (the benchmark's "before")."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ENABLED", "MIN_ELEMS", "aten", "load", "set_threads", "tensor", "usable"]
+
+ENABLED = os.environ.get("ONNXPLAN_TORCH_KERNELS", "1") != "0"
+MIN_ELEMS = 1 << 14  # below this torch's per-call overhead (~10 us) loses to numpy
+_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_torch: Any = None
+_threads: int | None = None  # set_threads before torch loads: applied when it does
+
+
+def load() -> Any:
+    """Import torch once (a read-only input view warns once per process: silenced, the kernels
+    never write their inputs)."""
+    global _torch
+    if _torch is None:
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        import torch
+
+        _torch = torch
+        if _threads is not None:
+            torch.set_num_threads(_threads)
+    return _torch
+
+
+def set_threads(n: int) -> None:
+    """torch's intra-op thread count (--threads sets it with BLAS's): now if torch is loaded,
+    else when it loads (importing torch costs seconds; a model may never need it)."""
+    global _threads
+    _threads = int(n)
+    if _torch is not None:
+        _torch.set_num_threads(_threads)
+
+
+def usable(xp, out, *ins) -> bool:
+    """True when torch may compute `out` from `ins`: host numpy arrays, float32/float64, all of
+    out's shape and dtype, C-contiguous, at least MIN_ELEMS elements."""
+    if not ENABLED or xp is not np or out.size < MIN_ELEMS or out.dtype not in _DTYPES:
+        return False
+    return all(isinstance(a, np.ndarray) and a.shape == out.shape and a.dtype == out.dtype
+               and a.flags.c_contiguous for a in (out, *ins))
+
+
+def tensor(a) -> Any:
+    """A torch tensor sharing `a`'s memory."""
+    return load().from_numpy(a)
+
+
+def aten() -> Any:
+    return load().ops.aten

@@ -1,0 +1,200 @@
+"""The kernels that call torch's CPU operators (onnxplan.kernels._torch) on tensors large enough
+to take that path: the same references and tolerances as the small-shape tests, and a guard
+that each writes into its given view with no hidden tensor-sized memory.
+
+The guard runs the kernel in a fresh process on a realistic shape (inputs, outputs and declared
+scratch allocated and written first; one warm-up call), resets the peak RSS (/proc/self/clear_refs
+"5"), calls the kernel again and reads VmHWM: the rise must stay under a quarter of the output.
+glibc's mmap threshold is pinned so every large temporary is a fresh mapping (a warm-up's freed
+block is not silently reused). tracemalloc cannot see torch's allocator; RSS can."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxplan.kernels import _torch
+from tests.kernel_harness import MS, check, rand
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _big_rows(cols: int) -> int:
+    return -(-_torch.MIN_ELEMS // cols) + 3
+
+
+# ---- numerics on the torch path ----------------------------------------------------------------
+@pytest.mark.parametrize("op", ["Gelu", "FastGelu"])
+def test_gelu_family_large(op):
+    check(op, [rand(_big_rows(64), 64, lo=-6, hi=6)], domain=MS, aliases=[(0, 0)])
+
+
+def test_fast_gelu_and_bias_gelu_large():
+    x, b = rand(_big_rows(64), 64), rand(64)
+    check("FastGelu", [x, b], domain=MS, aliases=[(0, 0)])
+    check("BiasGelu", [x, b], domain=MS, aliases=[(0, 0)])
+
+
+def test_erf_large():
+    check("Erf", [rand(_big_rows(64), 64, lo=-6, hi=6)], aliases=[(0, 0)])
+
+
+@pytest.mark.parametrize("op", ["GeluGrad", "ReluGrad"])
+def test_activation_grads_large(op):
+    x = rand(_big_rows(64), 64, lo=-5, hi=5)
+    if op == "ReluGrad":
+        x[0, :8] = 0.0
+    check(op, [rand(*x.shape), x], domain=MS, aliases=[(0, 0), (0, 1)])
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_large(op):
+    check(op, [rand(_big_rows(128), 128, lo=-8, hi=8)], {"axis": -1}, aliases=[(0, 0)])
+
+
+@pytest.mark.parametrize("op", ["SoftmaxGrad_13", "SoftmaxGrad", "LogSoftmaxGrad_13"])
+def test_softmax_grads_large(op):
+    x = rand(_big_rows(128), 128)
+    z = x - x.max(axis=1, keepdims=True)
+    ls = (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype(np.float32)
+    y = ls if op.startswith("Log") else np.exp(ls)
+    attrs = {"axis": 1} if op == "SoftmaxGrad" else {}
+    check(op, [rand(*x.shape), y], attrs, domain=MS, aliases=[(0, 0), (0, 1)])
+
+
+def test_small_tensors_stay_on_numpy(monkeypatch):
+    """Below MIN_ELEMS torch is never loaded for these kernels' sake (the per-call cost loses)."""
+    x = np.zeros((4, 8), np.float32)
+    assert not _torch.usable(np, x, x)
+    assert _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32), np.zeros(_torch.MIN_ELEMS, np.float32))
+    monkeypatch.setattr(_torch, "ENABLED", False)
+    assert not _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32))
+
+
+# ---- the hidden-memory guard -------------------------------------------------------------------
+_CHILD = r"""
+import json, sys
+import numpy as np
+from onnxplan.ir.tensor import TensorSpec
+from onnxplan.kernels import _torch
+from onnxplan.kernels.registry import KernelContext, declare, find_kernel, scratch_bytes
+from tests.kernel_harness import make_node
+
+# the guard's own check: a kernel with a tensor-sized temporary
+declare("PlantedAlloc", fn=lambda ctx, i, o: np.copyto(o[0], np.exp(i[0]) + 1))
+_torch.load()
+_torch.set_threads(1)
+
+
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def measure(case):
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in case["inputs"]]
+    outputs = [np.full(s, 1.0, np.float32) for s in case["outputs"]]
+    if case.get("positive"):
+        inputs[-1] = np.abs(inputs[-1]) / np.abs(inputs[-1]).sum(axis=-1, keepdims=True)
+    node = make_node(case["op"], inputs, len(outputs), case.get("attrs"), case.get("domain", ""))
+    in_specs = [TensorSpec(a.dtype, a.shape) for a in inputs]
+    out_specs = [TensorSpec(a.dtype, a.shape) for a in outputs]
+    nbytes = scratch_bytes(node, in_specs, out_specs)
+    scratch = np.full(nbytes, 0xFF, np.uint8) if nbytes else None
+    fn = find_kernel(node).fn
+    ctx = KernelContext(np, node, in_specs, out_specs, scratch)
+    fn(ctx, inputs, outputs)  # warm-up: lazy imports, torch's pool
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = status("VmRSS")
+    fn(ctx, inputs, outputs)
+    return {"extra": status("VmHWM") - base, "out_bytes": outputs[0].nbytes}
+
+
+cases = json.loads(sys.argv[1])
+print(json.dumps({name: measure(case) for name, case in cases.items()}))
+"""
+
+
+def _can_reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def hidden_bytes(cases: dict) -> dict:
+    """Per case: {"extra": peak RSS rise of the second call, "out_bytes": the output's bytes},
+    all measured one after another in one fresh process."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536",
+               ONNXPLAN_TORCH_KERNELS="1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], check=False, capture_output=True,
+                         text=True, env=env, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+ROWS = 4096  # realistic: a transformer b16-b64 activation, a few MiB
+GUARDED = {
+    "Gelu": {"op": "Gelu", "domain": MS, "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]},
+    "FastGelu": {"op": "FastGelu", "domain": MS, "inputs": [[ROWS, 512], [512]], "outputs": [[ROWS, 512]]},
+    "BiasGelu": {"op": "BiasGelu", "domain": MS, "inputs": [[ROWS, 512], [512]], "outputs": [[ROWS, 512]]},
+    "Erf": {"op": "Erf", "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]},
+    "GeluGrad": {"op": "GeluGrad", "domain": MS, "inputs": [[ROWS, 512]] * 2, "outputs": [[ROWS, 512]]},
+    "ReluGrad": {"op": "ReluGrad", "domain": MS, "inputs": [[ROWS, 512]] * 2, "outputs": [[ROWS, 512]]},
+    "Softmax": {"op": "Softmax", "inputs": [[ROWS * 8, 64]], "outputs": [[ROWS * 8, 64]],
+                "attrs": {"axis": -1}},
+    "LogSoftmax": {"op": "LogSoftmax", "inputs": [[ROWS * 8, 64]], "outputs": [[ROWS * 8, 64]],
+                   "attrs": {"axis": -1}},
+    "SoftmaxGrad_13": {"op": "SoftmaxGrad_13", "domain": MS, "inputs": [[ROWS * 8, 64]] * 2,
+                       "outputs": [[ROWS * 8, 64]], "positive": True},
+}
+
+needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux") or not _can_reset_peak(),
+                                reason="needs /proc/self/clear_refs (Linux)")
+
+
+PLANTED = {"op": "PlantedAlloc", "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]}
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    return hidden_bytes({**GUARDED, "PlantedAlloc": PLANTED})
+
+
+@needs_proc
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_no_hidden_tensor_sized_memory(measured, name):
+    got = measured[name]
+    assert got["extra"] < got["out_bytes"] // 4, f"{name}: peak RSS rose {got['extra']} B during the call " \
+                                                   f"(output {got['out_bytes']} B)"
+
+
+@needs_proc
+def test_the_guard_sees_a_planted_allocation(measured):
+    got = measured["PlantedAlloc"]
+    assert got["extra"] >= got["out_bytes"], got
+
+
+def test_threads_set_torchs_pool_with_blas():
+    """--threads (set_blas_threads) sizes torch's intra-op pool too, before or after it loads."""
+    from onnxplan.executor.threads import blas_threads, set_blas_threads
+
+    torch = _torch.load()
+    old_torch, old_blas = torch.get_num_threads(), blas_threads()
+    try:
+        set_blas_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        if old_blas:
+            set_blas_threads(old_blas)
+        torch.set_num_threads(old_torch)
