@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -210,3 +213,75 @@ def test_joint_swaps_run_equals_plain():
     assert res.losses == base.losses
     for k, v in base.params.items():
         assert np.array_equal(res.params[k], v), k
+
+
+def test_joint_is_an_opt_in_strategy_of_the_budget_layer():
+    """The budget layer plans the joint solver only when named; its outcome records the
+    schedule (plan.joint, replayed by the recompute pass) and the named strategy."""
+    from onnxplan.budget import AUTO_STRATEGIES, STRATEGIES, FlopCosts, MemoryRequest, plan_for_budget
+    from onnxplan.plan import Plan
+
+    graph = three_linear_step(batch=64)
+    plain = planning.plan_step(graph, OPTS)
+    assert "joint" in STRATEGIES and "joint" not in AUTO_STRATEGIES
+    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
+    auto = plan_for_budget(graph, OPTS, MemoryRequest(budget=budget), FlopCosts())
+    assert auto.plan.joint is None and auto.plan.strategy.chosen != "joint"
+    out = plan_for_budget(graph, replace(OPTS, time_limit=5.0), MemoryRequest(budget=budget, strategy="joint"),
+                          FlopCosts())
+    j = out.plan.joint
+    assert out.plan.strategy.chosen == "joint" and [c.strategy for c in out.plan.strategy.candidates] == ["joint"]
+    assert out.plan.peak_bytes <= budget < plain.plan.peak_bytes
+    assert j.schedule.startswith("dag.") and f"recompute:{j.schedule}" in out.plan.passes
+    assert j.placed_peak_bytes == out.plan.peak_bytes and j.time_source == "time: FLOP estimate"
+    assert j.buffers and all(b.recomputed_in or b.paged_out for b in j.buffers)
+    assert all(b.extra_seconds > 0 for b in j.buffers)
+    back = Plan.from_json(json.loads(out.plan.dumps()))  # the typed section round-trips
+    assert back.joint == j
+
+
+def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """The CLI in a fresh process (nothing imported beforehand: replaying a joint plan must
+    find the "dag." recompute code's handler by importing onnxplan alone)."""
+    return subprocess.run([sys.executable, "-c", "import sys; from onnxplan.cli.app import main; sys.exit(main())",
+                           *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
+    """`plan MODEL --strategy joint --budget X -o p.json`, then `run --plan p.json --verify`
+    in another process (bit-checked against ONNX Runtime), and `explain` shows each value."""
+    from onnxplan.ir.load import load_step
+
+    folder = small_artifacts("transformer")
+    plain = planning.plan_step(load_step(folder), planning.PlanOptions())
+    budget = str(plain.plan.persistent_bytes + int(0.85 * plain.plan.arena_bytes))
+    p = tmp_path / "p.json"
+    r = _cli("plan", str(folder), "--strategy", "joint", "--budget", budget, "--no-profile", "--time-limit", "2",
+             "-o", str(p))
+    assert r.returncode == 0, r.stderr
+    d = json.loads(p.read_text())
+    assert d["strategy"]["chosen"] == "joint" and d["joint"]["schedule"].startswith("dag.")
+    assert d["peak_bytes"] <= int(budget)
+    r = _cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["verified"] is True
+    r = _cli("explain", str(p))
+    assert r.returncode == 0, r.stderr
+    row = next(b for b in d["joint"]["buffers"] if b["recomputed_in"])
+    assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout
+
+
+def test_cli_strategy_is_checked():
+    """--strategy outside the registered ones, without a budget, beside --swap, or with --plan: exit 2."""
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
+    from tests.cli_asserts import assert_one_line_error
+
+    runner = CliRunner()
+    for args, needle in ((["plan", "mlp", "--strategy", "magic", "--budget", "1MiB"], "invalid --strategy"),
+                         (["plan", "mlp", "--strategy", "joint"], "needs --budget"),
+                         (["plan", "mlp", "--strategy", "joint", "--budget", "1MiB", "--swap", "auto"], "drop --swap"),
+                         (["run", "--plan", "p.json", "--strategy", "joint"], "--plan fixes the plan")):
+        assert_one_line_error(runner.invoke(app, args), 2, needle)
