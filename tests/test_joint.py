@@ -135,7 +135,7 @@ def test_model_peak_bounds_the_lowered_order():
         assert lt.persistent_bytes + max(live_bytes_by_eo(lt.buffers)) <= peak
 
 
-@pytest.mark.parametrize("name", ["resnet18", "transformer"])
+@pytest.mark.parametrize("name", [pytest.param("resnet18", marks=pytest.mark.slow), "transformer"])
 def test_not_slower_than_rotor_at_its_memory(name):
     """At the model memory of a rotor schedule, the DAG solver's recomputation costs at most
     rotor's (same costs)."""
@@ -182,7 +182,7 @@ def test_joint_run_equals_plain_transformer():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SMALL))
+@pytest.mark.parametrize("name", sorted(set(SMALL) - {"transformer"}))  # transformer: the test above
 def test_joint_run_equals_plain_every_zoo_model(name):
     _joint_run_equals_plain(name, 0.9)
 
@@ -240,34 +240,38 @@ def test_joint_is_an_opt_in_strategy_of_the_budget_layer():
     assert back.joint == j
 
 
-def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+def _fresh_cli(*args: str) -> subprocess.CompletedProcess:
     """The CLI in a fresh process (nothing imported beforehand: replaying a joint plan must
     find the "dag." recompute code's handler by importing onnxplan alone)."""
     return subprocess.run([sys.executable, "-c", "import sys; from onnxplan.cli.app import main; sys.exit(main())",
-                           *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+                           *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow
 def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     """`plan MODEL --strategy joint --budget X -o p.json`, then `run --plan p.json --verify`
-    in another process (bit-checked against ONNX Runtime), and `explain` shows each value."""
+    in a fresh process (checked against ONNX Runtime), and `explain` shows each value."""
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
     from onnxplan.ir.load import load_step
 
     folder = small_artifacts("transformer")
     plain = planning.plan_step(load_step(folder), planning.PlanOptions())
     budget = str(plain.plan.persistent_bytes + int(0.85 * plain.plan.arena_bytes))
     p = tmp_path / "p.json"
-    r = _cli("plan", str(folder), "--strategy", "joint", "--budget", budget, "--no-profile", "--time-limit", "2",
-             "-o", str(p))
-    assert r.returncode == 0, r.stderr
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", str(folder), "--strategy", "joint", "--budget", budget, "--no-profile",
+                            "--time-limit", "1", "-o", str(p)])
+    assert r.exit_code == 0, r.stderr
     d = json.loads(p.read_text())
     assert d["strategy"]["chosen"] == "joint" and d["joint"]["schedule"].startswith("dag.")
     assert d["peak_bytes"] <= int(budget)
-    r = _cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
+    r = _fresh_cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verified"] is True
-    r = _cli("explain", str(p))
-    assert r.returncode == 0, r.stderr
+    r = runner.invoke(app, ["explain", str(p)])
+    assert r.exit_code == 0, r.stderr
     row = next(b for b in d["joint"]["buffers"] if b["recomputed_in"])
     assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout
 
