@@ -289,3 +289,15 @@ def test_cli_strategy_is_checked():
                          (["plan", "mlp", "--strategy", "joint", "--budget", "1MiB", "--swap", "auto"], "drop --swap"),
                          (["run", "--plan", "p.json", "--strategy", "joint"], "--plan fixes the plan")):
         assert_one_line_error(runner.invoke(app, args), 2, needle)
+
+
+def test_a_fresh_process_replays_joint_codes():
+    """Importing any part of onnxplan (here the executor's plan preparation) registers the joint
+    solver's "dag." recompute codes with the recompute pass: nothing below imports onnxplan.joint."""
+    code = ("import onnxplan.executor.prepare\n"
+            "from onnxplan.passes import find_pass\n"
+            "fn = find_pass('recompute:dag.nntrainer.3.1:0')\n"
+            "print(fn.__qualname__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("dag_recompute_pass")
