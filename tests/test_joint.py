@@ -301,3 +301,16 @@ def test_a_fresh_process_replays_joint_codes():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("dag_recompute_pass")
+
+
+def test_api_plan_takes_a_strategy():
+    """onnxplan.plan(step, budget=..., strategy="joint"): the joint plan, which runs as planned."""
+    import onnxplan
+
+    step = onnxplan.load("mlp", batch=4)
+    plain = onnxplan.plan(step)
+    budget = plain.peak_bytes - 64
+    plan = onnxplan.plan(step, budget=budget, strategy="joint", planner="best-fit", time_limit=2.0)
+    assert plan.strategy.chosen == "joint" and plan.joint is not None and plan.peak_bytes <= budget
+    report = onnxplan.run(step, plan, steps=1, warmup=0)
+    assert report.peak_bytes == plan.peak_bytes
