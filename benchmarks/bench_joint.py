@@ -22,13 +22,12 @@ from dataclasses import replace
 import numpy as np
 
 from onnxplan.artifacts import build_artifacts
-from onnxplan.checkpoint.auto import predicted_step_seconds
-from onnxplan.checkpoint.profile import profile_times
+from onnxplan.budget import STRATEGIES, ProfiledCosts, attempt, plan_with_checkpoint, predicted_step_seconds
+from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.executor.runner import run_plan
 from onnxplan.ir.load import load_step
 from onnxplan.joint.fit import plan_joint
 from onnxplan.models import get_model
-from onnxplan.passes._infra import run_pipeline
 from onnxplan.planning import PlanOptions, plan_step
 
 
@@ -63,12 +62,12 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
     graph = load_step(folder)
     opts = PlanOptions()
     plain = plan_step(graph, opts)
-    pre = run_pipeline(graph, ["realize", "interleave"])[0]
-    times, note = profile_times(pre, inplace=True)
+    profiled = ProfiledCosts()  # one profile (cached) gives every strategy its node costs
+    times, note = profiled.times(step_before_inplace(graph, opts))
     costs = dict(times.measured)
-    least = plan_step(graph, replace(opts, checkpoint="rotor", profile=True)).plan.peak_bytes
+    least = plan_with_checkpoint(graph, opts, "rotor", profiled).plan.peak_bytes
     if args.from_swap_floor:
-        least = min(least, plan_step(graph, replace(opts, swap="proactive")).plan.peak_bytes)
+        least = min(least, attempt(graph, replace(opts, swap="proactive")).plan.peak_bytes)
     top = plain.plan.peak_bytes
     budgets = [int(least + k * (top - least) / args.budgets) for k in range(args.budgets)]
     rows = []
@@ -79,11 +78,10 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
     for budget in budgets:
         cands = {}
         t0 = time.perf_counter()
-        cands["rotor"] = (plan_step(graph, replace(opts, checkpoint="rotor", budget=budget, profile=True)), None)
+        cands["rotor"] = (STRATEGIES["recompute"](graph, budget, profiled, None, opts), None)
         cands["rotor"] += (time.perf_counter() - t0,)
         t0 = time.perf_counter()
-        cands["swap"] = (plan_step(graph, replace(opts, swap="auto", budget=budget)), None,
-                         time.perf_counter() - t0)
+        cands["swap"] = (STRATEGIES["swap"](graph, budget, profiled, None, opts), None, time.perf_counter() - t0)
         for label, bw in (("joint-recompute", None), ("joint", bandwidth)):
             t0 = time.perf_counter()
             out, sched = plan_joint(graph, budget, opts, costs=costs, swap_bandwidth=bw, time_limit=args.time_limit,
@@ -91,19 +89,20 @@ def bench_model(name: str, args, bandwidth: float) -> list[dict]:
             cands[label] = (out, sched, time.perf_counter() - t0)
         for label, (out, sched, solve) in cands.items():
             if label == "rotor":
-                predicted = out.plan.options.get("checkpoint", {}).get("predicted_step_seconds")
+                predicted = out.plan.checkpoint.predicted_step_seconds if out.plan.checkpoint else None
             elif sched is not None:
-                predicted = out.plan.options["joint"]["predicted_step_seconds"]
+                predicted = out.plan.joint.predicted_step_seconds
             else:
                 predicted = predicted_step_seconds(out, times)
             fits = out.plan.peak_bytes <= budget
             measured = _measure(folder, out.plan, args.steps, args.warmup) if fits else None
             extra = ""
             if sched is not None:
-                j = out.plan.options["joint"]
-                extra = (f"{j['status']} gap {j['gap']:.2f}, model {j['estimate_bytes'] / 2**20:.2f} MiB, "
-                         f"{j['recomputations']} recomputations, {len(out.plan.swaps)} swaps, {len(j['rounds'])} rounds"
-                         + ("; then swap auto" if any("swap auto" in n for n in j["notes"]) else ""))
+                j = out.plan.joint
+                gap = "none" if j.gap is None else f"{j.gap:.2f}"
+                extra = (f"{j.status} gap {gap}, model {j.estimate_bytes / 2**20:.2f} MiB, "
+                         f"{j.recomputations} recomputations, {len(out.plan.swaps)} swaps, {len(j.rounds)} rounds"
+                         + ("; then swap auto" if any("swap auto" in n for n in j.notes) else ""))
             rows.append({"model": name, "budget": budget, "strategy": label, "peak": out.plan.peak_bytes,
                          "fits": fits, "predicted": predicted, "measured": measured, "solve": solve, "note": extra})
             print(_row(rows[-1]), flush=True)

@@ -1,4 +1,5 @@
-"""`onnxplan explain PLAN`: per stage, what the plan keeps, what it recomputes, the extra compute."""
+"""`onnxplan explain PLAN`: per stage, what the plan keeps, what it recomputes, the extra compute;
+for a joint plan (--strategy joint), per value: kept, recomputed, swapped, and the extra time."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ __all__ = ["explain_command"]
 def explain_command(
     plan_file: Path = typer.Argument(..., help="A plan JSON written by `onnxplan plan -o`."),
     names: bool = typer.Option(False, "--names", help="List the kept and recomputed values by name."),
-    json_out: bool = typer.Option(False, "--json", help="Print the plan's checkpoint record as JSON."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan's checkpoint and joint records as JSON."),
 ) -> None:
     """Explain a plan's recomputation: the chain of stages (cut at single-tensor cuts), and per
     stage what the forward pass keeps (everything its backward needs, only its input, or
     nothing), how often its forward runs, which values are recomputed and the extra compute.
+    A plan of the joint solver (--strategy joint): per value it decided, the stages it is kept
+    into, recomputed in (by which node: its copies NODE@rcK), swapped out and in (the EOs of
+    the plan's swap nodes), and the predicted extra time of each choice.
     Exit 0; 2 when the file is missing or not a plan."""
     handle_errors(_explain)(plan_file, names, json_out)
 
@@ -34,9 +38,13 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
     check_plan_record(plan)  # (run --plan re-verifies it in full against its model)
     info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
     if json_out:
-        print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info})
+        print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info,
+                    "joint": plan.joint.to_json() if plan.joint is not None else None})
         return
     con = Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100), highlight=False)
+    if plan.joint is not None:
+        _explain_joint(con, plan, names)
+        return
     if not info:
         con.print(f"[bold]{plan.model}[/]: no recomputation in this plan (planned peak "
                   f"{format_bytes(plan.peak_bytes)}); plan with --checkpoint sqrt|chen|rotor to trade compute for memory")
@@ -75,3 +83,59 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
 
 def _span(s: dict) -> str:
     return s["first"] if s["first"] == s["last"] else f"{s['first']} .. {s['last']}"
+
+
+def _explain_joint(con: Console, plan: Plan, names: bool) -> None:
+    """Per value the joint schedule decided, and every swap of the plan (those of the swap
+    module's `auto` policy too, when it was planned on top)."""
+    j = plan.joint
+    group = {}  # value -> the plan buffer (alias group) holding it
+    for b in plan.buffers:
+        for v in (b.name, *b.aliases):
+            group[v] = b.name
+    swaps: dict[str, list] = {}
+    for sw in plan.swaps:
+        swaps.setdefault(group.get(sw.value, sw.value), []).append(sw)
+    copies: dict[str, list[str]] = {}
+    for x in plan.order:
+        base, sep, _ = x.rpartition("@rc")
+        if sep:
+            copies.setdefault(base, []).append(x)
+    gap = "no bound" if j.gap is None else f"gap {j.gap:.0%}"
+    con.print(f"[bold]{plan.model}[/]: joint schedule ({j.status}, {gap}), budget "
+              f"{format_bytes(j.budget_bytes) if j.budget_bytes is not None else '-'}; {j.stages} stages, "
+              f"{j.recomputations} recomputations; model peak {format_bytes(j.estimate_bytes)}, planned peak "
+              f"{format_bytes(plan.peak_bytes)}")
+    t = Table("value", "bytes", "kept", "recomputed", "swapped (out EO -> in EO)", "extra time")
+    shown = set()
+    for b in j.buffers:
+        mine = swaps.get(group.get(b.buffer, b.buffer), [])
+        shown.update(id(sw) for sw in mine)
+        kept = f"{len(b.kept_into)} stage{'s' * (len(b.kept_into) > 1)}" if b.kept_into else "-"
+        rec = "-"
+        if b.recomputed_in:
+            rec = f"stages {', '.join(map(str, b.recomputed_in))} by {b.recomputed_by}"
+            if names and copies.get(b.recomputed_by):
+                rec += "\n" + "\n".join(copies[b.recomputed_by])
+        swp = ", ".join(f"{sw.out_eo} -> {sw.in_eo}" for sw in mine) or (
+            "paged by the schedule; the swap module's swaps replaced it" if b.paged_out else "-")
+        t.add_row(b.buffer, format_bytes(b.bytes), kept, rec, swp, _ms(b.extra_seconds))
+    bandwidth = j.swap_bandwidth
+    for sw in plan.swaps:  # the rest: the swap module's, planned on top of the schedule
+        if id(sw) not in shown:
+            moved = sw.bytes * (2 if sw.write else 1)
+            t.add_row(sw.value, format_bytes(sw.bytes), "-", "-", f"{sw.out_eo} -> {sw.in_eo} (swap module)",
+                      _ms(moved / bandwidth) if bandwidth else "?")
+    con.print(t)
+    con.print(f"predicted step {j.predicted_step_seconds * 1e3:.2f} ms: recomputation "
+              f"{j.recompute_seconds * 1e3:.3f} ms, exposed transfers {j.stall_seconds * 1e3:.3f} ms "
+              f"({j.time_source or 'FLOP estimate'}; extra time of a swap: its bytes at "
+              f"{format_bytes(bandwidth) + '/s' if bandwidth else 'no store'}, before overlap)")
+    con.print(f"schedule: {j.schedule or 'no recomputation'}" if names else
+              f"schedule: {len(j.schedule)} characters (--names prints it)")
+    for note in j.notes:
+        con.print(f"  {note}")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f} ms" if seconds else "-"

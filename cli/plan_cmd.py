@@ -13,6 +13,7 @@ from onnxplan.api import load_step_of, solve
 from onnxplan.budget import MemoryRequest, cost_model
 from onnxplan.cli.common import (
     FREEZE_HELP,
+    STRATEGY_HELP,
     TRAIN_HELP,
     check_output,
     handle_errors,
@@ -45,6 +46,7 @@ def plan_command(
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
+    strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
     out: Path = typer.Option(None, "-o", "--out", help="Write the plan JSON here."),
     batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
@@ -64,13 +66,13 @@ def plan_command(
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
                          batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
-                         device, train, freeze, split_grad)
+                         device, train, freeze, split_grad, strategy)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu", train=None, freeze=None, split_grad=False) -> None:
-    memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
+          profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto") -> None:
+    memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     budget_bytes = memory.budget
     opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2

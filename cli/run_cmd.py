@@ -11,7 +11,15 @@ from rich.table import Table
 
 from onnxplan.api import check_run_options, load_step_of, plan_request, solve
 from onnxplan.budget import MemoryRequest, cost_model
-from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, fail, handle_errors, model_request, print_json
+from onnxplan.cli.common import (
+    FREEZE_HELP,
+    STRATEGY_HELP,
+    TRAIN_HELP,
+    fail,
+    handle_errors,
+    model_request,
+    print_json,
+)
 from onnxplan.device import array_module
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.executor.prepare import Prepared, prepare
@@ -59,6 +67,7 @@ def run_command(
     budget: str = typer.Option(None, "--budget", help="Memory budget, e.g. 64MiB: swap (--swap) or recompute (--checkpoint) until the planned peak fits; with neither, the one predicted faster."),
     swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder of the swap file (default: a temporary folder, removed)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
+    strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
     device: str = typer.Option("cpu", "--device", help="Where the step runs: cpu (numpy) or cuda (CuPy on the GPU; the measured peak is then the most device memory held by live arrays, from CuPy's pool)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -79,12 +88,12 @@ def run_command(
     swap_args = (swap, lookahead, window_bytes, budget, swap_dir)
     handle_errors(_run)(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps,
                         warmup, seed, lr, verify, check_arena, threads, measure, json_out, swap_args,
-                        (checkpoint, profile), device, (train, freeze))
+                        (checkpoint, profile, strategy), device, (train, freeze))
 
 
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
-         checkpoint_args=(None, False), device="cpu", select_args=(None, None)) -> None:
+         checkpoint_args=(None, False, "auto"), device="cpu", select_args=(None, None)) -> None:
     check_run_options(steps, warmup, lr, threads)
     check_time_limit(plan_opts["time_limit"])
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once
@@ -93,12 +102,14 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
                          "(from `onnxplan plan MODEL -o plan.json`), e.g. `onnxplan run mlp --swap proactive`")
     req = model_request(model or "", batch, optimizer, loss, dim, *select_args)
     swap, lookahead, window_bytes, budget, swap_dir = swap_args
-    checkpoint, profile = checkpoint_args
+    checkpoint, profile, strategy = checkpoint_args
     if swap_dir is not None and not Path(swap_dir).is_dir():
         raise UsageError(f"--swap-dir {swap_dir}: no such folder")
     if plan_file is not None:
-        if swap is not None or window_bytes is not None or budget is not None or lookahead != 1 or checkpoint:
-            raise UsageError("--plan fixes the plan; drop --swap, --lookahead, --window-bytes, --budget, --checkpoint")
+        if (swap is not None or window_bytes is not None or budget is not None or lookahead != 1 or checkpoint
+                or strategy != "auto"):
+            raise UsageError("--plan fixes the plan; drop --swap, --lookahead, --window-bytes, --budget, --checkpoint, "
+                             "--strategy")
         changed = [k.replace("_", "-") for k, v in plan_opts.items() if v != _PLAN_DEFAULTS[k]]
         if changed:
             raise UsageError(f"--plan fixes the plan; drop --{', --'.join(changed)}")
@@ -106,7 +117,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         req = plan_request(how, req, model is None)
     else:
         how = PlanOptions(**plan_opts)
-        memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
+        memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     with Progress("run") as progress:
         progress.update("checking the plan" if plan_file is not None else "planning")
         prep = prepare(req, how) if plan_file is not None else \

@@ -73,12 +73,13 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
          interleave: bool = True, inplace: bool = True, time_limit: float | None = None,
          swap: str | None = None, lookahead: int = 1, window_bytes: str | int | None = None,
          checkpoint: str | None = None, profile: bool = False, device: str = "cpu",
-         split_grad: bool = False) -> Plan:
+         split_grad: bool = False, strategy: str = "auto") -> Plan:
     """Plan `step` (the CLI's `plan` options; sizes as "256MiB" or bytes). Under a budget with
-    no swap or checkpoint policy named, recompute or swap is chosen by predicted step time
-    (`profile`: time our kernels on `device`, else a FLOP estimate). A budget no plan reaches
-    is a BudgetError (exit code 3) naming the smallest peak."""
-    memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint)
+    no swap or checkpoint policy named, `strategy` meets it: "auto", recompute or swap chosen by
+    predicted step time (`profile`: time our kernels on `device`, else a FLOP estimate); or one
+    named: "recompute", "swap", "joint" (the joint CP-SAT solver, opt-in; plan.joint records
+    its schedule). A budget no plan reaches is a BudgetError (exit code 3) naming the smallest peak."""
+    memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: a UsageError now
     res = solve(step, PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad), memory,

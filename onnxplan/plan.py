@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxplan.errors import ModelError
-from onnxplan.plan_records import (CheckpointRecord, PlanSettings, SolverStats, StrategyRecord, SwapRecord, from_v1,
+from onnxplan.plan_records import (CheckpointRecord, JointRecord, PlanSettings, SolverStats, StrategyRecord, SwapRecord, from_v1,
                                    to_v1)
 
 __all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "PlannedBuffer", "PlannedSwap", "Plan"]
@@ -90,6 +90,7 @@ class Plan:
     swap: SwapRecord = SwapRecord()  # the swap policy's record (policy "none": no swap)
     checkpoint: CheckpointRecord | None = None  # a checkpoint policy's schedule (onnxplan.budget)
     strategy: StrategyRecord | None = None  # the budget layer's choice when no policy was named
+    joint: JointRecord | None = None  # the joint solver's schedule (strategy "joint")
     swaps: tuple[PlannedSwap, ...] = ()  # onnxplan.swap: evictions; the order holds their nodes
     # what the plan was made for: StepGraph.fingerprint() of the loaded (pre-pass) graph, the
     # onnxplan version, and the model reference `run --plan` resolves without a MODEL
@@ -122,6 +123,7 @@ class Plan:
             "swap": self.swap.to_json(),
             "checkpoint": self.checkpoint.to_json() if self.checkpoint is not None else None,
             "strategy": self.strategy.to_json() if self.strategy is not None else None,
+            "joint": self.joint.to_json() if self.joint is not None else None,
             "options": self.options,  # schema 1's view of the sections above, for its readers; not read
             "persistent_bytes": self.persistent_bytes,
             "arena_bytes": self.arena_bytes,
@@ -137,7 +139,7 @@ class Plan:
     @property
     def options(self) -> dict[str, Any]:
         """The sections as schema 1's free-form `options` (written for readers of v1 files)."""
-        return to_v1(self.settings, self.solver, self.swap, self.checkpoint, self.strategy)
+        return to_v1(self.settings, self.solver, self.swap, self.checkpoint, self.strategy, self.joint)
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
@@ -194,4 +196,5 @@ def _sections(d: dict[str, Any]) -> dict[str, Any]:
         "swap": SwapRecord.from_json(d["swap"]),
         "checkpoint": CheckpointRecord.from_json(d["checkpoint"]) if d.get("checkpoint") else None,
         "strategy": StrategyRecord.from_json(d["strategy"]) if d.get("strategy") else None,
+        "joint": JointRecord.from_json(d["joint"]) if d.get("joint") else None,
     }

@@ -1,5 +1,5 @@
 """The typed sections of a Plan (schema v2): planning settings, solver statistics, swap,
-checkpoint and memory-strategy records. Each reads and writes its own JSON object; `from_v1`
+checkpoint, joint-solver and memory-strategy records. Each reads and writes its own JSON object; `from_v1`
 reads the free-form `options` of a schema-1 plan file into them (onnxplan/PLAN_SCHEMA.md)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["CheckpointRecord", "PlanSettings", "SolverStats", "StrategyCandidate", "StrategyRecord", "SwapRecord",
+__all__ = ["CheckpointRecord", "JointBuffer", "JointRecord", "PlanSettings", "SolverStats", "StrategyCandidate", "StrategyRecord", "SwapRecord",
            "from_v1"]
 
 
@@ -120,6 +120,75 @@ class CheckpointRecord:
 
 
 @dataclass(frozen=True)
+class JointBuffer:
+    """One buffer the joint solver decided: kept into which stages, recomputed in which (by its
+    producer `recomputed_by`, whose copies are `recomputed_by@rcK` in the order), paged out and
+    in for which stages, the anchors (backward nodes) that read it, and the predicted extra
+    seconds of those choices (recomputations; transfers at the store's bandwidth, before overlap)."""
+
+    buffer: str
+    bytes: int
+    kept_into: tuple[int, ...] = ()
+    recomputed_in: tuple[int, ...] = ()
+    recomputed_by: str = ""
+    paged_out: bool = False
+    paged_in_for: tuple[int, ...] = ()
+    anchors: tuple[str, ...] = ()
+    extra_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kept_into": list(self.kept_into), "recomputed_in": list(self.recomputed_in),
+                "paged_in_for": list(self.paged_in_for), "anchors": list(self.anchors)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JointBuffer:
+        return cls(str(d["buffer"]), int(d["bytes"]), tuple(map(int, d.get("kept_into", ()))),
+                   tuple(map(int, d.get("recomputed_in", ()))), str(d.get("recomputed_by", "")),
+                   bool(d.get("paged_out", False)), tuple(map(int, d.get("paged_in_for", ()))),
+                   tuple(map(str, d.get("anchors", ()))), float(d.get("extra_seconds", 0.0)))
+
+
+@dataclass(frozen=True)
+class JointRecord:
+    """The joint solver's schedule (onnxplan.joint, strategy "joint"): the recompute code the
+    recompute pass replays, the CP-SAT status and gap (None: no bound), the model's peak
+    estimate and the placed peak, the predicted step time and its recompute and stall parts,
+    the swap store's bandwidth (None: recompute only), what the times rest on, the rounds
+    solved, notes, and per decided buffer what was done (`buffers`: JointBuffer)."""
+
+    schedule: str = ""
+    budget_bytes: int | None = None
+    status: str = ""
+    gap: float | None = None
+    estimate_bytes: int = 0
+    placed_peak_bytes: int = 0
+    predicted_step_seconds: float = 0.0
+    recompute_seconds: float = 0.0
+    stall_seconds: float = 0.0
+    swap_bandwidth: float | None = None
+    time_source: str = ""
+    stages: int = 0
+    order_policy: str = ""
+    recomputations: int = 0
+    rounds: tuple[dict[str, Any], ...] = ()
+    notes: tuple[str, ...] = ()
+    buffers: tuple[JointBuffer, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "rounds": [dict(r) for r in self.rounds], "notes": list(self.notes),
+                "buffers": [b.to_json() for b in self.buffers]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JointRecord:
+        kw = _take(cls, d)
+        kw["schedule"] = str(kw.get("schedule", ""))
+        kw["rounds"] = tuple(dict(r) for r in kw.get("rounds", ()))
+        kw["notes"] = tuple(map(str, kw.get("notes", ())))
+        kw["buffers"] = tuple(JointBuffer.from_json(b) for b in kw.get("buffers", ()))
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
 class StrategyCandidate:
     strategy: str
     peak_bytes: int
@@ -154,18 +223,19 @@ class StrategyRecord:
 
 def from_v1(options: dict[str, Any]) -> dict[str, Any]:
     """A schema-1 plan's free-form `options` as the v2 sections (Plan field name -> record)."""
-    ck, ms = options.get("checkpoint"), options.get("memory_strategy")
+    ck, ms, jt = options.get("checkpoint"), options.get("memory_strategy"), options.get("joint")
     return {
         "settings": PlanSettings.from_json(options),
         "solver": SolverStats.from_json(options),
         "swap": SwapRecord.from_json(options.get("swap") or {}),
         "checkpoint": CheckpointRecord.from_json(ck) if ck else None,
         "strategy": StrategyRecord.from_json(ms) if ms else None,
+        "joint": JointRecord.from_json(jt) if jt else None,
     }
 
 
 def to_v1(settings: PlanSettings, solver: SolverStats, swap: SwapRecord, checkpoint: CheckpointRecord | None,
-          strategy: StrategyRecord | None) -> dict[str, Any]:
+          strategy: StrategyRecord | None, joint: JointRecord | None = None) -> dict[str, Any]:
     """The sections as schema 1's `options` (written beside them for readers of v1 files; never read)."""
     out: dict[str, Any] = {**settings.to_json(), **solver.to_json(),
                            "swap": {k: v for k, v in swap.to_json().items() if v is not None or k == "budget"}}
@@ -173,4 +243,6 @@ def to_v1(settings: PlanSettings, solver: SolverStats, swap: SwapRecord, checkpo
         out["checkpoint"] = checkpoint.to_json()
     if strategy is not None:
         out["memory_strategy"] = strategy.to_json()
+    if joint is not None:
+        out["joint"] = joint.to_json()
     return out

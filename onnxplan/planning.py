@@ -22,7 +22,7 @@ from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, ve
 from onnxplan.verify import verify_offsets
 
 __all__ = ["BudgetNotMet", "PlanOptions", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
-           "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
+           "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
 
 HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
 ORDER_CHOICES = ("auto", *HEURISTIC_ORDERS, "ilp")
@@ -251,7 +251,7 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
     plan = Plan(
         model=graph.name,
         order=order,
-        buffers=_planned(lt.buffers, op),
+        buffers=planned_buffers(lt.buffers, op),
         persistent_bytes=lt.persistent_bytes,
         arena_bytes=op.arena_bytes,
         lower_bound_bytes=lt.persistent_bytes + bound,
@@ -298,7 +298,8 @@ def _swap_record(swap: SwapOutcome | None, opts: PlanOptions) -> SwapRecord:
                       **swap.options, **swap_totals(swap.swaps))
 
 
-def _planned(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[PlannedBuffer, ...]:
+def planned_buffers(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[PlannedBuffer, ...]:
+    """The plan's buffer rows: each buffer at its offset in `op`, by first EO then name."""
     return tuple(PlannedBuffer(b.name, b.nbytes, b.vclass, b.first, b.last, op.offsets[b.name], b.aliases)
                  for b in sorted(buffers, key=lambda b: (b.first, b.name)))
 

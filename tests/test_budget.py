@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from onnxplan.budget import STRATEGIES, FlopCosts, MemoryRequest, attempt, plan_for_budget
+from onnxplan.budget import AUTO_STRATEGIES, STRATEGIES, FlopCosts, MemoryRequest, attempt, plan_for_budget
+from onnxplan.budget import strategies as strategies_module
 from onnxplan.errors import EXIT_BUDGET, EXIT_USAGE, UsageError
 from onnxplan.planning import BudgetNotMet, PlanOptions, plan_step
 from tests.graphs import three_linear_step
@@ -48,7 +49,8 @@ def test_budget_layer_picks_a_strategy_and_says_why(step, plain):
     budget = plain.plan.peak_bytes - 1
     out = plan_for_budget(step, OPTS, MemoryRequest(budget=budget))
     info = out.plan.strategy
-    assert {c.strategy for c in info.candidates} == {"none", *STRATEGIES}
+    assert {c.strategy for c in info.candidates} == {"none", *AUTO_STRATEGIES}
+    assert "joint" in STRATEGIES and "joint" not in AUTO_STRATEGIES  # opt-in: planned only when named
     assert any(n.startswith("memory strategy: ") for n in out.pass_notes)
     fits = [c for c in info.candidates if c.fits]
     assert (out.plan.peak_bytes <= budget) == bool(fits)
@@ -57,25 +59,28 @@ def test_budget_layer_picks_a_strategy_and_says_why(step, plain):
 
 
 def test_a_new_strategy_is_one_more_entry(step, plain, monkeypatch):
-    """A solver (the joint one of onnxplan.joint) plugs in as (graph, budget, cost model, time limit, base)."""
+    """A solver plugs in as (graph, budget, cost model, time limit, base); registered for the
+    default choice, fit_budget plans it beside recompute and swap."""
     seen = {}
 
-    def joint(graph, budget, costs, time_limit, base):
+    def toy(graph, budget, costs, time_limit, base):
         seen.update(budget=budget, costs=costs, time_limit=time_limit)
         return attempt(graph, replace(base, budget=None))
 
-    monkeypatch.setitem(STRATEGIES, "joint", joint)
+    monkeypatch.setitem(STRATEGIES, "toy", toy)
+    monkeypatch.setattr(strategies_module, "AUTO_STRATEGIES", [*AUTO_STRATEGIES, "toy"])
     budget = plain.plan.peak_bytes - 1
     costs = FlopCosts()
     out = plan_for_budget(step, replace(OPTS, time_limit=2.0), MemoryRequest(budget=budget), costs)
     assert seen == {"budget": budget, "costs": costs, "time_limit": 2.0}
-    assert "joint" in {c.strategy for c in out.plan.strategy.candidates}
+    assert "toy" in {c.strategy for c in out.plan.strategy.candidates}
 
 
 @pytest.mark.parametrize("flags,needle", [
     ({"swap": "sometimes"}, "invalid --swap"), ({"checkpoint": "half"}, "invalid --checkpoint"),
     ({"lookahead": -1}, "invalid --lookahead"), ({"window_bytes": "0B"}, "invalid --window-bytes"),
-    ({"budget": "lots"}, "invalid size"),
+    ({"budget": "lots"}, "invalid size"), ({"budget": "1MiB", "strategy": "magic"}, "invalid --strategy"),
+    ({"strategy": "joint"}, "needs --budget"), ({"budget": "1MiB", "strategy": "joint", "swap": "auto"}, "drop --swap"),
 ])
 def test_a_bad_request_is_a_usage_error(flags, needle):
     with pytest.raises(UsageError, match=needle) as err:

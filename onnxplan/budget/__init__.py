@@ -6,8 +6,20 @@ from onnxplan.budget.attempt import attempt
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import CostModel, FlopCosts, ProfiledCosts, cost_model
 from onnxplan.budget.decide import MemoryRequest, plan_for_budget
-from onnxplan.budget.strategies import STRATEGIES, Strategy, fit_budget, predicted_step_seconds, register_strategy
+from onnxplan.budget.joint import (
+                                        plan_joint_strategy,  # registers "joint" (opt-in) and the "dag." recompute code
+)
+from onnxplan.budget.strategies import (
+                                        AUTO_STRATEGIES,
+                                        STRATEGIES,
+                                        Strategy,
+                                        fit_budget,
+                                        plan_with_strategy,
+                                        predicted_step_seconds,
+                                        register_strategy,
+                                        strategy_choices,
+)
 
-__all__ = ["STRATEGIES", "CostModel", "FlopCosts", "MemoryRequest", "ProfiledCosts", "Strategy", "attempt",
-           "cost_model", "fit_budget", "plan_for_budget", "plan_with_checkpoint", "predicted_step_seconds",
-           "register_strategy"]
+__all__ = ["AUTO_STRATEGIES", "STRATEGIES", "CostModel", "FlopCosts", "MemoryRequest", "ProfiledCosts", "Strategy",
+           "attempt", "cost_model", "fit_budget", "plan_for_budget", "plan_joint_strategy", "plan_with_checkpoint",
+           "plan_with_strategy", "predicted_step_seconds", "register_strategy", "strategy_choices"]

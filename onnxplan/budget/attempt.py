@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from onnxplan.ir.graph import StepGraph
-from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, plan_step
+from dataclasses import replace
 
-__all__ = ["attempt"]
+from onnxplan.ir.graph import StepGraph
+from onnxplan.passes import run_pipeline
+from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
+
+__all__ = ["attempt", "step_before_inplace"]
 
 
 def attempt(graph: StepGraph, opts: PlanOptions) -> PlanOutcome:
@@ -14,3 +17,10 @@ def attempt(graph: StepGraph, opts: PlanOptions) -> PlanOutcome:
         return plan_step(graph, opts)
     except BudgetNotMet as miss:
         return miss.outcome
+
+
+def step_before_inplace(graph: StepGraph, opts: PlanOptions) -> StepGraph:
+    """The step as the cost models and the recompute policies see it: `opts`' pipeline up to
+    (not including) the in-place pass (realize, interleave, split-grad)."""
+    names = [n for n in pipeline_names(replace(opts, recompute="")) if n not in ("inplace", "inplace-state")]
+    return run_pipeline(graph, names)[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from onnxplan.budget.attempt import attempt
+from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.costs import CostModel, FlopCosts
 from onnxplan.checkpoint.chain import build_chain
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
@@ -14,8 +14,7 @@ from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
 from onnxplan.checkpoint.select import Selection, choose_schedule, stage_summary
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan_records import CheckpointRecord
-from onnxplan.passes import run_pipeline
-from onnxplan.planning import PlanOptions, PlanOutcome, pipeline_names
+from onnxplan.planning import PlanOptions, PlanOutcome
 
 __all__ = ["plan_with_checkpoint"]
 
@@ -30,8 +29,7 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
     t0 = time.perf_counter()
     base = replace(opts, recompute="")
     plain = attempt(graph, base) if opts.budget is not None else None
-    names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
-    pre, _ = run_pipeline(graph, names)
+    pre = step_before_inplace(graph, base)
     times, time_note = costs.times(pre, inplace=opts.inplace, order=opts.order)
     chain = build_chain(pre, times)
     if plain is not None and plain.plan.peak_bytes <= opts.budget:

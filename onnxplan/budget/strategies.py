@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from onnxplan.budget.attempt import attempt
+from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import CostModel, FlopCosts
 from onnxplan.checkpoint.costs import TimeModel
@@ -15,23 +15,35 @@ from onnxplan.plan_records import StrategyCandidate, StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
 
-__all__ = ["STRATEGIES", "Strategy", "fit_budget", "predicted_step_seconds", "register_strategy"]
+__all__ = ["AUTO_STRATEGIES", "STRATEGIES", "Strategy", "fit_budget", "plan_with_strategy", "predicted_step_seconds",
+           "register_strategy", "strategy_choices"]
 
 # name -> a function planning the step with that strategy: (graph, budget, cost model, time
 # limit, base options: the caller's order, planner, passes) -> PlanOutcome, fitting or not.
 # A strategy is any way to trade time for memory; each is planned and the fitting one with
 # the least predicted step time wins. Recompute and swap are registered here; a new one
-# (a joint solver, offloading optimizer state...) registers itself the same way.
+# (offloading optimizer state...) registers itself the same way; the joint solver
+# (budget/joint.py) is opt-in: planned only when named (--strategy joint).
 Strategy = Callable[[StepGraph, int, CostModel, "float | None", PlanOptions], PlanOutcome]
 STRATEGIES: dict[str, Strategy] = {}
+AUTO_STRATEGIES: list[str] = []  # the ones fit_budget plans when none is named, in registration order
 
 
-def register_strategy(name: str) -> Callable[[Strategy], Strategy]:
+def register_strategy(name: str, *, auto: bool = True) -> Callable[[Strategy], Strategy]:
+    """Register a strategy under `name`; `auto`: also planned by fit_budget when no strategy is
+    named (False: only when named, for one too slow or too new to run by default)."""
     def deco(fn: Strategy) -> Strategy:
         STRATEGIES[name] = fn
+        if auto and name not in AUTO_STRATEGIES:
+            AUTO_STRATEGIES.append(name)
         return fn
 
     return deco
+
+
+def strategy_choices() -> tuple[str, ...]:
+    """The values of --strategy: auto (fit_budget's choice among the auto strategies), then every registered one."""
+    return ("auto", *STRATEGIES)
 
 
 @register_strategy("recompute")
@@ -76,8 +88,8 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
     if budget is None or plain.plan.peak_bytes <= budget:
         why = "the plan fits without recomputation or swap"
         return _record(plain, "none", why, rows, budget), why
-    for name, make in STRATEGIES.items():
-        out = make(graph, budget, costs, opts.time_limit, opts)
+    for name in AUTO_STRATEGIES:
+        out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
         rows.append((name, out, predicted_step_seconds(out, times)))
     fitting = [r for r in rows[1:] if r[1].plan.peak_bytes <= budget]
     if fitting:
@@ -92,6 +104,21 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
         why = (f"{name}: no strategy reaches {format_bytes(budget)}; the smallest peak is "
                f"{format_bytes(out.plan.peak_bytes)} ({name})")
     return _record(out, name, why, rows, budget), why
+
+
+def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,
+                       costs: CostModel = FlopCosts()) -> tuple[PlanOutcome, str]:
+    """The plan of the registered strategy `name` for `opts.budget` (not weighed against the
+    others; it may miss the budget: the caller compares). Returns (outcome, one line); the
+    choice is recorded in plan.strategy as for fit_budget."""
+    budget = opts.budget
+    out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
+    times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
+    secs = predicted_step_seconds(out, times)
+    verdict = "fits" if out.plan.peak_bytes <= budget else "misses it"
+    why = (f"{name} (named): peak {format_bytes(out.plan.peak_bytes)} for budget {format_bytes(budget)} "
+           f"({verdict}), predicted step {secs * 1e3:.2f} ms")
+    return _record(out, name, why, [(name, out, secs)], budget), why
 
 
 def _record(out: PlanOutcome, name: str, why: str, rows, budget: int | None) -> PlanOutcome:

@@ -92,13 +92,12 @@ def _check_passes(plan: Plan) -> None:
 
 
 def _check_checkpoint_record(plan: Plan) -> None:
-    """The schedule the checkpoint record names is the one the recompute pass replays."""
-    ck = plan.checkpoint
-    if ck is not None:
-        code = next((p.partition(":")[2] for p in plan.passes if p.startswith("recompute:")), "")
-        if ck.schedule != code:
-            raise PlanError(f"the checkpoint record's schedule {ck.schedule!r} is not the recompute pass's "
-                            f"{code!r}")
+    """The schedule the checkpoint (or joint) record names is the one the recompute pass replays."""
+    code = next((p.partition(":")[2] for p in plan.passes if p.startswith("recompute:")), "")
+    for what, record in (("checkpoint", plan.checkpoint), ("joint", plan.joint)):
+        if record is not None and record.schedule != code:
+            raise PlanError(f"the {what} record's schedule {record.schedule[:60]!r} is not the recompute pass's "
+                            f"{code[:60]!r}")
 
 
 def _check_order(g: StepGraph, order: list[str], what: str) -> None:

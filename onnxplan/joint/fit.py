@@ -3,37 +3,41 @@ re-solve with a tightened budget when the placed peak misses it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
+from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem
 from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
+from onnxplan.passes import run_pipeline
+from onnxplan.plan_records import JointBuffer, JointRecord
+from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
+from onnxplan.swap import is_swap_node
 
 __all__ = ["plan_joint"]
 
 
-def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mapping[str, float] | None = None,
-               swap_bandwidth: float | None = None, time_limit: float = 10.0, rounds: int = 3,
-               policy: str = "nntrainer", warm_start="auto", swap_on_top: bool = True,
-               deterministic_limit: float | None = None) -> tuple[Any, JointSchedule]:
+def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
+               costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
+               time_limit: float = 10.0, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
+               swap_on_top: bool = True, deterministic_limit: float | None = None) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
-    ordered, placed and verified by plan_step with `opts` (PlanOptions; its checkpoint/swap/
-    recompute are ignored), then its page-ins inserted as swap nodes on that order (plan.swaps)
-    and placed again. `swap_bandwidth`: bytes/s of the swap store (None: recompute only). When the placed peak misses the budget, the model's budget is lowered by the miss
-    and solved again, at most `rounds` solves in all; the best round is kept. Should it still
-    miss (the model pages activations only; parameters and optimizer state stay resident),
-    `swap_on_top` plans the swap module's `auto` policy on top of the schedule's recomputations
-    (replacing its page-ins) when that lowers the peak. The rounds, the model's estimate, the
-    placed peak and what was done are in plan.options["joint"]."""
-    from onnxplan.passes._infra import run_pipeline
-    from onnxplan.planning import PlanOptions, pipeline_names, plan_step
-
-    base = replace(opts or PlanOptions(), checkpoint="none", swap="none", recompute="")
+    ordered, placed and verified by plan_step with `opts` (its order, planner, passes; its
+    swap, recompute and budget are ignored), then its page-ins inserted as swap nodes on that
+    order (plan.swaps) and placed again. `costs`: seconds per node name (a profile; None: the
+    FLOP estimate). `swap_bandwidth`: bytes/s of the swap store (None: recompute only). When
+    the placed peak misses the budget, the model's budget is lowered by the miss and solved
+    again, at most `rounds` solves in all; the best round is kept. Should it still miss (the
+    model pages activations only; parameters and optimizer state stay resident), `swap_on_top`
+    plans the swap module's `auto` policy on top of the schedule's recomputations (replacing
+    its page-ins) when that lowers the peak. The outcome may miss the budget; the rounds, the
+    model's estimate, the placed peak and what was done per buffer are in plan.joint."""
+    base = replace(opts or PlanOptions(), swap="none", recompute="", budget=None)
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
     prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
@@ -45,7 +49,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
         out = plan_step(graph, replace(base, recompute=sched.code))
         out, missed = lower_swaps(out, sched, base.planner)
         history.append({"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes,
-                        "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": sched.gap,
+                        "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": _finite(sched.gap),
                         "solve_seconds": sched.wall_seconds, "warm_start": sched.warm_start,
                         "recompute_seconds": sched.recompute_seconds, "stall_seconds": sched.stall_seconds,
                         "page_ins": len(sched.decisions.page_in), "page_ins_not_lowered": missed})
@@ -60,21 +64,31 @@ def plan_joint(graph: StepGraph, budget: int, opts: Any = None, *, costs: Mappin
     _, out, sched = best
     rest, predicted = "", sched.predicted_seconds
     if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
-        more = plan_step(graph, replace(base, recompute=sched.code, swap="auto", budget=budget))
+        try:
+            more = plan_step(graph, replace(base, recompute=sched.code, swap="auto", budget=budget))
+        except BudgetNotMet as miss:
+            more = miss.outcome
         if more.plan.peak_bytes < out.plan.peak_bytes:
-            from onnxplan.checkpoint.costs import TimeModel
-            from onnxplan.swap import is_swap_node
-
             out = more  # its transfers at the swap module's estimate (memory bandwidth, no overlap)
             predicted += sum(TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
             rest = (f"the joint schedule's recomputations, then swap auto for the rest: "
-                    f"{len(more.plan.swaps)} swaps ({more.plan.options.get('swap', {}).get('described', '')})")
-    info = {"budget_bytes": budget, "code": sched.code, "status": sched.status, "gap": sched.gap,
-            "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": out.plan.peak_bytes,
-            "predicted_step_seconds": predicted, "recompute_seconds": sched.recompute_seconds,
-            "stall_seconds": sched.stall_seconds, "stages": prob.stages, "order_policy": prob.policy,
-            "recomputations": len(sched.decisions.recompute), "rounds": history,
-            "notes": [*sched.notes, *([rest] if rest else [])],
-            "buffers": [r for r in schedule_summary(sched) if r["recomputed_in"] or r["paged_out"]]}
-    out.plan = replace(out.plan, options={**out.plan.options, "joint": info})
+                    f"{len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+    record = JointRecord(
+        schedule=sched.code, budget_bytes=budget, status=sched.status, gap=_finite(sched.gap),
+        estimate_bytes=sched.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
+        predicted_step_seconds=predicted, recompute_seconds=sched.recompute_seconds,
+        stall_seconds=sched.stall_seconds, swap_bandwidth=swap_bandwidth,
+        time_source="profile" if costs else "flops", stages=prob.stages, order_policy=prob.policy,
+        recomputations=len(sched.decisions.recompute), rounds=tuple(history),
+        notes=(*sched.notes, *([rest] if rest else [])),
+        buffers=tuple(JointBuffer(r["buffer"], r["bytes"], tuple(r["kept_into"]), tuple(r["recomputed_in"]),
+                                  r["recomputed_by"], r["paged_out"], tuple(r["paged_in_for"]), tuple(r["anchors"]),
+                                  r["extra_seconds"])
+                      for r in schedule_summary(sched) if r["recomputed_in"] or r["paged_out"]))
+    out.plan = replace(out.plan, joint=record)
     return out, sched
+
+
+def _finite(x: float) -> float | None:
+    """A gap as JSON has it: None where there is no bound (inf)."""
+    return x if math.isfinite(x) else None

@@ -5,6 +5,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping
 
+from onnxplan.checkpoint.chain import build_chain
+from onnxplan.checkpoint.costs import TimeModel
+from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, apply_schedule
+from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
+from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, original_name
 from onnxplan.joint.problem import Decisions, JointProblem, memory, minimal_keeps
 
@@ -19,8 +24,6 @@ def keep_all(prob: JointProblem) -> Decisions:
 def from_rewritten(prob: JointProblem, rewritten: StepGraph) -> Decisions:
     """The decisions of a graph the chain recompute pass rewrote: each copy of a node the model
     may recompute is placed in the earliest stage whose anchor reads it (through other copies)."""
-    from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE
-
     eo = {x: i for i, x in enumerate(prob.order)}
     index = {x: k for k, x in enumerate(prob.nodes)}
     copies = [n for n in rewritten.nodes if n.phase == RECOMPUTE_PHASE]
@@ -54,11 +57,6 @@ class RotorColumns:
     decisions (None: no schedule there, or the chain pass refuses it)."""
 
     def __init__(self, prob: JointProblem, costs: Mapping[str, float] | None) -> None:
-        from onnxplan.checkpoint.chain import build_chain
-        from onnxplan.checkpoint.costs import TimeModel
-        from onnxplan.checkpoint.rotor import rotor_table_for_chain
-        from onnxplan.errors import ModelError
-
         self.prob, self.tab, self.lo = prob, None, None
         self._cache: dict[int, Decisions | None] = {}
         try:
@@ -71,10 +69,6 @@ class RotorColumns:
             self.lo = self.tab.min_feasible()
 
     def at(self, col: int) -> Decisions | None:
-        from onnxplan.checkpoint.recompute import apply_schedule
-        from onnxplan.checkpoint.rotor import rotor_schedule
-        from onnxplan.errors import ModelError
-
         if col not in self._cache:
             sched = rotor_schedule(self.tab, col)
             try:

@@ -13,6 +13,7 @@ are copied right after it, at no cost, so readers of a view read the new version
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from onnxplan.checkpoint.recompute import (
     RECOMPUTE_PHASE,
@@ -20,15 +21,23 @@ from onnxplan.checkpoint.recompute import (
     copy_suffix,
     is_recomputed,
     read_latest,
+    register_code_handler,
     stable_topological,
 )
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.problem import Decisions, JointProblem, model_order
+from onnxplan.offsets import lower_bound
 from onnxplan.passes._infra import PassResult
 from onnxplan.passes.analysis import alias_roots
+from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.plan_records import SwapRecord
+from onnxplan.planning import planned_buffers, verify_plan
+from onnxplan.swap import swap_totals
+from onnxplan.swap.driver import realize_selection
 from onnxplan.swap.model import Gap, SwapModel, swap_model
 from onnxplan.swap.policies import SwapPolicy, Timing
+from onnxplan.swap.select import select_all
 
 __all__ = ["dag_recompute_pass", "decode_recompute", "encode_recompute", "lower_joint", "lower_recompute",
            "lower_swaps", "swap_timings"]
@@ -199,14 +208,6 @@ def lower_swaps(outcome, schedule, planner: str = "auto"):
     recomputations, no swap) with the schedule's page-outs and page-ins inserted by the swap
     passes (onnxplan.swap.insert) on the model's order (the graph's node order), placed again
     and verified; the outcome unchanged when nothing is paged."""
-    from dataclasses import replace
-
-    from onnxplan.offsets import lower_bound
-    from onnxplan.passes.lifetimes import lifetimes
-    from onnxplan.planning import _planned, verify_plan
-    from onnxplan.swap.driver import _realize, swap_totals
-    from onnxplan.swap.select import select_all
-
     g = outcome.graph
     order = tuple(n.name for n in g.nodes)  # the model's order (the `given` policy), copies in place
     model = swap_model(g, order, lifetimes(g, order))
@@ -214,14 +215,15 @@ def lower_swaps(outcome, schedule, planner: str = "auto"):
     if not timings:
         return outcome, missed
     sel = select_all(model, _ChosenGaps(timings))
-    so = _realize(g, model, sel, None, planner, schedule.budget)
+    so = realize_selection(g, model, sel, None, planner, schedule.budget)
     lt = so.lifetimes
     plan = replace(
-        outcome.plan, order=so.order, buffers=_planned(lt.buffers, so.offsets), arena_bytes=so.offsets.arena_bytes,
+        outcome.plan, order=so.order, buffers=planned_buffers(lt.buffers, so.offsets), arena_bytes=so.offsets.arena_bytes,
         lower_bound_bytes=lt.persistent_bytes + lower_bound(lt.buffers), planner=so.offsets.planner,
         order_policy="given",
-        swaps=so.swaps, options={**outcome.plan.options, "swap": {
-            "policy": "joint", "requested": "joint", "described": "joint schedule", "budget": schedule.budget,
-            **swap_totals(so.swaps)}})
+        swaps=so.swaps, swap=SwapRecord("joint", "joint", "joint schedule", schedule.budget, **swap_totals(so.swaps)))
     verify_plan(so.graph, plan)
     return replace(outcome, plan=plan, graph=so.graph, swap=so), missed
+
+
+register_code_handler("dag.", dag_recompute_pass)  # the recompute pass replays "dag." codes with it

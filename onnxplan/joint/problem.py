@@ -30,9 +30,13 @@ from onnxplan.checkpoint.chain import nondeterminism
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.offsets import lower_bound
 from onnxplan.offsets.buffers import align
+from onnxplan.orders import order_nodes
+from onnxplan.passes import run_pipeline
 from onnxplan.passes.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
+from onnxplan.planning import HEURISTIC_ORDERS
 
 __all__ = [
     "Buffer",
@@ -117,17 +121,12 @@ def node_costs(graph: StepGraph, costs: Mapping[str, float] | None = None) -> di
 
 def in_place(graph: StepGraph) -> StepGraph:
     """The graph after the in-place pass, as the planners will see it (same nodes)."""
-    from onnxplan.passes import inplace as _inplace  # noqa: F401  (registers the pass)
-    from onnxplan.passes._infra import run_pipeline
-
     return run_pipeline(graph, ["inplace"])[0]
 
 
 def model_order(graph: StepGraph, policy: str = "nntrainer", post: StepGraph | None = None) -> tuple[str, ...]:
     """The fixed order the model uses: `policy` on the graph after the in-place pass (`post`,
     computed when not given), its forward nodes moved first (they never depend on the rest)."""
-    from onnxplan.orders import order_nodes
-
     post = post if post is not None else in_place(graph)
     order = order_nodes(post, policy, buffer_of=alias_roots(post)).order
     phase = {n.name: n.phase for n in graph.nodes}
@@ -137,9 +136,6 @@ def model_order(graph: StepGraph, policy: str = "nntrainer", post: StepGraph | N
 def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
     """The heuristic order policy whose order (forward first) has the least live-bytes bound
     on the graph after the in-place pass (file order of the policies on ties)."""
-    from onnxplan.offsets import lower_bound
-    from onnxplan.planning import HEURISTIC_ORDERS
-
     post = post if post is not None else in_place(graph)
     bounds = [(lower_bound(lifetimes(post, model_order(graph, p, post)).buffers), k, p)
               for k, p in enumerate(HEURISTIC_ORDERS)]

@@ -29,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.hints import keep_all, rotor_hint
+from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
     Decisions,
     JointProblem,
@@ -74,8 +76,6 @@ class JointSchedule:
     @property
     def code(self) -> str:
         """The recompute pass argument that replays the recomputations ('' for none)."""
-        from onnxplan.joint.lower import encode_recompute
-
         return encode_recompute(self.problem, self.decisions)
 
 
@@ -271,8 +271,6 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -
         return warm_start, "given"
     if warm_start in (None, "", "off"):
         return None, "none"
-    from onnxplan.joint.hints import keep_all, rotor_hint
-
     options = []
     if warm_start in ("auto", "none"):
         options.append(("no recomputation", keep_all(prob)))

@@ -16,7 +16,7 @@ from onnxplan.swap.policies import SwapPolicy, make_policy
 from onnxplan.swap.select import Selection, select_all, select_greedy
 from onnxplan.verify import verify_offsets
 
-__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "plan_swaps", "swap_totals"]
+__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "plan_swaps", "realize_selection", "swap_totals"]
 
 SWAP_CHOICES = ("none", "auto", "on-demand", "reduced", "proactive", "window")
 AUTO_POLICIES = ("proactive", "reduced")  # what `auto` tries, in order, when a budget is not met
@@ -83,8 +83,10 @@ def _alone(buffers, planner: str, budget: int, persistent: int, time_limit: floa
     return persistent + best.arena_bytes
 
 
-def _realize(g: StepGraph, model: SwapModel, sel: Selection, target: int | None, planner: str,
-             budget: int | None) -> SwapOutcome:
+def realize_selection(g: StepGraph, model: SwapModel, sel: Selection, target: int | None, planner: str,
+                      budget: int | None) -> SwapOutcome:
+    """The swap outcome of a selection of gaps: the policy's final timings, the swap nodes
+    inserted in the order, lifetimes, offsets placed by `planner` and verified."""
     policy = sel.policy
     gaps = sel.gaps()
     timings = policy.finalize(model, {gp: sel.timings[gp] for gp in gaps}, sel.profile, sel.resident, target)
@@ -103,7 +105,7 @@ def _realize(g: StepGraph, model: SwapModel, sel: Selection, target: int | None,
 
 def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None, planner: str) -> SwapOutcome:
     if budget is None:
-        out = _realize(g, model, select_all(model, policy), None, planner, None)
+        out = realize_selection(g, model, select_all(model, policy), None, planner, None)
         out.notes.append(f"swap {out.policy}: every gap it can swap (no budget)")
         return out
     target = budget
@@ -111,12 +113,12 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
     out = None
     for _ in range(MAX_ROUNDS):
         sel = select_greedy(model, policy, target, sel)
-        out = _realize(g, model, sel, target, planner, budget)
+        out = realize_selection(g, model, sel, target, planner, budget)
         if out.fits or sel.stuck:
             break
         target = min(target, sel.estimate) - (out.peak_bytes - budget) - ALIGNMENT
     if not out.fits:  # stuck at the peak EO: swapping everything may still pack tighter
-        every = _realize(g, model, select_all(model, policy), None, planner, budget)
+        every = realize_selection(g, model, select_all(model, policy), None, planner, budget)
         t = select_all(model, policy).peak_eo
         floor = Floor(every.peak_bytes, model.working_set(t), t, model.order[t] if model.n else "")
         out = every if every.peak_bytes < out.peak_bytes else out
