@@ -4,8 +4,7 @@ import pytest
 
 from onnxplan.ir import attrs
 from onnxplan.ir.graph import Node
-from onnxplan.ir.shape_rules import ShapeInferenceError
-from onnxplan.ir.shape_rules import _common
+from onnxplan.ir.shape_rules import ShapeInferenceError, _common
 from onnxplan.kernels import _xp
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan.ir.attrs import attr_str, norm_axis  # one reading, shared with the shape rules
+
 from onnxplan.ir.attrs import attr_str, norm_axis
 
 __all__ = [
