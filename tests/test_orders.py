@@ -297,9 +297,9 @@ def _all_orders(mm):
 @pytest.fixture(scope="module")
 def mlp_steps():
     """The zoo `mlp` (batch 8) as loaded, and after realize / interleave / in-place."""
+    from onnxplan.ir.analysis import alias_roots
     from onnxplan.passes import inplace, interleave, realize  # noqa: F401  (registers them)
     from onnxplan.passes._infra import run_pipeline
-    from onnxplan.passes.analysis import alias_roots
     from onnxplan.resolve import ModelRequest, load_model
 
     raw = load_model(ModelRequest("mlp", batch=8))

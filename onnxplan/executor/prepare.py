@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import node_preds
 from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import load_step
 from onnxplan.ir.metadata import read_metadata
-from onnxplan.passes.analysis import node_preds
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.resolve import ModelRequest, resolve_artifacts
