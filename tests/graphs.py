@@ -6,7 +6,7 @@ import numpy as np
 
 from onnxplan.ir import Node, StepGraph, TensorSpec, Value, ValueClass
 
-__all__ = ["GraphBuilder", "three_linear_step"]
+__all__ = ["GraphBuilder", "all_orders", "linear_chain", "make_graph", "three_linear_step"]
 
 
 class GraphBuilder:
@@ -81,6 +81,110 @@ def three_linear_step(optimizer: str = "SGD", batch: int = 4) -> StepGraph:
         b.node("AdamWOptimizer", ["lr", "step", *params, *grads, *ms, *vs],
                ["flag", *outs, *[s + ".updated" for s in ms + vs]], [(1,)] * 10,
                domain="com.microsoft", phase="optimizer", vclass=T, num_params=3)
+    b.g.values["flag"].spec = TensorSpec("bool", (1,))
+    b.g.outputs.extend(outs)
+    b.g.optimizer = {"type": optimizer, "params": params, "grads": grads}
+    return b.g
+
+
+def make_graph(nodes, sizes, *, inputs=(), params=(), frozen=(), outputs=(), grads=()) -> StepGraph:
+    """nodes: (name, inputs, outputs[, phase[, op, domain]]); sizes: value -> bytes.
+
+    Values in `inputs` are step inputs, in `params`/`frozen` parameters, in `grads`
+    gradients, names ending in ".updated" updated parameters; the rest are activations
+    (forward) or temporaries. The first output is the loss.
+    """
+    values: dict[str, Value] = {}
+
+    def add(name, vclass, trainable=False):
+        if name not in values:
+            values[name] = Value(name, TensorSpec("uint8", (sizes.get(name, 0),)), vclass, trainable)
+
+    for x in inputs:
+        add(x, ValueClass.INPUT)
+    for p in params:
+        add(p, ValueClass.PARAMETER, True)
+    for p in frozen:
+        add(p, ValueClass.PARAMETER, False)
+    out = []
+    for spec in nodes:
+        name, ins, outs = spec[:3]
+        phase = spec[3] if len(spec) > 3 else "forward"
+        op, domain = (spec[4], spec[5]) if len(spec) > 5 else ("Op", "")
+        for o in outs:
+            if o.endswith(".updated"):
+                add(o, ValueClass.PARAMETER, True)
+            elif o in grads:
+                add(o, ValueClass.GRADIENT)
+            else:
+                add(o, ValueClass.ACTIVATION if phase == "forward" else ValueClass.TEMPORARY)
+        out.append(Node(name, op, domain, list(ins), list(outs), {}, phase))
+    return StepGraph("hand", out, values, list(inputs), list(outputs),
+                     loss=outputs[0] if outputs else "")
+
+
+def all_orders(mm):
+    """Every topological order of a small memory model."""
+    succs = mm.succs()
+    waiting = {n: len(mm.preds[n]) for n in mm.nodes}
+    out, prefix = [], []
+
+    def walk():
+        if len(prefix) == len(mm.nodes):
+            out.append(tuple(prefix))
+            return
+        for n in mm.nodes:
+            if waiting[n] == 0 and n not in prefix:
+                prefix.append(n)
+                for s in succs[n]:
+                    waiting[s] -= 1
+                walk()
+                for s in succs[n]:
+                    waiting[s] += 1
+                prefix.pop()
+
+    walk()
+    return out
+
+
+def linear_chain(layers: int = 5, batch: int = 32, dim: int = 32, optimizer: str = "SGD"):
+    """NNTrainer Figure 7: `layers` linear layers with ReLU, softmax cross-entropy, the
+    backward pass and the joined optimizer, as onnxruntime-training lays a step out; every
+    tensor is at least 4 KiB so every one of them may swap."""
+    b = GraphBuilder(f"linear{layers}")
+    T, G, P = ValueClass.TEMPORARY, ValueClass.GRADIENT, ValueClass.PARAMETER
+    b.value("x", (batch, dim), ValueClass.INPUT)
+    b.value("learning_rate", (1,), ValueClass.INPUT)
+    params = [b.value(f"W{i}", (dim, dim), P, trainable=True) for i in range(layers)]
+    h = "x"
+    acts = []
+    for i in range(layers):
+        b.node("MatMul", [h, f"W{i}"], [f"a{i}"], [(batch, dim)])
+        b.node("Relu", [f"a{i}"], [f"r{i}"])
+        acts.append(h)
+        h = f"r{i}"
+    b.value("labels", (batch,), ValueClass.INPUT, "int64")
+    b.node("SoftmaxCrossEntropyLoss", [h, "labels"], ["loss", "log_prob"], [(), (batch, dim)], reduction="mean")
+    b.g.outputs.append("loss")
+    b.g.loss = "loss"
+    b.const("loss_grad", np.float32(1.0))
+    b.node("SoftmaxCrossEntropyLossGrad", ["loss_grad", "log_prob", "labels"], ["d_r"], [(batch, dim)],
+           domain="com.microsoft", phase="backward", vclass=T, reduction="mean")
+    grads = []
+    d = "d_r"
+    for i in reversed(range(layers)):
+        b.node("ReluGrad", [d, f"r{i}"], [f"da{i}"], domain="com.microsoft", phase="backward", vclass=T)
+        b.node("Gemm", [acts[i], f"da{i}"], [f"dW{i}"], [(dim, dim)], phase="backward", vclass=G, transA=1)
+        if i:
+            b.node("Gemm", [f"da{i}", f"W{i}"], [f"dx{i}"], [(batch, dim)], phase="backward", vclass=T, transB=1)
+            d = f"dx{i}"
+        grads.append(f"dW{i}")
+    grads.reverse()
+    outs = [f"{p}.updated" for p in params]
+    for o, p in zip(outs, params):
+        b.value(o, (dim, dim), P, trainable=True)
+    b.node("SGDOptimizerV2", ["learning_rate", *params, *grads], ["flag", *outs], [(1,)] * (layers + 1),
+           domain="com.microsoft", phase="optimizer", vclass=T, num_params=layers)
     b.g.values["flag"].spec = TensorSpec("bool", (1,))
     b.g.outputs.extend(outs)
     b.g.optimizer = {"type": optimizer, "params": params, "grads": grads}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from onnxplan.orders import ORDERS, check_order, live_bytes_of_order, memory_model, order_nodes, peak_of_order
 from onnxplan.orders.greedy import greedy_order
 from onnxplan.orders.ilp import solve_order
-from tests.test_orders import _all_orders, make_graph
+from tests.graphs import all_orders, make_graph
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -68,7 +68,7 @@ def test_ilp_reaches_the_brute_force_optimum(g):
     mm = memory_model(g)
     order, optimal, bound, _ = solve_order(mm, greedy_order(mm), time_limit=2.0)
     check_order(mm, order)
-    best = min(peak_of_order(mm, o) for o in _all_orders(mm))
+    best = min(peak_of_order(mm, o) for o in all_orders(mm))
     assert bound <= best <= peak_of_order(mm, order)
     if optimal:
         assert peak_of_order(mm, order) == best

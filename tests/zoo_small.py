@@ -6,7 +6,7 @@ from pathlib import Path
 
 from onnxplan.models import ForwardModel, get_model
 
-__all__ = ["SMALL", "small", "small_artifacts"]
+__all__ = ["SMALL", "least_rotor_code", "small", "small_artifacts"]
 
 SMALL = {
     "mlp": dict(batch=4),
@@ -32,3 +32,19 @@ def small_artifacts(name: str, optimizer: str | None = None) -> Path:
     from onnxplan.artifacts import build_artifacts
 
     return build_artifacts(small(name), None, optimizer=optimizer or get_model(name).default_optimizer)
+
+
+def least_rotor_code(folder) -> str:
+    """rotor's schedule for the least memory of its chain model (deeply nested re-runs), even
+    where the planned peak would not choose it."""
+    import onnxplan.planning  # noqa: F401
+    from onnxplan.checkpoint.chain import build_chain
+    from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
+    from onnxplan.checkpoint.schedule import encode
+    from onnxplan.ir.load import load_step
+    from onnxplan.passes._infra import run_pipeline
+
+    pre = run_pipeline(load_step(folder), ["realize", "interleave"])[0]
+    chain = build_chain(pre)
+    tab = rotor_table_for_chain(chain.costs(), 300)
+    return encode(rotor_schedule(tab, tab.min_feasible()).ops, chain.length)
