@@ -98,6 +98,7 @@ def test_a_row_that_raises_is_recorded_and_bench_exits_1(tmp_path, client):
     assert saved["failed"][0]["error"] == "MemoryError: no room"
 
 
+@pytest.mark.slow
 def test_workers_and_scheduler_usage_errors(tmp_path):
     for args in (["--workers", "0"], ["--workers", "2", "--scheduler", "tcp://x:1"]):
         res = runner.invoke(app, ["bench", "mlp", "--no-measure", *args])

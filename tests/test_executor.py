@@ -44,7 +44,7 @@ from tests.ort_check import (
     SMALL_MODELS,
     check_against_ort,
 )
-from tests.zoo_small import SMALL
+from tests.zoo_small import SMALL, slow_if_large
 
 
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleave", "joined"])
@@ -78,6 +78,7 @@ def _conv_cases():
                                id=f"{model}-{optimizer}-{order}-{'interleave' if interleave else 'joined'}-{planner}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,optimizer,order,interleave,planner", list(_conv_cases()))
 def test_conv_nets_rotating_cases(model, optimizer, order, interleave, planner):
     check_against_ort(model, optimizer, PlanOptions(order, planner, interleave))
@@ -102,7 +103,7 @@ def test_ilp_order():
     check_against_ort("mlp", "sgd", PlanOptions("ilp", "best-fit", True, time_limit=2.0))
 
 
-@pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parametrize("model", slow_if_large(SMALL))
 def test_no_inplace_under_arena_check(model):
     """In-place off, every buffer poisoned after its planned life and every read checked."""
     from onnxplan.models import get_model

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from onnxplan.models import ForwardModel, get_model
 
-__all__ = ["SMALL", "least_rotor_code", "small", "small_artifacts"]
+__all__ = ["LARGE", "SMALL", "least_rotor_code", "slow_if_large", "small", "small_artifacts"]
 
 SMALL = {
     "mlp": dict(batch=4),
@@ -48,3 +50,11 @@ def least_rotor_code(folder) -> str:
     chain = build_chain(pre)
     tab = rotor_table_for_chain(chain.costs(), 300)
     return encode(rotor_schedule(tab, tab.min_feasible()).ops, chain.length)
+
+
+LARGE = ("vgg16", "resnet18")  # the conv nets: seconds per case, so their cases sit in the slow tier
+
+
+def slow_if_large(names) -> list:
+    """Parametrize values for zoo model names: the LARGE ones marked slow (full suite only)."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n for n in names]
