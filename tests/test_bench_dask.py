@@ -21,6 +21,7 @@ STRATEGIES = "given+best-fit,nntrainer+sort,greedy+greedy-size"
 VARYING = {"solve_seconds", "host"}
 
 
+@pytest.mark.slow
 def test_local_cluster_sweep_equals_the_in_process_sweep(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     args = ["mlp", "mlp-frozen", "--no-measure", "--strategies", STRATEGIES, "--json"]
