@@ -59,7 +59,7 @@ def _attention_cases():
     for model in ATTENTION:
         for i, (optimizer, order, interleave) in enumerate(itertools.product(OPTIMIZERS, ORDERS, (True, False))):
             planners = (PLANNERS[(2 * i) % 4], PLANNERS[(2 * i + 1) % 4])
-            slow = () if order == "given" else (pytest.mark.slow,)  # the fast tier: given order, all planners
+            slow = () if order == "given" else (pytest.mark.slow,)  # fast tier: given
             yield pytest.param(model, optimizer, order, interleave, planners, marks=slow,
                                id=f"{model}-{optimizer}-{order}-{'interleave' if interleave else 'joined'}-"
                                   f"{'+'.join(planners)}")
