@@ -20,7 +20,7 @@ from onnxplan.models import build_forward, get_model, list_models
 from onnxplan.offsets import PLANNERS, lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.passes.analysis import alias_roots
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.planning import PlanOptions, pipeline_names, plan_step
 from onnxplan.sizes import format_bytes

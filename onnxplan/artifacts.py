@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Mapping
 
 import onnx
 
-from onnxplan.data import METADATA_FILE
+from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.models import LOSSES, OPTIMIZERS, ForwardModel
 
@@ -24,15 +24,12 @@ __all__ = [
     "build_artifacts",
     "recipe_artifacts",
     "generate_from_onnx",
-    "load_metadata",
+    "read_metadata",
     "quiet_fds",
     "default_cache_dir",
     "content_hash",
 ]
 
-SCHEMA_VERSION = 1
-ARTIFACT_FILES = ("forward.onnx", "training_model.onnx", "optimizer_model.onnx", "eval_model.onnx",
-                  "checkpoint", METADATA_FILE)
 FAILED_SUFFIX = ".failed"  # <hash>.failed: the one-line cause of a build that failed
 RECIPES_DIR = "recipes"  # recipes/<key>: the content hash a deterministic recipe built
 
@@ -89,15 +86,6 @@ def content_hash(fm: ForwardModel, optimizer: str) -> str:
     meta["onnxruntime"] = _ort_version()
     h.update(json.dumps(meta, sort_keys=True).encode())
     return h.hexdigest()
-
-
-def load_metadata(art_dir: Path) -> dict:
-    """The onnxplan.json of an artifact directory (ModelError if missing or unreadable)."""
-    path = Path(art_dir) / METADATA_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"cannot read artifact metadata {path}: {exc}") from None
 
 
 @contextlib.contextmanager

@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import zlib
 from pathlib import Path
 
 import numpy as np
 
 from onnxplan.errors import ModelError
+from onnxplan.ir.metadata import METADATA_FILE, read_metadata
 from onnxplan.models import InputSpec  # the zoo's spec: one definition of how data is drawn
 
 __all__ = ["InputSpec", "METADATA_FILE", "read_metadata", "read_input_specs", "make_step_batch", "run_steps"]
-
-METADATA_FILE = "onnxplan.json"
-_SCHEMA_VERSION = 1
-
-
-def read_metadata(artifact_dir: str | Path) -> dict:
-    """The parsed onnxplan.json of an artifact folder; ModelError if missing, unreadable or too new."""
-    path = Path(artifact_dir) / METADATA_FILE
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"{path}: not found (is {artifact_dir} an onnxplan artifact folder?)") from None
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"{path}: unreadable ({exc})") from None
-    version = meta.get("schema_version") if isinstance(meta, dict) else None
-    if version != _SCHEMA_VERSION:
-        raise ModelError(f"{path}: schema_version {version!r}, expected {_SCHEMA_VERSION}")
-    return meta
-
 
 def read_input_specs(artifact_dir: str | Path) -> tuple[list[InputSpec], InputSpec]:
     """The model inputs and the labels of an artifact folder, from its onnxplan.json."""

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.ir.graph import StepGraph
-from onnxplan.ir.load import ARTIFACT_FILES, input_spec, load_step
+from onnxplan.ir.load import input_spec, load_step
+from onnxplan.ir.metadata import STEP_FILES, read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.sizes import MAX_BYTES
 
@@ -67,7 +68,7 @@ def resolve_artifacts(req: ModelRequest) -> Path:
         raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
                          f"'{req.model}' is not one")
     if path.is_dir():
-        missing = [f for f in ARTIFACT_FILES if not (path / f).is_file()]
+        missing = [f for f in STEP_FILES if not (path / f).is_file()]
         if missing:
             raise ModelError(
                 f"{path}: not an artifact folder (missing {', '.join(missing)}); give a forward "
@@ -127,13 +128,12 @@ def model_reference(req: ModelRequest, folder: Path | None) -> dict:
     """What a plan file records to find its model again (`run --plan plan.json`): the zoo
     name or the absolute path, batch, dims, optimizer, loss, and the content hash of the
     artifacts in `folder` (when our builder made them)."""
-    from onnxplan.ir.load import read_metadata
 
     from_zoo = not Path(req.model).exists() and not _looks_like_path(req.model)
     return {"model": req.model if from_zoo else str(Path(req.model).resolve()), "batch": req.batch,
             "dims": [list(d) for d in req.dims], "optimizer": req.optimizer, "loss": req.loss,
             "train": list(req.train), "freeze": list(req.freeze),
-            "content_hash": read_metadata(Path(folder)).get("content_hash") if folder is not None else None}
+            "content_hash": read_metadata(Path(folder), required=False).get("content_hash") if folder is not None else None}
 
 
 def request_from_reference(ref: dict, batch: int | None = None, optimizer: str | None = None,
@@ -153,9 +153,8 @@ def request_from_reference(ref: dict, batch: int | None = None, optimizer: str |
 
 def check_content_hash(ref: dict, folder: Path) -> None:
     """Refuse artifacts whose content hash differs from the one the plan was made with."""
-    from onnxplan.ir.load import read_metadata
 
-    want, have = ref.get("content_hash"), read_metadata(Path(folder)).get("content_hash")
+    want, have = ref.get("content_hash"), read_metadata(Path(folder), required=False).get("content_hash")
     if want and have and want != have:
         raise ModelError(f"the plan was made for artifacts {want[:12]}, {folder} holds {have[:12]} "
                          "(the model changed since the plan was made)")

@@ -4,6 +4,7 @@ read stderr; tests/test_progress.py turns them on)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -19,4 +20,14 @@ def _private_artifact_cache(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def _no_progress_lines():
     os.environ.setdefault("ONNXPLAN_PROGRESS", "off")
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _own_random_stream(request):
+    """Every test draws its data from a stream seeded by its own id (tests/kernel_harness.py's RNG,
+    restarted in place), so its data do not depend on which tests ran before it."""
+    harness = sys.modules.get("tests.kernel_harness")
+    if harness is not None:
+        harness.reseed(request.node.nodeid)
     yield

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import strategies as st
 
 from onnxplan.ir import Node, StepGraph, TensorSpec, Value, ValueClass
 
-__all__ = ["GraphBuilder", "three_linear_step"]
+__all__ = ["GraphBuilder", "all_orders", "linear_chain", "make_graph", "three_linear_step"]
 
 
 class GraphBuilder:
@@ -85,3 +86,142 @@ def three_linear_step(optimizer: str = "SGD", batch: int = 4) -> StepGraph:
     b.g.outputs.extend(outs)
     b.g.optimizer = {"type": optimizer, "params": params, "grads": grads}
     return b.g
+
+
+def make_graph(nodes, sizes, *, inputs=(), params=(), frozen=(), outputs=(), grads=()) -> StepGraph:
+    """nodes: (name, inputs, outputs[, phase[, op, domain]]); sizes: value -> bytes.
+
+    Values in `inputs` are step inputs, in `params`/`frozen` parameters, in `grads`
+    gradients, names ending in ".updated" updated parameters; the rest are activations
+    (forward) or temporaries. The first output is the loss.
+    """
+    values: dict[str, Value] = {}
+
+    def add(name, vclass, trainable=False):
+        if name not in values:
+            values[name] = Value(name, TensorSpec("uint8", (sizes.get(name, 0),)), vclass, trainable)
+
+    for x in inputs:
+        add(x, ValueClass.INPUT)
+    for p in params:
+        add(p, ValueClass.PARAMETER, True)
+    for p in frozen:
+        add(p, ValueClass.PARAMETER, False)
+    out = []
+    for spec in nodes:
+        name, ins, outs = spec[:3]
+        phase = spec[3] if len(spec) > 3 else "forward"
+        op, domain = (spec[4], spec[5]) if len(spec) > 5 else ("Op", "")
+        for o in outs:
+            if o.endswith(".updated"):
+                add(o, ValueClass.PARAMETER, True)
+            elif o in grads:
+                add(o, ValueClass.GRADIENT)
+            else:
+                add(o, ValueClass.ACTIVATION if phase == "forward" else ValueClass.TEMPORARY)
+        out.append(Node(name, op, domain, list(ins), list(outs), {}, phase))
+    return StepGraph("hand", out, values, list(inputs), list(outputs),
+                     loss=outputs[0] if outputs else "")
+
+
+def all_orders(mm):
+    """Every topological order of a small memory model."""
+    succs = mm.succs()
+    waiting = {n: len(mm.preds[n]) for n in mm.nodes}
+    out, prefix = [], []
+
+    def walk():
+        if len(prefix) == len(mm.nodes):
+            out.append(tuple(prefix))
+            return
+        for n in mm.nodes:
+            if waiting[n] == 0 and n not in prefix:
+                prefix.append(n)
+                for s in succs[n]:
+                    waiting[s] -= 1
+                walk()
+                for s in succs[n]:
+                    waiting[s] += 1
+                prefix.pop()
+
+    walk()
+    return out
+
+
+def linear_chain(layers: int = 5, batch: int = 32, dim: int = 32, optimizer: str = "SGD"):
+    """NNTrainer Figure 7: `layers` linear layers with ReLU, softmax cross-entropy, the
+    backward pass and the joined optimizer, as onnxruntime-training lays a step out; every
+    tensor is at least 4 KiB so every one of them may swap."""
+    b = GraphBuilder(f"linear{layers}")
+    T, G, P = ValueClass.TEMPORARY, ValueClass.GRADIENT, ValueClass.PARAMETER
+    b.value("x", (batch, dim), ValueClass.INPUT)
+    b.value("learning_rate", (1,), ValueClass.INPUT)
+    params = [b.value(f"W{i}", (dim, dim), P, trainable=True) for i in range(layers)]
+    h = "x"
+    acts = []
+    for i in range(layers):
+        b.node("MatMul", [h, f"W{i}"], [f"a{i}"], [(batch, dim)])
+        b.node("Relu", [f"a{i}"], [f"r{i}"])
+        acts.append(h)
+        h = f"r{i}"
+    b.value("labels", (batch,), ValueClass.INPUT, "int64")
+    b.node("SoftmaxCrossEntropyLoss", [h, "labels"], ["loss", "log_prob"], [(), (batch, dim)], reduction="mean")
+    b.g.outputs.append("loss")
+    b.g.loss = "loss"
+    b.const("loss_grad", np.float32(1.0))
+    b.node("SoftmaxCrossEntropyLossGrad", ["loss_grad", "log_prob", "labels"], ["d_r"], [(batch, dim)],
+           domain="com.microsoft", phase="backward", vclass=T, reduction="mean")
+    grads = []
+    d = "d_r"
+    for i in reversed(range(layers)):
+        b.node("ReluGrad", [d, f"r{i}"], [f"da{i}"], domain="com.microsoft", phase="backward", vclass=T)
+        b.node("Gemm", [acts[i], f"da{i}"], [f"dW{i}"], [(dim, dim)], phase="backward", vclass=G, transA=1)
+        if i:
+            b.node("Gemm", [f"da{i}", f"W{i}"], [f"dx{i}"], [(batch, dim)], phase="backward", vclass=T, transB=1)
+            d = f"dx{i}"
+        grads.append(f"dW{i}")
+    grads.reverse()
+    outs = [f"{p}.updated" for p in params]
+    for o, p in zip(outs, params):
+        b.value(o, (dim, dim), P, trainable=True)
+    b.node("SGDOptimizerV2", ["learning_rate", *params, *grads], ["flag", *outs], [(1,)] * (layers + 1),
+           domain="com.microsoft", phase="optimizer", vclass=T, num_params=layers)
+    b.g.values["flag"].spec = TensorSpec("bool", (1,))
+    b.g.outputs.extend(outs)
+    b.g.optimizer = {"type": optimizer, "params": params, "grads": grads}
+    return b.g
+
+
+@st.composite
+def step_graphs(draw, max_nodes: int = 8):
+    """A random DAG laid out as a step: forward nodes, backward nodes (some named
+    `<fwd>_Grad/...`, some not, some misleadingly), per-parameter updates at the end."""
+    n_fwd = draw(st.integers(1, max(1, max_nodes // 2)))
+    n_bwd = draw(st.integers(0, max_nodes - n_fwd))
+    n_upd = draw(st.integers(0, 2))
+    sizes = st.integers(0, 100)
+    nodes, size, made = [], {"x": draw(sizes), "acc": draw(sizes)}, ["x"]
+    params = [f"W{i}" for i in range(n_upd)]
+    fwd_names = []
+    for i in range(n_fwd + n_bwd):
+        backward = i >= n_fwd
+        pool = made if not backward else made + ["acc"]
+        ins = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True))
+        if params and draw(st.booleans()):
+            ins.append(draw(st.sampled_from(params)))
+        outs = [f"v{i}"] + ([f"u{i}"] if draw(st.booleans()) else [])
+        for o in outs:
+            size[o] = draw(sizes)
+        if backward and draw(st.booleans()):
+            name = f"{draw(st.sampled_from(fwd_names))}_Grad/Op_{i}"
+        else:
+            name = f"n{i}"
+        if not backward:
+            fwd_names.append(name)
+        nodes.append((name, ins, outs, "backward" if backward else "forward"))
+        made.extend(outs)
+    for j, w in enumerate(params):
+        grad = draw(st.sampled_from(made[1:]))
+        nodes.append((f"upd{j}", ["x", w, grad], [f"{w}.updated"], "optimizer", "SGDUpdate", "onnxplan"))
+    loss = draw(st.sampled_from(made[1:]))
+    return make_graph(nodes, size, inputs=["x"], params=params, outputs=[loss])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import tracemalloc
+import zlib
 
 import numpy as np
 import onnx
@@ -25,7 +26,7 @@ from onnxplan.kernels.registry import KernelContext, find_kernel, scratch_bytes
 __all__ = [
     "ATOL", "DEVICE", "MS", "RNG", "RTOL", "F", "arena_run", "assert_close", "assert_equal_on_cpu",
     "assert_sums_close", "call_kernel", "check",
-    "make_node", "one_node_model", "ort_run", "peak_bytes", "rand", "randn", "ref_run", "run_kernel",
+    "make_node", "one_node_model", "ort_run", "peak_bytes", "rand", "randn", "ref_run", "reseed", "run_kernel", "seed_for",
 ]
 
 MS = "com.microsoft"
@@ -40,11 +41,21 @@ if DEVICE == "cuda":
 else:
     XP = np
 
-RNG = np.random.default_rng(0)  # one stream shared by every test module's rand() (data depend on test order)
+RNG = np.random.default_rng(0)  # reseeded before every test from its node id (tests/conftest.py)
+
+
+def seed_for(key: str) -> int:
+    """A stable seed for a test id: the same data whatever ran before it."""
+    return zlib.crc32(key.encode())
+
+
+def reseed(key: str) -> None:
+    """Restart RNG (in place: test modules import the object) from `key`'s seed."""
+    RNG.bit_generator.state = np.random.default_rng(seed_for(key)).bit_generator.state
 
 
 def rand(*shape, lo=-3.0, hi=3.0, dtype=F):
-    """Uniform values from the shared stream."""
+    """Uniform values from RNG, the current test's own stream."""
     return RNG.uniform(lo, hi, size=shape).astype(dtype)
 
 

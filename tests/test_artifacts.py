@@ -61,7 +61,7 @@ def test_zoo_model_artifacts_train(name, tmp_path, capfd):
 def test_metadata_fields(tmp_path):
     fm = small("transformer")
     d = art.build_artifacts(fm, None, optimizer="sgd", cache_dir=tmp_path)
-    meta = art.load_metadata(d)
+    meta = art.read_metadata(d)
     assert meta["schema_version"] == 1
     assert meta["model"] == "transformer" and meta["batch"] == 2
     assert meta["loss"] == "ce" and meta["optimizer"] == "sgd"
@@ -89,7 +89,7 @@ def test_second_call_is_a_cache_hit(tmp_path, monkeypatch):
     assert out == tmp_path / "out"
     for name in art.ARTIFACT_FILES:
         assert (out / name).read_bytes() == (first / name).read_bytes()
-    assert art.load_metadata(out)["frozen"] == ["fc2.weight", "fc2.bias"]
+    assert art.read_metadata(out)["frozen"] == ["fc2.weight", "fc2.bias"]
     assert sorted(p.name for p in out.iterdir()) == sorted(art.ARTIFACT_FILES)
 
 
@@ -165,7 +165,7 @@ def _dynamic_forward(path: Path) -> Path:
 def test_generate_from_onnx_user_model(tmp_path):
     path = _dynamic_forward(tmp_path / "my_net.onnx")
     d = art.generate_from_onnx(path, loss="ce", batch=3, cache_dir=tmp_path / "cache")
-    meta = art.load_metadata(d)
+    meta = art.read_metadata(d)
     assert meta["model"] == "my_net" and meta["batch"] == 3
     assert meta["inputs"][0]["shape"] == [3, 784]
     assert meta["labels"] == {"name": "labels", "dtype": "int64", "shape": [3], "low": 0, "high": 10}
@@ -183,7 +183,7 @@ def test_generate_from_onnx_user_model(tmp_path):
     assert loaded.SerializeToString() == before
     frozen = art.generate_from_onnx(path, loss="mse", batch=3, freeze=["fc2.*"],
                                     optimizer="sgd", cache_dir=tmp_path / "cache")
-    meta = art.load_metadata(frozen)
+    meta = art.read_metadata(frozen)
     assert meta["frozen"] == ["fc2.weight", "fc2.bias"] and "fc2.weight" not in meta["trainable"]
     assert meta["labels"]["dtype"] == "float32" and meta["labels"]["shape"] == [3, 10]
 

@@ -108,6 +108,7 @@ def test_measured_columns_come_from_measure_run(tmp_path, monkeypatch):
     assert row["max_step_seconds"] == pytest.approx(0.3) and row["first_loss"] == 2.5
 
 
+@pytest.mark.slow
 def test_peers_measured_in_the_same_run(tmp_path):
     out = tmp_path / "r.json"
     res = _bench("mlp", "--no-measure", "--strategies", "auto", "--peers", "ort,torch", "--repeat", "2",

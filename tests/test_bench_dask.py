@@ -21,6 +21,7 @@ STRATEGIES = "given+best-fit,nntrainer+sort,greedy+greedy-size"
 VARYING = {"solve_seconds", "host"}
 
 
+@pytest.mark.slow
 def test_local_cluster_sweep_equals_the_in_process_sweep(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     args = ["mlp", "mlp-frozen", "--no-measure", "--strategies", STRATEGIES, "--json"]
@@ -98,6 +99,7 @@ def test_a_row_that_raises_is_recorded_and_bench_exits_1(tmp_path, client):
     assert saved["failed"][0]["error"] == "MemoryError: no room"
 
 
+@pytest.mark.slow
 def test_workers_and_scheduler_usage_errors(tmp_path):
     for args in (["--workers", "0"], ["--workers", "2", "--scheduler", "tcp://x:1"]):
         res = runner.invoke(app, ["bench", "mlp", "--no-measure", *args])

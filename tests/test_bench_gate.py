@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from typer.testing import CliRunner
 
 from onnxplan.cli.app import app
 from onnxplan.offsets import PLANNERS
+from tests.planner_faults import padded_planner
 
 runner = CliRunner()
-PAD = 64 * 1024
-
-
-def _padded(planner):
-    """The same planner, but every buffer takes PAD more bytes: a worse plan that still verifies."""
-    def padded(buffers, **kw):
-        bufs = [dataclasses.replace(b, nbytes=b.nbytes + PAD) if b.nbytes else b for b in buffers]
-        return planner(bufs, **kw)
-    return padded
 
 
 def test_gate_fails_on_a_degraded_planner(tmp_path, monkeypatch):
@@ -29,7 +19,7 @@ def test_gate_fails_on_a_degraded_planner(tmp_path, monkeypatch):
     ok = runner.invoke(app, ["check", str(new), "--baseline", str(base)])
     assert ok.exit_code == 0, ok.output
 
-    monkeypatch.setitem(PLANNERS, "best-fit", _padded(PLANNERS["best-fit"]))
+    monkeypatch.setitem(PLANNERS, "best-fit", padded_planner(PLANNERS["best-fit"]))
     res = runner.invoke(app, ["bench", *args, "-o", str(new), "--fresh"])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["check", str(new), "--baseline", str(base)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,6 +101,7 @@ def chains(draw, max_len=5):
     return ChainCosts.make(uf, ub, wa, wabar, wdelta, of, ob, rec, ofall)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chains(), st.floats(0.2, 1.0))
 def test_dp_equals_brute_force_over_persistent_schedules(c, frac):

@@ -10,25 +10,10 @@ import pytest
 from onnxplan.budget import plan_with_checkpoint
 from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.planning import PlanOptions
-from tests.zoo_small import SMALL, small_artifacts
+from tests.zoo_small import SMALL, least_rotor_code, small_artifacts
 
 OPTS = PlanOptions(planner="best-fit")
 POLICIES = ("sqrt", "chen", "rotor", "rotor-least")
-
-
-def _least_rotor_code(folder) -> str:
-    """rotor's schedule for the least memory of its chain model (deeply nested re-runs), even
-    where the planned peak would not choose it."""
-    from onnxplan.checkpoint.chain import build_chain
-    from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
-    from onnxplan.checkpoint.schedule import encode
-    from onnxplan.ir.load import load_step
-    from onnxplan.passes._infra import run_pipeline
-
-    pre = run_pipeline(load_step(folder), ["realize", "interleave"])[0]
-    chain = build_chain(pre)
-    tab = rotor_table_for_chain(chain.costs(), 300)
-    return encode(rotor_schedule(tab, tab.min_feasible()).ops, chain.length)
 
 
 @pytest.fixture(scope="module", params=sorted(SMALL))
@@ -48,7 +33,7 @@ def test_recomputation_changes_no_number(baseline, policy):
     if policy == "rotor-least":
         from onnxplan.checkpoint.schedule import decode
 
-        code = _least_rotor_code(folder)
+        code = least_rotor_code(folder)
         length, ops = decode(code)
         res = run_plan(str(folder), replace(OPTS, recompute=code), steps=3)
         reruns = len(ops) > 2 * length  # some stage runs again: its copies are in the plan

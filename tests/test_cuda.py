@@ -24,9 +24,8 @@ from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.executor.runner import execute, initial_parameters, step_batches
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.planning import PlanOptions, plan_step
-from tests.test_checkpoint_equal import _least_rotor_code
-from tests.test_executor import check_against_ort
-from tests.zoo_small import SMALL, small_artifacts
+from tests.ort_check import check_against_ort
+from tests.zoo_small import SMALL, least_rotor_code, small_artifacts
 
 HAVE_CUDA, WHY = cuda_available()
 gpu = pytest.mark.skipif(not HAVE_CUDA, reason=f"no GPU: {WHY}")
@@ -115,7 +114,7 @@ def test_recompute_on_gpu_equals_no_recompute(cp, policy):
     params, batches = initial_parameters(folder), step_batches(folder, 3, 0)
     opts = PlanOptions(planner="best-fit")
     none = plan_step(graph, opts)
-    least = plan_step(graph, replace(opts, recompute=_least_rotor_code(folder))) if policy == "rotor-least" \
+    least = plan_step(graph, replace(opts, recompute=least_rotor_code(folder))) if policy == "rotor-least" \
         else plan_with_checkpoint(graph, opts, policy)
     assert any(n.endswith("@rc1") for n in least.plan.order), "nothing is recomputed"
     runs = []

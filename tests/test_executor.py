@@ -30,95 +30,21 @@ than one update per step (3 x lr); vgg16 has 1 such element of 15M, resnet18 abo
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 
-import numpy as np
 import pytest
 
-from onnxplan.executor.compare import ATOL, RTOL, compare_results
-from onnxplan.executor.prepare import Prepared, load_request
-from onnxplan.executor.runner import execute, initial_parameters, step_batches
-from onnxplan.offsets import plan_offsets
-from onnxplan.passes.lifetimes import lifetimes
-from onnxplan.plan import PlannedBuffer
-from onnxplan.planning import PlanOptions, plan_step, verify_plan
-from onnxplan.reference import run_reference
-from tests.zoo_small import SMALL, small_artifacts
-
-STEPS = 3
-LR = 1e-3  # ORT's default learning rate
-ORDERS = ("given", "nntrainer", "greedy")
-PLANNERS = ("naive", "sort", "greedy-size", "best-fit")
-OPTIMIZERS = ("adamw", "sgd")
-CONV_NETS = ("vgg16", "resnet18")
-SMALL_MODELS = tuple(m for m in SMALL if m not in CONV_NETS)
-ADAMW_NOISE_SHARE = 1e-3
-ATTENTION = ("transformer", "gpt")
-
-
-@functools.cache
-def _loaded(model: str, optimizer: str):
-    folder, graph = load_request(small_artifacts(model, optimizer))
-    return folder, graph, initial_parameters(folder), step_batches(folder, STEPS, 0)
-
-
-@functools.cache
-def _reference(model: str, optimizer: str):
-    return run_reference(small_artifacts(model, optimizer), steps=STEPS, seed=0)
-
-
-def _plans(graph, opts: PlanOptions, planners: tuple[str, ...]):
-    """(planner, graph, plan) for each planner over one order (computed once); verified."""
-    base = plan_step(graph, dataclasses.replace(opts, planner=planners[0]))
-    yield planners[0], base.graph, base.plan
-    lt = lifetimes(base.graph, base.plan.order)
-    for name in planners[1:]:
-        op = plan_offsets(name, lt.buffers, time_limit=opts.time_limit)
-        bufs = tuple(PlannedBuffer(b.name, b.nbytes, b.vclass, b.first, b.last, op.offsets[b.name], b.aliases)
-                     for b in sorted(lt.buffers, key=lambda b: (b.first, b.name)))
-        plan = dataclasses.replace(base.plan, planner=name, arena_bytes=op.arena_bytes, buffers=bufs)
-        verify_plan(base.graph, plan)
-        yield name, base.graph, plan
-
-
-def _run(model: str, optimizer: str, graph, plan, check_arena: bool = False, xp=np):
-    folder, _, params, batches = _loaded(model, optimizer)
-    ex, losses, _ = execute(Prepared(folder, graph, plan), batches, params, steps=STEPS, warmup=0,
-                            learning_rate=None, check_arena=check_arena, xp=xp)
-    return losses, ex.parameters()
-
-
-def check_against_ort(model: str, optimizer: str, opts: PlanOptions, planners: tuple[str, ...] | None = None,
-                      *, check_arena: bool = False, xp=np) -> None:
-    """Every planner in `planners` (default: the one in opts) against ORT (see the module doc);
-    `xp`: the array module the executor runs on (cupy: tests/test_cuda.py)."""
-    _, graph, _, _ = _loaded(model, optimizer)
-    ref = _reference(model, optimizer)
-    for planner, g, plan in _plans(graph, opts, planners or (opts.planner,)):
-        losses, params = _run(model, optimizer, g, plan, check_arena, xp)
-        cmp = compare_results(losses, params, ref.losses, ref.params)
-        what = (f"{model} {optimizer} order {plan.order_policy} planner {planner} interleave "
-                f"{opts.interleave} inplace {opts.inplace}: max rel diff {cmp.max_rel_diff:.3g}; "
-                + "; ".join([*cmp.problems, *map(str, cmp.worst)]))
-        if cmp.ok or not (optimizer == "adamw" and model in CONV_NETS):
-            assert cmp.ok, what
-            continue
-        assert compare_results(losses, {}, ref.losses, {}).ok and not cmp.problems, what
-        outside, total, worst = _outside(params, ref.params)
-        assert outside <= ADAMW_NOISE_SHARE * total and worst < STEPS * LR, (outside, total, worst, what)
-
-
-def _outside(got: dict, want: dict) -> tuple[int, int, float]:
-    """(elements outside rtol/atol, elements, largest difference)."""
-    outside, total, worst = 0, 0, 0.0
-    for name, w in want.items():
-        diff = np.abs(got[name].astype(np.float64) - w)
-        outside += int((diff > ATOL + RTOL * np.abs(w)).sum())
-        total += w.size
-        worst = max(worst, float(diff.max()))
-    return outside, total, worst
+from onnxplan.planning import PlanOptions
+from tests.ort_check import (
+    ATTENTION,
+    CONV_NETS,
+    OPTIMIZERS,
+    ORDERS,
+    PLANNERS,
+    SMALL_MODELS,
+    check_against_ort,
+)
+from tests.zoo_small import SMALL, slow_if_large
 
 
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleave", "joined"])
@@ -133,7 +59,8 @@ def _attention_cases():
     for model in ATTENTION:
         for i, (optimizer, order, interleave) in enumerate(itertools.product(OPTIMIZERS, ORDERS, (True, False))):
             planners = (PLANNERS[(2 * i) % 4], PLANNERS[(2 * i + 1) % 4])
-            yield pytest.param(model, optimizer, order, interleave, planners,
+            slow = () if order == "given" else (pytest.mark.slow,)  # fast tier: given
+            yield pytest.param(model, optimizer, order, interleave, planners, marks=slow,
                                id=f"{model}-{optimizer}-{order}-{'interleave' if interleave else 'joined'}-"
                                   f"{'+'.join(planners)}")
 
@@ -152,6 +79,7 @@ def _conv_cases():
                                id=f"{model}-{optimizer}-{order}-{'interleave' if interleave else 'joined'}-{planner}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,optimizer,order,interleave,planner", list(_conv_cases()))
 def test_conv_nets_rotating_cases(model, optimizer, order, interleave, planner):
     check_against_ort(model, optimizer, PlanOptions(order, planner, interleave))
@@ -176,7 +104,7 @@ def test_ilp_order():
     check_against_ort("mlp", "sgd", PlanOptions("ilp", "best-fit", True, time_limit=2.0))
 
 
-@pytest.mark.parametrize("model", list(SMALL))
+@pytest.mark.parametrize("model", slow_if_large(SMALL))
 def test_no_inplace_under_arena_check(model):
     """In-place off, every buffer poisoned after its planned life and every read checked."""
     from onnxplan.models import get_model

@@ -17,7 +17,7 @@ from onnxplan.executor.runner import initial_parameters, step_batches
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
-from tests.zoo_small import SMALL, small_artifacts
+from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 # tracemalloc sees numpy's data allocations. A step may create Python objects (views, floats,
 # argument lists) and the kernels' blockwise temporaries (each at most
@@ -62,7 +62,7 @@ def _step_peak(prep: Prepared) -> int:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("model", [m for m in SMALL if m not in ("mlp-frozen", "nnt-fc3-frozen")])
+@pytest.mark.parametrize("model", slow_if_large(m for m in SMALL if m not in ("mlp-frozen", "nnt-fc3-frozen")))
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleave", "joined"])
 def test_no_tensor_sized_allocation_during_a_step(model, interleave):
     prep = _prepared(model, opts=PlanOptions("given", "best-fit", interleave))
@@ -70,7 +70,7 @@ def test_no_tensor_sized_allocation_during_a_step(model, interleave):
     assert peak < STEP_ALLOWANCE_BYTES, (model, peak)
 
 
-@pytest.mark.parametrize("model", ["transformer", "vgg16"])
+@pytest.mark.parametrize("model", slow_if_large(["transformer", "vgg16"]))
 def test_step_allocations_do_not_grow_with_the_tensors(model):
     from onnxplan.artifacts import build_artifacts
     from onnxplan.models import get_model

@@ -35,6 +35,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal: Linux")
 def test_sigkill_during_measurement_leaves_no_child_and_no_file(tmp_path):
     folder = small_artifacts("mlp", "sgd")

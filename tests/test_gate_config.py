@@ -11,7 +11,7 @@ from onnxplan.cli.app import app
 from onnxplan.errors import UsageError
 from onnxplan.gate_config import find_gate_config, load_gate_config
 from onnxplan.offsets import PLANNERS
-from tests.test_bench_gate import _padded
+from tests.planner_faults import padded_planner
 
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_gate_from_pyproject_passes_then_fails_on_a_planted_regression(project, 
     res = _check()
     assert res.exit_code == 0 and "2 rows compared" in res.output and "0 worse" in res.output, res.output
 
-    monkeypatch.setitem(PLANNERS, "best-fit", _padded(PLANNERS["best-fit"]))  # a strategy made worse
+    monkeypatch.setitem(PLANNERS, "best-fit", padded_planner(PLANNERS["best-fit"]))  # a strategy made worse
     res = _check()
     assert res.exit_code == 1, res.output
     table = res.output.split("worse planned_peak")[1]

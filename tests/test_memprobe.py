@@ -35,6 +35,7 @@ def fail_loudly() -> dict:
     raise ValueError("target failed on purpose")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["clear_refs", "sampled"])
 def test_known_allocation_is_measured(method):
     hold = 0.05 if method == "sampled" else 0.0  # the sampler needs the peak to last a few polls

@@ -5,49 +5,13 @@ from __future__ import annotations
 import pytest
 
 from onnxplan.errors import UsageError
-from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
-from onnxplan.ir.tensor import TensorSpec
+from onnxplan.ir.graph import StepGraph
 from onnxplan.orders import ORDERS, check_order, live_bytes_of_order, memory_model, order_nodes, peak_of_order
 from onnxplan.orders.ilp import pin_updates, solve_order, update_pins
 from onnxplan.orders.nntrainer import Stage, assign_layers
+from tests.graphs import all_orders, make_graph
 
 FAST = 2.0  # ilp time limit in tests (seconds)
-
-
-def make_graph(nodes, sizes, *, inputs=(), params=(), frozen=(), outputs=(), grads=()) -> StepGraph:
-    """nodes: (name, inputs, outputs[, phase[, op, domain]]); sizes: value -> bytes.
-
-    Values in `inputs` are step inputs, in `params`/`frozen` parameters, in `grads`
-    gradients, names ending in ".updated" updated parameters; the rest are activations
-    (forward) or temporaries. The first output is the loss.
-    """
-    values: dict[str, Value] = {}
-
-    def add(name, vclass, trainable=False):
-        if name not in values:
-            values[name] = Value(name, TensorSpec("uint8", (sizes.get(name, 0),)), vclass, trainable)
-
-    for x in inputs:
-        add(x, ValueClass.INPUT)
-    for p in params:
-        add(p, ValueClass.PARAMETER, True)
-    for p in frozen:
-        add(p, ValueClass.PARAMETER, False)
-    out = []
-    for spec in nodes:
-        name, ins, outs = spec[:3]
-        phase = spec[3] if len(spec) > 3 else "forward"
-        op, domain = (spec[4], spec[5]) if len(spec) > 5 else ("Op", "")
-        for o in outs:
-            if o.endswith(".updated"):
-                add(o, ValueClass.PARAMETER, True)
-            elif o in grads:
-                add(o, ValueClass.GRADIENT)
-            else:
-                add(o, ValueClass.ACTIVATION if phase == "forward" else ValueClass.TEMPORARY)
-        out.append(Node(name, op, domain, list(ins), list(outs), {}, phase))
-    return StepGraph("hand", out, values, list(inputs), list(outputs),
-                     loss=outputs[0] if outputs else "")
 
 
 def diamond() -> StepGraph:
@@ -242,7 +206,7 @@ def test_ilp_matches_brute_force_on_a_small_backward_graph():
     mm = memory_model(g)
     order, optimal, bound, _ = solve_order(mm, mm.nodes, time_limit=FAST)
     assert optimal and bound == peak_of_order(mm, order)
-    assert peak_of_order(mm, order) == min(peak_of_order(mm, o) for o in _all_orders(mm))
+    assert peak_of_order(mm, order) == min(peak_of_order(mm, o) for o in all_orders(mm))
 
 
 def test_ilp_falls_back_to_the_seed_when_too_large(monkeypatch):
@@ -264,32 +228,8 @@ def test_ilp_with_inputs_only_read_late_and_reader_created_buffers():
     mm = memory_model(g)
     res = order_nodes(g, "ilp", time_limit=FAST)
     assert res.optimal and res.peak_bytes == peak_of_order(mm, res.order)
-    brute = min(peak_of_order(mm, o) for o in _all_orders(mm))
+    brute = min(peak_of_order(mm, o) for o in all_orders(mm))
     assert res.peak_bytes == brute
-
-
-def _all_orders(mm):
-    """Every topological order of a small memory model."""
-    succs = mm.succs()
-    waiting = {n: len(mm.preds[n]) for n in mm.nodes}
-    out, prefix = [], []
-
-    def walk():
-        if len(prefix) == len(mm.nodes):
-            out.append(tuple(prefix))
-            return
-        for n in mm.nodes:
-            if waiting[n] == 0 and n not in prefix:
-                prefix.append(n)
-                for s in succs[n]:
-                    waiting[s] -= 1
-                walk()
-                for s in succs[n]:
-                    waiting[s] += 1
-                prefix.pop()
-
-    walk()
-    return out
 
 
 # ---- a real zoo model ------------------------------------------------------------------
@@ -297,8 +237,8 @@ def _all_orders(mm):
 @pytest.fixture(scope="module")
 def mlp_steps():
     """The zoo `mlp` (batch 8) as loaded, and after realize / interleave / in-place."""
+    from onnxplan.ir.analysis import alias_roots
     from onnxplan.passes import run_pipeline
-    from onnxplan.passes.analysis import alias_roots
     from onnxplan.resolve import ModelRequest, load_model
 
     raw = load_model(ModelRequest("mlp", batch=8))

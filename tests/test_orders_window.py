@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from onnxplan.orders import check_order, live_bytes_of_order, memory_model, order_nodes, peak_of_order
 from onnxplan.orders.ilp import solve_order
 from onnxplan.orders.window import improve_by_windows, sub_model
-from tests.test_orders import _all_orders, make_graph
-from tests.test_orders_properties import step_graphs
+from tests.graphs import all_orders, make_graph, step_graphs
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -85,4 +84,4 @@ def test_windows_never_worse_and_whole_window_is_optimal(g, width):
     check_order(mm, res.order)
     assert res.peak_bytes == peak_of_order(mm, res.order) <= peak_of_order(mm, seed)
     if width >= len(mm.nodes) and res.local_optimum:  # one window is the whole graph
-        assert res.peak_bytes == min(peak_of_order(mm, o) for o in _all_orders(mm))
+        assert res.peak_bytes == min(peak_of_order(mm, o) for o in all_orders(mm))

@@ -11,10 +11,10 @@ from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table
 from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, encode, segments_schedule, store_all
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import alias_roots, ancestor_sets
 from onnxplan.ir.load import load_step
 from onnxplan.orders import check_order, memory_model
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.passes.analysis import alias_roots, ancestor_sets
 from tests.zoo_small import small_artifacts
 
 MODELS = ["mlp", "transformer", "gpt", "resnet18", "vgg16", "nnt-conv-ac-fl"]

@@ -7,10 +7,10 @@ import pytest
 
 from onnxplan.ir.load import load_step
 from onnxplan.reference import run_reference
-from tests.zoo_small import SMALL, small_artifacts
+from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", slow_if_large(SMALL))
 def test_reference_runs_three_steps(name):
     folder = small_artifacts(name)
     res = run_reference(folder, steps=3, seed=0)

@@ -100,6 +100,7 @@ def _png_size_and_colors(path: Path) -> tuple[int, int, int]:
     return width, height, len(rows)
 
 
+@pytest.mark.slow
 def test_report_draws_every_chart_without_errors(report, tmp_path):
     page = tmp_path / "probe.html"
     page.write_text(report.read_text().replace("<head>", "<head>" + PROBE, 1))

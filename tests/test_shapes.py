@@ -16,16 +16,16 @@ from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import find_rule, registered_ops, rule_versions, shape_rule
 from onnxplan.ir.shapes import infer_shapes
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from tests.kernel_harness import RNG
 
 MS = "com.microsoft"
 BATCH = 2  # value of every symbolic dim
 OPSETS = {"": 17, MS: 1}
 N = helper.make_node
-_rng = np.random.default_rng(0)
 
 
 def _w(*shape):
-    return (_rng.standard_normal(shape) * 0.1).astype(np.float32)
+    return (RNG.standard_normal(shape) * 0.1).astype(np.float32)
 
 
 def _init(name, value):

@@ -9,7 +9,7 @@ import pytest
 
 from onnxplan.data import make_step_batch, read_input_specs
 from onnxplan.ir.load import load_step
-from tests.zoo_small import SMALL, small_artifacts
+from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 
 def _ort_values(folder, graph):
@@ -40,7 +40,7 @@ def _ort_values(folder, graph):
     return dict(zip(names, sess.run(names, feeds)))
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", slow_if_large(SMALL))
 def test_inferred_shapes_match_onnxruntime(name):
     folder = small_artifacts(name)
     graph = load_step(folder)

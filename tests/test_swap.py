@@ -5,10 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import numpy as np
 import pytest
 
-from onnxplan.ir import TensorSpec, ValueClass
+from onnxplan.ir import ValueClass
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
@@ -16,54 +15,10 @@ from onnxplan.planning import BudgetNotMet, PlanOptions, pipeline_names, plan_st
 from onnxplan.swap import is_swap_node, rewrite_graph, swap_model, swap_totals, verify_swaps
 from onnxplan.swap.policies import Window
 from onnxplan.verify import PlanError
-from tests.graphs import GraphBuilder, three_linear_step
+from tests.graphs import linear_chain, three_linear_step
 
 POLICIES = [("on-demand", {}), ("reduced", {}), ("proactive", {"lookahead": 1}),
             ("proactive", {"lookahead": 2}), ("window", {"window_bytes": 16384})]
-
-
-def linear_chain(layers: int = 5, batch: int = 32, dim: int = 32, optimizer: str = "SGD"):
-    """NNTrainer Figure 7: `layers` linear layers with ReLU, softmax cross-entropy, the
-    backward pass and the joined optimizer, as onnxruntime-training lays a step out; every
-    tensor is at least 4 KiB so every one of them may swap."""
-    b = GraphBuilder(f"linear{layers}")
-    T, G, P = ValueClass.TEMPORARY, ValueClass.GRADIENT, ValueClass.PARAMETER
-    b.value("x", (batch, dim), ValueClass.INPUT)
-    b.value("learning_rate", (1,), ValueClass.INPUT)
-    params = [b.value(f"W{i}", (dim, dim), P, trainable=True) for i in range(layers)]
-    h = "x"
-    acts = []
-    for i in range(layers):
-        b.node("MatMul", [h, f"W{i}"], [f"a{i}"], [(batch, dim)])
-        b.node("Relu", [f"a{i}"], [f"r{i}"])
-        acts.append(h)
-        h = f"r{i}"
-    b.value("labels", (batch,), ValueClass.INPUT, "int64")
-    b.node("SoftmaxCrossEntropyLoss", [h, "labels"], ["loss", "log_prob"], [(), (batch, dim)], reduction="mean")
-    b.g.outputs.append("loss")
-    b.g.loss = "loss"
-    b.const("loss_grad", np.float32(1.0))
-    b.node("SoftmaxCrossEntropyLossGrad", ["loss_grad", "log_prob", "labels"], ["d_r"], [(batch, dim)],
-           domain="com.microsoft", phase="backward", vclass=T, reduction="mean")
-    grads = []
-    d = "d_r"
-    for i in reversed(range(layers)):
-        b.node("ReluGrad", [d, f"r{i}"], [f"da{i}"], domain="com.microsoft", phase="backward", vclass=T)
-        b.node("Gemm", [acts[i], f"da{i}"], [f"dW{i}"], [(dim, dim)], phase="backward", vclass=G, transA=1)
-        if i:
-            b.node("Gemm", [f"da{i}", f"W{i}"], [f"dx{i}"], [(batch, dim)], phase="backward", vclass=T, transB=1)
-            d = f"dx{i}"
-        grads.append(f"dW{i}")
-    grads.reverse()
-    outs = [f"{p}.updated" for p in params]
-    for o, p in zip(outs, params):
-        b.value(o, (dim, dim), P, trainable=True)
-    b.node("SGDOptimizerV2", ["learning_rate", *params, *grads], ["flag", *outs], [(1,)] * (layers + 1),
-           domain="com.microsoft", phase="optimizer", vclass=T, num_params=layers)
-    b.g.values["flag"].spec = TensorSpec("bool", (1,))
-    b.g.outputs.extend(outs)
-    b.g.optimizer = {"type": optimizer, "params": params, "grads": grads}
-    return b.g
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from onnxplan.errors import UnsupportedOpError
 from onnxplan.executor.runner import Executor, run_plan
 from onnxplan.executor.swap_io import SwapIOError, SwapStore, fs_type
 from onnxplan.planning import PlanOptions, plan_step
-from tests.test_swap import linear_chain
+from tests.graphs import linear_chain
 from tests.zoo_small import SMALL, small_artifacts
 
 POLICIES = [("on-demand", {}), ("reduced", {}), ("proactive", {"lookahead": 1}),

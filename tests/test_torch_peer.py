@@ -11,10 +11,10 @@ from onnx import TensorProto, helper
 from onnxplan.errors import UnsupportedOpError
 from onnxplan.reference import run_reference
 from onnxplan.torch_peer import OnnxModule, make_optimizer, run_torch
-from tests.zoo_small import SMALL, small_artifacts
+from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 
-@pytest.mark.parametrize("name", list(SMALL))
+@pytest.mark.parametrize("name", slow_if_large(SMALL))
 def test_first_loss_matches_onnxruntime(name):
     folder = small_artifacts(name)
     ours = run_torch(folder, steps=2)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from onnxplan.models import ForwardModel, get_model
 
-__all__ = ["SMALL", "small", "small_artifacts"]
+__all__ = ["LARGE", "SMALL", "least_rotor_code", "slow_if_large", "small", "small_artifacts"]
 
 SMALL = {
     "mlp": dict(batch=4),
@@ -32,3 +34,27 @@ def small_artifacts(name: str, optimizer: str | None = None) -> Path:
     from onnxplan.artifacts import build_artifacts
 
     return build_artifacts(small(name), None, optimizer=optimizer or get_model(name).default_optimizer)
+
+
+def least_rotor_code(folder) -> str:
+    """rotor's schedule for the least memory of its chain model (deeply nested re-runs), even
+    where the planned peak would not choose it."""
+    import onnxplan.planning  # noqa: F401
+    from onnxplan.checkpoint.chain import build_chain
+    from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
+    from onnxplan.checkpoint.schedule import encode
+    from onnxplan.ir.load import load_step
+    from onnxplan.passes._infra import run_pipeline
+
+    pre = run_pipeline(load_step(folder), ["realize", "interleave"])[0]
+    chain = build_chain(pre)
+    tab = rotor_table_for_chain(chain.costs(), 300)
+    return encode(rotor_schedule(tab, tab.min_feasible()).ops, chain.length)
+
+
+LARGE = ("vgg16", "resnet18")  # the conv nets: seconds per case, so their cases sit in the slow tier
+
+
+def slow_if_large(names) -> list:
+    """Parametrize values for zoo model names: the LARGE ones marked slow (full suite only)."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in LARGE else n for n in names]

@@ -7,13 +7,12 @@ from dataclasses import dataclass
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.schedule import ChainCosts
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import alias_roots, forward_of_gradient
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.kernels.registry import may_overwrite, scratch_bytes
-from onnxplan.passes.analysis import alias_roots
 
-__all__ = ["GRAD_MARK", "RANDOM_OPS", "Chain", "Stage", "build_chain", "nondeterminism"]
+__all__ = ["RANDOM_OPS", "Chain", "Stage", "build_chain", "nondeterminism"]
 
-GRAD_MARK = "_Grad/"  # ONNX Runtime names gradient nodes "<forward node>_Grad/<op>_<k>"
 # ops whose output is drawn at random: a second run would not reproduce the first
 RANDOM_OPS = {
     ("", "Dropout"), ("", "RandomNormal"), ("", "RandomUniform"), ("", "RandomNormalLike"),
@@ -129,10 +128,8 @@ def _backward_stages(g: StepGraph, bwd: list[Node], fwd_stage: dict[str, int],
     producer = {o: n.name for n in bwd for o in n.outputs if o}
     stage: dict[str, int | None] = {}
     for n in bwd:
-        at, found = n.name.find(GRAD_MARK), None
-        while at > 0 and found is None:
-            found = fwd_stage.get(n.name[:at])
-            at = n.name.find(GRAD_MARK, at + 1)
+        forward = forward_of_gradient(n.name, fwd_stage)
+        found = None if forward is None else fwd_stage[forward]
         if found is None:
             inner = [value_stage[i] for i in n.inputs if i in value_stage and i not in cut_values]
             found = max(inner) if inner else None

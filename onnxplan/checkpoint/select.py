@@ -14,11 +14,11 @@ from onnxplan.checkpoint.rotor import DEFAULT_SLOTS, rotor_schedule, rotor_table
 from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, simulate, store_all
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import UsageError
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.passes.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 
 __all__ = [

@@ -7,9 +7,9 @@ from typing import Any
 
 from onnxplan.errors import ModelError
 from onnxplan.executor.arena import Arena, region_layout
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
 from onnxplan.kernels.registry import may_overwrite, updates_state
-from onnxplan.passes.analysis import alias_roots
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX
 from onnxplan.plan import Plan
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from onnxplan._version import __version__
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import node_preds
 from onnxplan.ir.graph import StepGraph
-from onnxplan.ir.load import load_step, read_metadata
+from onnxplan.ir.load import load_step
+from onnxplan.ir.metadata import read_metadata
 from onnxplan.offsets import align, lower_bound
 from onnxplan.passes import run_pipeline
-from onnxplan.passes.analysis import node_preds
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
@@ -36,7 +37,7 @@ def load_request(folder_or_request: str | Path | ModelRequest) -> tuple[Path, St
     """The artifact folder and its step graph; a folder made by our builder supplies its batch."""
     req = folder_or_request if isinstance(folder_or_request, ModelRequest) else ModelRequest(str(folder_or_request))
     folder = resolve_artifacts(req)
-    batch = req.batch if req.batch is not None else read_metadata(folder).get("batch")
+    batch = req.batch if req.batch is not None else read_metadata(folder, required=False).get("batch")
     return folder, load_step(folder, dims=dict(req.dims), batch=batch)
 
 

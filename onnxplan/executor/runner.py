@@ -167,18 +167,21 @@ class Executor:
         if self.checker is not None:
             return self._checked_step(batch)
         self._feed(batch)
-        i = 0
+        for c in self.calls:
+            self._call(c)
+        self._end_step()
+        return float(self.loss.reshape(-1)[0])
+
+    def _call(self, c: _Call) -> None:
+        """Run one node's kernel and its write-backs: the body of every step loop (plain, timed, checked)."""
         try:
-            for i, c in enumerate(self.calls):
-                c.fn(c.ctx, c.inputs, c.outputs)
-                for dst, src in c.writeback:
-                    self.xp.copyto(dst, src)
+            c.fn(c.ctx, c.inputs, c.outputs)
         except OnnxplanError:
             raise
         except Exception as exc:
-            raise self._kernel_error(self.calls[i], exc) from exc
-        self._end_step()
-        return float(self.loss.reshape(-1)[0])
+            raise self._kernel_error(c, exc) from exc
+        for dst, src in c.writeback:
+            self.xp.copyto(dst, src)
 
     def timed_nodes(self, batch: dict[str, np.ndarray],
                     clock: Callable[[], float] = time.perf_counter) -> tuple[float, dict[str, float]]:
@@ -191,9 +194,7 @@ class Executor:
         for c in self.calls:
             sync()
             t0 = clock()
-            c.fn(c.ctx, c.inputs, c.outputs)
-            for dst, src in c.writeback:
-                self.xp.copyto(dst, src)
+            self._call(c)
             sync()
             seconds[c.node.name] = clock() - t0
         self._end_step()
@@ -234,14 +235,7 @@ class Executor:
                 continue
             c = next(calls)
             chk.before(t, c.node)
-            try:
-                c.fn(c.ctx, c.inputs, c.outputs)
-            except OnnxplanError:
-                raise
-            except Exception as exc:
-                raise self._kernel_error(c, exc) from exc
-            for dst, src in c.writeback:
-                self.xp.copyto(dst, src)
+            self._call(c)
             chk.after(t, c.node)
         self._end_step()
         return float(self.loss.reshape(-1)[0])

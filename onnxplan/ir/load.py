@@ -11,23 +11,15 @@ from onnx import numpy_helper
 
 from onnxplan.errors import DynamicDimError, ModelError
 from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
+from onnxplan.ir.metadata import read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
 
-__all__ = ["ARTIFACT_FILES", "load_step", "read_metadata", "parameter_names", "input_spec", "tensor_array"]
+__all__ = ["load_step", "parameter_names", "input_spec", "tensor_array"]
 
-ARTIFACT_FILES = ("training_model.onnx", "optimizer_model.onnx")
 ACC_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
 OPTIMIZER_OPS = {"AdamWOptimizer": "AdamW", "SGDOptimizerV2": "SGD"}
-
-
-def read_metadata(folder: Path) -> dict[str, Any]:
-    """onnxplan.json beside the artifacts (written by our artifact builder), or {} when the
-    folder was made by another tool."""
-    from onnxplan.data import METADATA_FILE, read_metadata as read_required
-
-    return read_required(folder) if (folder / METADATA_FILE).is_file() else {}
 
 
 def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -165,7 +157,7 @@ def load_step(
 
     folder = Path(folder)
     dims = dict(dims or {})
-    meta = read_metadata(folder)
+    meta = read_metadata(folder, required=False)
     train = load_onnx(folder / "training_model.onnx")
     opt = load_onnx(folder / "optimizer_model.onnx")
     trainable, frozen = parameter_names(folder, meta)

@@ -34,7 +34,7 @@ from onnxplan.offsets import lower_bound
 from onnxplan.offsets.buffers import align
 from onnxplan.orders import order_nodes
 from onnxplan.passes import run_pipeline
-from onnxplan.passes.analysis import alias_roots, readers_by_value
+from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.planning import HEURISTIC_ORDERS
 

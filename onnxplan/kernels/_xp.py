@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan.ir.attrs import attr_str, norm_axis  # one reading, shared with the shape rules
+
 __all__ = [
     "BLOCK_BYTES",
     "attr_str",
@@ -93,19 +95,6 @@ def axis3(shape: Sequence[int], axis: int) -> tuple[int, int, int]:
     """(pre, D, post): the shape viewed around one axis."""
     axis = norm_axis(axis, len(shape))
     return math.prod(shape[:axis]), int(shape[axis]), math.prod(shape[axis + 1:])
-
-
-def norm_axis(axis: int, rank: int) -> int:
-    axis = int(axis)
-    if not -max(rank, 1) <= axis < max(rank, 1):
-        raise ValueError(f"axis {axis} is out of range for rank {rank}")
-    return axis + rank if axis < 0 else axis
-
-
-def attr_str(value: Any, default: str = "") -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def is_cupy(xp) -> bool:

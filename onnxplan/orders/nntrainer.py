@@ -5,13 +5,11 @@ from __future__ import annotations
 import heapq
 import time
 
+from onnxplan.ir.analysis import forward_of_gradient
 from onnxplan.ir.graph import Node, StepGraph, ValueClass
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, peak_of_order
 
-__all__ = ["GRAD_MARK", "Stage", "assign_layers", "nntrainer_order", "nntrainer_policy"]
-
-GRAD_MARK = "_Grad/"  # ONNX Runtime names gradient nodes "<forward node>_Grad/<op>_<k>"
-
+__all__ = ["Stage", "assign_layers", "nntrainer_order", "nntrainer_policy"]
 
 class Stage:
     """Within-layer ranks: forward, compute gradient, compute derivative, apply gradient."""
@@ -21,12 +19,8 @@ class Stage:
 
 def _named_layer(name: str, fwd_index: dict[str, int]) -> int | None:
     """The forward node a gradient node is named after, if any."""
-    at = name.find(GRAD_MARK)
-    while at > 0:
-        if name[:at] in fwd_index:
-            return fwd_index[name[:at]]
-        at = name.find(GRAD_MARK, at + 1)
-    return None
+    forward = forward_of_gradient(name, fwd_index)
+    return None if forward is None else fwd_index[forward]
 
 
 def _single_param(node: Node, graph: StepGraph) -> str | None:

@@ -15,10 +15,10 @@ Rewrite rule: output j of node n is aliased ("mv") to input i when
 
 from __future__ import annotations
 
+from onnxplan.ir.analysis import alias_roots, ancestor_sets, readers_by_value
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels.registry import may_overwrite, updates_state
 from onnxplan.passes._infra import PassResult, register_pass
-from onnxplan.passes.analysis import alias_roots, ancestor_sets, readers_by_value
 
 __all__ = ["inplace", "inplace_state"]
 

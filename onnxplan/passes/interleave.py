@@ -11,9 +11,9 @@ node are carried over to the update of the parameter they concern. The joined no
 
 from __future__ import annotations
 
+from onnxplan.ir.analysis import readers_by_value
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes._infra import PassResult, register_pass
-from onnxplan.passes.analysis import readers_by_value
 
 __all__ = ["interleave", "UPDATE_OPS"]
 

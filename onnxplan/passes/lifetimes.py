@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
 from onnxplan.kernels.registry import scratch_bytes
 from onnxplan.offsets.buffers import Buffer
-from onnxplan.passes.analysis import alias_roots
 
 __all__ = ["Lifetimes", "LifetimeModel", "lifetime_model", "lifetimes", "IntegrityError", "SCRATCH_PREFIX"]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from onnxplan.errors import OnnxplanError
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import Node, StepGraph, Value
-from onnxplan.passes.analysis import alias_roots
 from onnxplan.plan import PlannedSwap
 from onnxplan.swap.model import Gap, SwapModel
 from onnxplan.swap.policies import Timing

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
 from onnxplan.kernels.registry import may_overwrite, updates_state
 from onnxplan.offsets.buffers import align
-from onnxplan.passes.analysis import alias_roots
 from onnxplan.passes.lifetimes import Lifetimes
 
 __all__ = ["SWAPPABLE_PERSISTENT", "SWAP_MIN_BYTES", "Gap", "Group", "SwapModel", "swap_model"]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, numpy_helper
 
+from onnxplan.ir import attrs
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import ShapeInferenceError, shape_rule
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
@@ -43,13 +44,11 @@ def fail(message: str) -> ShapeInferenceError:
 
 
 def attr(node: Node, name: str, default: Any = None) -> Any:
-    value = node.attrs.get(name, default)
-    return default if value is None else value
+    return attrs.attr(node.attrs, name, default)
 
 
 def attr_str(node: Node, name: str, default: str = "") -> str:
-    value = attr(node, name, default)
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return attrs.attr_str(node.attrs.get(name), default)
 
 
 def attr_ints(node: Node, name: str, default: Sequence[int] | None = None) -> list[int] | None:
@@ -101,10 +100,10 @@ def const_ints(node: Node, consts: dict[str, np.ndarray], i: int, what: str) -> 
 
 
 def norm_axis(node: Node, axis: int, rank: int) -> int:
-    axis = int(axis)
-    if not -rank <= axis < max(rank, 1):
-        raise fail(f"axis {axis} is out of range for rank {rank}")
-    return axis + rank if axis < 0 else axis
+    try:
+        return attrs.norm_axis(axis, rank)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
 
 
 def norm_axes(node: Node, axes: Sequence[int], rank: int) -> list[int]:

@@ -1,10 +1,26 @@
-"""Graph analyses shared by passes: dependencies, ancestors, alias groups, readers."""
+"""Graph analyses at the IR level, shared by passes, orders, checkpointing, swapping and the executor:
+dependencies, ancestors, alias groups, readers, and the forward node a gradient node belongs to."""
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from onnxplan.ir.graph import StepGraph
 
-__all__ = ["node_preds", "ancestor_sets", "alias_roots", "readers_by_value"]
+__all__ = ["GRAD_MARK", "alias_roots", "ancestor_sets", "forward_of_gradient", "node_preds", "readers_by_value"]
+
+GRAD_MARK = "_Grad/"  # ONNX Runtime names gradient nodes "<forward node>_Grad/<op>_<k>"
+
+
+def forward_of_gradient(name: str, forward_names: Container[str]) -> str | None:
+    """The forward node (one of `forward_names`) that gradient node `name` is named after: the
+    shortest prefix before a GRAD_MARK that names one (forward names may themselves hold the mark)."""
+    at = name.find(GRAD_MARK)
+    while at > 0:
+        if name[:at] in forward_names:
+            return name[:at]
+        at = name.find(GRAD_MARK, at + 1)
+    return None
 
 
 def node_preds(g: StepGraph) -> dict[str, list[str]]:

@@ -1,0 +1,37 @@
+"""An artifact folder's files and its onnxplan.json: one list, one reader (with the version check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from onnxplan.errors import ModelError
+
+__all__ = ["ARTIFACT_FILES", "METADATA_FILE", "SCHEMA_VERSION", "STEP_FILES", "read_metadata"]
+
+METADATA_FILE = "onnxplan.json"
+SCHEMA_VERSION = 1  # of onnxplan.json: written by onnxplan.artifacts, checked by read_metadata
+# what `onnxplan models build` writes into a folder (the cache counts a folder complete when all are there)
+ARTIFACT_FILES = ("forward.onnx", "training_model.onnx", "optimizer_model.onnx", "eval_model.onnx",
+                  "checkpoint", METADATA_FILE)
+# of those, what loading a step needs: a folder made by another tool may hold only these
+STEP_FILES = ("training_model.onnx", "optimizer_model.onnx")
+
+
+def read_metadata(folder: str | Path, *, required: bool = True) -> dict[str, Any]:
+    """The parsed onnxplan.json of an artifact folder; ModelError if unreadable or of another
+    schema version, or if missing and `required` (else {}: a folder made by another tool)."""
+    path = Path(folder) / METADATA_FILE
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        if not required:
+            return {}
+        raise ModelError(f"{path}: not found (is {folder} an onnxplan artifact folder?)") from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: unreadable ({exc})") from None
+    version = meta.get("schema_version") if isinstance(meta, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ModelError(f"{path}: schema_version {version!r}, expected {SCHEMA_VERSION}")
+    return meta
