@@ -28,7 +28,8 @@ def test_floor_bounds_the_rounding_of_a_sum_that_cancels():
     got = np.empty((8, 16), np.float32)
     _matmul(None, [a, b], [got])
     exact = a.astype(np.float64) @ b.astype(np.float64)
-    floor = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
+    c, magnitude = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
+    floor = c * magnitude
     err = float(np.linalg.norm(got - exact))
     assert 0 < err <= floor / 2  # one side's rounding: within half the two sides' floor
     assert float(np.linalg.norm(exact)) < floor  # the value itself is below rounding: no relative test holds
@@ -40,16 +41,16 @@ def test_floor_is_negligible_where_nothing_cancels():
     b = np.abs(rng.standard_normal((4096, 16))).astype(np.float32)
     got = np.empty((8, 16), np.float32)
     _matmul(None, [a, b], [got])
-    floor = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
-    assert floor / np.linalg.norm(got) < 1e-2 * TOLERANCES["gradient"]  # ~5e-5 at K = 4096
+    c, magnitude = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
+    assert c * magnitude / np.linalg.norm(got) < 1e-2 * TOLERANCES["gradient"]  # ~5e-5 at K = 4096
 
 
-def test_floor_adds_the_relative_floor_its_inputs_carry_in():
+def test_floor_counts_the_terms_of_each_output_element():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((4, 64)).astype(np.float32)
     b = rng.standard_normal((64, 4)).astype(np.float32)
     got = np.empty((4, 4), np.float32)
-    own = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
-    carried = reduction_floor(_matmul, _ctx(), [a, b], [got], np, inherited=1e-3)[0]
-    magnitude = float(np.linalg.norm(np.abs(a) @ np.abs(b)))
-    assert np.isclose(carried - own, 1e-3 * magnitude, rtol=1e-5)
+    c, magnitude = reduction_floor(_matmul, _ctx(), [a, b], [got], np)[0]
+    u = 2.0 ** -24
+    assert np.isclose(c, 2 * (6 * np.sqrt(64) + 2) * u)  # K = 64, the inner dimension
+    assert np.isclose(magnitude, np.linalg.norm(np.abs(a).astype(np.float64) @ np.abs(b)), rtol=1e-5)
