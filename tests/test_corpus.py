@@ -34,7 +34,7 @@ BLOCKED: dict[str, str] = {
                         "(rounding on both sides, ORT's included) and their relative norm error is ~1. The "
                         "reductions' own rounding floors (reduction_floor, bn_grad_floor) and the relative floor "
                         "carried down the chain cover blocks.1 and later, not the embeddings and blocks.0 "
-                        "(error 100-4000x those floors): the rounding is inherited through a cancelling "
+                        "(four gradients, error 800-3700x their floors): the rounding is inherited through a cancelling "
                         "BatchNormalizationGrad dX, which a relative estimate underrates and a magnitude bound "
                         "(|kernel|(|error|)) overrates by ~sqrt(K) per layer (resnet18: 1e5x)"),
 }
