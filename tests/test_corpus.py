@@ -31,9 +31,12 @@ NAMES = [hf.zoo_name(s.arch, e) for s in hf.hf_specs() for e in hf.EXPORTERS]
 BLOCKED: dict[str, str] = {
     "hf-efficientnet": ("--verify false alarm on a correct run: in this seeded init everything before top_conv "
                         "sits behind a near-zero BatchNorm path, so those parameters' gradients are ~1e-16 "
-                        "(rounding on both sides, ORT's included) and their relative norm error is ~1; the "
-                        "one-ulp noise term does not cover them. Needs an absolute floor for every reduction "
-                        "that produces a gradient (BatchNorm's is done)"),
+                        "(rounding on both sides, ORT's included) and their relative norm error is ~1. The "
+                        "reductions' own rounding floors (reduction_floor, bn_grad_floor) and the relative floor "
+                        "carried down the chain cover blocks.1 and later, not the embeddings and blocks.0 "
+                        "(four gradients, error 800-3700x their floors): the rounding is inherited through a cancelling "
+                        "BatchNormalizationGrad dX, which a relative estimate underrates and a magnitude bound "
+                        "(|kernel|(|error|)) overrates by ~sqrt(K) per layer (resnet18: 1e5x)"),
 }
 
 

@@ -30,12 +30,18 @@ reduction can cancel: a channel whose exact mean is zero (a bias-free conv of a 
 gets a float32 mean that is pure rounding on both sides, so no relative tolerance holds. Its
 tolerance is therefore also at least an absolute floor from the magnitudes it is computed from
 (see bn_floor): the float32 rounding both sides may make, not a measured constant.
+
+Every gradient gets such a floor too, from the computation that produced it: each reduction
+(ConvGrad, Gemm, MatMul, ReduceSum, Sum; BatchNormalizationGrad by bn_grad_floor) has its own
+rounding floor, c(K) u ||kernel(|inputs|)|| (reduction_floor: our own kernel run on the inputs'
+magnitudes), and every op adds the relative floor its inputs carry in times its output's norm
+(_Hooks._inherited). A gradient of a well-conditioned path keeps a floor far below 3e-2.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +94,13 @@ def bn_floor(x: np.ndarray, old_mean: np.ndarray, old_var: np.ndarray, momentum:
 
 
 def bn_grad_floor(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray,
-                  inv_std: np.ndarray) -> dict[int, float]:
-    """Output index -> the norm of an absolute error bound for BatchNormalizationGrad (0: dX,
+                  inv_std: np.ndarray) -> dict[int, tuple[float, float]]:
+    """Output index -> (c, M): c M is the norm of an absolute error bound for BatchNormalizationGrad (0: dX,
     1: dscale = sum(dY x^), 2: dbias = sum(dY)), by the same rounding count as bn_floor: a sum
     of N terms is off by <= c u sum|terms|. dX = scale inv_std (dY - dbias/N - x^ dscale/N)
-    is off by c u |scale inv_std| (|dY| + sum|dY|/N + |x^| sum|dY x^|/N) per element. A BN
+    is off by c u |scale inv_std| (|dY| + sum|dY|/N + |x^| sum|dY x^|/N) per element, plus
+    what the rounding e of x^ itself moves them by (dscale: sum|dY| e; dX: |scale inv_std|
+    (e sum|dY x^|/N + |x^| sum|dY| e/N)). A BN
     whose output feeds a per-channel-affine-invariant op (a linear map into another BN) has a
     dbias that is zero in exact arithmetic: pure rounding on both sides."""
     d, xd = dy.astype(np.float64), x.astype(np.float64)
@@ -105,8 +113,69 @@ def bn_grad_floor(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.nda
     xh = (xd - np.asarray(mean, np.float64).reshape(shape)) * np.asarray(inv_std, np.float64).reshape(shape)
     a, b = np.sum(np.abs(d), axis=axes), np.sum(np.abs(d * xh), axis=axes)
     g = np.abs(np.asarray(scale, np.float64) * np.asarray(inv_std, np.float64)).reshape(shape)
-    dx = c * g * (np.abs(d) + (a / n).reshape(shape) + np.abs(xh) * (b / n).reshape(shape))
-    return {0: float(np.linalg.norm(dx)), 1: float(np.linalg.norm(c * b)), 2: float(np.linalg.norm(c * a))}
+    # x^ itself is rounded: x - mean cancels where a channel is ~constant (x^ then is rounding
+    # times inv_std, up to 1/sqrt(eps)): its error e <= c u (|x| + |mean|) inv_std
+    e = c * (np.abs(xd) + np.abs(np.asarray(mean, np.float64)).reshape(shape)) * \
+        np.abs(np.asarray(inv_std, np.float64)).reshape(shape)
+    de = np.sum(np.abs(d) * e, axis=axes)  # what e moves dscale = sum(dY x^) by
+    dx = g * (c * (np.abs(d) + (a / n).reshape(shape) + np.abs(xh) * (b / n).reshape(shape))
+              + e * (b / n).reshape(shape) + np.abs(xh) * (de / n).reshape(shape))
+    return {0: (c, float(np.linalg.norm(dx)) / c), 1: (c, float(np.linalg.norm(b + de / c))),
+            2: (c, float(np.linalg.norm(a)))}
+
+
+# gradient-producing reductions: their floor is our own kernel run on the inputs' magnitudes
+REDUCTION_OPS = frozenset({"ConvGrad", "Gemm", "MatMul", "FusedMatMul", "ReduceSum", "Sum", "ConvTransposeGrad"})
+
+
+def _norm(a) -> float:
+    return float(np.linalg.norm(_download(a).astype(np.float64).reshape(-1)))
+
+
+def reduction_floor(fn, ctx, inputs, outputs, xp) -> dict[int, tuple[float, float]]:
+    """Output index -> (c, M), M = ||kernel(|inputs|)||: c M is the norm of an absolute error
+    bound for a reduction (a sum of products: ConvGrad's dX, dW and dB, Gemm/MatMul, ReduceSum, Sum), from our own kernel run once more on
+    |inputs|: that run computes, per output element, sum |a_i||b_i| over the element's K terms
+    (for ConvGrad, Gemm and MatMul every term is a product of one element of each input).
+    A float32 sum of K terms is off by <= gamma_K sum|terms| (Higham 3.1); a blocked or
+    sequential BLAS sum (MLAS, Eigen, numpy's) reaches that only in adversarial cases: with
+    rounding errors independent and of mean zero, the error is <= lambda sqrt(K) u sum|terms|
+    with probability >= 1 - 2 exp(-lambda^2 / 2) (Higham and Mary, SIAM J. Sci. Comput. 2019,
+    Thm 2.4). With lambda = 6 (failure probability 3e-8 per element) and two independent sides:
+        floor = 2 (6 sqrt(K) + 2) u ||kernel(|inputs|)||
+    (+2: the product's own rounding and the output's store), K per output from the sizes
+    (_terms). Where
+    the reduction does not cancel, ||kernel(|x|)|| ~ ||kernel(x)|| and the floor is ~1e-5 of the
+    value or less, far below the gradient tolerance; where the exact result cancels to ~0
+    (a gradient behind a BatchNorm whose output is ~constant), it is what rounding may leave."""
+    sizes = [int(np.prod(np.shape(a))) for a in inputs if a is not None and a.dtype.kind == "f"]
+    abs_in = [xp.abs(a) if a is not None and a.dtype.kind == "f" else a for a in inputs]
+    abs_out = [None if o is None else xp.empty_like(o) for o in outputs]
+    if ctx.scratch is not None:  # its own scratch: the planned one may share memory with a dying input
+        ctx = replace(ctx, scratch=xp.empty_like(ctx.scratch))
+    fn(ctx, abs_in, abs_out)
+    out = {}
+    for j, o in enumerate(abs_out):
+        if o is not None and o.dtype.kind == "f":
+            c = 2 * (6 * math.sqrt(_terms(sizes, int(np.prod(o.shape)), ctx.node.op_type == "Sum")) + 2) * _U32
+            out[j] = (c, _norm(o))
+    return out
+
+
+def _terms(sizes: list[int], out: int, n_ary: bool) -> float:
+    """How many terms each output element sums, from the sizes alone: Sum of n tensors, n;
+    one input (ReduceSum), |in| / |out|; a product of two (MatMul A[M,K] B[K,N]: sqrt(MK KN / MN)
+    = K; ConvGrad's dX: C_out sqrt(kh kw), its dW: N H W / sqrt(kh kw), within a factor 3 of
+    the true count), sqrt(|a| |b| / |out|); never more than the largest input holds."""
+    if not sizes:
+        return 1.0
+    if n_ary:
+        k = float(len(sizes))
+    elif len(sizes) == 1:
+        k = sizes[0] / max(out, 1)
+    else:
+        k = math.sqrt(sizes[0] * sizes[1] / max(out, 1))
+    return min(max(k, 1.0), float(max(sizes)))
 
 
 def floored(tolerance: float, floor: float, want) -> float:
@@ -194,7 +263,7 @@ class _Hooks:
         self.replace: dict[str, np.ndarray] = {}  # our gradient name -> the value to use
         self.reference: dict[str, np.ndarray] | None = None  # traced step: ORT's intermediates
         self.tolerance: dict[str, float] = {}  # value -> its tolerance, where not "intermediate"
-        self.floor: dict[str, float] = {}  # BatchNorm statistic -> its absolute error floor (bn_floor)
+        self.floor: dict[str, float] = {}  # value -> its absolute error floor (bn_floor, bn_grad_floor, reduction_floor)
         self.first: Check | None = None
 
     def wrap(self, node, fn):
@@ -202,6 +271,7 @@ class _Hooks:
         grads = [k for k, i in enumerate(node.inputs) if original_name(i) in self.grad_names]
         stats = node.op_type in _BN_OPS and len(node.inputs) >= 5 and len([o for o in node.outputs if o]) > 1
         bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
+        reduction = node.op_type in REDUCTION_OPS
 
         def run(ctx, inputs, outputs):
             for k in grads:
@@ -209,21 +279,45 @@ class _Hooks:
                 self.captured[name] = _download(inputs[k])
                 if name in self.replace:
                     _upload(self.xp, inputs[k], self.replace[name])
-            floors = {}
-            if stats:  # before the kernel: it updates the running statistics in place
+            # BatchNormalizationGrad: only dY carries error in relative to itself; the saved mean's
+            # floor is absolute (a centred channel's mean is ~0) and bn_grad_floor counts it already
+            rho = self._inherited(node.inputs[:1] if bn_grad else node.inputs, inputs)
+            floors, own = {}, {}  # before the kernel: it may update its inputs in place
+            if stats:
                 floors = bn_floor(_download(inputs[0]), _download(inputs[3]), _download(inputs[4]),
                                   node.attrs.get("momentum", 0.9))
             elif bn_grad:
-                floors = bn_grad_floor(*(_download(a) for a in inputs[:5]))
-            if floors:
-                for k, f in floors.items():
-                    if k < len(node.outputs) and node.outputs[k]:
-                        self.floor[original_name(node.outputs[k])] = f
+                own = bn_grad_floor(*(_download(a) for a in inputs[:5]))
+            elif reduction:
+                own = reduction_floor(fn, ctx, inputs, outputs, self.xp)
             fn(ctx, inputs, outputs)
+            for k, (o, arr) in enumerate(zip(node.outputs, outputs)):
+                if not o or arr is None or arr.dtype.kind != "f":
+                    continue
+                c, m = own.get(k, (0.0, 0.0))
+                f = floors.get(k, 0.0) + c * m
+                if rho > 0:  # the relative error the inputs carry in, passed on (see _inherited)
+                    f += rho * _norm(arr)
+                if f > 0:
+                    self.floor[original_name(o)] = f
             if self.reference is not None and self.first is None:
                 self._compare(node, outputs)
 
         return run
+
+    def _inherited(self, names, inputs) -> float:
+        """The largest of the inputs' floors relative to their norms: the relative error they
+        carry in from the reductions upstream, passed on as a relative error of each output
+        (an estimate, not a bound: rounding errors of random sign pass through a linear map
+        about as the values do; bounding them by magnitudes, ||kernel(|error|)||, would grow
+        by ~sqrt(K) per layer and swallow everything in a deep network)."""
+        rho = 0.0
+        for name, arr in zip(names, inputs):
+            f = self.floor.get(original_name(name), 0.0) if name else 0.0
+            if f > 0 and arr is not None:
+                n = _norm(arr)
+                rho = max(rho, f / n if n > 0 else 0.0)
+        return rho
 
     def _compare(self, node, outputs) -> None:
         for name, arr in zip(node.outputs, outputs):
@@ -314,7 +408,8 @@ class StepVerifier:
         for name, want in ort_new.items():
             got = new_params.get(name, new_moments.get(name))
             p = name.split(".exp_avg")[0]
-            err = float("inf") if got is None else update_error(got, want, want)
+            # scale: ORT's update without its NaNs (NaN where ours is NaN too is agreement)
+            err = float("inf") if got is None else update_error(got, want, np.nan_to_num(want, nan=0.0))
             checks.append(Check("update", name, err, tol["update"], self.optimizer_node.get(p, "")))
         for name, want in ort.running.items():
             got = new_params.get(name)
