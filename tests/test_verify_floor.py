@@ -54,3 +54,20 @@ def test_floor_counts_the_terms_of_each_output_element():
     u = 2.0 ** -24
     assert np.isclose(c, 2 * (6 * np.sqrt(64) + 2) * u)  # K = 64, the inner dimension
     assert np.isclose(magnitude, np.linalg.norm(np.abs(a).astype(np.float64) @ np.abs(b)), rtol=1e-5)
+
+
+def test_an_all_zero_reference_is_judged_by_the_absolute_floor():
+    """ORT's gradient exactly zero, ours rounding noise: within the floor passes, above it fails,
+    and with no floor any nonzero value fails (as before); a NaN never passes."""
+    from onnxplan.verification.step_check import gradient_error
+
+    zero = np.zeros(16, np.float32)
+    noise = np.full(16, 1e-9, np.float32)  # norm 4e-9
+    tol = TOLERANCES["gradient"]
+    assert gradient_error(noise, zero, tol, floor=1e-8) <= tol
+    assert gradient_error(noise, zero, tol, floor=1e-9) > tol
+    assert gradient_error(noise, zero, tol, floor=0.0) == float("inf")
+    assert gradient_error(np.full(16, np.nan, np.float32), zero, tol, floor=1.0) == float("inf")
+    assert gradient_error(zero, zero, tol, floor=0.0) == 0.0
+    want = np.ones(16, np.float32)  # a nonzero reference: the relative error, as before
+    assert gradient_error(want * 2, want, tol, floor=1e9) == 1.0
