@@ -6,6 +6,7 @@ is skipped.
 Usage: python benchmarks/verify_matrix.py [--models mlp,resnet18] [--batches 2,4,8,default]
        [--optimizers adamw,sgd] [--policies plain,on-demand,...,rotor] [--steps 2]
        [--out reports/verify-matrix.jsonl] [--markdown reports/verify-matrix.md]
+       [--skip-in a.jsonl,b.jsonl]   (rows already in these files are skipped too)
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> None:
     ap.add_argument("--out", default="reports/verify-matrix.jsonl")
     ap.add_argument("--markdown", default="")
     ap.add_argument("--inputs", default="", help="with --markdown: only write the table of these JSON-lines files")
+    ap.add_argument("--skip-in", default="", help="comma-separated JSON-lines files whose rows count as done")
     a = ap.parse_args()
     if a.inputs:
         rows = [json.loads(line) for f in a.inputs.split(",") for line in Path(f).read_text().splitlines()]
@@ -92,6 +94,10 @@ def main() -> None:
         for line in out.read_text().splitlines():
             r = json.loads(line)
             rows.append(r)
+            done.add((r["model"], str(r["batch"]), r["optimizer"], r["policy"]))
+    for f in filter(None, a.skip_in.split(",")):
+        for line in Path(f).read_text().splitlines():
+            r = json.loads(line)
             done.add((r["model"], str(r["batch"]), r["optimizer"], r["policy"]))
     for model in models:
         for b in a.batches.split(","):
