@@ -28,16 +28,7 @@ NAMES = [hf.zoo_name(s.arch, e) for s in hf.hf_specs() for e in hf.EXPORTERS]
 # What still keeps a corpus model from passing (with forward, ops and verify merged), by cause. The
 # lead empties an entry once the cause is fixed and the model passes (the marks are not strict, so a model
 # that starts passing early is reported as XPASS, not failed).
-BLOCKED: dict[str, str] = {
-    "hf-efficientnet": ("--verify false alarm on a correct run: in this seeded init everything before top_conv "
-                        "sits behind a near-zero BatchNorm path, so those parameters' gradients are ~1e-16 "
-                        "(rounding on both sides, ORT's included) and their relative norm error is ~1. The "
-                        "reductions' own rounding floors (reduction_floor, bn_grad_floor) and the relative floor "
-                        "carried down the chain cover blocks.1 and later, not the embeddings and blocks.0 "
-                        "(four gradients, error 800-3700x their floors): the rounding is inherited through a cancelling "
-                        "BatchNormalizationGrad dX, which a relative estimate underrates and a magnitude bound "
-                        "(|kernel|(|error|)) overrates by ~sqrt(K) per layer (resnet18: 1e5x)"),
-}
+BLOCKED: dict[str, str] = {}
 
 
 def _marks(name: str) -> list:

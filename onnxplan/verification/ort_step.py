@@ -10,12 +10,15 @@ any state (ours, before the step), and everything the comparison needs comes out
 - on request every intermediate value (to find the first one that differs).
 
 The training model run this way is the same graph and the same kernels as
-onnxruntime.training.api.Module's (the loss of a step is bit-identical); the optimizer model
-gets its optional outputs (updated parameters and moments) exposed.
+onnxruntime.training.api.Module's (the loss of a step is bit-identical), with one repair of a
+reference bug: ONNX Runtime 1.19's CPU ConvGrad ignores auto_pad (explicit_conv_grad_pads), so
+its ConvGrad nodes get the explicit pads their auto_pad means. The optimizer model gets its
+optional outputs (updated parameters and moments) exposed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +28,10 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
+from onnxplan.kernels.conv import window
 
-__all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep"]
+__all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep",
+           "explicit_conv_grad_pads"]
 
 ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
@@ -68,11 +73,46 @@ def _load(path: Path) -> onnx.ModelProto:
     return onnx.load(str(path))
 
 
+def explicit_conv_grad_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """Give every ConvGrad with auto_pad SAME_UPPER/SAME_LOWER the explicit pads it means, in
+    place; returns the names of the nodes rewritten.
+
+    ONNX Runtime 1.19's CPU ConvGrad never reads auto_pad: it takes `pads` as given, zeros when
+    absent (orttraining/training_ops/cpu/nn/conv_grad.cc), while its Conv resolves auto_pad. For
+    a window wider than one element with SAME padding, its im2col then walks an unpadded input
+    with the padded output's size, and dX and dW come out wrong by O(1) of their norm (a 3x3
+    depthwise Conv of hf-efficientnet's TorchScript export: 1.1x; the same node with the
+    explicit pads agrees with float64 to 7e-8). Both are wrong gradients, not rounding: the
+    reference has to be repaired, not the tolerance widened. The pads come from the static
+    spatial sizes of X (input 1) and dY (input 0) by the arithmetic our kernels use
+    (onnxplan.kernels.conv.window, ONNX's SAME rule); a node whose shapes are not in `shapes`
+    is left as it is (the difference then shows, never a silent pass)."""
+    done = []
+    for n in model.graph.node:
+        if n.op_type != "ConvGrad" or n.domain != "com.microsoft":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        auto_pad = attrs.get("auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        dy, x, w = (shapes.get(i) for i in n.input[:3])
+        if auto_pad not in ("SAME_UPPER", "SAME_LOWER") or dy is None or x is None or w is None:
+            continue
+        kernel = attrs.get("kernel_shape") or w[2:]
+        win = window(attrs, x[2:], dy[2:], kernel)
+        kept = [a for a in n.attribute if a.name not in ("auto_pad", "pads")]
+        del n.attribute[:]
+        n.attribute.extend(kept)
+        n.attribute.append(onnx.helper.make_attribute("pads", [*win.pads_begin, *win.pads_end]))
+        done.append(n.name)
+    return done
+
+
 class OrtTrainingStep:
     """training_model.onnx in an InferenceSession: loss, gradients, running statistics, random
-    values (and on request every intermediate) of one step from a given state."""
+    values (and on request every intermediate) of one step from a given state. `shapes` (value
+    -> static shape, the step graph's) lets explicit_conv_grad_pads repair ConvGrad's auto_pad."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
         self.model = _load(Path(folder) / "training_model.onnx")
         g = self.model.graph
         self.loss_name = g.output[0].name
@@ -100,6 +140,7 @@ class OrtTrainingStep:
             for o in n.output:
                 if o:
                     self.value_node[o] = n.name
+        self.repaired = explicit_conv_grad_pads(self.model, shapes or {})  # ConvGrad nodes given explicit pads
         self.inputs = [vi.name for vi in g.input]
         self.loss_node = next((n for n in g.node if self.loss_name in n.output), None)
         self.opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 17)

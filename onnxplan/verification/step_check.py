@@ -359,7 +359,7 @@ class StepVerifier:
         # each side's own default: a default that differs between them is a difference to find
         self.ex.learning_rate = float(learning_rate) if learning_rate is not None else runner.DEFAULT_LEARNING_RATE
         self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
-        self.ort = OrtTrainingStep(self.folder)
+        self.ort = OrtTrainingStep(self.folder, {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None})
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
