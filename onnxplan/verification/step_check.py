@@ -14,6 +14,11 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
      intermediate value of ONNX Runtime's training model exposed, ours compared node by node
      in execution order: the first value beyond tolerance names the node that computed it.
 
+ONNX Runtime's training model is the reference as generated, except where ONNX Runtime is
+wrong: its ConvGrad ignores auto_pad, so those nodes get explicit pads
+(ort_step.explicit_conv_grad_pads; a wrong reference is repaired, never met with a wider
+tolerance).
+
 Tolerances (measured on correct runs of the zoo, reports/verify.md): our kernels against ONNX
 Runtime from the same state differ by <= 5e-6 relative norm in a gradient, except where a
 pre-activation within rounding of zero flips a ReLU (one element of resnet18's layer1 moved the
