@@ -230,7 +230,7 @@ def test_failed_settle_fails_later_waits_instead_of_hanging(chain_case, monkeypa
     ex.load_state(params)
     ex.step(batch)
 
-    def broken(self):
+    def broken(self, until=None):
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(SwapStore, "settle", broken)

@@ -7,8 +7,9 @@ count in RSS. So that the page cache neither hides swapped bytes in RAM nor infl
 figures, written pages are flushed (sync_file_range, waiting for the write-back; fdatasync
 where libc lacks it) and dropped with posix_fadvise(DONTNEED); read pages are dropped right
 after the read. The worker starts a write's write-back at once but settles it (waits and
-drops) only when it has no job waiting, so prefetches never queue behind a flush; every
-written page is settled when the step's transfers are done. The file's blocks are allocated
+drops) only when it has no job waiting, a MiB at a time, looking for work in between, so
+a prefetch waits for at most one MiB's write-back (a settle job, as before reading the
+state back, settles everything). The file's blocks are allocated
 up front (posix_fallocate), so a flush writes data only, no metadata, and read-ahead is off
 (POSIX_FADV_RANDOM), so a read brings no neighbouring slot into the page cache.
 
@@ -30,7 +31,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,6 +43,7 @@ from onnxplan.plan import Plan
 __all__ = ["SwapIOError", "SwapRuntime", "SwapStats", "SwapStore", "SwapWorker", "fs_type"]
 
 PAGE = 4096
+SETTLE_CHUNK = 1 << 20  # an idle worker settles this much at a time, then looks for work
 _SYNC_RANGE = 1 | 2 | 4  # SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER
 
 
@@ -160,11 +162,15 @@ class SwapStore:
                 self._sync(self.fd, off, len(view), 2)  # SYNC_FILE_RANGE_WRITE: start, no wait
             self.unsettled.append((off, len(view), True))
 
-    def settle(self) -> None:
+    def settle(self, until: Callable[[], bool] | None = None) -> None:
         """Wait for the write-back of every unsettled write, drop its pages and those of the
-        unsettled reads (pages still in flight when a read returned)."""
-        while self.unsettled:
+        unsettled reads (pages still in flight when a read returned); one range at a time,
+        stopping early once `until()` is true (work is waiting)."""
+        while self.unsettled and not (until is not None and until()):
             off, n, written = self.unsettled.pop(0)
+            if until is not None and n > SETTLE_CHUNK:  # a long write-back wait would delay the next job
+                self.unsettled.insert(0, (off + SETTLE_CHUNK, n - SETTLE_CHUNK, written))
+                n = SETTLE_CHUNK
             self._drop(off, n, written)
 
     def write_zeros(self, slot: str) -> None:
@@ -241,8 +247,8 @@ class SwapWorker(threading.Thread):
         while True:
             try:
                 job = self.jobs.get_nowait()
-            except queue.Empty:  # idle: settle the written pages, then wait for work
-                self._settle()
+            except queue.Empty:  # idle: settle the written pages until work comes, then wait for it
+                self._settle(until=lambda: not self.jobs.empty())
                 job = self.jobs.get()
             if job is None:
                 self._settle()
@@ -268,12 +274,12 @@ class SwapWorker(threading.Thread):
             self.busy_seconds += job.seconds
             job.done.set()
 
-    def _settle(self) -> None:
+    def _settle(self, until: Callable[[], bool] | None = None) -> None:
         if self.failure is not None:
             return
         t0 = time.perf_counter()
         try:
-            self.store.settle()
+            self.store.settle(until)
         except BaseException as exc:  # noqa: BLE001 - handed to every later job
             self.failure = exc
         self.busy_seconds += time.perf_counter() - t0
@@ -441,7 +447,6 @@ class SwapRuntime:
             self._wait(job)
         self.pending_reads.clear()
         self.pending_writes.clear()
-        self.worker.put(Job("settle", "", None, -1))  # the step's pages leave RAM in the background
         self.stats.io_seconds = self.worker.busy_seconds - self._busy
         self._busy = self.worker.busy_seconds
         self.history.append(self.stats)
