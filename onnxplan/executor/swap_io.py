@@ -235,6 +235,7 @@ class SwapWorker(threading.Thread):
         self.store = store
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.busy_seconds = 0.0
+        self.cpu_seconds = 0.0  # the worker thread's own CPU time (copies, flushes): what competes with kernels
         # the first failure of a settle (write-back, page drop): every later job fails with it,
         # so no wait blocks on a worker that can no longer vouch for the file
         self.failure: BaseException | None = None
@@ -259,7 +260,7 @@ class SwapWorker(threading.Thread):
                 job.error = self.failure
                 job.done.set()
                 continue
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 host, back = _host(job.view)
                 if job.kind == "write":
@@ -272,17 +273,19 @@ class SwapWorker(threading.Thread):
                 job.error = exc
             job.seconds = time.perf_counter() - t0
             self.busy_seconds += job.seconds
+            self.cpu_seconds += time.thread_time() - c0
             job.done.set()
 
     def _settle(self, until: Callable[[], bool] | None = None) -> None:
         if self.failure is not None:
             return
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             self.store.settle(until)
         except BaseException as exc:  # noqa: BLE001 - handed to every later job
             self.failure = exc
         self.busy_seconds += time.perf_counter() - t0
+        self.cpu_seconds += time.thread_time() - c0
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -300,6 +303,7 @@ class SwapStats:
     stalls: int = 0  # waits that blocked: a late prefetch or a late write
     stall_seconds: float = 0.0
     io_seconds: float = 0.0  # the worker's busy time
+    io_cpu_seconds: float = 0.0  # the worker thread's CPU time
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -346,6 +350,7 @@ class SwapRuntime:
         self.stats = SwapStats()
         self.history: list[SwapStats] = []
         self._busy = 0.0
+        self._cpu = 0.0
 
     # ---- binding the executor's calls ------------------------------------------------------
     def attach(self, calls: list) -> None:
@@ -449,6 +454,8 @@ class SwapRuntime:
         self.pending_writes.clear()
         self.stats.io_seconds = self.worker.busy_seconds - self._busy
         self._busy = self.worker.busy_seconds
+        self.stats.io_cpu_seconds = self.worker.cpu_seconds - self._cpu
+        self._cpu = self.worker.cpu_seconds
         self.history.append(self.stats)
         self.stats = SwapStats()
 
