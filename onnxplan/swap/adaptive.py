@@ -113,7 +113,6 @@ class Adaptive(SwapPolicy):
                  resident: int, target: int | None) -> dict[Gap, Timing]:
         if target is None or not timings:
             return timings
-        n = model.n
         nodes = {nd.name: nd for nd in model.graph.nodes}
         times = TimeModel()
         seconds = np.array([times.node_seconds(model.graph, nodes[name]) for name in model.order])
