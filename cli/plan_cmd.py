@@ -41,7 +41,7 @@ def plan_command(
     inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs (off: only optimizer and running-statistics updates are in place)."),
     split_grad: bool = typer.Option(False, "--split-grad", help="Split each ConvGrad into its dW half (reads X) and its dX half (does not): X can die before dX is made, which lowers the working set of the backward pass (same FLOPs, same numbers). With --budget and no policy named, tried when it helps."),
     time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
-    swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
+    swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, adaptive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),

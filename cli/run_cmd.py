@@ -61,7 +61,7 @@ def run_command(
     check_arena: bool = typer.Option(False, "--check-arena", help="Debug: poison dead buffers, check every read is inside its lifetime."),
     threads: int = typer.Option(None, "--threads", help="BLAS threads (default: the BLAS library's own)."),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Measure the peak in a fresh subprocess (the probe)."),
-    swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, window (default: none, or auto with --budget)."),
+    swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, adaptive, window (default: none, or auto with --budget)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
     budget: str = typer.Option(None, "--budget", help="Memory budget, e.g. 64MiB: swap (--swap) or recompute (--checkpoint) until the planned peak fits; with neither, the one predicted faster."),

@@ -1,4 +1,4 @@
-"""Swap: evict buffers between two uses (on-demand, reduced, proactive, window) to meet a budget."""
+"""Swap: evict buffers between two uses (on-demand, reduced, proactive, adaptive, window) to meet a budget."""
 
 from onnxplan.swap.driver import AUTO_POLICIES, SWAP_CHOICES, Floor, SwapOutcome, plan_swaps, swap_totals
 from onnxplan.swap.insert import SWAP_DOMAIN, SwappedValue, is_swap_node, rewrite_graph

@@ -18,9 +18,12 @@ from onnxplan.verify import verify_offsets
 
 __all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "plan_swaps", "realize_selection", "swap_totals"]
 
-SWAP_CHOICES = ("none", "auto", "on-demand", "reduced", "proactive", "window")
-AUTO_POLICIES = ("proactive", "reduced")  # what `auto` tries, in order, when a budget is not met
+SWAP_CHOICES = ("none", "auto", "on-demand", "reduced", "proactive", "adaptive", "window")
+AUTO_POLICIES = ("proactive", "adaptive")  # what `auto` tries, in order, when a budget is not met
 MAX_ROUNDS = 200
+SLACK_ROUNDS = 6  # placements tried while spending the slack
+SLACK_RESOLUTION = 256 << 10
+SLACK_SECONDS = 1.0  # offset ILP per placement while spending the slack
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ def _alone(buffers, planner: str, budget: int, persistent: int, time_limit: floa
 
 
 def realize_selection(g: StepGraph, model: SwapModel, sel: Selection, target: int | None, planner: str,
-                      budget: int | None) -> SwapOutcome:
+                      budget: int | None, exact_seconds: float = 0.0) -> SwapOutcome:
     """The swap outcome of a selection of gaps: the policy's final timings, the swap nodes
-    inserted in the order, lifetimes, offsets placed by `planner` and verified."""
+    inserted in the order, lifetimes, offsets placed by `planner` and verified (`exact_seconds`
+    > 0: where the heuristics miss `budget`, planner auto also runs the offset ILP that long)."""
     policy = sel.policy
     gaps = sel.gaps()
     timings = policy.finalize(model, {gp: sel.timings[gp] for gp in gaps}, sel.profile, sel.resident, target)
@@ -99,11 +103,16 @@ def realize_selection(g: StepGraph, model: SwapModel, sel: Selection, target: in
     g2 = rewrite_graph(g, order, records)
     lt = lifetimes(g2, order)
     op = _offsets(lt.buffers, planner)
+    if exact_seconds > 0 and planner in ("auto", "ilp") and budget is not None and \
+            lt.persistent_bytes + op.arena_bytes > budget:
+        op = min(op, plan_offsets("ilp", lt.buffers, time_limit=exact_seconds, seed_plan=op),
+                 key=lambda p: p.arena_bytes)
     verify_offsets(lt.buffers, op)
     return SwapOutcome(policy.describe(), policy.options(), g2, tuple(order), lt, op, tuple(records), budget)
 
 
-def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None, planner: str) -> SwapOutcome:
+def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None, planner: str,
+         time_limit: float = 10.0) -> SwapOutcome:
     if budget is None:
         out = realize_selection(g, model, select_all(model, policy), None, planner, None)
         out.notes.append(f"swap {out.policy}: every gap it can swap (no budget)")
@@ -113,10 +122,12 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
     out = None
     for _ in range(MAX_ROUNDS):
         sel = select_greedy(model, policy, target, sel)
-        out = realize_selection(g, model, sel, target, planner, budget)
+        out = realize_selection(g, model, sel, None if policy.spends_slack else target, planner, budget)
         if out.fits or sel.stuck:
             break
         target = min(target, sel.estimate) - (out.peak_bytes - budget) - ALIGNMENT
+    if out.fits and policy.spends_slack:
+        out = _spend_slack(g, model, sel, out, planner, budget, time_limit)
     if not out.fits:  # stuck at the peak EO: swapping everything may still pack tighter
         every = realize_selection(g, model, select_all(model, policy), None, planner, budget)
         t = select_all(model, policy).peak_eo
@@ -124,6 +135,31 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
         out = every if every.peak_bytes < out.peak_bytes else out
         out.floor = floor
     return out
+
+
+def _spend_slack(g: StepGraph, model: SwapModel, sel: Selection, fitting: SwapOutcome, planner: str,
+                 budget: int, time_limit: float) -> SwapOutcome:
+    """The fitting selection's timings stretched into the memory the budget leaves free (the
+    policy's finalize, given a target): the budget first; where the placement misses it, the
+    highest target that places within it, by bisection between the selection's own live
+    bytes and the budget (a longer lead packs worse). The selection never grows. None fits:
+    `fitting` as it is."""
+    exact = min(time_limit, SLACK_SECONDS)
+    out = realize_selection(g, model, sel, budget, planner, budget, exact)
+    if out.fits:
+        return out
+    lo, hi = sel.estimate, budget  # targets: the selection's own live bytes (little lead), the budget
+    best = fitting
+    for _ in range(SLACK_ROUNDS):
+        if hi - lo <= SLACK_RESOLUTION:
+            break
+        mid = (lo + hi) // 2
+        out = realize_selection(g, model, sel, mid, planner, budget, exact)
+        if out.fits:
+            best, lo = out, mid
+        else:
+            hi = mid
+    return best
 
 
 def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | None = None,
@@ -136,7 +172,7 @@ def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | N
         return None
     model = swap_model(g, order, lt, min_bytes)
     if swap != "auto":
-        return _run(g, model, make_policy(swap, lookahead, window_bytes), budget, planner)
+        return _run(g, model, make_policy(swap, lookahead, window_bytes), budget, planner, time_limit)
     if budget is None:
         return None
     alone = _alone(lt.buffers, planner, budget, lt.persistent_bytes, time_limit)
@@ -145,7 +181,7 @@ def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | N
     tried = []
     out = None
     for name in AUTO_POLICIES:
-        out = _run(g, model, make_policy(name, lookahead, window_bytes), budget, planner)
+        out = _run(g, model, make_policy(name, lookahead, window_bytes), budget, planner, time_limit)
         tried.append(f"{out.policy} {format_bytes(out.peak_bytes)}")
         if out.fits:
             break

@@ -19,6 +19,7 @@ __all__ = [
     "SwapPolicy",
     "Timing",
     "Window",
+    "just_in_time",
     "make_policy",
 ]
 
@@ -51,13 +52,17 @@ class SwapPolicy:
     - `round_trips`: gaps with no EO inside are swapped too (out right after a use, in right
       before the next one: no memory saved, the transfers still cost);
     - `clean_drops`: a swap-out of bytes the store already holds (a weight not yet updated, an
-      activation swapped in and not changed since) writes nothing, it only frees the memory.
+      activation swapped in and not changed since) writes nothing, it only frees the memory;
+    - `spends_slack`: under a budget, the gaps are chosen and placed with the timings of
+      `timing` alone; `finalize` then gets the budget as its target, once they fit, to spend
+      the memory left free (onnxplan.swap.adaptive).
     """
 
     name = "policy"
     per_buffer = False
     round_trips = False
     clean_drops = True
+    spends_slack = False
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
         raise NotImplementedError
@@ -74,7 +79,7 @@ class SwapPolicy:
         return {"policy": self.name}
 
 
-def _just_in_time(model: SwapModel, gap: Gap, delay: int = 0, lookahead: int = 0) -> Timing:
+def just_in_time(model: SwapModel, gap: Gap, delay: int = 0, lookahead: int = 0) -> Timing:
     n = model.n
     if gap.wrap:
         return Timing(min(gap.after + 1 + delay, n), max(gap.before - lookahead, 0))
@@ -92,7 +97,7 @@ class OnDemand(SwapPolicy):
     clean_drops = False
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
-        return _just_in_time(model, gap)
+        return just_in_time(model, gap)
 
 
 class Reduced(SwapPolicy):
@@ -103,7 +108,7 @@ class Reduced(SwapPolicy):
     name = "reduced"
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
-        return _just_in_time(model, gap)
+        return just_in_time(model, gap)
 
 
 class Proactive(SwapPolicy):
@@ -119,7 +124,7 @@ class Proactive(SwapPolicy):
         self.lookahead = lookahead
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
-        return _just_in_time(model, gap, delay=1, lookahead=self.lookahead)
+        return just_in_time(model, gap, delay=1, lookahead=self.lookahead)
 
     def describe(self) -> str:
         return f"proactive (lookahead {self.lookahead})"
@@ -212,7 +217,7 @@ class Window(SwapPolicy):
         return {"policy": self.name, "window_bytes": self.window_bytes}
 
 
-SWAP_POLICIES = ("on-demand", "reduced", "proactive", "window")
+SWAP_POLICIES = ("on-demand", "reduced", "proactive", "adaptive", "window")
 
 
 def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None) -> SwapPolicy:
@@ -223,6 +228,10 @@ def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None) 
         return Reduced()
     if name == "proactive":
         return Proactive(lookahead)
+    if name == "adaptive":
+        from onnxplan.swap.adaptive import Adaptive  # it simulates the swap-out writes of onnxplan.swap.insert
+
+        return Adaptive()
     if name == "window":
         return Window(window_bytes)
     raise UsageError(f"unknown swap policy {name!r}; known: none, auto, {', '.join(SWAP_POLICIES)}")
