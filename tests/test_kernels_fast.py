@@ -25,8 +25,11 @@ from tests.kernel_harness import MS, check, rand
 ROOT = Path(__file__).resolve().parents[1]
 
 
+LARGE = 1 << 14  # elements: more than one numpy block (blockwise) per tensor
+
+
 def _big_rows(cols: int) -> int:
-    return -(-_torch.MIN_ELEMS // cols) + 3
+    return -(-LARGE // cols) + 3
 
 
 # ---- numerics on the torch path ----------------------------------------------------------------
@@ -68,13 +71,26 @@ def test_softmax_grads_large(op):
     check(op, [rand(*x.shape), y], attrs, domain=MS, aliases=[(0, 0), (0, 1)])
 
 
-def test_small_tensors_stay_on_numpy(monkeypatch):
-    """Below MIN_ELEMS torch is never loaded for these kernels' sake (the per-call cost loses)."""
+def test_torch_path_at_every_size(monkeypatch):
+    """One thread, torch's operators beat the numpy kernels at every size (MIN_ELEMS = 1); off
+    (ONNXPLAN_TORCH_KERNELS=0), or on non-float, non-contiguous or mismatched arrays, numpy serves."""
     x = np.zeros((4, 8), np.float32)
-    assert not _torch.usable(np, x, x)
-    assert _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32), np.zeros(_torch.MIN_ELEMS, np.float32))
+    assert _torch.usable(np, x, x)
+    assert not _torch.usable(np, x.astype(np.int64), x.astype(np.int64))
+    assert not _torch.usable(np, x, x.T.copy().T)
     monkeypatch.setattr(_torch, "ENABLED", False)
-    assert not _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32))
+    assert not _torch.usable(np, x, x)
+
+
+@pytest.mark.parametrize("op", ["Gelu", "GeluGrad", "ReluGrad", "Erf", "FastGelu", "Softmax", "LogSoftmax"])
+def test_numpy_path_still_matches(monkeypatch, op):
+    """The numpy kernels (torch off; also the GPU path) keep their references and tolerances."""
+    monkeypatch.setattr(_torch, "ENABLED", False)
+    x = rand(6, 16, lo=-5, hi=5)
+    domain = "" if op in ("Erf", "Softmax", "LogSoftmax") else MS
+    attrs = {"axis": -1} if "Softmax" in op else None
+    ins = [rand(*x.shape), x] if op.endswith("Grad") else [x]
+    check(op, ins, attrs, domain=domain, aliases=[(0, 0)])
 
 
 # ---- the hidden-memory guard -------------------------------------------------------------------

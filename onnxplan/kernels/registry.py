@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -81,6 +82,8 @@ class KernelDecl:
 
 
 DECLS: dict[tuple[str, str], list[KernelDecl]] = {}
+# ONNXPLAN_BIND_KERNELS=0: every node calls its plain fn (the benchmark's "before", A/B tests)
+BIND = os.environ.get("ONNXPLAN_BIND_KERNELS", "1") != "0"
 _LOADED = False
 
 
@@ -152,7 +155,7 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
     specialisation (made now, once) when it gives one, else the plain fn. The specialisation
     runs only when called with the same two list objects; any other arrays (a verification
     hook re-running the kernel on |inputs|) go to the plain fn."""
-    fast = decl.bind(ctx, inputs, outputs) if decl.bind is not None else None
+    fast = decl.bind(ctx, inputs, outputs) if decl.bind is not None and BIND else None
     if fast is None:
         return decl.fn
     plain = decl.fn
