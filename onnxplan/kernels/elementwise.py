@@ -73,32 +73,49 @@ def pow_(ctx, inputs, outputs):
     ctx.xp.power(inputs[0], inputs[1], out=outputs[0], casting="unsafe")
 
 
+def _variadic_order(xs: list, out, name: str) -> list:
+    """The inputs in the order they are applied: any that shares the output's memory first (it
+    must be read before anything is written)."""
+    shared = [x for x in xs if x.shape == out.shape and _xp.same_buffer(x, out)]
+    if len(shared) > 2:
+        raise RuntimeError(f"{name}: output shares memory with {len(shared)} inputs")
+    return shared + [x for x in xs if not any(x is s for s in shared)]
+
+
+def _variadic_apply(xp, ufunc, xs: list, out, mean: bool) -> None:
+    if len(xs) == 1:
+        xp.copyto(out, xs[0])
+        return
+    ufunc(xs[0], xs[1], out=out)
+    for x in xs[2:]:
+        ufunc(out, x, out=out)
+    if mean:
+        xp.divide(out, len(xs), out=out, casting="unsafe")
+
+
 def _variadic(ufunc_name: str, mean: bool = False):
     def fn(ctx, inputs, outputs):
-        xp, out = ctx.xp, outputs[0]
-        ufunc = getattr(xp, ufunc_name)
-        xs = [x for x in inputs if x is not None]
-        # an input that shares the output's memory must be read before anything is written
-        shared = [x for x in xs if x.shape == out.shape and _xp.same_buffer(x, out)]
-        if len(shared) > 2:
-            raise RuntimeError(f"{ctx.node.name}: output shares memory with {len(shared)} inputs")
-        xs = shared + [x for x in xs if not any(x is s for s in shared)]
-        if len(xs) == 1:
-            xp.copyto(out, xs[0])
-            return
-        ufunc(xs[0], xs[1], out=out)
-        for x in xs[2:]:
-            ufunc(out, x, out=out)
-        if mean:
-            xp.divide(out, len(xs), out=out, casting="unsafe")
+        xs = _variadic_order([x for x in inputs if x is not None], outputs[0], ctx.node.name)
+        _variadic_apply(ctx.xp, getattr(ctx.xp, ufunc_name), xs, outputs[0], mean)
 
+    def bind(ctx, inputs, outputs):
+        """The order (the memory-sharing test) made once."""
+        if ctx.xp is not np:
+            return None
+        out, ufunc = outputs[0], getattr(np, ufunc_name)
+        try:
+            xs = _variadic_order([x for x in inputs if x is not None], out, ctx.node.name)
+        except RuntimeError:
+            return None  # the plain kernel raises it when called
+        return lambda ctx, inputs, outputs: _variadic_apply(np, ufunc, xs, out, mean)
+
+    fn.bind = bind
     return fn
 
 
-declare("Sum", fn=_variadic("add"), overwrites=BINARY)
-declare("Max", fn=_variadic("maximum"), overwrites=BINARY)
-declare("Min", fn=_variadic("minimum"), overwrites=BINARY)
-declare("Mean", fn=_variadic("add", mean=True), overwrites=BINARY)
+for _op, _fn in {"Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
+                 "Mean": _variadic("add", mean=True)}.items():
+    declare(_op, fn=_fn, overwrites=BINARY, bind=_fn.bind)
 
 
 @kernel("Where")

@@ -155,7 +155,12 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
     specialisation (made now, once) when it gives one, else the plain fn. The specialisation
     runs only when called with the same two list objects; any other arrays (a verification
     hook re-running the kernel on |inputs|) go to the plain fn."""
-    fast = decl.bind(ctx, inputs, outputs) if decl.bind is not None and BIND else None
+    fast = None
+    if decl.bind is not None and BIND:
+        try:
+            fast = decl.bind(ctx, inputs, outputs)
+        except Exception:  # noqa: BLE001 - a node the rule cannot take: the plain fn reports it when called
+            fast = None
     if fast is None:
         return decl.fn
     plain = decl.fn

@@ -35,12 +35,22 @@ def cast(ctx, inputs, outputs):
     ctx.xp.copyto(outputs[0], inputs[0], casting="unsafe")
 
 
-@kernel("Transpose")
+def _perm(ctx, x) -> list[int]:
+    perm = ctx.attrs.get("perm")
+    return list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
+
+
+def _bind_transpose(ctx, inputs, outputs):
+    """The transposed view of the input made once: a step is one copy."""
+    src, out = ctx.xp.transpose(inputs[0], _perm(ctx, inputs[0])), outputs[0]
+    copyto = ctx.xp.copyto
+    return lambda ctx, inputs, outputs: copyto(out, src)
+
+
+@kernel("Transpose", bind=_bind_transpose)
 def transpose(ctx, inputs, outputs):
     x = inputs[0]
-    perm = ctx.attrs.get("perm")
-    perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
-    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, perm))
+    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, _perm(ctx, x)))
 
 
 @kernel("Expand")
