@@ -21,6 +21,17 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # FastGelu's kAlpha
 GELU_GAMMA = 0.044715
 
 
+def _bind_torch(make):
+    """A bind rule for a kernel's torch branch: when torch can take the node's arrays (output 0
+    and the inputs `make` names), make(ctx, inputs, outputs, aten, t) returns the step's call
+    with its zero-copy tensors and op resolved once (t: numpy array -> tensor); the plain
+    kernel's torch branch makes the same call."""
+    def bind(ctx, inputs, outputs):
+        return make(ctx, inputs, outputs, _torch.aten(), _torch.tensor)
+
+    return bind
+
+
 # ---- plain ufuncs -----------------------------------------------------------------------------
 def _unary(ufunc_name: str):
     def fn(ctx, inputs, outputs):
@@ -141,7 +152,14 @@ def sigmoid(ctx, inputs, outputs):
         xp.reciprocal(out, out=out)
 
 
-@kernel("Erf", overwrites=UNARY)
+def _bind_erf(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], inputs[0]):
+        return None
+    op, tx, to = aten.erf.out, t(inputs[0]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tx, out=to)
+
+
+@kernel("Erf", overwrites=UNARY, bind=_bind_torch(_bind_erf))
 def erf(ctx, inputs, outputs):
     if _torch.usable(ctx.xp, outputs[0], inputs[0]):
         _torch.aten().erf.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
@@ -197,7 +215,30 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-@kernel("Gelu", MS, overwrites=UNARY)
+def _gelu_binder(approximate: str | None):
+    """Y = gelu(X), or with a bias input gelu(X + bias) (the sum written into Y first);
+    approximate None: the node's attribute (ONNX Gelu-20)."""
+    def make(ctx, inputs, outputs, aten, t):
+        appr = approximate or _xp.attr_str(ctx.attrs.get("approximate"), "none")
+        x, out = inputs[0], outputs[0]
+        bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+        if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
+            return None
+        op, to = aten.gelu.out, t(out)
+        if bias is None:
+            tx = t(x)
+            return lambda ctx, inputs, outputs: op(tx, approximate=appr, out=to)
+
+        def run(ctx, inputs, outputs):
+            np.add(x, bias, out=out)
+            op(to, approximate=appr, out=to)
+
+        return run
+
+    return _bind_torch(make)
+
+
+@kernel("Gelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
     if _torch_gelu(ctx.xp, outputs[0], inputs[0]):
@@ -217,7 +258,7 @@ def _fast_gelu_block(xp, o, x, bias=None) -> None:
     xp.multiply(u, t, out=o)
 
 
-@kernel("FastGelu", MS, overwrites=UNARY)
+@kernel("FastGelu", MS, overwrites=UNARY, bind=_gelu_binder("tanh"))
 def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
@@ -250,7 +291,14 @@ def quick_gelu(ctx, inputs, outputs):
 
 
 # ---- gradients (dY first) --------------------------------------------------------------------------
-@kernel("ReluGrad", MS, overwrites=BINARY)
+def _bind_relu_grad(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
+        return None
+    op, tdy, tx, to = aten.threshold_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, 0, grad_input=to)
+
+
+@kernel("ReluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_relu_grad))
 def relu_grad(ctx, inputs, outputs):
     """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places)."""
     xp = ctx.xp
@@ -289,7 +337,14 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, cdf, out=o)
 
 
-@kernel("GeluGrad", MS, overwrites=BINARY)
+def _bind_gelu_grad(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
+        return None
+    op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, approximate="none", grad_input=to)
+
+
+@kernel("GeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_gelu_grad))
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
@@ -496,7 +551,7 @@ def leaky_relu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-@kernel("BiasGelu", MS, overwrites=UNARY)
+@kernel("BiasGelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
@@ -521,7 +576,7 @@ def bias_fast_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, lambda o, dy, x, b: _fast_gelu_grad_block(xp, o, dy, x + b), outputs[0], *inputs[:3])
 
 
-@kernel("Gelu", since=20, overwrites=UNARY)
+@kernel("Gelu", since=20, overwrites=UNARY, bind=_gelu_binder(None))
 def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp
