@@ -58,6 +58,14 @@ CASES = {
                         {"noop_with_empty_axes": 1}, 1), []),
     "dropout": (("Dropout", "", lambda: [rand(6, 8), np.array(0.3, F), np.array(True)], {}, 2), [(0, 0)]),
     "dropout-eval": (("Dropout", "", lambda: [rand(6, 8), np.array(0.3, F), np.array(False)], {}, 2), []),
+    "pad-constant": (("Pad", "", lambda: [rand(2, 3, 4), np.array([0, 1, 2, 0, 1, 0], np.int64),
+                                          np.array(1.5, F)], {}, 1), []),
+    "pad-reflect": (("Pad", "", lambda: [rand(2, 3, 4), np.array([0, 2, 1, 0, 1, 2], np.int64)],
+                     {"mode": "reflect"}, 1), []),
+    "pad-edge-crop": (("Pad", "", lambda: [rand(2, 3, 4), np.array([1, -1, 2, 0, 0, -1], np.int64)],
+                       {"mode": "edge"}, 1), []),
+    "clip": (("Clip", "", lambda: [rand(4, 5), np.array(-1.0, F), np.array(RNG.uniform(0, 2), F)], {}, 1),
+             [(0, 0)]),
     "gelu": (("Gelu", MS, _same_shape(1, 6, 16, lo=-6, hi=6), {}, 1), [(0, 0)]),
     "gelu-20-tanh": (("Gelu", "", _same_shape(1, 6, 16), {"approximate": "tanh"}, 1), [(0, 0)]),
     "fast-gelu-bias": (("FastGelu", MS, lambda: [rand(6, 16), rand(16)], {}, 1), [(0, 0)]),
@@ -115,6 +123,9 @@ def _out_shape(op, inputs, attrs, k):
         return inputs[2 if op == "AdamWUpdate" else 1].shape
     if op == "InPlaceAccumulatorV2":
         return (1,) if k == 0 else x.shape
+    if op == "Pad":
+        pads = [int(p) for p in inputs[1]]
+        return tuple(d + pads[i] + pads[i + x.ndim] for i, d in enumerate(x.shape))
     if op.startswith("Reduce"):
         axes = attrs.get("axes") or (list(inputs[1]) if len(inputs) > 1 else None)
         if axes is not None and len(axes) == 0 and attrs.get("noop_with_empty_axes"):

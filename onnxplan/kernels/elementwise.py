@@ -177,7 +177,26 @@ def leaky_relu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-@kernel("Clip", overwrites=UNARY)
+def _bind_clip(ctx, inputs, outputs):
+    """Bound inputs read as flat views each step; np.clip's ufunc called directly (its own path)."""
+    if ctx.xp is not np:
+        return None
+    x, out = inputs[0], outputs[0]
+    lo_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
+    hi_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    lo_attr, hi_attr = ctx.attrs.get("min"), ctx.attrs.get("max")
+    if lo_in is None and hi_in is None and lo_attr is None and hi_attr is None:
+        return None
+
+    def run(ctx, inputs, outputs):
+        lo = lo_in[0].item() if lo_in is not None else lo_attr
+        hi = hi_in[0].item() if hi_in is not None else hi_attr
+        np.clip(x, lo, hi, out=out)
+
+    return run
+
+
+@kernel("Clip", overwrites=UNARY, bind=_bind_clip)
 def clip(ctx, inputs, outputs):
     """Bounds from inputs 1 and 2 (opset 11+) or the min/max attributes (opset 6)."""
     xp, x, out = ctx.xp, inputs[0], outputs[0]

@@ -263,12 +263,10 @@ def _pad_sources(mode: str, before: int, n: int, size: int):
     return np.where(s > n - 1, period - s, s)
 
 
-@kernel("Pad")
-def pad(ctx, inputs, outputs):
-    """Modes constant, reflect, edge, wrap; pads (and axes) as inputs (opset 11+) or attribute;
-    negative pads crop. The inner part is copied once, then each axis's pads are filled in turn
-    from what is already in the output."""
-    xp, x, out = ctx.xp, inputs[0], outputs[0]
+def _pad_plan(ctx, inputs, out):
+    """What Pad does for these pads/axes: (mode, fill value or None, (out view, x view) of the
+    inner part, per padded axis [(region, index, source)...] for the non-constant modes)."""
+    xp, x = ctx.xp, inputs[0]
     mode = _xp.attr_str(ctx.attrs.get("mode"), "constant")
     rank = x.ndim
     pads = _xp.host_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else \
@@ -284,12 +282,10 @@ def pad(ctx, inputs, outputs):
     dst = tuple(slice(b, b + n) for b, n in zip(before, inner))
     if mode == "constant":
         value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-        out.fill(0 if value is None else _xp.host_scalar(value))
-        xp.copyto(out[dst], x[src])
-        return
+        return mode, (0 if value is None else _xp.host_scalar(value)), (out[dst], x[src]), []
     if any(n == 0 for n, b, e in zip(inner, before, after) if b or e):
         raise ValueError(f"{ctx.node.name}: Pad mode {mode!r} of an empty axis")
-    xp.copyto(out[dst], x[src])
+    fills = []
     for a in range(rank):
         if not (before[a] or after[a]):
             continue
@@ -297,5 +293,40 @@ def pad(ctx, inputs, outputs):
         source = xp.asarray(_pad_sources(mode, before[a], inner[a], out.shape[a]) + before[a])
         for part in (slice(0, before[a]), slice(before[a] + inner[a], out.shape[a])):
             if part.stop > part.start:
-                index = (slice(None),) * a + (part,)
-                region[index] = xp.take(region, source[part], axis=a)
+                fills.append((region, (slice(None),) * a + (part,), source[part], a))
+    return mode, None, (out[dst], x[src]), fills
+
+
+def _pad_run(xp, out, plan) -> None:
+    _mode, value, (inner_out, inner_x), fills = plan
+    if value is not None:
+        out.fill(value)
+    xp.copyto(inner_out, inner_x)
+    for region, index, source, axis in fills:
+        region[index] = xp.take(region, source, axis=axis)
+
+
+def _bind_pad(ctx, inputs, outputs):
+    """The plan made once per value of the pads/value/axes inputs (constants, loaded after
+    binding: read at the first call, their bytes checked each step)."""
+    out, made = outputs[0], {}
+    keyed = [a for a in inputs[1:] if a is not None]
+    if ctx.xp is not np:
+        return None
+
+    def run(ctx, inputs, outputs):
+        key = tuple(a.tobytes() for a in keyed)
+        plan = made.get(key)
+        if plan is None:
+            plan = made[key] = _pad_plan(ctx, inputs, out)
+        _pad_run(np, out, plan)
+
+    return run
+
+
+@kernel("Pad", bind=_bind_pad)
+def pad(ctx, inputs, outputs):
+    """Modes constant, reflect, edge, wrap; pads (and axes) as inputs (opset 11+) or attribute;
+    negative pads crop. The inner part is copied once, then each axis's pads are filled in turn
+    from what is already in the output."""
+    _pad_run(ctx.xp, outputs[0], _pad_plan(ctx, inputs, outputs[0]))
