@@ -66,6 +66,18 @@ CASES = {
                        {"mode": "edge"}, 1), []),
     "clip": (("Clip", "", lambda: [rand(4, 5), np.array(-1.0, F), np.array(RNG.uniform(0, 2), F)], {}, 1),
              [(0, 0)]),
+    "concat": (("Concat", "", lambda: [rand(2, 3), rand(2, 1), rand(2, 4)], {"axis": 1},
+                lambda x: [((2, 8), F)]), []),
+    "concat-training": (("ConcatTraining", MS, lambda: [rand(1, 3), rand(2, 3)], {"axis": 0},
+                         lambda x: [((3, 3), F), ((2,), np.int64)]), []),
+    "split": (("Split", "", _same_shape(1, 2, 7), {"axis": 1}, lambda x: [((2, 3), F), ((2, 4), F)]), []),
+    "split-training": (("SplitTraining", MS, _same_shape(1, 6, 2), {}, lambda x: [((1, 2), F), ((5, 2), F)]),
+                       []),
+    "dropout-grad": (("DropoutGrad", MS, lambda: [rand(4, 6), RNG.uniform(size=(4, 6)) > 0.3,
+                                                  np.array(0.3, F)], {}, lambda x: [((4, 6), F)]), [(0, 0)]),
+    "scale": (("Scale", MS, lambda: [rand(4, 5), np.array([RNG.uniform(0.5, 3)], F)], {}, 1), [(0, 0)]),
+    "scale-down": (("Scale", MS, lambda: [rand(4, 5), np.array([RNG.uniform(0.5, 3)], F)], {"scale_down": 1},
+                    1), [(0, 0)]),
     "gelu": (("Gelu", MS, _same_shape(1, 6, 16, lo=-6, hi=6), {}, 1), [(0, 0)]),
     "gelu-20-tanh": (("Gelu", "", _same_shape(1, 6, 16), {"approximate": "tanh"}, 1), [(0, 0)]),
     "fast-gelu-bias": (("FastGelu", MS, lambda: [rand(6, 16), rand(16)], {}, 1), [(0, 0)]),
@@ -95,8 +107,11 @@ def _run(path: str, case, alias, steps: list[list]) -> list:
     (inputs, outputs) after each step."""
     (op, domain, _make, attrs, n_out) = case
     first = [np.array(a, copy=True) for a in steps[0]]
-    outs = [np.full(_out_shape(op, first, attrs, k), np.nan if k == 0 or op != "Dropout" else True,
-                    F if k == 0 or op != "Dropout" else bool) for k in range(n_out)]
+    if callable(n_out):  # the case states its outputs: [(shape, dtype)...]
+        outs = [np.full(shape, np.nan if np.dtype(dt).kind == "f" else -7, dt) for shape, dt in n_out(first)]
+    else:
+        outs = [np.full(_out_shape(op, first, attrs, k), np.nan if k == 0 or op != "Dropout" else True,
+                        F if k == 0 or op != "Dropout" else bool) for k in range(n_out)]
     if op == "InPlaceAccumulatorV2":
         outs[0] = np.zeros(1, bool)
     if alias is not None:

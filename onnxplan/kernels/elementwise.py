@@ -415,7 +415,23 @@ def quick_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-@kernel("Scale", MS, overwrites=UNARY)
+def _bind_scale(ctx, inputs, outputs):
+    """The scale input read as a flat view each step; the plain kernel's float32 arithmetic."""
+    if ctx.xp is not np:
+        return None
+    x, out, s_in = inputs[0], outputs[0], inputs[1].reshape(-1)
+    down, typ = bool(int(ctx.attrs.get("scale_down", 0))), np.dtype(out.dtype).type
+
+    def run(ctx, inputs, outputs):
+        s = np.float32(s_in[0].item())
+        if s == 0:
+            raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
+        np.multiply(x, typ(np.float32(1.0) / s if down else s), out=out)
+
+    return run
+
+
+@kernel("Scale", MS, overwrites=UNARY, bind=_bind_scale)
 def scale(ctx, inputs, outputs):
     """Y = X * s, or with scale_down X * (1/s): ORT takes the reciprocal in float32 and multiplies."""
     s = np.float32(_xp.host_scalar(inputs[1]))

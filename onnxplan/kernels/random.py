@@ -180,7 +180,26 @@ def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
     xp.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
 
 
-@kernel("DropoutGrad", MS, overwrites={0: (0,)})
+def _bind_dropout_grad(ctx, inputs, outputs):
+    """DropoutGrad on numpy: the ratio input read as a flat view; _dropout_grad's arithmetic."""
+    if ctx.xp is not np:
+        return None
+    dy, keep, dx = inputs[0], inputs[1], outputs[0]
+    ratio_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+
+    def run(ctx, inputs, outputs):
+        ratio = ratio_in[0].item() if ratio_in is not None else 0.5
+        if ratio == 0.0:
+            if dx is not dy:
+                np.copyto(dx, dy)
+            return
+        np.multiply(dy, keep, out=dx)
+        np.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
+
+    return run
+
+
+@kernel("DropoutGrad", MS, overwrites={0: (0,)}, bind=_bind_dropout_grad)
 def _dropout_grad_kernel(ctx, inputs, outputs):
     _dropout_grad(ctx, inputs, outputs, packed=False)
 

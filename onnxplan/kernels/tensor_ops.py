@@ -59,26 +59,49 @@ def expand(ctx, inputs, outputs):
     ctx.xp.copyto(outputs[0], inputs[0])
 
 
-def _concat_into(xp, xs, out, axis: int) -> list[int]:
+def _concat_parts(xs, out, axis: int) -> tuple[list, list[int]]:
+    """([(out view, input)...] in order, each input's extent along axis)."""
     axis = _xp.norm_axis(axis, out.ndim)
-    start, lengths = 0, []
+    start, parts, lengths = 0, [], []
     for x in xs:
         n = int(x.shape[axis])
-        index = (slice(None),) * axis + (slice(start, start + n),)
-        xp.copyto(out[index], x)
+        parts.append((out[(slice(None),) * axis + (slice(start, start + n),)], x))
         start += n
         lengths.append(n)
     if start != out.shape[axis]:
         raise ValueError(f"inputs add up to {start} along axis {axis}, output has {out.shape[axis]}")
+    return parts, lengths
+
+
+def _concat_into(xp, xs, out, axis: int) -> list[int]:
+    parts, lengths = _concat_parts(xs, out, axis)
+    for dst, x in parts:
+        xp.copyto(dst, x)
     return lengths
 
 
-@kernel("Concat")
+def _bind_concat(ctx, inputs, outputs):
+    """The output's slices made once (ConcatTraining's lengths too: they follow from the shapes)."""
+    xp = ctx.xp
+    parts, lengths = _concat_parts([x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
+    lengths_out = outputs[1] if len(outputs) > 1 and outputs[1] is not None else None
+    lengths = xp.asarray(np.array(lengths, dtype=np.int64))
+
+    def run(ctx, inputs, outputs):
+        for dst, x in parts:
+            xp.copyto(dst, x)
+        if lengths_out is not None:
+            xp.copyto(lengths_out, lengths)
+
+    return run
+
+
+@kernel("Concat", bind=_bind_concat)
 def concat(ctx, inputs, outputs):
     _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
 
 
-@kernel("ConcatTraining", MS)
+@kernel("ConcatTraining", MS, bind=_bind_concat)
 def concat_training(ctx, inputs, outputs):
     """Concat, plus the optional int64 per_input_length: each input's extent along axis."""
     lengths = _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0],
@@ -87,21 +110,39 @@ def concat_training(ctx, inputs, outputs):
         ctx.xp.copyto(outputs[1], ctx.xp.asarray(np.array(lengths, dtype=np.int64)))
 
 
-@kernel("Split")
-@kernel("SplitTraining", MS)
-def split(ctx, inputs, outputs):
-    """Consecutive pieces along axis; each output's shape (folded from `split`) gives its size."""
-    xp, x = ctx.xp, inputs[0]
+def _split_parts(ctx, inputs, outputs) -> list:
+    """[(output, input view)...]: consecutive pieces along axis, each output's shape its size."""
+    x = inputs[0]
     axis = _xp.norm_axis(int(ctx.attrs.get("axis", 0)), x.ndim)
-    start = 0
+    start, parts = 0, []
     for out in outputs:
         if out is None:
             raise ValueError(f"{ctx.node.name}: every Split output is needed to place the next one")
         n = int(out.shape[axis])
-        xp.copyto(out, x[(slice(None),) * axis + (slice(start, start + n),)])
+        parts.append((out, x[(slice(None),) * axis + (slice(start, start + n),)]))
         start += n
     if start != x.shape[axis]:
         raise ValueError(f"{ctx.node.name}: outputs cover {start} of {x.shape[axis]} along axis {axis}")
+    return parts
+
+
+def _bind_split(ctx, inputs, outputs):
+    """The input's slices made once."""
+    parts, copyto = _split_parts(ctx, inputs, outputs), ctx.xp.copyto
+
+    def run(ctx, inputs, outputs):
+        for out, piece in parts:
+            copyto(out, piece)
+
+    return run
+
+
+@kernel("Split", bind=_bind_split)
+@kernel("SplitTraining", MS, bind=_bind_split)
+def split(ctx, inputs, outputs):
+    """Consecutive pieces along axis; each output's shape (folded from `split`) gives its size."""
+    for out, piece in _split_parts(ctx, inputs, outputs):
+        ctx.xp.copyto(out, piece)
 
 
 def slice_indices(shape, starts, ends, axes=None, steps=None) -> tuple[slice, ...]:
