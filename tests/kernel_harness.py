@@ -21,7 +21,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec, numpy_to_onnx_dtype
-from onnxplan.kernels.registry import KernelContext, find_kernel, scratch_bytes
+from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel, scratch_bytes
 
 __all__ = [
     "ATOL", "DEVICE", "MS", "RNG", "RTOL", "F", "arena_run", "assert_close", "assert_equal_on_cpu",
@@ -40,6 +40,8 @@ if DEVICE == "cuda":
     import cupy as XP
 else:
     XP = np
+
+KERNEL_PATH = "bound"  # call_kernel: "bound" as the executor calls kernels, or "plain" (the unbound fn)
 
 RNG = np.random.default_rng(0)  # reseeded before every test from its node id (tests/conftest.py)
 
@@ -132,13 +134,18 @@ def ref_run(op: str, inputs: list, outs=1, attrs: dict | None = None) -> list[np
 # ---- our kernels -------------------------------------------------------------------------------
 def call_kernel(node: Node, inputs: list, outputs: list) -> None:
     """Call the registered kernel as the executor does: specs from the arrays (None for an omitted
-    one), the declared scratch exactly, poisoned with 0xFF bytes so it must be written first."""
+    one), the declared scratch exactly, poisoned with 0xFF bytes so it must be written first, and
+    the kernel bound to these arrays first (its bind rule's specialisation, where it has one).
+    KERNEL_PATH = "plain" calls the unbound fn instead (tests comparing the two paths)."""
     spec = lambda a: None if a is None else TensorSpec(a.dtype, a.shape)
     in_specs, out_specs = [spec(a) for a in inputs], [spec(a) for a in outputs]
     nbytes = scratch_bytes(node, in_specs, out_specs)
     scratch = XP.full(nbytes, 0xFF, dtype=np.uint8) if nbytes else None
     if XP is np:
-        find_kernel(node).fn(KernelContext(np, node, in_specs, out_specs, scratch), inputs, outputs)
+        ctx = KernelContext(np, node, in_specs, out_specs, scratch)
+        decl = find_kernel(node)
+        fn = decl.fn if KERNEL_PATH == "plain" else bound_kernel(decl, ctx, inputs, outputs)
+        fn(ctx, inputs, outputs)
         return
     # On the device: one device array per distinct host array (an output aliased to an input
     # stays one buffer), then every array copied back, since a kernel may write its inputs.

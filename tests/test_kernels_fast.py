@@ -25,8 +25,11 @@ from tests.kernel_harness import MS, check, rand
 ROOT = Path(__file__).resolve().parents[1]
 
 
+LARGE = 1 << 14  # elements: more than one numpy block (blockwise) per tensor
+
+
 def _big_rows(cols: int) -> int:
-    return -(-_torch.MIN_ELEMS // cols) + 3
+    return -(-LARGE // cols) + 3
 
 
 # ---- numerics on the torch path ----------------------------------------------------------------
@@ -68,13 +71,26 @@ def test_softmax_grads_large(op):
     check(op, [rand(*x.shape), y], attrs, domain=MS, aliases=[(0, 0), (0, 1)])
 
 
-def test_small_tensors_stay_on_numpy(monkeypatch):
-    """Below MIN_ELEMS torch is never loaded for these kernels' sake (the per-call cost loses)."""
+def test_torch_path_at_every_size(monkeypatch):
+    """One thread, torch's operators beat the numpy kernels at every size (MIN_ELEMS = 1); off
+    (ONNXPLAN_TORCH_KERNELS=0), or on non-float, non-contiguous or mismatched arrays, numpy serves."""
     x = np.zeros((4, 8), np.float32)
-    assert not _torch.usable(np, x, x)
-    assert _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32), np.zeros(_torch.MIN_ELEMS, np.float32))
+    assert _torch.usable(np, x, x)
+    assert not _torch.usable(np, x.astype(np.int64), x.astype(np.int64))
+    assert not _torch.usable(np, x, x.T.copy().T)
     monkeypatch.setattr(_torch, "ENABLED", False)
-    assert not _torch.usable(np, np.zeros(_torch.MIN_ELEMS, np.float32))
+    assert not _torch.usable(np, x, x)
+
+
+@pytest.mark.parametrize("op", ["Gelu", "GeluGrad", "ReluGrad", "Erf", "FastGelu", "Softmax", "LogSoftmax"])
+def test_numpy_path_still_matches(monkeypatch, op):
+    """The numpy kernels (torch off; also the GPU path) keep their references and tolerances."""
+    monkeypatch.setattr(_torch, "ENABLED", False)
+    x = rand(6, 16, lo=-5, hi=5)
+    domain = "" if op in ("Erf", "Softmax", "LogSoftmax") else MS
+    attrs = {"axis": -1} if "Softmax" in op else None
+    ins = [rand(*x.shape), x] if op.endswith("Grad") else [x]
+    check(op, ins, attrs, domain=domain, aliases=[(0, 0)])
 
 
 # ---- the hidden-memory guard -------------------------------------------------------------------
@@ -83,7 +99,7 @@ import json, sys
 import numpy as np
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.kernels import _torch
-from onnxplan.kernels.registry import KernelContext, declare, find_kernel, scratch_bytes
+from onnxplan.kernels.registry import KernelContext, bound_kernel, declare, find_kernel, scratch_bytes
 from tests.kernel_harness import make_node
 
 # the guard's own check: a kernel with a tensor-sized temporary
@@ -103,13 +119,16 @@ def measure(case):
     outputs = [np.full(s, 1.0, np.float32) for s in case["outputs"]]
     if case.get("positive"):
         inputs[-1] = np.abs(inputs[-1]) / np.abs(inputs[-1]).sum(axis=-1, keepdims=True)
+    for i, value in case.get("scalars", {}).items():  # e.g. AdamW's lr and step
+        inputs[int(i)] = np.array([value], np.float32 if isinstance(value, float) else np.int64)
     node = make_node(case["op"], inputs, len(outputs), case.get("attrs"), case.get("domain", ""))
     in_specs = [TensorSpec(a.dtype, a.shape) for a in inputs]
     out_specs = [TensorSpec(a.dtype, a.shape) for a in outputs]
     nbytes = scratch_bytes(node, in_specs, out_specs)
     scratch = np.full(nbytes, 0xFF, np.uint8) if nbytes else None
-    fn = find_kernel(node).fn
     ctx = KernelContext(np, node, in_specs, out_specs, scratch)
+    decl = find_kernel(node)
+    fn = decl.fn if case.get("plain") else bound_kernel(decl, ctx, inputs, outputs)  # the executor's path
     fn(ctx, inputs, outputs)  # warm-up: lazy imports, torch's pool
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -163,17 +182,27 @@ needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux") or not _can
                                 reason="needs /proc/self/clear_refs (Linux)")
 
 
+# numpy kernels with a bind rule (the bound path only: the views made once, scratch planned)
+GUARDED_BOUND = {
+    "AdamWUpdate": {"op": "AdamWUpdate", "domain": "onnxplan", "inputs": [[1], [1]] + [[ROWS * 512]] * 4,
+                    "outputs": [[ROWS * 512]] * 3, "scalars": {"0": 1e-3, "1": 3},
+                    "attrs": {"adam_mode": 1, "weight_decay": 0.01}},
+    "Sum": {"op": "Sum", "inputs": [[ROWS, 512]] * 3, "outputs": [[ROWS, 512]]},
+    "Transpose": {"op": "Transpose", "inputs": [[ROWS, 512]], "outputs": [[512, ROWS]]},
+}
 PLANTED = {"op": "PlantedAlloc", "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]}
 
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    return hidden_bytes({**GUARDED, "PlantedAlloc": PLANTED})
+    plain = {f"{name}/plain": {**case, "plain": True} for name, case in GUARDED.items()}
+    return hidden_bytes({**GUARDED, **plain, **GUARDED_BOUND, "PlantedAlloc": PLANTED})
 
 
 @needs_proc
-@pytest.mark.parametrize("name", sorted(GUARDED))
+@pytest.mark.parametrize("name", sorted(GUARDED) + [f"{n}/plain" for n in sorted(GUARDED)] + sorted(GUARDED_BOUND))
 def test_no_hidden_tensor_sized_memory(measured, name):
+    """Each torch kernel bound (the executor's path) and plain; the bound numpy kernels."""
     got = measured[name]
     assert got["extra"] < got["out_bytes"] // 4, f"{name}: peak RSS rose {got['extra']} B during the call " \
                                                    f"(output {got['out_bytes']} B)"

@@ -18,7 +18,7 @@ from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels import _xp
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness
-from onnxplan.kernels.registry import KernelContext, find_kernel
+from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
 from onnxplan.resolve import ModelRequest
@@ -94,9 +94,10 @@ class Executor:
             ins = [arrays[i] if i else None for i in node.inputs]
             outs = [arrays[o] if o else None for o in node.outputs]
             both = _xp.one_object_per_buffer(ins + outs)  # an in-place output: its input's object
-            fn = decl.fn if wrap is None else wrap(node, decl.fn)
-            self.calls.append(_Call(fn, ctx, ins, both[len(ins):], node,
-                                    self.binding.writeback_after.get(name, [])))
+            outs = both[len(ins):]
+            fn = bound_kernel(decl, ctx, ins, outs)
+            fn = fn if wrap is None else wrap(node, fn)
+            self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, [])))
         if self.swap is not None:
             self.swap.attach(self.calls)
         self.eo = {name: t for t, name in enumerate(plan.order)}
@@ -167,10 +168,25 @@ class Executor:
         if self.checker is not None:
             return self._checked_step(batch)
         self._feed(batch)
-        for c in self.calls:
-            self._call(c)
+        self._run_calls()
         self._end_step()
         return float(self.loss.reshape(-1)[0])
+
+    def _run_calls(self) -> None:
+        """Every node's kernel in plan order: _call's body inlined (per-node overhead counts on
+        small models with hundreds of nodes); a failure is reported as _call reports it."""
+        copyto = self.xp.copyto
+        c = None
+        try:
+            for c in self.calls:
+                c.fn(c.ctx, c.inputs, c.outputs)
+                if c.writeback:
+                    for dst, src in c.writeback:
+                        copyto(dst, src)
+        except OnnxplanError:
+            raise
+        except Exception as exc:
+            raise self._kernel_error(c, exc) from exc
 
     def _call(self, c: _Call) -> None:
         """Run one node's kernel and its write-backs: the body of every step loop (plain, timed, checked)."""

@@ -18,7 +18,7 @@ import numpy as np
 __all__ = ["ENABLED", "MIN_ELEMS", "aten", "load", "set_threads", "tensor", "usable"]
 
 ENABLED = os.environ.get("ONNXPLAN_TORCH_KERNELS", "1") != "0"
-MIN_ELEMS = 1 << 14  # below this torch's per-call overhead (~10 us) loses to numpy
+MIN_ELEMS = 1  # measured (one thread): torch's gelu, erf, threshold_backward, softmax win at every size
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _torch: Any = None
 _threads: int | None = None  # set_threads before torch loads: applied when it does

@@ -72,8 +72,12 @@ def blockwise(xp, fn: Callable[..., None], out, *ins) -> None:
     Each block reads its inputs before writing the same positions of `out`, so `out` may be
     the very memory of any input of out's shape; temporaries that fn makes are block-sized.
     """
-    views = [xp.broadcast_to(x, out.shape) if hasattr(x, "shape") else x for x in ins]
-    for b in blocks(out.shape, block_elems(out.dtype, xp)):
+    shape = out.shape
+    views = [x if not hasattr(x, "shape") or x.shape == shape else xp.broadcast_to(x, shape) for x in ins]
+    if out.size <= block_elems(out.dtype, xp):  # one block: the arrays themselves
+        fn(out, *views)
+        return
+    for b in blocks(shape, block_elems(out.dtype, xp)):
         fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views))
 
 

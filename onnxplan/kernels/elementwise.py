@@ -21,6 +21,17 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # FastGelu's kAlpha
 GELU_GAMMA = 0.044715
 
 
+def _bind_torch(make):
+    """A bind rule for a kernel's torch branch: when torch can take the node's arrays (output 0
+    and the inputs `make` names), make(ctx, inputs, outputs, aten, t) returns the step's call
+    with its zero-copy tensors and op resolved once (t: numpy array -> tensor); the plain
+    kernel's torch branch makes the same call."""
+    def bind(ctx, inputs, outputs):
+        return make(ctx, inputs, outputs, _torch.aten(), _torch.tensor)
+
+    return bind
+
+
 # ---- plain ufuncs -----------------------------------------------------------------------------
 def _unary(ufunc_name: str):
     def fn(ctx, inputs, outputs):
@@ -73,32 +84,49 @@ def pow_(ctx, inputs, outputs):
     ctx.xp.power(inputs[0], inputs[1], out=outputs[0], casting="unsafe")
 
 
+def _variadic_order(xs: list, out, name: str) -> list:
+    """The inputs in the order they are applied: any that shares the output's memory first (it
+    must be read before anything is written)."""
+    shared = [x for x in xs if x.shape == out.shape and _xp.same_buffer(x, out)]
+    if len(shared) > 2:
+        raise RuntimeError(f"{name}: output shares memory with {len(shared)} inputs")
+    return shared + [x for x in xs if not any(x is s for s in shared)]
+
+
+def _variadic_apply(xp, ufunc, xs: list, out, mean: bool) -> None:
+    if len(xs) == 1:
+        xp.copyto(out, xs[0])
+        return
+    ufunc(xs[0], xs[1], out=out)
+    for x in xs[2:]:
+        ufunc(out, x, out=out)
+    if mean:
+        xp.divide(out, len(xs), out=out, casting="unsafe")
+
+
 def _variadic(ufunc_name: str, mean: bool = False):
     def fn(ctx, inputs, outputs):
-        xp, out = ctx.xp, outputs[0]
-        ufunc = getattr(xp, ufunc_name)
-        xs = [x for x in inputs if x is not None]
-        # an input that shares the output's memory must be read before anything is written
-        shared = [x for x in xs if x.shape == out.shape and _xp.same_buffer(x, out)]
-        if len(shared) > 2:
-            raise RuntimeError(f"{ctx.node.name}: output shares memory with {len(shared)} inputs")
-        xs = shared + [x for x in xs if not any(x is s for s in shared)]
-        if len(xs) == 1:
-            xp.copyto(out, xs[0])
-            return
-        ufunc(xs[0], xs[1], out=out)
-        for x in xs[2:]:
-            ufunc(out, x, out=out)
-        if mean:
-            xp.divide(out, len(xs), out=out, casting="unsafe")
+        xs = _variadic_order([x for x in inputs if x is not None], outputs[0], ctx.node.name)
+        _variadic_apply(ctx.xp, getattr(ctx.xp, ufunc_name), xs, outputs[0], mean)
 
+    def bind(ctx, inputs, outputs):
+        """The order (the memory-sharing test) made once."""
+        if ctx.xp is not np:
+            return None
+        out, ufunc = outputs[0], getattr(np, ufunc_name)
+        try:
+            xs = _variadic_order([x for x in inputs if x is not None], out, ctx.node.name)
+        except RuntimeError:
+            return None  # the plain kernel raises it when called
+        return lambda ctx, inputs, outputs: _variadic_apply(np, ufunc, xs, out, mean)
+
+    fn.bind = bind
     return fn
 
 
-declare("Sum", fn=_variadic("add"), overwrites=BINARY)
-declare("Max", fn=_variadic("maximum"), overwrites=BINARY)
-declare("Min", fn=_variadic("minimum"), overwrites=BINARY)
-declare("Mean", fn=_variadic("add", mean=True), overwrites=BINARY)
+for _op, _fn in {"Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
+                 "Mean": _variadic("add", mean=True)}.items():
+    declare(_op, fn=_fn, overwrites=BINARY, bind=_fn.bind)
 
 
 @kernel("Where")
@@ -124,7 +152,14 @@ def sigmoid(ctx, inputs, outputs):
         xp.reciprocal(out, out=out)
 
 
-@kernel("Erf", overwrites=UNARY)
+def _bind_erf(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], inputs[0]):
+        return None
+    op, tx, to = aten.erf.out, t(inputs[0]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tx, out=to)
+
+
+@kernel("Erf", overwrites=UNARY, bind=_bind_torch(_bind_erf))
 def erf(ctx, inputs, outputs):
     if _torch.usable(ctx.xp, outputs[0], inputs[0]):
         _torch.aten().erf.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
@@ -142,7 +177,26 @@ def leaky_relu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-@kernel("Clip", overwrites=UNARY)
+def _bind_clip(ctx, inputs, outputs):
+    """Bound inputs read as flat views each step; np.clip's ufunc called directly (its own path)."""
+    if ctx.xp is not np:
+        return None
+    x, out = inputs[0], outputs[0]
+    lo_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
+    hi_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    lo_attr, hi_attr = ctx.attrs.get("min"), ctx.attrs.get("max")
+    if lo_in is None and hi_in is None and lo_attr is None and hi_attr is None:
+        return None
+
+    def run(ctx, inputs, outputs):
+        lo = lo_in[0].item() if lo_in is not None else lo_attr
+        hi = hi_in[0].item() if hi_in is not None else hi_attr
+        np.clip(x, lo, hi, out=out)
+
+    return run
+
+
+@kernel("Clip", overwrites=UNARY, bind=_bind_clip)
 def clip(ctx, inputs, outputs):
     """Bounds from inputs 1 and 2 (opset 11+) or the min/max attributes (opset 6)."""
     xp, x, out = ctx.xp, inputs[0], outputs[0]
@@ -180,7 +234,30 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-@kernel("Gelu", MS, overwrites=UNARY)
+def _gelu_binder(approximate: str | None):
+    """Y = gelu(X), or with a bias input gelu(X + bias) (the sum written into Y first);
+    approximate None: the node's attribute (ONNX Gelu-20)."""
+    def make(ctx, inputs, outputs, aten, t):
+        appr = approximate or _xp.attr_str(ctx.attrs.get("approximate"), "none")
+        x, out = inputs[0], outputs[0]
+        bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+        if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
+            return None
+        op, to = aten.gelu.out, t(out)
+        if bias is None:
+            tx = t(x)
+            return lambda ctx, inputs, outputs: op(tx, approximate=appr, out=to)
+
+        def run(ctx, inputs, outputs):
+            np.add(x, bias, out=out)
+            op(to, approximate=appr, out=to)
+
+        return run
+
+    return _bind_torch(make)
+
+
+@kernel("Gelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
     if _torch_gelu(ctx.xp, outputs[0], inputs[0]):
@@ -200,7 +277,7 @@ def _fast_gelu_block(xp, o, x, bias=None) -> None:
     xp.multiply(u, t, out=o)
 
 
-@kernel("FastGelu", MS, overwrites=UNARY)
+@kernel("FastGelu", MS, overwrites=UNARY, bind=_gelu_binder("tanh"))
 def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
@@ -233,7 +310,14 @@ def quick_gelu(ctx, inputs, outputs):
 
 
 # ---- gradients (dY first) --------------------------------------------------------------------------
-@kernel("ReluGrad", MS, overwrites=BINARY)
+def _bind_relu_grad(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
+        return None
+    op, tdy, tx, to = aten.threshold_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, 0, grad_input=to)
+
+
+@kernel("ReluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_relu_grad))
 def relu_grad(ctx, inputs, outputs):
     """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places)."""
     xp = ctx.xp
@@ -272,7 +356,14 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, cdf, out=o)
 
 
-@kernel("GeluGrad", MS, overwrites=BINARY)
+def _bind_gelu_grad(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
+        return None
+    op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, approximate="none", grad_input=to)
+
+
+@kernel("GeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_gelu_grad))
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
@@ -324,7 +415,23 @@ def quick_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-@kernel("Scale", MS, overwrites=UNARY)
+def _bind_scale(ctx, inputs, outputs):
+    """The scale input read as a flat view each step; the plain kernel's float32 arithmetic."""
+    if ctx.xp is not np:
+        return None
+    x, out, s_in = inputs[0], outputs[0], inputs[1].reshape(-1)
+    down, typ = bool(int(ctx.attrs.get("scale_down", 0))), np.dtype(out.dtype).type
+
+    def run(ctx, inputs, outputs):
+        s = np.float32(s_in[0].item())
+        if s == 0:
+            raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
+        np.multiply(x, typ(np.float32(1.0) / s if down else s), out=out)
+
+    return run
+
+
+@kernel("Scale", MS, overwrites=UNARY, bind=_bind_scale)
 def scale(ctx, inputs, outputs):
     """Y = X * s, or with scale_down X * (1/s): ORT takes the reciprocal in float32 and multiplies."""
     s = np.float32(_xp.host_scalar(inputs[1]))
@@ -479,7 +586,7 @@ def leaky_relu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-@kernel("BiasGelu", MS, overwrites=UNARY)
+@kernel("BiasGelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
@@ -504,7 +611,7 @@ def bias_fast_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, lambda o, dy, x, b: _fast_gelu_grad_block(xp, o, dy, x + b), outputs[0], *inputs[:3])
 
 
-@kernel("Gelu", since=20, overwrites=UNARY)
+@kernel("Gelu", since=20, overwrites=UNARY, bind=_gelu_binder(None))
 def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp

@@ -55,7 +55,30 @@ def _flat(a):
 
 # ---- gradient accumulation ---------------------------------------------------------------
 
-@kernel("InPlaceAccumulatorV2", MS, overwrites={1: (1, 0)})
+def _bind_accumulator_v2(ctx: KernelContext, inputs: list, outputs: list):
+    """The plain kernel's branches with the views and the alias test made once."""
+    if ctx.xp is not np:
+        return None
+    buf, value = inputs[0], inputs[1]
+    flag = outputs[0]
+    out = outputs[1] if len(outputs) > 1 and outputs[1] is not None else buf
+    overwrite = _flat(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
+    copy = out is not None and not _same(out, value)  # the overwrite branch has work to do
+    src = value.reshape(out.shape) if copy else None
+
+    def run(ctx, inputs, outputs):
+        if buf is None or (overwrite is not None and overwrite[0]):
+            if copy:
+                np.copyto(out, src)
+        else:
+            np.add(buf, value, out=out)
+        if flag is not None:
+            flag.fill(True)
+
+    return run
+
+
+@kernel("InPlaceAccumulatorV2", MS, overwrites={1: (1, 0)}, bind=_bind_accumulator_v2)
 def in_place_accumulator_v2(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """(buffer, value, overwrite?) -> (updated flag, buffer'): buffer' = value when the flag is
     set or the buffer was dropped (a reset accumulation), else buffer + value."""
@@ -86,11 +109,14 @@ _ADAMW_ATTRS = (("alpha", 0.9), ("beta", 0.999), ("epsilon", 1e-8), ("weight_dec
                 ("correct_bias", 1))
 
 
+def _adamw_key(attrs: dict) -> tuple:
+    return tuple(float(attrs.get(name, default)) for name, default in _ADAMW_ATTRS)
+
+
 def adamw_constants(attrs: dict, lr: float, step: int) -> dict:
     """ORT's float32 scalars: the bias corrections use pow in double, cast to float. Memoized:
     every parameter's node of a step asks for the same ones (~10 us of numpy scalars each)."""
-    key = tuple(float(attrs.get(name, default)) for name, default in _ADAMW_ATTRS)
-    return _adamw_constants(key, float(lr), int(step))
+    return _adamw_constants(_adamw_key(attrs), float(lr), int(step))
 
 
 @functools.lru_cache(maxsize=64)
@@ -111,44 +137,60 @@ def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=64)
+def _adamw_constant_arrays(key: tuple, lr: float, step: int) -> dict:
+    """The same constants as 0-d float32 arrays, for numpy: a ufunc takes a 0-d array operand
+    in about half the time of a numpy scalar (same value, same float32 arithmetic)."""
+    return {k: np.array(v) if isinstance(v, np.float32) else v for k, v in _adamw_constants(key, lr, step).items()}
+
+
+def _adamw_chunk(xp, c: dict, pc, gc, mc, vc, pco, mo, vo, t1, t2) -> None:
+    """One chunk of one parameter (flat views; t1, t2 scratch of the chunk's length). The
+    outputs may be the state inputs themselves. ORT's order of float32 operations, exactly."""
+    if c["mode"] == 0 and c["wd"]:  # PyTorch form: decay first
+        xp.multiply(pc, c["lr"], out=t1)
+        t1 *= c["wd"]
+        xp.subtract(pc, t1, out=pco)
+        pc = pco
+    # m' = alpha m + (1 - alpha) g ; v' = beta v + (1 - beta) g g
+    xp.multiply(gc, c["one_minus_alpha"], out=t1)
+    xp.multiply(mc, c["alpha"], out=mo)
+    mo += t1
+    xp.multiply(gc, c["one_minus_beta"], out=t1)
+    t1 *= gc
+    xp.multiply(vc, c["beta"], out=vo)
+    vo += t1
+    if c["mode"] == 0:  # w -= lr m' / (alpha_corr (sqrt(v' / beta_corr) + eps))
+        xp.divide(vo, c["beta_corr"], out=t1)
+        xp.sqrt(t1, out=t1)
+        t1 += c["eps"]
+        t1 *= c["alpha_corr"]
+        xp.multiply(mo, c["lr"], out=t2)
+    else:  # Hugging Face form: w -= lr_corr m' / (sqrt(v') + eps), then w -= lr wd w
+        xp.sqrt(vo, out=t1)
+        t1 += c["eps"]
+        xp.multiply(mo, c["lr_corr"], out=t2)
+    t2 /= t1
+    xp.subtract(pc, t2, out=pco)
+    if c["mode"] != 0 and c["wd"]:
+        xp.multiply(pco, c["lr"] * c["wd"], out=t1)
+        pco -= t1
+
+
+def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2) -> list[tuple]:
+    """Per CHUNK of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2 the scratch."""
+    flats = [_flat(a) for a in (p, g, m, v, p_out, m_out, v_out)]
+    pieces = []
+    for sl in _chunks(flats[0].size):
+        n = sl.stop - sl.start
+        pieces.append((*(a[sl] for a in flats), s1[:n], s2[:n]))
+    return pieces
+
+
 def _adamw_one(xp, c: dict, p, g, m, v, p_out, m_out, v_out, s1, s2) -> None:
     """One parameter, CHUNK elements at a time; outputs may be the state inputs themselves."""
-    p, g, m, v = _flat(p), _flat(g), _flat(m), _flat(v)
-    p_out, m_out, v_out = _flat(p_out), _flat(m_out), _flat(v_out)
-    for sl in _chunks(p.size):
-        n = sl.stop - sl.start
-        t1, t2 = s1[:n], s2[:n]
-        pc, gc, pco = p[sl], g[sl], p_out[sl]
-        if c["mode"] == 0 and c["wd"]:  # PyTorch form: decay first
-            xp.multiply(pc, c["lr"], out=t1)
-            t1 *= c["wd"]
-            xp.subtract(pc, t1, out=pco)
-            pc = pco
-        # m' = alpha m + (1 - alpha) g ; v' = beta v + (1 - beta) g g
-        xp.multiply(gc, c["one_minus_alpha"], out=t1)
-        mo = m_out[sl]
-        xp.multiply(m[sl], c["alpha"], out=mo)
-        mo += t1
-        xp.multiply(gc, c["one_minus_beta"], out=t1)
-        t1 *= gc
-        vo = v_out[sl]
-        xp.multiply(v[sl], c["beta"], out=vo)
-        vo += t1
-        if c["mode"] == 0:  # w -= lr m' / (alpha_corr (sqrt(v' / beta_corr) + eps))
-            xp.divide(vo, c["beta_corr"], out=t1)
-            xp.sqrt(t1, out=t1)
-            t1 += c["eps"]
-            t1 *= c["alpha_corr"]
-            xp.multiply(mo, c["lr"], out=t2)
-        else:  # Hugging Face form: w -= lr_corr m' / (sqrt(v') + eps), then w -= lr wd w
-            xp.sqrt(vo, out=t1)
-            t1 += c["eps"]
-            xp.multiply(mo, c["lr_corr"], out=t2)
-        t2 /= t1
-        xp.subtract(pc, t2, out=pco)
-        if c["mode"] != 0 and c["wd"]:
-            xp.multiply(pco, c["lr"] * c["wd"], out=t1)
-            pco -= t1
+    for piece in _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2):
+        _adamw_chunk(xp, c, *piece)
 
 
 def _scratch_pair(ctx: KernelContext, dtype) -> tuple:
@@ -177,8 +219,26 @@ def adamw_optimizer(ctx: KernelContext, inputs: list, outputs: list) -> None:
         outputs[0].fill(True)
 
 
+def _bind_adamw_update(ctx: KernelContext, inputs: list, outputs: list):
+    """The step's work only: views, chunks and attributes made once; the constants looked up by
+    (lr, step) as the plain kernel does. Same chunk function, same bits."""
+    if ctx.xp is not np or int(ctx.attrs.get("adam_mode", 0)) not in (0, 1):
+        return None
+    key = _adamw_key(ctx.attrs)
+    lr, step = _flat(inputs[0]), _flat(inputs[1])
+    s1, s2 = _scratch_pair(ctx, inputs[2].dtype)
+    pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)
+
+    def run(ctx, inputs, outputs):
+        c = _adamw_constant_arrays(key, float(lr[0]), int(step[0]))
+        for piece in pieces:
+            _adamw_chunk(np, c, *piece)
+
+    return run
+
+
 @kernel("AdamWUpdate", OURS, overwrites={0: (2,), 1: (4,), 2: (5,)}, updates_state=True,
-        scratch=_chunk_scratch(2, slice(2, 3)))
+        scratch=_chunk_scratch(2, slice(2, 3)), bind=_bind_adamw_update)
 def adamw_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """One parameter of the interleaved optimizer: (lr, step, p, g, m, v) -> (p', m', v')."""
     _check_mode(ctx.attrs)
@@ -189,14 +249,18 @@ def adamw_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
 
 # ---- SGD ---------------------------------------------------------------------------------
 
+def _sgd_pieces(p, g, p_out, s) -> list[tuple]:
+    """Per CHUNK of one parameter: (g, p, p', t) flat views, t the scratch."""
+    p, g, p_out = _flat(p), _flat(g), _flat(p_out)
+    return [(g[sl], p[sl], p_out[sl], s[:sl.stop - sl.start]) for sl in _chunks(p.size)]
+
+
 def _sgd_one(xp, lr, p, g, p_out, s) -> None:
     """w' = w + (-lr g), as ORT's SGDOptimizerV2 computes it."""
-    p, g, p_out = _flat(p), _flat(g), _flat(p_out)
     neg_lr = -lr
-    for sl in _chunks(p.size):
-        t = s[:sl.stop - sl.start]
-        xp.multiply(g[sl], neg_lr, out=t)
-        xp.add(p[sl], t, out=p_out[sl])
+    for gc, pc, pco, t in _sgd_pieces(p, g, p_out, s):
+        xp.multiply(gc, neg_lr, out=t)
+        xp.add(pc, t, out=pco)
 
 
 def _scratch_one(ctx: KernelContext, dtype):
@@ -217,7 +281,24 @@ def sgd_optimizer_v2(ctx: KernelContext, inputs: list, outputs: list) -> None:
         outputs[0].fill(True)
 
 
-@kernel("SGDUpdate", OURS, overwrites={0: (1,)}, updates_state=True, scratch=_chunk_scratch(1, slice(1, 2)))
+def _bind_sgd_update(ctx: KernelContext, inputs: list, outputs: list):
+    """_sgd_one with the views made once."""
+    if ctx.xp is not np:
+        return None
+    lr = _flat(inputs[0])
+    pieces = _sgd_pieces(inputs[1], inputs[2], outputs[0], _scratch_one(ctx, inputs[1].dtype))
+
+    def run(ctx, inputs, outputs):
+        neg_lr = -np.float32(lr[0])
+        for gc, pc, pco, t in pieces:
+            np.multiply(gc, neg_lr, out=t)
+            np.add(pc, t, out=pco)
+
+    return run
+
+
+@kernel("SGDUpdate", OURS, overwrites={0: (1,)}, updates_state=True, scratch=_chunk_scratch(1, slice(1, 2)),
+        bind=_bind_sgd_update)
 def sgd_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """One parameter of the interleaved optimizer: (lr, p, g) -> p'."""
     lr = np.float32(_xp.host_scalar(inputs[0]))

@@ -10,6 +10,7 @@ are uploaded: the same seed gives the same numbers on numpy and CuPy."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,7 @@ def _ratio_and_mode(ctx, inputs) -> tuple[float, bool]:
 
 def _keep_mask(ctx, shape, ratio: float, packed: bool) -> np.ndarray:
     """ORT's rule: keep element i when uniform_i >= ratio."""
-    size = int(np.prod(shape, dtype=np.int64))
+    size = math.prod(int(d) for d in shape)  # np.prod costs ~10 us a call
 
     def make(gen):
         keep = gen.random(size, dtype=np.float32) >= np.float32(ratio)
@@ -118,7 +119,32 @@ def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -
     xp.multiply(y, scale, out=y)
 
 
-@kernel("Dropout", since=12, overwrites={0: (0,)})
+def _bind_dropout(ctx, inputs, outputs):
+    """Dropout-12+ on numpy: the ratio and mode inputs read as flat views, the keep-mask drawn
+    as _keep_mask draws it; the same arithmetic as _dropout."""
+    if ctx.xp is not np or len(outputs) > 1 and outputs[1] is not None and outputs[1].dtype != np.bool_:
+        return None
+    x, y = inputs[0], outputs[0]
+    mask = outputs[1] if len(outputs) > 1 else None
+    ratio_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
+    mode_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+
+    def run(ctx, inputs, outputs):
+        ratio = float(ratio_in[0]) if ratio_in is not None else 0.5
+        training = bool(mode_in[0]) if mode_in is not None else False
+        if not training or ratio == 0.0 or not 0.0 <= ratio < 1.0:
+            _dropout(ctx, inputs, outputs, ratio, training, packed=False)  # identity, or its error
+            return
+        keep = _keep_mask(ctx, x.shape, ratio, False)
+        if mask is not None:
+            mask[...] = keep.reshape(mask.shape)
+        np.multiply(x, keep, out=y)
+        np.multiply(y, x.dtype.type(1.0 / (1.0 - ratio)), out=y)
+
+    return run
+
+
+@kernel("Dropout", since=12, overwrites={0: (0,)}, bind=_bind_dropout)
 def _dropout_12(ctx, inputs, outputs):
     """Dropout-12+: y = x * keep / (1 - ratio) in training mode, else y = x and keep all."""
     ratio, training = _ratio_and_mode(ctx, inputs)
@@ -154,7 +180,26 @@ def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
     xp.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
 
 
-@kernel("DropoutGrad", MS, overwrites={0: (0,)})
+def _bind_dropout_grad(ctx, inputs, outputs):
+    """DropoutGrad on numpy: the ratio input read as a flat view; _dropout_grad's arithmetic."""
+    if ctx.xp is not np:
+        return None
+    dy, keep, dx = inputs[0], inputs[1], outputs[0]
+    ratio_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+
+    def run(ctx, inputs, outputs):
+        ratio = ratio_in[0].item() if ratio_in is not None else 0.5
+        if ratio == 0.0:
+            if dx is not dy:
+                np.copyto(dx, dy)
+            return
+        np.multiply(dy, keep, out=dx)
+        np.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
+
+    return run
+
+
+@kernel("DropoutGrad", MS, overwrites={0: (0,)}, bind=_bind_dropout_grad)
 def _dropout_grad_kernel(ctx, inputs, outputs):
     _dropout_grad(ctx, inputs, outputs, packed=False)
 

@@ -59,13 +59,45 @@ def _reduce(func_name: str):
             return
         getattr(xp, func_name)(x, axis=axes, keepdims=True, out=target)
 
+    def bind(ctx, inputs, outputs):
+        """Axes, keepdims and the target view made once per axes value (an axes input is a
+        constant, loaded after binding: read at the first call, its bytes checked each step);
+        np.sum/max/min/prod's own ufunc reduce called directly (the same C path)."""
+        x, out = inputs[0], outputs[0]
+        if ctx.xp is not np or x.size == 0 or x.ndim == 0:
+            return None
+        reduce = _UFUNC_REDUCE.get(func_name) or getattr(np, func_name)
+        keepdims = bool(int(ctx.attrs.get("keepdims", 1)))
+        axes_input = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
+        made: dict = {}
+
+        def run(ctx, inputs, outputs):
+            key = axes_input.tobytes() if axes_input is not None else None
+            plan = made.get(key)
+            if plan is None:
+                axes = reduction_axes(ctx.node, inputs, x.ndim)
+                shape = tuple(1 if (axes is None or i in axes) else d for i, d in enumerate(x.shape))
+                plan = made[key] = (axes, out.reshape(shape) if not keepdims else out)
+            axes, target = plan
+            if axes == ():
+                np.copyto(out, x)
+            else:
+                reduce(x, axis=axes, keepdims=True, out=target)
+
+        return run
+
+    fn.bind = bind
     return fn
 
 
+_UFUNC_REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce,
+                 "min": np.minimum.reduce}
 for _op, _func in {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
                    "ReduceProd": "prod"}.items():
-    kernel(_op)(_reduce(_func))
-kernel("ReduceSumTraining", MS)(_reduce("sum"))
+    _fn = _reduce(_func)
+    kernel(_op, bind=_fn.bind)(_fn)
+_fn = _reduce("sum")
+kernel("ReduceSumTraining", MS, bind=_fn.bind)(_fn)
 
 
 def _reduce_via(block_fn, func_name: str):

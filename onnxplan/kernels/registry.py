@@ -1,10 +1,13 @@
 """The kernel registry: per (domain, op_type, opset range) the implementation, which inputs
-it may overwrite, whether it updates persistent state, and the scratch bytes it needs."""
+it may overwrite, whether it updates persistent state, the scratch bytes it needs, and
+optionally a bind rule that specialises the kernel to one node's arrays once, when the
+executor binds (views, parsed attributes, the chosen code path), so a step only computes."""
 
 from __future__ import annotations
 
 import importlib
 import math
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -16,7 +19,7 @@ from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
-    "KernelContext", "KernelDecl", "kernel", "declare", "find_decl", "find_kernel",
+    "KernelContext", "KernelDecl", "kernel", "declare", "find_decl", "find_kernel", "bound_kernel",
     "may_overwrite", "updates_state", "scratch_bytes", "DECLS",
 ]
 
@@ -54,6 +57,10 @@ class KernelContext:
 # fn(ctx, inputs, outputs): writes every output array in place (outputs may alias inputs
 # that the kernel declared it may overwrite); inputs[i] is None for an omitted optional input
 KernelFn = Callable[[KernelContext, list, list], None]
+# bind(ctx, inputs, outputs) -> a KernelFn for exactly these arrays, or None (the plain fn serves).
+# Called once per node when the executor binds; the arrays' memory is fixed from then on, their
+# values are not (read them when called). It must compute the same bits as the plain fn.
+BindRule = Callable[[KernelContext, list, list], "KernelFn | None"]
 
 
 @dataclass
@@ -68,19 +75,22 @@ class KernelDecl:
     updates_state: bool = False  # the overwrites update persistent state in place
     fn: KernelFn | None = None
     scratch: ScratchRule | None = None
+    bind: BindRule | None = None
 
     def covers(self, version: int | None) -> bool:
         return version is None or (self.since <= version and (self.until is None or version <= self.until))
 
 
 DECLS: dict[tuple[str, str], list[KernelDecl]] = {}
+# ONNXPLAN_BIND_KERNELS=0: every node calls its plain fn (the benchmark's "before", A/B tests)
+BIND = os.environ.get("ONNXPLAN_BIND_KERNELS", "1") != "0"
 _LOADED = False
 
 
 def declare(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
             overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
             updates_state: bool = False, fn: KernelFn | None = None,
-            scratch: ScratchRule | None = None) -> KernelDecl:
+            scratch: ScratchRule | None = None, bind: BindRule | None = None) -> KernelDecl:
     """Register a kernel (or, without fn, only its memory behaviour)."""
     for d in DECLS.get((domain, op_type), []):
         if d.since == since and d.until == until:  # one declaration per op and range
@@ -88,20 +98,22 @@ def declare(op_type: str, domain: str = "", *, since: int = 1, until: int | None
             d.updates_state = d.updates_state or updates_state
             d.fn = fn or d.fn
             d.scratch = scratch or d.scratch
+            d.bind = bind or d.bind
             return d
-    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, fn, scratch)
+    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, fn, scratch, bind)
     DECLS.setdefault((domain, op_type), []).append(decl)
     return decl
 
 
 def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
            overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
-           updates_state: bool = False, scratch: ScratchRule | None = None) -> Callable[[KernelFn], KernelFn]:
+           updates_state: bool = False, scratch: ScratchRule | None = None,
+           bind: BindRule | None = None) -> Callable[[KernelFn], KernelFn]:
     """Decorator: `@kernel("Relu", overwrites={0: (0,)})` above fn(ctx, inputs, outputs)."""
 
     def deco(fn: KernelFn) -> KernelFn:
         declare(op_type, domain, since=since, until=until, overwrites=overwrites,
-                updates_state=updates_state, fn=fn, scratch=scratch)
+                updates_state=updates_state, fn=fn, scratch=scratch, bind=bind)
         return fn
 
     return deco
@@ -136,6 +148,30 @@ def find_kernel(node: Node, version: int | None = None) -> KernelDecl:
         op = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
         raise UnsupportedOpError(f"no kernel for op {op} (node '{node.name}')")
     return decl
+
+
+def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: list) -> KernelFn:
+    """The kernel to call for one node on these very `inputs`/`outputs` lists: the bind rule's
+    specialisation (made now, once) when it gives one, else the plain fn. The specialisation
+    runs only when called with the same two list objects; any other arrays (a verification
+    hook re-running the kernel on |inputs|) go to the plain fn."""
+    fast = None
+    if decl.bind is not None and BIND:
+        try:
+            fast = decl.bind(ctx, inputs, outputs)
+        except Exception:  # noqa: BLE001 - a node the rule cannot take: the plain fn reports it when called
+            fast = None
+    if fast is None:
+        return decl.fn
+    plain = decl.fn
+
+    def run(ctx_, inputs_, outputs_):
+        if inputs_ is inputs and outputs_ is outputs:
+            return fast(ctx_, inputs_, outputs_)
+        return plain(ctx_, inputs_, outputs_)
+
+    run.__name__ = run.__qualname__ = f"bound_{getattr(plain, '__name__', 'kernel')}"
+    return run
 
 
 def may_overwrite(node: Node, version: int | None = None) -> Overwrites:

@@ -54,14 +54,28 @@ def _softmax(xp, x3, out3, log: bool) -> None:
         xp.multiply(out3, s, out=out3)
 
 
-@kernel("Softmax", overwrites={0: (0,)})
+def _bind_softmax(log: bool):
+    def bind(ctx, inputs, outputs):
+        """Along the last axis on torch: the op and the zero-copy tensors made once (the plain
+        kernel's torch branch, the same call)."""
+        x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
+        if not (x3.shape[2] == 1 and _torch.usable(ctx.xp, out3, x3)):
+            return None
+        op = (_torch.aten()._log_softmax if log else _torch.aten()._softmax).out
+        tx, to = _torch.tensor(x3[:, :, 0]), _torch.tensor(out3[:, :, 0])
+        return lambda ctx, inputs, outputs: op(tx, 1, False, out=to)
+
+    return bind
+
+
+@kernel("Softmax", overwrites={0: (0,)}, bind=_bind_softmax(log=False))
 def softmax(ctx, inputs, outputs):
     """Opset 13+ semantics: along one axis (default -1)."""
     x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
     _softmax(ctx.xp, x3, out3, log=False)
 
 
-@kernel("LogSoftmax", overwrites={0: (0,)})
+@kernel("LogSoftmax", overwrites={0: (0,)}, bind=_bind_softmax(log=True))
 def log_softmax(ctx, inputs, outputs):
     x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
     _softmax(ctx.xp, x3, out3, log=True)
@@ -101,12 +115,27 @@ def _log_softmax_grad(ctx, inputs, outputs, coerce_2d: bool, default_axis: int) 
     _xp.blockwise(xp, block, out3, dy3, y3, s)
 
 
-@kernel("SoftmaxGrad_13", MS, overwrites={0: (0, 1)})
+def _bind_softmax_grad(coerce_2d: bool, default_axis: int):
+    def bind(ctx, inputs, outputs):
+        """Along the last axis on torch: the op and the zero-copy tensors made once (the plain
+        kernel's torch branch, the same call)."""
+        (dy, y), out = inputs[:2], outputs[0]
+        dy3, y3, out3 = _views(y.shape, int(ctx.attrs.get("axis", default_axis)), coerce_2d, dy, y, out)
+        if not (y3.shape[2] == 1 and _torch.usable(ctx.xp, out3, dy3, y3)):
+            return None
+        op, t = _torch.aten()._softmax_backward_data.out, _torch.tensor
+        tdy, ty, tout, dtype = t(dy3[:, :, 0]), t(y3[:, :, 0]), t(out3[:, :, 0]), t(y3).dtype
+        return lambda ctx, inputs, outputs: op(tdy, ty, 1, dtype, grad_input=tout)
+
+    return bind
+
+
+@kernel("SoftmaxGrad_13", MS, overwrites={0: (0, 1)}, bind=_bind_softmax_grad(False, -1))
 def softmax_grad_13(ctx, inputs, outputs):
     _softmax_grad(ctx, inputs, outputs, coerce_2d=False, default_axis=-1)
 
 
-@kernel("SoftmaxGrad", MS, overwrites={0: (0, 1)})
+@kernel("SoftmaxGrad", MS, overwrites={0: (0, 1)}, bind=_bind_softmax_grad(True, 1))
 def softmax_grad(ctx, inputs, outputs):
     """The pre-13 form: the input coerced to 2-D at `axis` (default 1)."""
     _softmax_grad(ctx, inputs, outputs, coerce_2d=True, default_axis=1)

@@ -35,12 +35,22 @@ def cast(ctx, inputs, outputs):
     ctx.xp.copyto(outputs[0], inputs[0], casting="unsafe")
 
 
-@kernel("Transpose")
+def _perm(ctx, x) -> list[int]:
+    perm = ctx.attrs.get("perm")
+    return list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
+
+
+def _bind_transpose(ctx, inputs, outputs):
+    """The transposed view of the input made once: a step is one copy."""
+    src, out = ctx.xp.transpose(inputs[0], _perm(ctx, inputs[0])), outputs[0]
+    copyto = ctx.xp.copyto
+    return lambda ctx, inputs, outputs: copyto(out, src)
+
+
+@kernel("Transpose", bind=_bind_transpose)
 def transpose(ctx, inputs, outputs):
     x = inputs[0]
-    perm = ctx.attrs.get("perm")
-    perm = list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
-    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, perm))
+    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, _perm(ctx, x)))
 
 
 @kernel("Expand")
@@ -49,26 +59,49 @@ def expand(ctx, inputs, outputs):
     ctx.xp.copyto(outputs[0], inputs[0])
 
 
-def _concat_into(xp, xs, out, axis: int) -> list[int]:
+def _concat_parts(xs, out, axis: int) -> tuple[list, list[int]]:
+    """([(out view, input)...] in order, each input's extent along axis)."""
     axis = _xp.norm_axis(axis, out.ndim)
-    start, lengths = 0, []
+    start, parts, lengths = 0, [], []
     for x in xs:
         n = int(x.shape[axis])
-        index = (slice(None),) * axis + (slice(start, start + n),)
-        xp.copyto(out[index], x)
+        parts.append((out[(slice(None),) * axis + (slice(start, start + n),)], x))
         start += n
         lengths.append(n)
     if start != out.shape[axis]:
         raise ValueError(f"inputs add up to {start} along axis {axis}, output has {out.shape[axis]}")
+    return parts, lengths
+
+
+def _concat_into(xp, xs, out, axis: int) -> list[int]:
+    parts, lengths = _concat_parts(xs, out, axis)
+    for dst, x in parts:
+        xp.copyto(dst, x)
     return lengths
 
 
-@kernel("Concat")
+def _bind_concat(ctx, inputs, outputs):
+    """The output's slices made once (ConcatTraining's lengths too: they follow from the shapes)."""
+    xp = ctx.xp
+    parts, lengths = _concat_parts([x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
+    lengths_out = outputs[1] if len(outputs) > 1 and outputs[1] is not None else None
+    lengths = xp.asarray(np.array(lengths, dtype=np.int64))
+
+    def run(ctx, inputs, outputs):
+        for dst, x in parts:
+            xp.copyto(dst, x)
+        if lengths_out is not None:
+            xp.copyto(lengths_out, lengths)
+
+    return run
+
+
+@kernel("Concat", bind=_bind_concat)
 def concat(ctx, inputs, outputs):
     _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
 
 
-@kernel("ConcatTraining", MS)
+@kernel("ConcatTraining", MS, bind=_bind_concat)
 def concat_training(ctx, inputs, outputs):
     """Concat, plus the optional int64 per_input_length: each input's extent along axis."""
     lengths = _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0],
@@ -77,21 +110,39 @@ def concat_training(ctx, inputs, outputs):
         ctx.xp.copyto(outputs[1], ctx.xp.asarray(np.array(lengths, dtype=np.int64)))
 
 
-@kernel("Split")
-@kernel("SplitTraining", MS)
-def split(ctx, inputs, outputs):
-    """Consecutive pieces along axis; each output's shape (folded from `split`) gives its size."""
-    xp, x = ctx.xp, inputs[0]
+def _split_parts(ctx, inputs, outputs) -> list:
+    """[(output, input view)...]: consecutive pieces along axis, each output's shape its size."""
+    x = inputs[0]
     axis = _xp.norm_axis(int(ctx.attrs.get("axis", 0)), x.ndim)
-    start = 0
+    start, parts = 0, []
     for out in outputs:
         if out is None:
             raise ValueError(f"{ctx.node.name}: every Split output is needed to place the next one")
         n = int(out.shape[axis])
-        xp.copyto(out, x[(slice(None),) * axis + (slice(start, start + n),)])
+        parts.append((out, x[(slice(None),) * axis + (slice(start, start + n),)]))
         start += n
     if start != x.shape[axis]:
         raise ValueError(f"{ctx.node.name}: outputs cover {start} of {x.shape[axis]} along axis {axis}")
+    return parts
+
+
+def _bind_split(ctx, inputs, outputs):
+    """The input's slices made once."""
+    parts, copyto = _split_parts(ctx, inputs, outputs), ctx.xp.copyto
+
+    def run(ctx, inputs, outputs):
+        for out, piece in parts:
+            copyto(out, piece)
+
+    return run
+
+
+@kernel("Split", bind=_bind_split)
+@kernel("SplitTraining", MS, bind=_bind_split)
+def split(ctx, inputs, outputs):
+    """Consecutive pieces along axis; each output's shape (folded from `split`) gives its size."""
+    for out, piece in _split_parts(ctx, inputs, outputs):
+        ctx.xp.copyto(out, piece)
 
 
 def slice_indices(shape, starts, ends, axes=None, steps=None) -> tuple[slice, ...]:
@@ -253,12 +304,10 @@ def _pad_sources(mode: str, before: int, n: int, size: int):
     return np.where(s > n - 1, period - s, s)
 
 
-@kernel("Pad")
-def pad(ctx, inputs, outputs):
-    """Modes constant, reflect, edge, wrap; pads (and axes) as inputs (opset 11+) or attribute;
-    negative pads crop. The inner part is copied once, then each axis's pads are filled in turn
-    from what is already in the output."""
-    xp, x, out = ctx.xp, inputs[0], outputs[0]
+def _pad_plan(ctx, inputs, out):
+    """What Pad does for these pads/axes: (mode, fill value or None, (out view, x view) of the
+    inner part, per padded axis [(region, index, source)...] for the non-constant modes)."""
+    xp, x = ctx.xp, inputs[0]
     mode = _xp.attr_str(ctx.attrs.get("mode"), "constant")
     rank = x.ndim
     pads = _xp.host_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else \
@@ -274,12 +323,10 @@ def pad(ctx, inputs, outputs):
     dst = tuple(slice(b, b + n) for b, n in zip(before, inner))
     if mode == "constant":
         value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
-        out.fill(0 if value is None else _xp.host_scalar(value))
-        xp.copyto(out[dst], x[src])
-        return
+        return mode, (0 if value is None else _xp.host_scalar(value)), (out[dst], x[src]), []
     if any(n == 0 for n, b, e in zip(inner, before, after) if b or e):
         raise ValueError(f"{ctx.node.name}: Pad mode {mode!r} of an empty axis")
-    xp.copyto(out[dst], x[src])
+    fills = []
     for a in range(rank):
         if not (before[a] or after[a]):
             continue
@@ -287,5 +334,40 @@ def pad(ctx, inputs, outputs):
         source = xp.asarray(_pad_sources(mode, before[a], inner[a], out.shape[a]) + before[a])
         for part in (slice(0, before[a]), slice(before[a] + inner[a], out.shape[a])):
             if part.stop > part.start:
-                index = (slice(None),) * a + (part,)
-                region[index] = xp.take(region, source[part], axis=a)
+                fills.append((region, (slice(None),) * a + (part,), source[part], a))
+    return mode, None, (out[dst], x[src]), fills
+
+
+def _pad_run(xp, out, plan) -> None:
+    _mode, value, (inner_out, inner_x), fills = plan
+    if value is not None:
+        out.fill(value)
+    xp.copyto(inner_out, inner_x)
+    for region, index, source, axis in fills:
+        region[index] = xp.take(region, source, axis=axis)
+
+
+def _bind_pad(ctx, inputs, outputs):
+    """The plan made once per value of the pads/value/axes inputs (constants, loaded after
+    binding: read at the first call, their bytes checked each step)."""
+    out, made = outputs[0], {}
+    keyed = [a for a in inputs[1:] if a is not None]
+    if ctx.xp is not np:
+        return None
+
+    def run(ctx, inputs, outputs):
+        key = tuple(a.tobytes() for a in keyed)
+        plan = made.get(key)
+        if plan is None:
+            plan = made[key] = _pad_plan(ctx, inputs, out)
+        _pad_run(np, out, plan)
+
+    return run
+
+
+@kernel("Pad", bind=_bind_pad)
+def pad(ctx, inputs, outputs):
+    """Modes constant, reflect, edge, wrap; pads (and axes) as inputs (opset 11+) or attribute;
+    negative pads crop. The inner part is copied once, then each axis's pads are filled in turn
+    from what is already in the output."""
+    _pad_run(ctx.xp, outputs[0], _pad_plan(ctx, inputs, outputs[0]))
