@@ -113,6 +113,9 @@ class Window:
         """The window of output rows [lo, hi) of the first spatial axis alone."""
         if (lo, hi) == (0, self.out_dims[0]):
             return self
+        return _band_of(self, lo, hi)
+
+    def _band(self, lo: int, hi: int) -> Window:
         pads = (self.pads_begin[0] - lo * self.strides[0], *self.pads_begin[1:])
         return replace(self, pads_begin=pads, out_dims=(hi - lo, *self.out_dims[1:]))
 
@@ -121,6 +124,11 @@ class Window:
         """A 1x1 window with unit strides and no padding: the input is its own column matrix."""
         return (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
                 and not any(self.pads_begin) and not any(self.pads_end))
+
+
+@functools.lru_cache(maxsize=4096)
+def _band_of(win: Window, lo: int, hi: int) -> Window:
+    return win._band(lo, hi)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -149,12 +157,14 @@ def window(attrs, in_dims, out_dims, kernel_shape) -> Window:
                   tuple(int(d) for d in in_dims), tuple(int(d) for d in out_dims))
 
 
+@functools.lru_cache(maxsize=4096)
 def _extent(win: Window) -> tuple[int, ...]:
     """Per spatial axis: the input positions the window spans, from its first tap to its last."""
     return tuple(max(o - 1, 0) * s + (k - 1) * d + 1
                  for o, s, k, d in zip(win.out_dims, win.strides, win.kernel, win.dilations))
 
 
+@functools.lru_cache(maxsize=4096)
 def _reads_padding(win: Window) -> bool:
     """True when some tap reads padding (the columns then come from a zero-padded copy of X)."""
     return any(p > 0 or e - p > i for p, e, i in zip(win.pads_begin, _extent(win), win.in_dims))
@@ -254,6 +264,14 @@ def _align(n: int) -> int:
 
 def _layout(x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool,
             need_acc: bool, win: Window | None = None) -> Layout:
+    """_layout_for at the current SCRATCH_TARGET (read at call time: tests lower it)."""
+    return _layout_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(y_dims), group, itemsize,
+                       need_cols, need_acc, win)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool,
+                need_acc: bool, win: Window | None) -> Layout:
     """The chunking and scratch of a conv (the scratch rule and the kernel share it).
 
     Chunks aim at `target` bytes of columns, rows and padded source (SCRATCH_TARGET): several
@@ -262,7 +280,6 @@ def _layout(x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool
     reads padding. ConvGrad adds a dW-sized partial sum when there is more than one chunk. A
     depthwise conv (see _depthwise) always has its rows (channels-last) and a (taps, C) block.
     """
-    target = SCRATCH_TARGET  # read at call time: the rule and the kernel agree
     n, c, m = x_shape[0], x_shape[1], w_shape[0]
     ck, ckg, rows_out = c * prod(w_shape[2:]), prod(w_shape[1:]), y_dims[0]
     rest = prod(y_dims[1:])
@@ -297,8 +314,21 @@ def _layout(x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool
     return Layout(n, rows_out, nb, band, 0, rows, acc, src, offset + src_bytes)
 
 
+_WINDOWS: dict[tuple, tuple[dict, Window]] = {}
+
+
 def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
-    return window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
+    """window() of a conv node, remembered per attribute dict and shapes (a node's attributes do
+    not change once it runs; a step calls the same nodes again, and window() costs ~6 us)."""
+    key = (id(node_attrs), tuple(x_shape), tuple(w_shape), tuple(y_shape))
+    hit = _WINDOWS.get(key)
+    if hit is not None and hit[0] is node_attrs:
+        return hit[1]
+    win = window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
+    if len(_WINDOWS) >= 4096:
+        _WINDOWS.clear()
+    _WINDOWS[key] = (node_attrs, win)  # holds the dict: its id is not reused while the entry lives
+    return win
 
 
 def _depthwise(x_shape, w_shape, group: int) -> bool:
@@ -452,14 +482,29 @@ class DxPlan:
     dilated: int  # scratch offsets
     weight: int
     nbytes: int
+    by_taps: bool = False  # a strided depthwise conv: see _depthwise_dx_by_taps
 
 
 def _dx_plan(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int) -> DxPlan | None:
-    """The conv that computes dX, for a grouped conv or a small one (one GEMM per chunk instead
-    of a col2im add per tap); None otherwise or when a chunk would not hold whole images."""
-    if win.pointwise or (group == 1 and prod(dy_shape) > SMALL_DX):
-        return None
+    """The conv that computes dX, for a grouped conv or a small one with unit strides (one GEMM
+    per chunk instead of a col2im add per tap; strides s would make s^d times the columns, mostly
+    zeros); None otherwise or when a chunk would not hold whole images."""
+    return _dx_plan_for(SCRATCH_TARGET, SMALL_DX, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win,
+                        group, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dx_plan_for(target: int, small: int, x_shape, w_shape, dy_shape, win: Window, group: int,
+                 itemsize: int) -> DxPlan | None:
     n, c, m = x_shape[0], x_shape[1], w_shape[0]
+    if not win.pointwise and _depthwise(x_shape, w_shape, group) and any(st > 1 for st in win.strides):
+        lay = _layout(x_shape, w_shape, dy_shape[2:], group, itemsize, True, False)
+        if lay.band < lay.rows_out:
+            return None
+        end = lay.nbytes + _align(lay.nb * c * prod(win.in_dims) * itemsize)
+        return DxPlan(win, lay, win.in_dims, (), lay.nbytes, end, end, by_taps=True)
+    if win.pointwise or any(st > 1 for st in win.strides) or (group == 1 and prod(dy_shape) > small):
+        return None
     sp = len(win.kernel)
     reach = tuple((k - 1) * d for k, d in zip(win.kernel, win.dilations))
     dims = tuple(p + i + r for p, i, r in zip(win.pads_begin, win.in_dims, reach))
@@ -474,8 +519,35 @@ def _dx_plan(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int)
     return DxPlan(twin, lay, dims, reach, dilated, weight, weight + w_bytes)
 
 
+def _depthwise_dx_by_taps(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx) -> None:
+    """A strided depthwise conv's dX: products dY[n, c] * W[c, tap] (channels-last, one call), then
+    each tap's added into dX's positions in a channels-last image (scratch), copied into dX."""
+    xp, lay = ctx.xp, plan.layout
+    n, c, sp, taps = dy.shape[0], dy.shape[1], len(win.kernel), prod(win.kernel)
+    wk = _taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.acc, (taps, c), w.dtype))
+    dy3 = dy.reshape(n, c, -1)
+    every = (slice(None),)
+    for n0, nb, _b0, _b1 in lay.chunks():
+        last = ctx.scratch_array(lay.rows, (nb, dy3.shape[2], c), dy.dtype)
+        xp.copyto(last, dy3[n0:n0 + nb].transpose(0, 2, 1))
+        col = ctx.scratch_array(lay.col, (taps, nb, dy3.shape[2], c), dy.dtype)
+        xp.multiply(last, wk.reshape(taps, 1, 1, c), out=col)
+        col = col.reshape(*win.kernel, nb, *win.out_dims, c)
+        image = ctx.scratch_array(plan.dilated, (nb, *win.in_dims, c), dy.dtype)
+        image[...] = 0
+        for tap in win.taps():
+            if tap.empty:
+                continue
+            dst = image[every + tap.in_slices]
+            xp.add(dst, col[tap.index + every + tap.out_slices], out=dst)
+        xp.copyto(dx[n0:n0 + nb], image.transpose(0, sp + 1, *range(1, sp + 1)))
+
+
 def _conv_grad_dx(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx, group: int) -> None:
     """dX[n, g] = W'[g] @ cols of the dilated dY, W'[g, ci, mo, k] = W[g, mo, ci, K - 1 - k]."""
+    if plan.by_taps:
+        _depthwise_dx_by_taps(ctx, plan, win, dy, w, dx)
+        return
     xp = ctx.xp
     n, m, c = dy.shape[0], dy.shape[1], dx.shape[1]
     mg, cg, sp = m // group, c // group, len(win.kernel)
