@@ -162,13 +162,17 @@ def _generic_path(monkeypatch):
     conv_module._layout_for.cache_clear()
 
 
-@pytest.mark.parametrize("chunks", [False, True])
+@pytest.mark.parametrize("mode", ["whole", "chunks", "taps"])
 @pytest.mark.parametrize("seed", range(24))
-def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, chunks):
+def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
-    pads) against ORT, every output; then both against the generic GEMM path."""
-    if chunks:
+    pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
+    chunks of a 2 KiB scratch target, and a dense conv's large-conv path (im2col tap by tap,
+    col2im dX)."""
+    if mode == "chunks":
         monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+    if mode == "taps":
+        monkeypatch.setattr(conv_module, "SMALL_DX", 0)
     x_shape, w_shape, attrs = _random_conv(seed)
     rng = np.random.default_rng(1000 + seed)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])

@@ -208,16 +208,37 @@ def _windows(xp, a, starts, win: Window):
     return xp.lib.stride_tricks.as_strided(a, shape, strides)
 
 
+def _zero_outside(dst, spans, out_dims, lead: int) -> None:
+    """Zero dst's outputs outside `spans` (the spatial axes start after `lead` axes)."""
+    for a, ((lo, hi), size) in enumerate(zip(spans, out_dims)):
+        head = (slice(None),) * (lead + a)
+        if lo > 0:
+            dst[head + (slice(0, lo),)] = 0
+        if hi < size:
+            dst[head + (slice(hi, None),)] = 0
+
+
 def im2col(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
-    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims); src: (nb, C, *extent) scratch for x's
-    zero-padded copy, needed when the window reads padding. One strided copy of x's windows.
+    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy of x's windows, from
+    `src` (nb, C, *extent), scratch for x's zero-padded copy, when the window reads padding; with
+    no `src` there, one strided copy per tap with the padding zeroed around it (a large dense
+    conv: long inner loops, and no input-sized copy).
     """
-    if src is None and _reads_padding(win):
-        raise RuntimeError("im2col: the window reads padding and no source scratch was given")
     sp = len(win.kernel)
-    windows = _windows(xp, *_source(win, x, src if _reads_padding(win) else None), win)
+    if src is None and _reads_padding(win):
+        xt = x.swapaxes(0, 1)
+        every = (slice(None), slice(None))
+        for tap in win.taps():
+            dst = col[(slice(None), *tap.index)]
+            if tap.empty:
+                dst[...] = 0
+                continue
+            _zero_outside(dst, tap.spans, win.out_dims, 2)
+            dst[every + tap.out_slices] = xt[every + tap.in_slices]
+        return
+    windows = _windows(xp, *_source(win, x, src), win)
     xp.copyto(col, windows.transpose(1, *range(2 + sp, 2 + 2 * sp), 0, *range(2, 2 + sp)))
 
 
@@ -405,6 +426,12 @@ def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
             xp.add(dwk, acc, out=dwk)
 
 
+def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | None:
+    """`win` when the columns are one strided copy from a padded source (grouped and small convs:
+    a call per tap costs more than the copy), else None (im2col copies tap by tap)."""
+    return win if group > 1 or prod(y_shape) <= SMALL_DX else None
+
+
 def _src(ctx: KernelContext, lay: Layout, sub: Window, nb: int, c: int, dtype):
     """The chunk's padded-source scratch, or None when its window reads no padding."""
     if lay.src < 0 or not _reads_padding(sub):
@@ -420,7 +447,8 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
-    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False, win).nbytes
+    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
+                   _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
 
 
 @kernel("Conv", scratch=conv_scratch)
@@ -444,7 +472,8 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
         _depthwise_conv(ctx, _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win),
                         win, x, w, y)
     else:
-        lay = _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win)
+        lay = _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
+                      _one_copy(win, x.shape, w.shape, y.shape, group))
         for n0, nb, b0, b1 in lay.chunks():
             sub = win.band(b0, b1)
             span = nb * (b1 - b0) * rest
@@ -608,7 +637,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
         need_dw = False
     if need_dw or need_dx:
         sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, need_dw,
-                             win if need_dw else None).nbytes)
+                             _one_copy(win, x.shape, w.shape, dy.shape, group) if need_dw else None).nbytes)
     return max(sizes)
 
 
@@ -656,7 +685,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         dx[...] = 0
     dw3 = _view(xp, dw, (group, mg, ckg)) if dw is not None else None
     lay = _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, dw is not None,
-                  win if dw is not None else None)
+                  _one_copy(win, x.shape, w.shape, dy.shape, group) if dw is not None else None)
     for n0, nb, b0, b1 in lay.chunks():
         sub = win.band(b0, b1)
         span = nb * (b1 - b0) * rest
