@@ -114,10 +114,10 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
     ((2, 3, 120, 90), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [1, 2]}),  # row bands
-    ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per block
+    ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per chunk
+    ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "strides": [2, 2], "pads": [1, 0, 1, 2]}),
 ])
-def test_depthwise_in_blocks(monkeypatch, x_shape, w_shape, attrs):
-    monkeypatch.setattr(conv_module, "DEPTHWISE_BLOCK", 2048)
+def test_depthwise_in_chunks(small_chunks, x_shape, w_shape, attrs):
     rng = np.random.default_rng(8)
     x, w = randn(rng, *x_shape), randn(rng, *w_shape)
     (y,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
@@ -126,6 +126,78 @@ def test_depthwise_in_blocks(monkeypatch, x_shape, w_shape, attrs):
     outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
     for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
         assert_sums_close(g, e)
+
+
+def _random_conv(seed: int):
+    """A random conv: 1-3 spatial axes, group 1, 2 or depthwise (with or without a channel
+    multiplier), kernel 1-4, strides 1-3, dilations 1-2, explicit pads or any auto_pad."""
+    rng = np.random.default_rng(seed)
+    sp = int(rng.choice([1, 2, 2, 2, 3]))
+    kind = rng.choice(["dense", "grouped", "depthwise", "multiplier"])
+    group = {"dense": 1, "grouped": 2}.get(kind, int(rng.integers(2, 9)))
+    cg = int(rng.integers(1, 4)) if kind in ("dense", "grouped") else 1
+    mg = int(rng.integers(1, 4)) if kind in ("dense", "grouped") else (2 if kind == "multiplier" else 1)
+    kernel = [int(rng.integers(1, 5 if sp < 3 else 3)) for _ in range(sp)]
+    dilations = [int(rng.integers(1, 3)) for _ in range(sp)]
+    attrs = {"group": group, "kernel_shape": kernel, "strides": [int(rng.integers(1, 4)) for _ in range(sp)],
+             "dilations": dilations}
+    auto_pad = rng.choice(["NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"])
+    if auto_pad == "NOTSET":
+        attrs["pads"] = [int(rng.integers(0, k)) if k > 1 else 0 for k in kernel] * 2
+        attrs["pads"][sp:] = [int(rng.integers(0, k)) if k > 1 else 0 for k in kernel]
+    else:
+        attrs["auto_pad"] = str(auto_pad)
+    reach = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    spatial = [int(rng.integers(r, r + (6 if sp < 3 else 3))) for r in reach]
+    x_shape = (int(rng.integers(1, 4)), group * cg, *spatial)
+    w_shape = (group * mg, cg, *kernel)
+    return x_shape, w_shape, attrs
+
+
+def _generic_path(monkeypatch):
+    """The batched-GEMM path alone (im2col, one GEMM per chunk, col2im): no channels-last
+    depthwise kernels and no dX computed as a conv."""
+    monkeypatch.setattr(conv_module, "_depthwise", lambda *a: False)
+    monkeypatch.setattr(conv_module, "_dx_plan", lambda *a: None)
+    conv_module._layout_for.cache_clear()
+
+
+@pytest.mark.parametrize("mode", ["whole", "chunks", "taps"])
+@pytest.mark.parametrize("seed", range(24))
+def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
+    """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
+    pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
+    chunks of a 2 KiB scratch target, and a dense conv's large-conv path (im2col tap by tap,
+    col2im dX)."""
+    if mode == "chunks":
+        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+    if mode == "taps":
+        monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    x_shape, w_shape, attrs = _random_conv(seed)
+    rng = np.random.default_rng(1000 + seed)
+    x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
+    (expected,) = ref_run("Conv", [x, w, b], [("float32", None)], attrs)
+    (got,) = run_kernel("Conv", [x, w, b], [("float32", expected.shape)], attrs)
+    assert_sums_close(got, expected)  # (ORT 1.19's Conv is off on some strided 3-D depthwise cases)
+    grad_attrs = dict(attrs)
+    if "auto_pad" in grad_attrs:  # ORT's ConvGrad takes explicit pads: the window's own
+        win = conv_module._conv_window(attrs, x_shape, w_shape, expected.shape)
+        del grad_attrs["auto_pad"]
+        grad_attrs["pads"] = [*win.pads_begin, *win.pads_end]
+    inputs = [randn(rng, *expected.shape), x, w]
+    outs = _conv_grad_outputs(x_shape, w_shape, expected.shape, (1, 1, 1))
+    grads = run_kernel("ConvGrad", inputs, outs, grad_attrs, MS)
+    for g, e in zip(grads, ort_run("ConvGrad", inputs, outs, grad_attrs, MS)):
+        assert_sums_close(g, e)
+    dx_only = run_kernel("ConvGrad", inputs, [outs[0], None, None], grad_attrs, MS)[0]
+    _generic_path(monkeypatch)
+    try:
+        assert_sums_close(got, run_kernel("Conv", [x, w, b], [("float32", expected.shape)], attrs)[0])
+        for g, e in zip(grads, run_kernel("ConvGrad", inputs, outs, grad_attrs, MS)):
+            assert_sums_close(g, e)
+        assert_sums_close(dx_only, grads[0])
+    finally:
+        conv_module._layout_for.cache_clear()
 
 
 @pytest.mark.parametrize("op", ["Conv", "ConvGrad"])

@@ -176,6 +176,22 @@ GUARDED = {
                    "attrs": {"axis": -1}},
     "SoftmaxGrad_13": {"op": "SoftmaxGrad_13", "domain": MS, "inputs": [[ROWS * 8, 64]] * 2,
                        "outputs": [[ROWS * 8, 64]], "positive": True},
+    # conv kernels (onnxplan/kernels/conv.py): columns, padded copies, channels-last blocks and the
+    # dilated dY all live in the declared scratch
+    "Conv depthwise": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]], "outputs": [[8, 64, 40, 40]],
+                       "attrs": {"group": 64, "pads": [1, 1, 1, 1]}},
+    "ConvGrad depthwise": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 1, 3, 3]],
+                           "outputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]],
+                           "attrs": {"group": 64, "pads": [1, 1, 1, 1]}},
+    "ConvGrad depthwise strided": {"op": "ConvGrad", "domain": MS,
+                                   "inputs": [[8, 64, 20, 20], [8, 64, 40, 40], [64, 1, 5, 5]],
+                                   "outputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
+                                   "attrs": {"group": 64, "pads": [2, 2, 1, 1], "strides": [2, 2]}},
+    "Conv grouped": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 16, 3, 3]], "outputs": [[8, 64, 40, 40]],
+                     "attrs": {"group": 4, "pads": [1, 1, 1, 1]}},
+    "ConvGrad grouped": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 16, 3, 3]],
+                         "outputs": [[8, 64, 40, 40], [64, 16, 3, 3], [64]],
+                         "attrs": {"group": 4, "pads": [1, 1, 1, 1]}},
 }
 
 needs_proc = pytest.mark.skipif(not sys.platform.startswith("linux") or not _can_reset_peak(),

@@ -8,6 +8,8 @@ import itertools
 from dataclasses import dataclass, replace
 from math import prod
 
+import numpy as np
+
 from onnxplan.ir.graph import Node
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -111,6 +113,9 @@ class Window:
         """The window of output rows [lo, hi) of the first spatial axis alone."""
         if (lo, hi) == (0, self.out_dims[0]):
             return self
+        return _band_of(self, lo, hi)
+
+    def _band(self, lo: int, hi: int) -> Window:
         pads = (self.pads_begin[0] - lo * self.strides[0], *self.pads_begin[1:])
         return replace(self, pads_begin=pads, out_dims=(hi - lo, *self.out_dims[1:]))
 
@@ -119,6 +124,11 @@ class Window:
         """A 1x1 window with unit strides and no padding: the input is its own column matrix."""
         return (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
                 and not any(self.pads_begin) and not any(self.pads_end))
+
+
+@functools.lru_cache(maxsize=4096)
+def _band_of(win: Window, lo: int, hi: int) -> Window:
+    return win._band(lo, hi)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -147,6 +157,57 @@ def window(attrs, in_dims, out_dims, kernel_shape) -> Window:
                   tuple(int(d) for d in in_dims), tuple(int(d) for d in out_dims))
 
 
+@functools.lru_cache(maxsize=4096)
+def _extent(win: Window) -> tuple[int, ...]:
+    """Per spatial axis: the input positions the window spans, from its first tap to its last."""
+    return tuple(max(o - 1, 0) * s + (k - 1) * d + 1
+                 for o, s, k, d in zip(win.out_dims, win.strides, win.kernel, win.dilations))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reads_padding(win: Window) -> bool:
+    """True when some tap reads padding (the columns then come from a zero-padded copy of X)."""
+    return any(p > 0 or e - p > i for p, e, i in zip(win.pads_begin, _extent(win), win.in_dims))
+
+
+def _view(xp, a, shape):
+    """`a` reshaped without a copy (an out= view must be the array itself)."""
+    return np.reshape(a, shape, copy=False) if xp is np else a.reshape(shape)
+
+
+def _source(win: Window, x, src):
+    """(array, first tap's position per spatial axis) of the region of x the window spans: x
+    itself, or (when it reads padding) x copied into `src` (nb, C, *extent) with zeros around it."""
+    if src is None:
+        return x, tuple(-p for p in win.pads_begin)
+    src[...] = 0
+    inner, outer = [], []
+    for p, e, size in zip(win.pads_begin, _extent(win), win.in_dims):
+        lo, hi = max(-p, 0), min(-p + e, size)
+        if hi <= lo:
+            return src, (0,) * len(win.kernel)
+        inner.append(slice(lo + p, hi + p))
+        outer.append(slice(lo, hi))
+    lead = (slice(None), slice(None))
+    src[lead + tuple(inner)] = x[lead + tuple(outer)]
+    return src, (0,) * len(win.kernel)
+
+
+def _windows(xp, a, starts, win: Window):
+    """The (n, C, *out_dims, *kernel) view of every window of `a` whose first tap is at `starts`:
+    a[n, c, start + o * s + k * d] (numpy's constructor on a contiguous array: as_strided costs ~5 us)."""
+    sp = len(win.kernel)
+    st = a.strides
+    shape = (*a.shape[:2], *win.out_dims, *win.kernel)
+    strides = (*st[:2], *(st[2 + i] * win.strides[i] for i in range(sp)),
+               *(st[2 + i] * win.dilations[i] for i in range(sp)))
+    offset = sum(s * t for s, t in zip(starts, st[2:]))
+    if xp is np and a.flags.c_contiguous:
+        return np.ndarray(shape, a.dtype, a, offset, strides)
+    a = a[(slice(None), slice(None)) + tuple(slice(s, None) for s in starts)]
+    return xp.lib.stride_tricks.as_strided(a, shape, strides)
+
+
 def _zero_outside(dst, spans, out_dims, lead: int) -> None:
     """Zero dst's outputs outside `spans` (the spatial axes start after `lead` axes)."""
     for a, ((lo, hi), size) in enumerate(zip(spans, out_dims)):
@@ -157,20 +218,28 @@ def _zero_outside(dst, spans, out_dims, lead: int) -> None:
             dst[head + (slice(hi, None),)] = 0
 
 
-def im2col(win: Window, x, col) -> None:
-    """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding).
+def im2col(xp, win: Window, x, col, src=None) -> None:
+    """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
-    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy per tap.
+    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy of x's windows, from
+    `src` (nb, C, *extent), scratch for x's zero-padded copy, when the window reads padding; with
+    no `src` there, one strided copy per tap with the padding zeroed around it (a large dense
+    conv: long inner loops, and no input-sized copy).
     """
-    xt = x.swapaxes(0, 1)
-    every = (slice(None), slice(None))
-    for tap in win.taps():
-        dst = col[(slice(None), *tap.index)]
-        if tap.empty:
-            dst[...] = 0
-            continue
-        _zero_outside(dst, tap.spans, win.out_dims, 2)
-        dst[every + tap.out_slices] = xt[every + tap.in_slices]
+    sp = len(win.kernel)
+    if src is None and _reads_padding(win):
+        xt = x.swapaxes(0, 1)
+        every = (slice(None), slice(None))
+        for tap in win.taps():
+            dst = col[(slice(None), *tap.index)]
+            if tap.empty:
+                dst[...] = 0
+                continue
+            _zero_outside(dst, tap.spans, win.out_dims, 2)
+            dst[every + tap.out_slices] = xt[every + tap.in_slices]
+        return
+    windows = _windows(xp, *_source(win, x, src), win)
+    xp.copyto(col, windows.transpose(1, *range(2 + sp, 2 + 2 * sp), 0, *range(2, 2 + sp)))
 
 
 def col2im_add(xp, win: Window, col, dx) -> None:
@@ -189,16 +258,18 @@ class Layout:
     """How a (grad) convolution walks the batch, and where its buffers sit in its scratch.
 
     A chunk is either `nb` > 1 whole images, or one image's band of `band` rows of the first
-    output axis. Offsets are -1 for buffers the layout does not use.
+    output axis; each chunk covers every group (one batched GEMM over the groups). Offsets are
+    -1 for buffers the layout does not use.
     """
 
     n: int
     rows_out: int  # the first output axis's length
     nb: int  # images per chunk
     band: int  # output rows per chunk (rows_out unless nb == 1)
-    col: int  # the columns (C/g * prod(kernel), nb * band * rest), rest = prod(out_dims[1:])
-    rows: int  # output/dY rows in image-interleaved order (M/g, nb * L), only for nb > 1
-    acc: int  # a (M/g, C/g * prod(kernel)) partial dW, when dW takes more than one chunk
+    col: int  # the columns (C * prod(kernel), nb * band * rest), rest = prod(out_dims[1:])
+    rows: int  # output/dY rows in image-interleaved order (M, nb * L), only for nb > 1
+    acc: int  # a (M, C/g * prod(kernel)) partial dW, when dW takes more than one chunk
+    src: int  # X's zero-padded copy (nb, C, *extent) when the window reads padding
     nbytes: int
 
     def chunks(self):
@@ -213,154 +284,177 @@ def _align(n: int) -> int:
 
 
 def _layout(x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool,
-            need_acc: bool) -> Layout:
+            need_acc: bool, win: Window | None = None) -> Layout:
+    """_layout_for at the current SCRATCH_TARGET (read at call time: tests lower it)."""
+    return _layout_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(y_dims), group, itemsize,
+                       need_cols, need_acc, win)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int, need_cols: bool,
+                need_acc: bool, win: Window | None) -> Layout:
     """The chunking and scratch of a conv (the scratch rule and the kernel share it).
 
-    Chunks aim at `target` bytes of columns (SCRATCH_TARGET): several whole images when one
-    image's columns and rows fit, else bands of one image's output rows (at least one row).
-    ConvGrad adds a dW-sized partial sum when there is more than one chunk.
+    Chunks aim at `target` bytes of columns, rows and padded source (SCRATCH_TARGET): several
+    whole images when one image's fit, else bands of one image's output rows (at least one row).
+    `win` (given when the columns are made from X) adds X's zero-padded copy when the window
+    reads padding. ConvGrad adds a dW-sized partial sum when there is more than one chunk. A
+    depthwise conv (see _depthwise) always has its rows (channels-last) and a (taps, C) block.
     """
-    target = SCRATCH_TARGET  # read at call time: the rule and the kernel agree
-    n, m = x_shape[0], w_shape[0]
-    ckg, mg, rows_out = prod(w_shape[1:]), m // group, y_dims[0]
+    n, c, m = x_shape[0], x_shape[1], w_shape[0]
+    ck, ckg, rows_out = c * prod(w_shape[2:]), prod(w_shape[1:]), y_dims[0]
     rest = prod(y_dims[1:])
     if not need_cols:
-        return Layout(n, rows_out, n, rows_out, -1, -1, -1, 0)
-    per_image = (ckg + mg) * rows_out * rest * itemsize
+        return Layout(n, rows_out, n, rows_out, -1, -1, -1, -1, 0)
+    padded = win is not None and _reads_padding(win)
+    extent = _extent(win) if padded else (0,)
+    s0, reach0 = (win.strides[0], extent[0] - (rows_out - 1) * win.strides[0]) if padded else (0, 0)
+    src_rest = c * prod(extent[1:]) if padded else 0  # padded elements per extent row
+
+    def src_elems(nb: int, band: int) -> int:
+        return nb * src_rest * ((band - 1) * s0 + reach0) if padded else 0
+
+    depthwise = _depthwise(x_shape, w_shape, group)
+    per_image = ((ck + m) * rows_out * rest + src_elems(1, rows_out)) * itemsize
     nb = max(1, min(n, target // per_image))
-    band = rows_out if nb > 1 else max(1, min(rows_out, target // (ckg * rest * itemsize)))
-    col_bytes = _align(ckg * nb * band * rest * itemsize)
-    rows_bytes = _align(mg * nb * rows_out * rest * itemsize) if nb > 1 else 0
+    band = rows_out
+    if nb == 1:
+        per_row = (ck * rest + src_rest * s0) * itemsize
+        band = max(1, min(rows_out, (target - src_rest * reach0 * itemsize) // per_row))
+    col_bytes = _align(ck * nb * band * rest * itemsize)
+    rows_bytes = _align(m * nb * band * rest * itemsize) if nb > 1 or depthwise else 0
     several = nb < n or band < rows_out
-    acc_bytes = _align(mg * ckg * itemsize) if need_acc and several else 0
-    return Layout(n, rows_out, nb, band, 0, col_bytes if rows_bytes else -1,
-                  col_bytes + rows_bytes if acc_bytes else -1, col_bytes + rows_bytes + acc_bytes)
+    acc_bytes = _align(m * ckg * itemsize) if (need_acc and several) or depthwise else 0
+    src_bytes = _align(src_elems(nb, band) * itemsize)
+    offset = col_bytes
+    rows = offset if rows_bytes else -1
+    offset += rows_bytes
+    acc = offset if acc_bytes else -1
+    offset += acc_bytes
+    src = offset if src_bytes else -1
+    return Layout(n, rows_out, nb, band, 0, rows, acc, src, offset + src_bytes)
+
+
+_WINDOWS: dict[tuple, tuple[dict, Window]] = {}
 
 
 def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
-    return window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
+    """window() of a conv node, remembered per attribute dict and shapes (a node's attributes do
+    not change once it runs; a step calls the same nodes again, and window() costs ~6 us)."""
+    key = (id(node_attrs), tuple(x_shape), tuple(w_shape), tuple(y_shape))
+    hit = _WINDOWS.get(key)
+    if hit is not None and hit[0] is node_attrs:
+        return hit[1]
+    win = window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
+    if len(_WINDOWS) >= 4096:
+        _WINDOWS.clear()
+    _WINDOWS[key] = (node_attrs, win)  # holds the dict: its id is not reused while the entry lives
+    return win
 
 
-def _depthwise(x_shape, group: int) -> bool:
-    """One input channel per group (depthwise, any channel multiplier): computed tap by tap on
-    the tensors themselves, with no columns."""
-    return group > 1 and int(x_shape[1]) == group
+def _depthwise(x_shape, w_shape, group: int) -> bool:
+    """One input and one output channel per group: Y[n, c] = sum over taps t of W[c, t] X[n, c] at
+    t's positions, computed on channels-last columns (T, n, *out, C) by an elementwise product and
+    a sum over the taps (a GEMM per channel would be a (1, T) @ (T, L) call each)."""
+    return group > 1 and int(x_shape[1]) == group and int(w_shape[0]) == group
 
 
-DEPTHWISE_BLOCK = 1 << 18  # elements of a depthwise block's temporaries (in the planned scratch)
+def _channels_last_cols(xp, win: Window, x, col, src) -> None:
+    """col[*k, n, *o, c] = x[n, c, o * s - p + k * d] (0 in the padding): one strided copy, the
+    channels innermost (an image's few positions make short inner loops in im2col's order)."""
+    sp = len(win.kernel)
+    windows = _windows(xp, *_source(win, x, src if _reads_padding(win) else None), win)
+    xp.copyto(col, windows.transpose(*range(2 + sp, 2 + 2 * sp), 0, *range(2, 2 + sp), 1))
 
 
-def _depthwise_block(y_shape, c: int) -> int:
-    """Elements of one block: DEPTHWISE_BLOCK, at most the whole output, at least one output row
-    of one channel (all its multiplier's outputs)."""
-    per_row = (int(y_shape[1]) // c) * prod(y_shape[3:])
-    return max(min(DEPTHWISE_BLOCK, prod(y_shape)), per_row)
+def _last(a):
+    """a (n, C, *spatial) as (n, *spatial, C): a view."""
+    return a.transpose(0, *range(2, a.ndim), 1)
 
 
-def _depthwise_scratch(y_shape, c: int, itemsize: int, regions: int) -> int:
-    return regions * _align(_depthwise_block(y_shape, c) * itemsize)
+def _taps_last(xp, w, c: int, kernel, out, flip: bool = False):
+    """W (C, 1, *kernel) copied into `out` as (taps, C), the taps flipped when `flip`."""
+    wk = _last(w.reshape(1, c, *kernel))[0]
+    if flip:
+        wk = wk[(slice(None, None, -1),) * len(kernel)]
+    xp.copyto(out.reshape(*kernel, c), wk)
+    return out
 
 
-def _depthwise_chunks(budget: int, n: int, c: int, per_row: int, rows_out: int):
-    """(images, channels, end row, first row) of the blocks a depthwise conv works in: each
-    block's [images, channels, multiplier, rows, rest] holds at most `budget` elements."""
-    per_channel = per_row * rows_out
-    band = rows_out if per_channel <= budget else max(1, budget // per_row)
-    step_c = max(1, min(c, budget // per_channel)) if band == rows_out else 1
-    step_n = max(1, budget // (c * per_channel)) if step_c == c else 1
-    for n0 in range(0, n, step_n):
-        for c0 in range(0, c, step_c):
-            for r0 in range(0, rows_out, band):
-                yield (slice(n0, n0 + step_n), slice(c0, c0 + step_c), min(r0 + band, rows_out), r0)
-
-
-def _temp(ctx: KernelContext, region: int, budget: int, shape, dtype):
-    """A block-shaped temporary in scratch region `region` (each region holds `budget` elements)."""
-    return ctx.scratch_array(region * _align(budget * dtype.itemsize), shape, dtype)
-
-
-def _depthwise_conv(ctx: KernelContext, win: Window, x, w, y) -> None:
-    """Y[n, c, j] = sum over taps t of W[c, j, t] X[n, c] at t's positions (c: the channel, j: the
-    multiplier), block by block, products in the scratch; the bias is added by the caller."""
+def _depthwise_sum(ctx: KernelContext, lay: Layout, col, wk, out) -> None:
+    """out (nb, C, L) = sum over taps of col (taps, nb, L, C) * wk (taps, C), via the rows."""
     xp = ctx.xp
-    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
-    spatial = len(win.kernel)
-    w3 = w.reshape(c, mg, -1)
-    y5 = y.reshape(n, c, mg, *y.shape[2:])
-    lead = (slice(None),) * 3
-    ones = (1,) * spatial
-    budget = _depthwise_block(y.shape, c)
-    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(y.shape[3:]), y.shape[2]):
-        sub = win.band(r0, r1)
-        yb = y5[ns, cs, :, r0:r1]
-        yb[...] = 0
-        xb = x[ns, cs][:, :, None]
-        for t, tap in enumerate(sub.taps()):
-            if tap.empty:
-                continue
-            dst = yb[lead + tap.out_slices]
-            product = _temp(ctx, 0, budget, dst.shape, y.dtype)
-            xp.multiply(w3[cs, :, t].reshape(1, -1, mg, *ones), xb[lead + tap.in_slices], out=product)
-            xp.add(dst, product, out=dst)
+    nb, length, c = col.shape[1:]
+    last = ctx.scratch_array(lay.rows, (nb, length, c), col.dtype)
+    xp.multiply(col, wk.reshape(-1, 1, 1, c), out=col)
+    xp.sum(col, axis=0, out=last)
+    xp.copyto(out, last.transpose(0, 2, 1))
 
 
-def _depthwise_conv_grad(ctx: KernelContext, win: Window, dy, x, w, dx, dw) -> None:
-    """dW[c, j, t] = sum of dY[n, c, j] X[n, c] at t's positions; dX[n, c] at t's positions +=
-    sum over j of W[c, j, t] dY[n, c, j]; block by block, products in the scratch (dB is the caller's)."""
-    xp = ctx.xp
-    n, c, mg = x.shape[0], x.shape[1], w.shape[0] // x.shape[1]
-    spatial = len(win.kernel)
-    w3 = w.reshape(c, mg, -1)
-    dy5 = dy.reshape(n, c, mg, *dy.shape[2:])
-    lead = (slice(None),) * 3
-    ones = (1,) * spatial
-    summed = (0, *range(3, 3 + spatial))
-    dw3 = dw.reshape(c, mg, -1) if dw is not None else None
-    if dw3 is not None:
-        dw3[...] = 0
-    if dx is not None:
-        dx[...] = 0
-    budget = _depthwise_block(dy.shape, c)
-    for ns, cs, r1, r0 in _depthwise_chunks(budget, n, c, mg * prod(dy.shape[3:]), dy.shape[2]):
-        sub = win.band(r0, r1)
-        dyb = dy5[ns, cs, :, r0:r1]
-        xb = x[ns, cs][:, :, None]
-        dxb = dx[ns, cs] if dx is not None else None
-        for t, tap in enumerate(sub.taps()):
-            if tap.empty:
-                continue
-            g = dyb[lead + tap.out_slices]
-            product = _temp(ctx, 0, budget, g.shape, dy.dtype)
-            if dw3 is not None:
-                xp.multiply(g, xb[lead + tap.in_slices], out=product)
-                part = dw3[cs, :, t]
-                part += product.sum(axis=summed)
-            if dxb is not None:
-                dst = dxb[(slice(None), slice(None)) + tap.in_slices]
-                xp.multiply(g, w3[cs, :, t].reshape(1, -1, mg, *ones), out=product)
-                if mg == 1:
-                    xp.add(dst, product[:, :, 0], out=dst)
-                else:
-                    total = _temp(ctx, 1, budget, dst.shape, dy.dtype)
-                    xp.sum(product, axis=2, out=total)
-                    xp.add(dst, total, out=dst)
+def _depthwise_conv(ctx: KernelContext, lay: Layout, win: Window, x, w, y) -> None:
+    """Y[n, c] = sum over taps of W[c, tap] * columns (channels-last), chunk by chunk."""
+    xp, c, taps = ctx.xp, x.shape[1], prod(win.kernel)
+    wk = _taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.acc, (taps, c), w.dtype))
+    rest = prod(y.shape[3:])
+    y3 = y.reshape(y.shape[0], c, -1)
+    for n0, nb, b0, b1 in lay.chunks():
+        sub = win.band(b0, b1)
+        col = ctx.scratch_array(lay.col, (*win.kernel, nb, *sub.out_dims, c), x.dtype)
+        _channels_last_cols(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
+        _depthwise_sum(ctx, lay, col.reshape(taps, nb, -1, c), wk, y3[n0:n0 + nb, :, b0 * rest:b1 * rest])
+
+
+def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> None:
+    """dW[c, tap] = sum over images and positions of dY[n, c] * columns (channels-last)."""
+    xp, c, taps = ctx.xp, x.shape[1], prod(win.kernel)
+    dwk = dw.reshape(c, taps).T
+    rest = prod(dy.shape[3:])
+    dy3 = dy.reshape(dy.shape[0], c, -1)
+    for n0, nb, b0, b1 in lay.chunks():
+        sub = win.band(b0, b1)
+        col = ctx.scratch_array(lay.col, (*win.kernel, nb, *sub.out_dims, c), x.dtype)
+        _channels_last_cols(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
+        col = col.reshape(taps, nb, -1, c)
+        last = ctx.scratch_array(lay.rows, col.shape[1:], x.dtype)
+        xp.copyto(last, dy3[n0:n0 + nb, :, b0 * rest:b1 * rest].transpose(0, 2, 1))
+        xp.multiply(col, last, out=col)
+        acc = ctx.scratch_array(lay.acc, (taps, c), x.dtype)
+        xp.sum(col, axis=(1, 2), out=acc)
+        if n0 == 0 and b0 == 0:
+            xp.copyto(dwk, acc)
+        else:
+            xp.add(dwk, acc, out=dwk)
+
+
+def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | None:
+    """`win` when the columns are one strided copy from a padded source (grouped and small convs:
+    a call per tap costs more than the copy), else None (im2col copies tap by tap)."""
+    return win if group > 1 or prod(y_shape) <= SMALL_DX else None
+
+
+def _src(ctx: KernelContext, lay: Layout, sub: Window, nb: int, c: int, dtype):
+    """The chunk's padded-source scratch, or None when its window reads no padding."""
+    if lay.src < 0 or not _reads_padding(sub):
+        return None
+    return ctx.scratch_array(lay.src, (nb, c, *_extent(sub)), dtype)
 
 
 def conv_scratch(node, in_specs, out_specs) -> int:
     """Columns for a chunk of about SCRATCH_TARGET bytes (whole images, or a band of one image's
-    output rows, at least one row) plus, for chunks of several images, their output rows;
-    none for a pointwise (1x1, stride 1, unpadded) convolution."""
+    output rows, at least one row), X's zero-padded copy when the window reads padding, plus, for
+    chunks of several images, their output rows; none for a pointwise (1x1, stride 1, unpadded)
+    convolution."""
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
-    if _depthwise(x.shape, group):
-        return _depthwise_scratch(y.shape, x.shape[1], x.itemsize, 1)
-    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False).nbytes
+    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
+                   _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
 
 
 @kernel("Conv", scratch=conv_scratch)
 def conv(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = W * X (+ B): per chunk and group, im2col then one GEMM into Y (or into rows then Y)."""
+    """Y = W * X (+ B): per chunk, im2col of every channel, then one GEMM batched over the groups
+    into Y (or into rows, then Y)."""
     xp = ctx.xp
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
@@ -370,51 +464,187 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     cg, mg, length = c // group, m // group, prod(y.shape[2:])
     ckg, rest = prod(w.shape[1:]), length // y.shape[2]
-    w2 = w.reshape(group, mg, ckg)
+    w3 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
-    if _depthwise(x.shape, group):
-        _depthwise_conv(ctx, win, x, w, y)
-    elif win.pointwise:  # Y[n] = W @ X[n] for every image in one batched call
-        x3 = x.reshape(n, c, length)
-        for g in range(group):
-            xp.matmul(w2[g], x3[:, g * cg:(g + 1) * cg], out=y3[:, g * mg:(g + 1) * mg])
+    if win.pointwise:  # Y[n, g] = W[g] @ X[n, g] for every image and group in one batched call
+        xp.matmul(w3, x.reshape(n, group, cg, length), out=_view(xp, y, (n, group, mg, length)))
+    elif _depthwise(x.shape, w.shape, group):
+        _depthwise_conv(ctx, _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win),
+                        win, x, w, y)
     else:
-        lay = _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False)
+        lay = _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
+                      _one_copy(win, x.shape, w.shape, y.shape, group))
         for n0, nb, b0, b1 in lay.chunks():
             sub = win.band(b0, b1)
-            col = ctx.scratch_array(lay.col, (cg, *win.kernel, nb, *sub.out_dims), x.dtype)
-            cols = col.reshape(ckg, nb * (b1 - b0) * rest)
-            for g in range(group):
-                im2col(sub, x[n0:n0 + nb, g * cg:(g + 1) * cg], col)
-                dst = y3[n0:n0 + nb, g * mg:(g + 1) * mg, b0 * rest:b1 * rest]
-                if nb == 1:
-                    xp.matmul(w2[g], cols, out=dst[0])
-                    continue
-                rows = ctx.scratch_array(lay.rows, (mg, nb * length), x.dtype)
-                xp.matmul(w2[g], cols, out=rows)
-                xp.copyto(dst, rows.reshape(mg, nb, length).swapaxes(0, 1))
+            span = nb * (b1 - b0) * rest
+            col = ctx.scratch_array(lay.col, (c, *win.kernel, nb, *sub.out_dims), x.dtype)
+            im2col(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
+            cols = col.reshape(group, ckg, span)
+            if nb == 1:
+                xp.matmul(w3, cols, out=_view(xp, y3[n0, :, b0 * rest:b1 * rest], (group, mg, span)))
+                continue
+            rows = ctx.scratch_array(lay.rows, (m, span), x.dtype)
+            xp.matmul(w3, cols, out=rows.reshape(group, mg, span))
+            xp.copyto(y3[n0:n0 + nb], rows.reshape(m, nb, length).swapaxes(0, 1))
     if b is not None:
         xp.add(y3, b.reshape(m, 1), out=y3)
 
 
+def _direct_dw(x_shape, length: int, pointwise: bool) -> bool:
+    """A pointwise dW that needs no columns: one image, or one position per image."""
+    return pointwise and (x_shape[0] == 1 or length == 1)
+
+
+SMALL_DX = 1 << 15  # dY elements up to which a group-1 conv's dX is computed as a conv too
+
+
+@dataclass(frozen=True)
+class DxPlan:
+    """dX of a conv computed as a conv: of dY dilated by the strides (zeros between its values)
+    and shifted, with W flipped and transposed per group. Whole images per chunk; in the scratch
+    after the conv's own layout: the dilated dY (nb, M, *dims) and the flipped weight."""
+
+    window: Window  # over the dilated dY: unit strides, W's dilations, onto X's positions
+    layout: Layout
+    dims: tuple[int, ...]  # the dilated dY's spatial dims
+    reach: tuple[int, ...]  # where dY's first value sits in it, per axis: (k - 1) * d
+    dilated: int  # scratch offsets
+    weight: int
+    nbytes: int
+    by_taps: bool = False  # a strided depthwise conv: see _depthwise_dx_by_taps
+
+
+def _dx_plan(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int) -> DxPlan | None:
+    """The conv that computes dX, for a grouped conv or a small one with unit strides (one GEMM
+    per chunk instead of a col2im add per tap; strides s would make s^d times the columns, mostly
+    zeros); None otherwise or when a chunk would not hold whole images."""
+    return _dx_plan_for(SCRATCH_TARGET, SMALL_DX, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win,
+                        group, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dx_plan_for(target: int, small: int, x_shape, w_shape, dy_shape, win: Window, group: int,
+                 itemsize: int) -> DxPlan | None:
+    n, c, m = x_shape[0], x_shape[1], w_shape[0]
+    if not win.pointwise and _depthwise(x_shape, w_shape, group) and any(st > 1 for st in win.strides):
+        lay = _layout(x_shape, w_shape, dy_shape[2:], group, itemsize, True, False)
+        if lay.band < lay.rows_out:
+            return None
+        end = lay.nbytes + _align(lay.nb * c * prod(win.in_dims) * itemsize)
+        return DxPlan(win, lay, win.in_dims, (), lay.nbytes, end, end, by_taps=True)
+    if win.pointwise or any(st > 1 for st in win.strides) or (group == 1 and prod(dy_shape) > small):
+        return None
+    sp = len(win.kernel)
+    reach = tuple((k - 1) * d for k, d in zip(win.kernel, win.dilations))
+    dims = tuple(p + i + r for p, i, r in zip(win.pads_begin, win.in_dims, reach))
+    twin = Window(win.kernel, (1,) * sp, win.dilations, tuple(-p for p in win.pads_begin), (0,) * sp,
+                  dims, win.in_dims)
+    lay = _layout((n, m, *dims), (c, m // group, *win.kernel), win.in_dims, group, itemsize, True, False)
+    if lay.band < lay.rows_out:
+        return None
+    dilated = lay.nbytes
+    weight = dilated + _align(lay.nb * m * prod(dims) * itemsize)
+    w_bytes = 0 if _depthwise(x_shape, w_shape, group) else _align(prod(w_shape) * itemsize)
+    return DxPlan(twin, lay, dims, reach, dilated, weight, weight + w_bytes)
+
+
+def _depthwise_dx_by_taps(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx) -> None:
+    """A strided depthwise conv's dX: products dY[n, c] * W[c, tap] (channels-last, one call), then
+    each tap's added into dX's positions in a channels-last image (scratch), copied into dX."""
+    xp, lay = ctx.xp, plan.layout
+    n, c, sp, taps = dy.shape[0], dy.shape[1], len(win.kernel), prod(win.kernel)
+    wk = _taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.acc, (taps, c), w.dtype))
+    dy3 = dy.reshape(n, c, -1)
+    every = (slice(None),)
+    for n0, nb, _b0, _b1 in lay.chunks():
+        last = ctx.scratch_array(lay.rows, (nb, dy3.shape[2], c), dy.dtype)
+        xp.copyto(last, dy3[n0:n0 + nb].transpose(0, 2, 1))
+        col = ctx.scratch_array(lay.col, (taps, nb, dy3.shape[2], c), dy.dtype)
+        xp.multiply(last, wk.reshape(taps, 1, 1, c), out=col)
+        col = col.reshape(*win.kernel, nb, *win.out_dims, c)
+        image = ctx.scratch_array(plan.dilated, (nb, *win.in_dims, c), dy.dtype)
+        image[...] = 0
+        for tap in win.taps():
+            if tap.empty:
+                continue
+            dst = image[every + tap.in_slices]
+            xp.add(dst, col[tap.index + every + tap.out_slices], out=dst)
+        xp.copyto(dx[n0:n0 + nb], image.transpose(0, sp + 1, *range(1, sp + 1)))
+
+
+def _conv_grad_dx(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx, group: int) -> None:
+    """dX[n, g] = W'[g] @ cols of the dilated dY, W'[g, ci, mo, k] = W[g, mo, ci, K - 1 - k]."""
+    if plan.by_taps:
+        _depthwise_dx_by_taps(ctx, plan, win, dy, w, dx)
+        return
+    xp = ctx.xp
+    n, m, c = dy.shape[0], dy.shape[1], dx.shape[1]
+    mg, cg, sp = m // group, c // group, len(win.kernel)
+    lin = prod(win.in_dims)
+    every = (slice(None), slice(None))
+    flip = (slice(None, None, -1),) * sp
+    counts = [min(o, (d - r - 1) // s + 1) for o, d, r, s in zip(dy.shape[2:], plan.dims, plan.reach, win.strides)]
+    place = every + tuple(slice(r, r + (k - 1) * s + 1, s) for r, k, s in zip(plan.reach, counts, win.strides))
+    taken = every + tuple(slice(0, k) for k in counts)
+    lay = plan.layout
+    if _depthwise(dx.shape, w.shape, group):  # channels-last columns times the flipped taps
+        taps = prod(win.kernel)
+        wk = _taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.acc, (taps, c), w.dtype), flip=True)
+        for n0, nb, _b0, _b1 in lay.chunks():
+            dilated = ctx.scratch_array(plan.dilated, (nb, m, *plan.dims), dy.dtype)
+            dilated[...] = 0
+            dilated[place] = dy[n0:n0 + nb][taken]
+            col = ctx.scratch_array(lay.col, (*win.kernel, nb, *win.in_dims, c), dy.dtype)
+            _channels_last_cols(xp, plan.window, dilated, col, None)
+            _depthwise_sum(ctx, lay, col.reshape(taps, nb, lin, c), wk, dx.reshape(n, c, lin)[n0:n0 + nb])
+        return
+    wt = ctx.scratch_array(plan.weight, (group, cg, mg, *win.kernel), w.dtype)
+    xp.copyto(wt, w.reshape(group, mg, cg, *win.kernel).swapaxes(1, 2)[every + (slice(None),) + flip])
+    wt3 = wt.reshape(group, cg, mg * prod(win.kernel))
+    dx3 = dx.reshape(n, c, lin)
+    for n0, nb, _b0, _b1 in lay.chunks():
+        dilated = ctx.scratch_array(plan.dilated, (nb, m, *plan.dims), dy.dtype)
+        dilated[...] = 0
+        dilated[place] = dy[n0:n0 + nb][taken]
+        col = ctx.scratch_array(lay.col, (m, *win.kernel, nb, *win.in_dims), dy.dtype)
+        im2col(xp, plan.window, dilated, col)
+        cols = col.reshape(group, mg * prod(win.kernel), nb * lin)
+        if nb == 1:
+            xp.matmul(wt3, cols, out=_view(xp, dx3[n0], (group, cg, lin)))
+            continue
+        rows = ctx.scratch_array(lay.rows, (c, nb * lin), dy.dtype)
+        xp.matmul(wt3, cols, out=rows.reshape(group, cg, nb * lin))
+        xp.copyto(dx3[n0:n0 + nb], rows.reshape(c, nb, lin).swapaxes(0, 1))
+
+
 def conv_grad_scratch(node, in_specs, out_specs) -> int:
-    """Conv's columns and rows (see conv_scratch) plus a dW-sized partial sum when dW takes more
-    than one chunk; only dB (or a pointwise dX alone) needs none."""
+    """The most of its passes, which run one after the other: dX as a conv (DxPlan: a grouped or
+    small conv); a depthwise dW; then Conv's columns and rows (see conv_scratch; X's padded copy
+    only for dW) plus a dW-sized partial sum when dW takes more than one chunk. Only dB, a
+    pointwise dX, or a pointwise dW of one image or one position per image need none."""
     dy, x, w = in_specs[0], in_specs[1], in_specs[2]
     need_dx = len(out_specs) > 0 and out_specs[0] is not None
     need_dw = len(out_specs) > 1 and out_specs[1] is not None
     win = _conv_window(node.attrs, x.shape, w.shape, dy.shape)
     group = int(node.attrs.get("group", 1))
-    if _depthwise(x.shape, group):
-        regions = 2 if need_dx and w.shape[0] != x.shape[1] else 1  # dX sums over a multiplier
-        return _depthwise_scratch(dy.shape, x.shape[1], x.itemsize, regions) if need_dx or need_dw else 0
-    need_cols = need_dw or (need_dx and not win.pointwise)
-    return _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, need_cols, need_dw).nbytes
+    need_dx = need_dx and not win.pointwise
+    need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
+    plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
+    sizes = [0 if plan is None else plan.nbytes]
+    need_dx = need_dx and plan is None
+    if need_dw and _depthwise(x.shape, w.shape, group):
+        sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True, win).nbytes)
+        need_dw = False
+    if need_dw or need_dx:
+        sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, need_dw,
+                             _one_copy(win, x.shape, w.shape, dy.shape, group) if need_dw else None).nbytes)
+    return max(sizes)
 
 
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
 def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
-    """(dY, X, W) -> dX, dW, dB (each optional): dW = dY_rows @ cols^T, dX = col2im(W^T @ dY_rows)."""
+    """(dY, X, W) -> dX, dW, dB (each optional): dW = dY_rows @ cols^T, dX = col2im(W^T @ dY_rows),
+    each one GEMM batched over the groups per chunk."""
     xp = ctx.xp
     dy, x, w = inputs[0], inputs[1], inputs[2]
     dx = outputs[0] if len(outputs) > 0 else None
@@ -425,48 +655,59 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     cg, mg, length = c // group, m // group, prod(dy.shape[2:])
     ckg, rest = prod(w.shape[1:]), length // dy.shape[2]
-    w2 = w.reshape(group, mg, ckg)
+    w3 = w.reshape(group, mg, ckg)
+    wt = w3.transpose(0, 2, 1)
     dy3 = dy.reshape(n, m, length)
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
-    if _depthwise(x.shape, group):
-        _depthwise_conv_grad(ctx, win, dy, x, w, dx, dw)
-        return
-    if dx is not None and win.pointwise:  # dX[n] = W^T @ dY[n] for every image in one batched call
-        dx3 = dx.reshape(n, c, length)
-        for g in range(group):
-            xp.matmul(w2[g].T, dy3[:, g * mg:(g + 1) * mg], out=dx3[:, g * cg:(g + 1) * cg])
+    if dx is not None and win.pointwise:  # dX[n, g] = W[g]^T @ dY[n, g] for every image and group
+        xp.matmul(wt, dy.reshape(n, group, mg, length), out=_view(xp, dx, (n, group, cg, length)))
         dx = None
+    if dw is not None and _direct_dw(x.shape, length, win.pointwise):
+        # dW[g] = sum over images and positions of dY[g] X[g]^T: one batched GEMM, no columns
+        if length == 1:
+            rows, xt = dy.reshape(n, group, mg).transpose(1, 2, 0), x.reshape(n, group, cg).transpose(1, 0, 2)
+        else:
+            rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
+        xp.matmul(rows, xt, out=_view(xp, dw, (group, mg, cg)))
+        dw = None
+    plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
+    if plan is not None:
+        _conv_grad_dx(ctx, plan, win, dy, w, dx, group)
+        dx = None
+    if dw is not None and _depthwise(x.shape, w.shape, group):
+        _depthwise_dw(ctx, _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True, win),
+                      win, dy, x, dw)
+        dw = None
     if dw is None and dx is None:
         return
     if dx is not None:
         dx[...] = 0
-    dw2 = dw.reshape(group, mg, ckg) if dw is not None else None
-    lay = _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, dw is not None)
+    dw3 = _view(xp, dw, (group, mg, ckg)) if dw is not None else None
+    lay = _layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, dw is not None,
+                  _one_copy(win, x.shape, w.shape, dy.shape, group) if dw is not None else None)
     for n0, nb, b0, b1 in lay.chunks():
         sub = win.band(b0, b1)
-        col = ctx.scratch_array(lay.col, (cg, *win.kernel, nb, *sub.out_dims), x.dtype)
-        cols = col.reshape(ckg, nb * (b1 - b0) * rest)
-        first = n0 == 0 and b0 == 0
-        for g in range(group):
-            dy_g = dy3[n0:n0 + nb, g * mg:(g + 1) * mg, b0 * rest:b1 * rest]
-            if nb == 1:
-                rows = dy_g[0]
+        span = nb * (b1 - b0) * rest
+        col = ctx.scratch_array(lay.col, (c, *win.kernel, nb, *sub.out_dims), x.dtype)
+        cols = col.reshape(group, ckg, span)
+        if nb == 1:
+            rows = _view(xp, dy3[n0, :, b0 * rest:b1 * rest], (group, mg, span))
+        else:
+            rows = ctx.scratch_array(lay.rows, (m, span), x.dtype)
+            xp.copyto(rows.reshape(m, nb, length), dy3[n0:n0 + nb].swapaxes(0, 1))
+            rows = rows.reshape(group, mg, span)
+        if dw3 is not None:
+            im2col(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
+            if n0 == 0 and b0 == 0:
+                xp.matmul(rows, cols.transpose(0, 2, 1), out=dw3)
             else:
-                rows = ctx.scratch_array(lay.rows, (mg, nb * length), x.dtype)
-                xp.copyto(rows.reshape(mg, nb, length), dy_g.swapaxes(0, 1))
-            if dw2 is not None:
-                im2col(sub, x[n0:n0 + nb, g * cg:(g + 1) * cg], col)
-                if first:
-                    xp.matmul(rows, cols.T, out=dw2[g])
-                else:
-                    acc = ctx.scratch_array(lay.acc, (mg, ckg), x.dtype)
-                    xp.matmul(rows, cols.T, out=acc)
-                    dw_g = dw2[g]  # one object: CuPy copies an input that overlaps another out=
-                    xp.add(dw_g, acc, out=dw_g)
-            if dx is not None:
-                xp.matmul(w2[g].T, rows, out=cols)
-                col2im_add(xp, sub, col, dx[n0:n0 + nb, g * cg:(g + 1) * cg])
+                acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype)
+                xp.matmul(rows, cols.transpose(0, 2, 1), out=acc)
+                xp.add(dw3, acc, out=dw3)
+        if dx is not None:
+            xp.matmul(wt, rows, out=cols)
+            col2im_add(xp, sub, col, dx[n0:n0 + nb])
 
 
 # ---- ConvTranspose and its gradient: the adjoint of a Conv from Y's space to X's -------------------
