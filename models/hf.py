@@ -4,7 +4,9 @@ Each entry builds a `transformers` model class from a Config object (no download
 (torch.manual_seed), in training mode with dropout active, wraps it so its logits are the
 only output (what a user writes to export a model for training), and exports a forward
 .onnx exactly as a user would get it: with the TorchScript exporter (`dynamo=False`,
-opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter.
+opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter (its
+optimizer without the rewrites that merge equal-valued parameters or split tied ones:
+_optimize_keeping_parameters).
 Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
 
@@ -348,8 +350,41 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
                               training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                               input_names=[input_name], output_names=["logits"])
         else:
-            torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=False,
-                              input_names=[input_name], output_names=["logits"])
+            program = torch.onnx.export(model, (x,), dynamo=True, optimize=False,
+                                        input_names=[input_name], output_names=["logits"])
+            _optimize_keeping_parameters(program.model)
+            program.save(str(path), external_data=False)
+
+
+def _optimize_keeping_parameters(model) -> None:
+    """What torch.onnx.export(dynamo=True) does by default (onnxscript's optimizer: constant
+    folding, rewrite rules, constants lifted to initializers), in place, except two rewrites
+    that make the file a different model than the user's:
+    - DeduplicateInitializersPass merges initializers of equal content (up to 1024 elements):
+      every zero bias and every LayerNorm weight of ones of a freshly initialised model
+      becomes ONE parameter, trained shared (hf-bert: 15 biases in one);
+    - folding a node that reads a parameter (Transpose(weight) of every Linear) makes a new,
+      renamed initializer: a tied weight (embedding and LM head) is then two parameters.
+    Unoptimized (optimize=False) the export keeps both right but leaves shapes and axes as
+    Constant nodes onnx's version converter cannot lower to opset 17, so the optimizer runs
+    here with parameters never folded and the merge switched off."""
+    from unittest import mock
+
+    import onnx_ir as ir
+    from onnx_ir.passes.common import DeduplicateInitializersPass
+    from onnxscript.optimizer import optimize_ir
+
+    params = {v for v in model.graph.initializers.values()
+              if v.metadata_props.get("pkg.torch.export.graph_signature.InputSpec.kind") == "PARAMETER"}
+
+    def should_fold(node):
+        return False if any(i in params for i in node.inputs) else None
+
+    def keep_all(self, model):
+        return ir.passes.PassResult(model=model, modified=False)
+
+    with mock.patch.object(DeduplicateInitializersPass, "call", keep_all):
+        optimize_ir(model, should_fold=should_fold)
 
 
 def export_forward(name: str, batch: int | None = None, cache_dir: Path | None = None) -> Path:

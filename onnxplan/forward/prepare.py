@@ -1,6 +1,7 @@
 """A user's forward .onnx made into what the zoo builders produce, with a report of each step.
 
-Order: check ops and inline local functions (normalize) -> decompose ops without an ORT
+Order: warn when a dynamo export's optimizer changed the parameters (merged, folded, split:
+exported.py) -> check ops and inline local functions (normalize) -> decompose ops without an ORT
 gradient -> convert the opset to 17 and IR to 9 -> cast integer ArgMax/ArgMin inputs that
 provably fit to int32 -> complete optional outputs -> static
 shapes (dynamic axes, re-batching) -> explicit pads for Conv / AveragePool auto_pad -> choose trained / frozen parameters and refuse an op
@@ -17,6 +18,7 @@ import onnx
 
 from onnxplan.forward.complete import complete_outputs
 from onnxplan.forward.decompose import decompose, value_types
+from onnxplan.forward.exported import optimizer_warning
 from onnxplan.forward.int_args import cast_integer_args
 from onnxplan.forward.normalize import convert_opset, normalize
 from onnxplan.forward.pads import explicit_auto_pads
@@ -50,6 +52,9 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     model = copy.deepcopy(model)
     kinds = torch_kinds(model.graph)  # value_info is rebuilt below
     notes: list[str] = []
+    warning = optimizer_warning(model)  # read before anything drops the export's metadata
+    if warning:
+        notes.append(warning)
     synthetic: set[str] = set()
     model = normalize(model, notes)
     decompose(model, notes, synthetic)
