@@ -5,7 +5,7 @@ Each entry builds a `transformers` model class from a Config object (no download
 only output (what a user writes to export a model for training), and exports a forward
 .onnx exactly as a user would get it: with the TorchScript exporter (`dynamo=False`,
 opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter (its
-optimizer without the rewrites that merge equal-valued parameters or split tied ones:
+optimizer blind to parameter values, so it cannot merge, drop or split parameters:
 _optimize_keeping_parameters).
 Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
@@ -358,33 +358,33 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
 
 def _optimize_keeping_parameters(model) -> None:
     """What torch.onnx.export(dynamo=True) does by default (onnxscript's optimizer: constant
-    folding, rewrite rules, constants lifted to initializers), in place, except two rewrites
-    that make the file a different model than the user's:
-    - DeduplicateInitializersPass merges initializers of equal content (up to 1024 elements):
-      every zero bias and every LayerNorm weight of ones of a freshly initialised model
-      becomes ONE parameter, trained shared (hf-bert: 15 biases in one);
-    - folding a node that reads a parameter (Transpose(weight) of every Linear) makes a new,
-      renamed initializer: a tied weight (embedding and LM head) is then two parameters.
-    Unoptimized (optimize=False) the export keeps both right but leaves shapes and axes as
-    Constant nodes onnx's version converter cannot lower to opset 17, so the optimizer runs
-    here with parameters never folded and the merge switched off."""
-    from unittest import mock
-
-    import onnx_ir as ir
-    from onnx_ir.passes.common import DeduplicateInitializersPass
+    folding, rewrite rules, constants lifted to initializers), in place, but blind to the values
+    of parameters and buffers: the optimizer takes every initializer for a constant, and three of
+    its rewrites then make the file a different model than the user's (all seen on this corpus):
+    - DeduplicateInitializersPass merges initializers of equal content: every zero bias and every
+      LayerNorm weight of ones of a freshly initialised model becomes ONE trained parameter
+      (hf-bert: 15 biases in one);
+    - rewrites drop a zero bias (pooler and classifier Gemms): never trained;
+    - folding Transpose(weight) makes a new, renamed initializer: a tied weight (embedding and
+      LM head) is then trained as two.
+    Unoptimized (optimize=False) the export keeps all of it right but leaves axes and shapes as
+    Constant nodes onnx's version converter cannot lower to opset 17. So parameters and buffers
+    are graph inputs (no value) while the optimizer runs, initializers again after."""
     from onnxscript.optimizer import optimize_ir
 
-    params = {v for v in model.graph.initializers.values()
-              if v.metadata_props.get("pkg.torch.export.graph_signature.InputSpec.kind") == "PARAMETER"}
-
-    def should_fold(node):
-        return False if any(i in params for i in node.inputs) else None
-
-    def keep_all(self, model):
-        return ir.passes.PassResult(model=model, modified=False)
-
-    with mock.patch.object(DeduplicateInitializersPass, "call", keep_all):
-        optimize_ir(model, should_fold=should_fold)
+    kind = "pkg.torch.export.graph_signature.InputSpec.kind"
+    graph = model.graph
+    hidden = [(v, v.const_value) for v in list(graph.initializers.values())
+              if v.metadata_props.get(kind) in ("PARAMETER", "BUFFER")]
+    for v, _ in hidden:
+        graph.initializers.pop(v.name)
+        v.const_value = None
+        graph.inputs.append(v)
+    optimize_ir(model)
+    for v, tensor in hidden:
+        graph.inputs.remove(v)
+        v.const_value = tensor
+        graph.register_initializer(v)
 
 
 def export_forward(name: str, batch: int | None = None, cache_dir: Path | None = None) -> Path:
