@@ -24,7 +24,7 @@ import re
 
 import onnx
 
-__all__ = ["FX_NODE", "ORIGINAL_NAME", "FOLDED_FROM", "optimizer_warning"]
+__all__ = ["FOLDED_FROM", "FX_NODE", "ORIGINAL_NAME", "optimizer_warning"]
 
 FX_NODE = "pkg.torch.onnx.fx_node"
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
@@ -55,15 +55,15 @@ def optimizer_warning(model: onnx.ModelProto) -> str | None:
     if not own:
         return None
     present = set(own.values())
-    folded: dict[str, list[str]] = {}  # folded initializer -> the parameters it was computed from
+    sources: dict[str, list[str]] = {}  # folded initializer -> the initializers it was computed from
     for name, text in _value_props(graph, FOLDED_FROM).items():
         try:
-            sources = [s for s in ast.literal_eval(text) if isinstance(s, str)]
+            sources[name] = [s for s in ast.literal_eval(text) if isinstance(s, str)]
         except (ValueError, SyntaxError):
             continue
-        folded[name] = [s for s in sources if s in own]
-    derived = {_placeholder(s) for ss in _value_props(graph, FOLDED_FROM).values()
-               for s in re.findall(r"'([^']+)'", ss)}
+    derived = {_placeholder(s) for ss in sources.values() for s in ss}  # folded, still trained
+    split = {f: [s for s in ss if s in own] for f, ss in sources.items()}
+    split = {f: ss for f, ss in split.items() if ss}  # a parameter still trained, and a copy computed from it
     merged: dict[str, set[str]] = {}  # initializer -> placeholders of other parameters it stands for
     mentioned: set[str] = set()
     for node in graph.node:
@@ -76,17 +76,16 @@ def optimizer_warning(model: onnx.ModelProto) -> str | None:
                 leaf = {p for p in others if p.endswith("_" + i.rsplit(".", 1)[-1])}  # bias for a bias
                 merged.setdefault(i, set()).update(leaf or others)
     lost = sorted(mentioned - present - derived - {p for ps in merged.values() for p in ps})
-    split = {f: s for f, s in folded.items() if s}  # a parameter still trained, and a copy computed from it
     parts = []
     if merged:
-        first = sorted(merged)[0]
+        first = min(merged)
         others = sorted(p[2:] for p in merged[first])
         parts.append(f"{len(merged)} initializer(s) of equal value merged, each now trains as one parameter for "
                      f"several ('{first}' also for {_shown(others) or 'other modules'})")
     if lost:
         parts.append(f"{len(lost)} parameter(s) folded into constants or removed ({_shown([p[2:] for p in lost])})")
     if split:
-        first = sorted(split)[0]
+        first = min(split)
         parts.append(f"{len(split)} initializer(s) computed from a parameter that is also trained, so that "
                      f"parameter trains as two ('{first}' from {_shown(split[first])})")
     if not parts:

@@ -81,7 +81,8 @@ def explicit_auto_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
         del node.attribute[:]
         node.attribute.extend(kept)
         node.attribute.append(helper.make_attribute("pads", pads))
-        done.setdefault(f"{node.op_type} auto_pad={auto_pad}", []).append(node.name or node.output[0])
-    for what, where in done.items():
+        done.setdefault((node.op_type, auto_pad), []).append(node.name or node.output[0])
+    for (op, auto_pad), where in done.items():
         shown = ", ".join(where[:3]) + (f", ... ({len(where)} nodes)" if len(where) > 3 else "")
-        notes.append(f"gave {what} nodes explicit pads ({ORT_TRAINING}'s gradient ignores auto_pad): {shown}")
+        notes.append(f"gave {op} auto_pad={auto_pad} nodes explicit pads ({ORT_TRAINING}'s {op}Grad reads pads, "
+                     f"never auto_pad): {shown}")
