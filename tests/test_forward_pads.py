@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxplan.forward.prepare as prepare
 from onnxplan.artifacts import generate_from_onnx
 from onnxplan.errors import ModelError
+from onnxplan.forward import prepare
 from onnxplan.forward.pads import explicit_auto_pads
 from onnxplan.ir.load import ACC_SUFFIX, RESET_FLAG
 from onnxplan.verification.ort_step import OrtTrainingStep, explicit_conv_grad_pads
@@ -23,9 +23,9 @@ from onnxplan.verification.ort_step import OrtTrainingStep, explicit_conv_grad_p
 X_SHAPE = (2, 4, 9, 9)
 # (op, attributes, weight shape or None)
 CASES = {
-    "depthwise-same-upper-s2": ("Conv", dict(auto_pad="SAME_UPPER", strides=[2, 2], group=4), (4, 1, 3, 3)),
-    "dense-same-lower-k4-s2": ("Conv", dict(auto_pad="SAME_LOWER", strides=[2, 2]), (3, 4, 4, 4)),
-    "avgpool-same-upper-s2": ("AveragePool", dict(auto_pad="SAME_UPPER", strides=[2, 2], kernel_shape=[3, 3]),
+    "depthwise-same-upper-s2": ("Conv", {"auto_pad": "SAME_UPPER", "strides": [2, 2], "group": 4}, (4, 1, 3, 3)),
+    "dense-same-lower-k4-s2": ("Conv", {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, (3, 4, 4, 4)),
+    "avgpool-same-upper-s2": ("AveragePool", {"auto_pad": "SAME_UPPER", "strides": [2, 2], "kernel_shape": [3, 3]},
                               None),
 }
 
@@ -146,14 +146,14 @@ def test_artifacts_gradients_match_float64_only_with_explicit_pads(case, tmp_pat
 
 
 def test_rewrite_is_reported_and_valid_needs_no_shape():
-    model = _forward_model("Conv", dict(auto_pad="SAME_UPPER", strides=[2, 2], group=4), (4, 1, 3, 3))
+    model = _forward_model("Conv", {"auto_pad": "SAME_UPPER", "strides": [2, 2], "group": 4}, (4, 1, 3, 3))
     fm = prepare.prepare_forward(model, "m", "mse")
     assert any(r.startswith("gave Conv auto_pad=SAME_UPPER nodes explicit pads") and "/features/op" in r
                for r in fm.prep["rewrites"]), fm.prep["rewrites"]
     conv = next(n for n in fm.model.graph.node if n.op_type == "Conv")
     attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
     assert "auto_pad" not in attrs and attrs["pads"] == [1, 1, 1, 1]  # 9 -> 5, stride 2: total 2
-    valid = _forward_model("Conv", dict(auto_pad="VALID", strides=[2, 2], pads=[1, 1, 1, 1]), (3, 4, 3, 3))
+    valid = _forward_model("Conv", {"auto_pad": "VALID", "strides": [2, 2], "pads": [1, 1, 1, 1]}, (3, 4, 3, 3))
     notes: list[str] = []
     explicit_auto_pads(valid, {}, notes)  # VALID: zero pads whatever the shapes (stray pads dropped)
     conv = next(n for n in valid.graph.node if n.op_type == "Conv")
@@ -161,7 +161,7 @@ def test_rewrite_is_reported_and_valid_needs_no_shape():
 
 
 def test_unknown_shape_is_refused_in_one_line():
-    model = _forward_model("AveragePool", dict(auto_pad="SAME_LOWER", strides=[2, 2], kernel_shape=[3, 3]), None)
+    model = _forward_model("AveragePool", {"auto_pad": "SAME_LOWER", "strides": [2, 2], "kernel_shape": [3, 3]}, None)
     with pytest.raises(ModelError) as err:
         explicit_auto_pads(model, {}, [])
     assert "\n" not in str(err.value)
