@@ -4,7 +4,9 @@ Each entry builds a `transformers` model class from a Config object (no download
 (torch.manual_seed), in training mode with dropout active, wraps it so its logits are the
 only output (what a user writes to export a model for training), and exports a forward
 .onnx exactly as a user would get it: with the TorchScript exporter (`dynamo=False`,
-opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter.
+opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter (its
+optimizer blind to parameter values, so it cannot merge, drop or split parameters:
+_optimize_keeping_parameters).
 Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
 
@@ -348,8 +350,41 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
                               training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                               input_names=[input_name], output_names=["logits"])
         else:
-            torch.onnx.export(model, (x,), str(path), dynamo=True, external_data=False,
-                              input_names=[input_name], output_names=["logits"])
+            program = torch.onnx.export(model, (x,), dynamo=True, optimize=False,
+                                        input_names=[input_name], output_names=["logits"])
+            _optimize_keeping_parameters(program.model)
+            program.save(str(path), external_data=False)
+
+
+def _optimize_keeping_parameters(model) -> None:
+    """What torch.onnx.export(dynamo=True) does by default (onnxscript's optimizer: constant
+    folding, rewrite rules, constants lifted to initializers), in place, but blind to the values
+    of parameters and buffers: the optimizer takes every initializer for a constant, and three of
+    its rewrites then make the file a different model than the user's (all seen on this corpus):
+    - DeduplicateInitializersPass merges initializers of equal content: every zero bias and every
+      LayerNorm weight of ones of a freshly initialised model becomes ONE trained parameter
+      (hf-bert: 15 biases in one);
+    - rewrites drop a zero bias (pooler and classifier Gemms): never trained;
+    - folding Transpose(weight) makes a new, renamed initializer: a tied weight (embedding and
+      LM head) is then trained as two.
+    Unoptimized (optimize=False) the export keeps all of it right but leaves axes and shapes as
+    Constant nodes onnx's version converter cannot lower to opset 17. So parameters and buffers
+    are graph inputs (no value) while the optimizer runs, initializers again after."""
+    from onnxscript.optimizer import optimize_ir
+
+    kind = "pkg.torch.export.graph_signature.InputSpec.kind"
+    graph = model.graph
+    hidden = [(v, v.const_value) for v in list(graph.initializers.values())
+              if v.metadata_props.get(kind) in ("PARAMETER", "BUFFER")]
+    for v, _ in hidden:
+        graph.initializers.pop(v.name)
+        v.const_value = None
+        graph.inputs.append(v)
+    optimize_ir(model)
+    for v, tensor in hidden:
+        graph.inputs.remove(v)
+        v.const_value = tensor
+        graph.register_initializer(v)
 
 
 def export_forward(name: str, batch: int | None = None, cache_dir: Path | None = None) -> Path:

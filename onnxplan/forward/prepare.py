@@ -1,9 +1,10 @@
 """A user's forward .onnx made into what the zoo builders produce, with a report of each step.
 
-Order: check ops and inline local functions (normalize) -> decompose ops without an ORT
+Order: warn when a dynamo export's optimizer changed the parameters (merged, folded, split:
+exported.py) -> check ops and inline local functions (normalize) -> decompose ops without an ORT
 gradient -> convert the opset to 17 and IR to 9 -> cast integer ArgMax/ArgMin inputs that
 provably fit to int32 -> complete optional outputs -> static
-shapes (dynamic axes, re-batching) -> choose trained / frozen parameters and refuse an op
+shapes (dynamic axes, re-batching) -> explicit pads for Conv / AveragePool auto_pad -> choose trained / frozen parameters and refuse an op
 without a gradient on their path. Everything is deterministic, so the artifact cache key
 (the prepared model and this report, with FORWARD_PREP_VERSION) names the result.
 """
@@ -17,8 +18,10 @@ import onnx
 
 from onnxplan.forward.complete import complete_outputs
 from onnxplan.forward.decompose import decompose, value_types
+from onnxplan.forward.exported import optimizer_warning
 from onnxplan.forward.int_args import cast_integer_args
 from onnxplan.forward.normalize import convert_opset, normalize
+from onnxplan.forward.pads import explicit_auto_pads
 from onnxplan.forward.select import select_parameters, torch_kinds
 from onnxplan.forward.shapes import fix_shapes
 from onnxplan.models import ForwardModel, InputSpec
@@ -27,7 +30,7 @@ from onnxplan.models._spec import labels_for_output
 __all__ = ["FORWARD_PREP_VERSION", "prepare_forward"]
 
 # bump when any rewrite here changes: old cache entries then no longer match
-FORWARD_PREP_VERSION = 2
+FORWARD_PREP_VERSION = 3
 
 
 def _int_input_high(model: onnx.ModelProto, name: str) -> int:
@@ -49,6 +52,9 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     model = copy.deepcopy(model)
     kinds = torch_kinds(model.graph)  # value_info is rebuilt below
     notes: list[str] = []
+    warning = optimizer_warning(model)  # read before anything drops the export's metadata
+    if warning:
+        notes.append(warning)
     synthetic: set[str] = set()
     model = normalize(model, notes)
     decompose(model, notes, synthetic)
@@ -57,6 +63,7 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     complete_outputs(model, notes, synthetic)
     init_names = {t.name for t in model.graph.initializer}
     shapes = fix_shapes(model, init_names, dict(dims or {}), batch, name, notes)
+    explicit_auto_pads(model, shapes.values, notes)
     types = value_types(model)
     sel = select_parameters(model, types, train, freeze, synthetic, kinds)
     derived = [n for n in sel.trained if kinds and n not in kinds]

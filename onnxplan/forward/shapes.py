@@ -21,6 +21,7 @@ class StaticShapes:
     inputs: dict[str, tuple[int, ...]]
     output: tuple[int, ...]
     rebatched: tuple[int, int] | None  # (exported batch, new batch)
+    values: dict[str, tuple[int, ...]]  # every value and initializer inference gave a static shape
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list:
@@ -270,4 +271,15 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
                              f"(a constant in the graph bakes the batch in, e.g. a Reshape shape)")
         notes.append(f"re-batched from the exported batch {exported} to {batch} (every shape re-inferred)")
     _set_shape(out, tuple(shape))
-    return StaticShapes(shapes, tuple(shape), (exported, int(batch)) if rebatch else None)
+    return StaticShapes(shapes, tuple(shape), (exported, int(batch)) if rebatch else None,
+                        _static_values(inferred))
+
+
+def _static_values(inferred: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
+    g = inferred.graph
+    out = {t.name: tuple(int(d) for d in t.dims) for t in g.initializer}
+    for vi in (*g.input, *g.value_info, *g.output):
+        d = _dims(vi)
+        if vi.type.tensor_type.HasField("shape") and all(x.HasField("dim_value") for x in d):
+            out[vi.name] = tuple(x.dim_value for x in d)
+    return out
