@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.hints import keep_all
 from onnxplan.joint.lower import lower_swaps
-from onnxplan.joint.problem import build_problem
+from onnxplan.joint.problem import build_problem, memory, step_seconds
 from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
@@ -18,7 +19,9 @@ from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
 from onnxplan.swap import is_swap_node
 
-__all__ = ["plan_joint"]
+__all__ = ["SLACK_FRACTION", "plain_schedule", "plan_joint"]
+
+SLACK_FRACTION = 0.005  # placed this far below the budget (a fraction of it), the model gets the slack
 
 
 def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
@@ -41,9 +44,18 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
     prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
+    plain = plan_step(graph, base)
+    if plain.plan.peak_bytes <= budget:  # nothing to decide (the model's fixed order may over-count it)
+        sched = plain_schedule(prob, budget, swap_bandwidth)
+        history = [{"model_budget_bytes": budget, "estimate_bytes": sched.estimate_bytes,
+                    "placed_peak_bytes": plain.plan.peak_bytes, "status": sched.status, "gap": 0.0,
+                    "solve_seconds": 0.0, "warm_start": "none", "recompute_seconds": 0.0, "stall_seconds": 0.0,
+                    "page_ins": 0, "page_ins_not_lowered": []}]
+        return _recorded(plain, sched, prob, budget, sched.predicted_seconds, history, "", costs,
+                         swap_bandwidth), sched
     target, hint, history = budget, warm_start, []
     best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
-    for _ in range(max(1, rounds)):
+    for k in range(max(1, rounds)):
         sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs,
                               deterministic_limit=deterministic_limit)
         out = plan_step(graph, replace(base, recompute=sched.code))
@@ -57,7 +69,17 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                else out.plan.peak_bytes)
         if best is None or key < best[0]:
             best = (key, out, sched)
-        if out.plan.peak_bytes <= budget or not sched.fits:
+        slack = budget - out.plan.peak_bytes
+        if slack >= 0:
+            # the model's fixed order over-counts what the planners place: give the model the
+            # slack and solve again (a cheaper schedule may fit), once, while it costs time
+            if k or slack < SLACK_FRACTION * budget or not sched.predicted_seconds > prob.step_seconds \
+                    or not sched.fits:
+                break
+            target = max(target, sched.estimate_bytes) + slack
+            hint = sched.decisions
+            continue
+        if not sched.fits:
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
@@ -73,6 +95,20 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
             predicted += sum(TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
             rest = (f"the joint schedule's recomputations, then swap auto for the rest: "
                     f"{len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+    return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
+
+
+def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:
+    """The schedule of no recomputation and no paging (every buffer kept), as the solver reports one."""
+    d = keep_all(prob)
+    secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
+    return JointSchedule(prob, d, budget, memory(prob, d)[0], secs, rec, stall, "PLAIN", 0.0, 0.0, "none",
+                         swap_bandwidth, ["the plain plan fits the budget: nothing recomputed or paged"])
+
+
+def _recorded(out: PlanOutcome, sched: JointSchedule, prob, budget: int, predicted: float, history: list,
+              rest: str, costs, swap_bandwidth) -> PlanOutcome:
+    """`out` with its plan's joint record."""
     record = JointRecord(
         schedule=sched.code, budget_bytes=budget, status=sched.status, gap=_finite(sched.gap),
         estimate_bytes=sched.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
@@ -86,7 +122,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                                   r["extra_seconds"])
                       for r in schedule_summary(sched) if r["recomputed_in"] or r["paged_out"]))
     out.plan = replace(out.plan, joint=record)
-    return out, sched
+    return out
 
 
 def _finite(x: float) -> float | None:

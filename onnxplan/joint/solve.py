@@ -255,6 +255,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
+    if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
+            and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
+        d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
+        notes_hint = f"the warm start ({hint_name}) beat CP-SAT's best solution"
+    else:
+        notes_hint = ""
     bad = violations(prob, d)
     if bad:  # the model and the checker disagree: a bug here
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
@@ -262,6 +268,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
              f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s")]
+    notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes)
 
