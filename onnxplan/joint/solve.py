@@ -37,6 +37,7 @@ from onnxplan.joint.problem import (
     alive_at,
     build_problem,
     consumers,
+    lower_bound,
     memory,
     minimal_keeps,
     recompute_stages,
@@ -44,7 +45,7 @@ from onnxplan.joint.problem import (
     violations,
 )
 
-__all__ = ["TIME_UNIT", "JointSchedule", "solve_joint", "solve_problem"]
+__all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
 
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
@@ -215,6 +216,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             st = m.NewIntVar(0, ub, f"stall{t}")
             m.Add(st >= sum(ins) - before)
             objective.append(st)
+    lb = 0
+    if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
+        lb = int(lower_bound(prob, budget_bytes, cost, 2 if O else None))
+        if lb > 0:
+            m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
         weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
         m.Minimize(cap * weight + sum(objective))
@@ -255,6 +261,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
+        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
     if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
             and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
         d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
@@ -266,11 +274,36 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
     peak, _, _ = memory(prob, d)
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
+    if status == cp_model.FEASIBLE and not least_memory:  # the gap of what is returned (descended)
+        obj = (rec + stall) / TIME_UNIT + len(d.page_out) + len(d.page_in)
+        bound = max(bound, lb)
+        gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
-             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s")]
+             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s; "
+             f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes)
+
+
+def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | None = None, *,
+            deadline: float | None = None) -> Decisions:
+    """`d` with recomputations dropped, costliest first, while the schedule stays valid and its
+    model peak fits `budget` (the buffers then kept from their last restore): a local descent
+    on CP-SAT's best-so-far, which often leaves memory unused when the limit hits. Stops at a
+    local optimum or at `deadline` (perf_counter seconds)."""
+    improved = True
+    while improved:
+        improved = False
+        for key in sorted(d.recompute, key=lambda tn: -prob.node_seconds[tn[1]]):
+            if deadline is not None and time.perf_counter() > deadline:
+                return d
+            rec = d.recompute - {key}
+            trial = Decisions(rec, minimal_keeps(prob, rec, d.page_in), d.page_out, d.page_in)
+            if not violations(prob, trial) and memory(prob, trial)[0] <= budget and \
+                    step_seconds(prob, trial, bandwidth)[0] <= step_seconds(prob, d, bandwidth)[0]:
+                d, improved = trial, True
+    return d
 
 
 def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -> tuple[Decisions | None, str]:
