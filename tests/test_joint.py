@@ -15,8 +15,10 @@ from onnxplan import planning
 from onnxplan.joint import build_problem, solve_problem
 from onnxplan.joint.hints import RotorColumns, keep_all
 from onnxplan.joint.lower import lower_joint
+from onnxplan.joint.solve import TIME_UNIT, descend
 from onnxplan.joint.problem import (
     Decisions,
+    lower_bound,
     memory,
     minimal_keeps,
     recompute_stages,
@@ -92,8 +94,11 @@ def _agrees_with_brute_force(graph):
     every = _brute_force(prob)
     assert len(every) > 8
     peaks = sorted({p for p, _, _ in every})
+    cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     for budget in peaks[:: max(1, len(peaks) // 6)] + [peaks[-1]]:
         best = min(s for p, s, _ in every if p <= budget)
+        assert lower_bound(prob, budget, cost) * TIME_UNIT <= best + 1e-12  # the bound CP-SAT is given is valid
+        assert lower_bound(prob, budget, prob.node_seconds) <= best + 1e-12
         sched = solve_problem(prob, budget, time_limit=10, warm_start="none")
         assert sched.status == "OPTIMAL"
         assert sched.estimate_bytes <= budget
@@ -112,6 +117,36 @@ def test_cp_sat_optimum_equals_brute_force():
 @pytest.mark.slow
 def test_cp_sat_optimum_equals_brute_force_three_layers():
     _agrees_with_brute_force(three_linear_step(batch=64))  # 2**17 recomputation sets, ~15 s
+
+
+def test_descent_keeps_a_schedule_valid_fitting_and_not_slower():
+    """Dropping recomputations from a valid schedule keeps it valid, within the budget, and
+    not slower; from every recomputation at once it reaches a schedule no single drop improves."""
+    prob = build_problem(_pre(three_linear_step(batch=64)))
+    pairs = frozenset((t, n) for n, ts in enumerate(recompute_stages(prob)) for t in ts)
+    start = Decisions(pairs, minimal_keeps(prob, pairs))
+    assert not violations(prob, start)
+    plain = memory(prob, keep_all(prob))[0]
+    for budget in (memory(prob, start)[0], (memory(prob, start)[0] + plain) // 2, plain):
+        d = descend(prob, start, budget)
+        assert not violations(prob, d) and memory(prob, d)[0] <= budget
+        assert step_seconds(prob, d)[0] <= step_seconds(prob, start)[0]
+        for key in d.recompute:  # a local optimum
+            rec = d.recompute - {key}
+            trial = Decisions(rec, minimal_keeps(prob, rec))
+            assert violations(prob, trial) or memory(prob, trial)[0] > budget
+    assert not descend(prob, start, plain).recompute  # the plain memory needs no recomputation
+
+
+def test_plan_joint_returns_the_plain_plan_when_it_fits():
+    """A budget the plain plan meets gets the plain plan (the model's fixed order may over-count it)."""
+    from onnxplan.joint.fit import plan_joint
+
+    graph = three_linear_step(batch=64)
+    plain = planning.plan_step(graph, OPTS)
+    out, sched = plan_joint(graph, plain.plan.peak_bytes, OPTS, time_limit=5, deterministic_limit=DTIME)
+    assert sched.status == "PLAIN" and not sched.decisions.recompute and not out.plan.swaps
+    assert out.plan.peak_bytes == plain.plan.peak_bytes and out.plan.joint.status == "PLAIN"
 
 
 def test_model_peak_bounds_the_lowered_order():

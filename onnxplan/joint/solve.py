@@ -288,17 +288,22 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
 
 def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | None = None, *,
             deadline: float | None = None) -> Decisions:
-    """`d` with recomputations dropped, costliest first, while the schedule stays valid and its
-    model peak fits `budget` (the buffers then kept from their last restore): a local descent
-    on CP-SAT's best-so-far, which often leaves memory unused when the limit hits. Stops at a
-    local optimum or at `deadline` (perf_counter seconds)."""
+    """`d` with recomputations dropped (one, or all of a stage's at once), costliest first, while
+    the schedule stays valid and its model peak fits `budget` (the buffers then kept from their
+    last restore): a local descent on CP-SAT's best-so-far, which often leaves memory unused when
+    the limit hits. Stops at a local optimum or at `deadline` (perf_counter seconds)."""
     improved = True
     while improved:
         improved = False
-        for key in sorted(d.recompute, key=lambda tn: -prob.node_seconds[tn[1]]):
+        stages = {t for t, _ in d.recompute}
+        moves = [frozenset([key]) for key in d.recompute]
+        moves += [frozenset(k for k in d.recompute if k[0] == t) for t in stages]
+        for move in sorted(set(moves), key=lambda mv: (-sum(prob.node_seconds[n] for _, n in mv), sorted(mv))):
             if deadline is not None and time.perf_counter() > deadline:
                 return d
-            rec = d.recompute - {key}
+            if not move <= d.recompute:
+                continue
+            rec = d.recompute - move
             trial = Decisions(rec, minimal_keeps(prob, rec, d.page_in), d.page_out, d.page_in)
             if not violations(prob, trial) and memory(prob, trial)[0] <= budget and \
                     step_seconds(prob, trial, bandwidth)[0] <= step_seconds(prob, d, bandwidth)[0]:
