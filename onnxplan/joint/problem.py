@@ -355,6 +355,7 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
                 m += b.nbytes * (k in d.page_out)
         fwd.append(m)
     stage = []
+    readers = consumers(prob)
     for t in range(1, prob.stages + 1):
         ahead = sum(b.nbytes for k, b in enumerate(B) if (t + 1, k) in d.page_in)
         if t == 1:
@@ -366,10 +367,11 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
             at_anchor += b.nbytes * (kept or (restored and (t in b.reads or (t + 1, k) in d.keep)))
         m = prob.stage_fixed(t) + at_anchor + ahead
         kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
-        for tt, n in d.recompute:
-            if tt == t:
-                m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
-                        + sum(B[k].nbytes for k in restored_at(prob, d, t, n)))
+        here = [n for tt, n in d.recompute if tt == t]
+        restored = [k for k in range(len(B)) if d.present(prob, t, k) and (t, k) not in d.keep] if here else []
+        for n in here:
+            m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
+                    + sum(B[k].nbytes for k in restored_at(prob, d, t, n, readers, restored)))
         stage.append(m)
     return prob.persistent + max(fwd + stage), fwd, stage
 
@@ -395,13 +397,17 @@ def alive_at(prob: JointProblem, b: int, n: int, readers: list[list[int]]) -> bo
     return None
 
 
-def restored_at(prob: JointProblem, d: Decisions, t: int, n: int) -> list[int]:
-    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t."""
-    readers = consumers(prob)
+def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[list[int]] | None = None,
+                restored: list[int] | None = None) -> list[int]:
+    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t
+    (`readers`: consumers(prob); `restored`: the buffers present in t and not kept, when the
+    caller has them)."""
+    readers = readers if readers is not None else consumers(prob)
+    if restored is None:
+        restored = [k for k in range(len(prob.buffers)) if d.present(prob, t, k) and (t, k) not in d.keep]
     out = []
-    for k, b in enumerate(prob.buffers):
-        if not d.present(prob, t, k) or (t, k) in d.keep:
-            continue
+    for k in restored:
+        b = prob.buffers[k]
         alive = alive_at(prob, k, n, readers) if (t, k) not in d.page_in else (
             True if any(c >= n for c in readers[k]) else None)
         if alive is None:

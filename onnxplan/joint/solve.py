@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import keep_all, rotor_hint
+from onnxplan.joint.hints import keep_all, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
     Decisions,
@@ -82,7 +82,7 @@ class JointSchedule:
 
 def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
                 swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
-                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 2,
+                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 1,
                 deterministic_limit: float | None = None) -> JointSchedule:
     """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
     pass sees it) under `budget_bytes` (persistent bytes included). `costs`: seconds per node
@@ -97,7 +97,7 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 2, linearization: int = 1, least_memory: bool = False,
+                  workers: int = 1, linearization: int = 1, least_memory: bool = False,
                   deterministic_limit: float | None = None) -> JointSchedule:
     from ortools.sat.python import cp_model  # heavy: import on use
 
@@ -237,8 +237,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.page_out)
         for key, x in I.items():
             m.AddHint(x, key in hint.page_in)
+    spent = 0.0
+    if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
+        spent = _complete_hint(m, time_limit / 4)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_time_in_seconds = max(1.0, float(time_limit) - spent)
     if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
         solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.num_workers = workers
@@ -261,6 +264,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
+        if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
+            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
         d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
     if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
@@ -274,9 +279,10 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
     peak, _, _ = memory(prob, d)
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
-    if status == cp_model.FEASIBLE and not least_memory:  # the gap of what is returned (descended)
+    if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and not least_memory and peak <= budget_bytes:
+        # the gap of what is returned (descended; the warm start where CP-SAT found nothing)
         obj = (rec + stall) / TIME_UNIT + len(d.page_out) + len(d.page_in)
-        bound = max(bound, lb)
+        bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
              f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s; "
@@ -284,6 +290,27 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes)
+
+
+def _complete_hint(m, limit: float) -> float:
+    """Complete a fitting warm start into a hint of every variable of `m` (the auxiliary ones
+    too), by a solve with the hinted variables fixed: CP-SAT takes a complete feasible hint as
+    its first solution, where from a partial one it may find none in the time limit (DenseNet,
+    5,560 booleans). Returns the seconds it took."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    s = cp_model.CpSolver()
+    s.parameters.fix_variables_to_their_hinted_value = True
+    s.parameters.max_time_in_seconds = max(0.5, limit)
+    s.parameters.num_workers = 1
+    if s.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.Proto().variables))]
+        values = [s.Value(x) for x in xs]
+        m.ClearHints()
+        for x, v in zip(xs, values):
+            m.AddHint(x, v)
+    return time.perf_counter() - t0
 
 
 def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | None = None, *,
@@ -328,6 +355,11 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -
     scored = [(memory(prob, d)[0] <= budget, step_seconds(prob, d, bandwidth)[0], memory(prob, d)[0], name, d)
               for name, d in options]
     fit = [s for s in scored if s[0]]
+    if not fit and warm_start == "auto":  # CP-SAT may find no first solution in time: give it one
+        d = recompute_all(prob)
+        peak = memory(prob, d)[0]
+        if peak <= budget:
+            fit = [(True, step_seconds(prob, d, bandwidth)[0], peak, "recompute all", d)]
     best = min(fit, key=lambda s: s[1]) if fit else min(scored, key=lambda s: s[2])
     return best[4], best[3]
 
