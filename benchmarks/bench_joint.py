@@ -192,6 +192,59 @@ HEAD = ("| model | budget MiB | strategy | planned peak MiB | fits | predicted m
         "/ plain | CPU ms | pred/meas | plan s | notes |")
 
 
+def summarize(rows: list[dict]) -> list[str]:
+    """Markdown: per model and budget, each strategy's measured step / the plain step of the same
+    round (median over rounds; '-' where its plan misses the budget), joint against the best
+    single strategy, and the verdict (within the larger spread of the two counts as equal); then
+    per model the predicted / measured errors, raw and relative to the plain step (predicted
+    step / predicted plain against measured step / measured plain)."""
+    out = []
+    by_model: dict[str, list[dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r)
+    for model, rs in by_model.items():
+        plain = next(r for r in rs if r["strategy"] == "plain")
+        out += [f"**{model}** (plain: {plain['peak'] / 2**20:.2f} MiB, measured {_ms(plain.get('measured'))} ms, "
+                f"predicted {_ms(plain['predicted'])} ms)", "",
+                "| budget MiB | rotor | swap | joint | joint-recompute | best single | joint / best | verdict |",
+                "|---|---|---|---|---|---|---|---|"]
+        budgets = sorted({r["budget"] for r in rs if r["strategy"] != "plain"})
+        for b in budgets:
+            at = {r["strategy"]: r for r in rs if r["budget"] == b and r["strategy"] != "plain"}
+
+            def cell(name):
+                r = at.get(name)
+                if r is None or not r["fits"]:
+                    return "-"
+                return "fits" if r.get("vs_plain") is None else f"{r['vs_plain']:.2f} ±{r['spread']:.0%}"
+
+            singles = [at[n] for n in ("rotor", "swap") if n in at and at[n]["fits"] and at[n].get("vs_plain")]
+            j = at.get("joint")
+            best = min(singles, key=lambda r: r["vs_plain"]) if singles else None
+            if j is None or not j["fits"] or j.get("vs_plain") is None:
+                verdict, ratio = ("none fits" if best is None else "joint misses"), "-"
+            elif best is None:
+                verdict, ratio = "only joint fits", "-"
+            else:
+                q = j["vs_plain"] / best["vs_plain"]
+                tol = max(j["spread"], best["spread"])
+                verdict = "better" if q < 1 - tol else ("worse" if q > 1 + tol else "equal within spread")
+                ratio = f"{q:.2f}"
+            out.append(f"| {b / 2**20:.2f} | {cell('rotor')} | {cell('swap')} | {cell('joint')} | "
+                       f"{cell('joint-recompute')} | {best['strategy'] if best else '-'} | {ratio} | {verdict} |")
+        measured = [r for r in rs if r.get("measured") and r["predicted"]]
+        if measured and plain.get("measured"):
+            raw = [r["predicted"] / r["measured"] - 1 for r in measured]
+            rel = [(r["predicted"] / plain["predicted"]) / r["vs_plain"] - 1 for r in measured]
+            out += ["", f"predicted / measured - 1 over {len(measured)} measured rows: raw median {statistics.median(raw):+.0%} "
+                    f"(within 15%: {sum(abs(x) <= 0.15 for x in raw)}); relative to plain median "
+                    f"{statistics.median(rel):+.0%} (within 15%: {sum(abs(x) <= 0.15 for x in rel)}), worst "
+                    + ", ".join(f"{r['strategy']} {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
+                                for x, r in sorted(zip(rel, measured), key=lambda xr: -abs(xr[0]))[:3])]
+        out.append("")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet18:4", "transformer:16", "gpt:16", "densenet:8"])
@@ -203,7 +256,13 @@ def main() -> None:
     ap.add_argument("--no-measure", action="store_true", help="plan and predict only")
     ap.add_argument("--json", default=None, help="append every row as a JSON line")
     ap.add_argument("-o", "--output", default=None)
+    ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
+                    help="print the summary tables of rows written by --json, and stop")
     args = ap.parse_args()
+    if args.summarize:
+        rows = [json.loads(line) for path in args.summarize for line in open(path) if line.strip()]
+        print("\n".join(summarize(rows)))
+        return
     set_blas_threads(1)
     bandwidth = args.bandwidth or measure_bandwidth()
     head = [(f"swap store bandwidth {bandwidth / 1e9:.2f} GB/s ({'given' if args.bandwidth else 'measured'}); "
