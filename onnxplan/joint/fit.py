@@ -9,9 +9,9 @@ from dataclasses import replace
 
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import keep_all
+from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
-from onnxplan.joint.problem import build_problem, memory, step_seconds
+from onnxplan.joint.problem import build_problem, memory, step_seconds, violations
 from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
@@ -19,7 +19,7 @@ from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
 from onnxplan.swap import is_swap_node
 
-__all__ = ["SLACK_FRACTION", "plain_schedule", "plan_joint"]
+__all__ = ["SLACK_FRACTION", "given_schedule", "plain_schedule", "plan_joint"]
 
 SLACK_FRACTION = 0.005  # placed this far below the budget (a fraction of it), the model gets the slack
 
@@ -83,6 +83,20 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
+    rotor = rotor_hint(prob, budget, costs)
+    if rotor is not None and not violations(prob, rotor):
+        # rotor's chain schedule, lowered as is, where the rounds found nothing faster that fits
+        # (CP-SAT's best-so-far can be far from it on a large DAG: DenseNet, 5,560 booleans)
+        cand = given_schedule(prob, rotor, budget, swap_bandwidth, "rotor's chain schedule (no faster round fits)",
+                              "ROTOR")
+        if best[0][0] or cand.predicted_seconds < best[0][1]:
+            out_r = plan_step(graph, replace(base, recompute=cand.code))
+            if out_r.plan.peak_bytes <= budget:
+                history.append({"model_budget_bytes": budget, "estimate_bytes": cand.estimate_bytes,
+                                "placed_peak_bytes": out_r.plan.peak_bytes, "status": cand.status, "gap": None,
+                                "solve_seconds": 0.0, "warm_start": "rotor", "recompute_seconds": cand.recompute_seconds,
+                                "stall_seconds": 0.0, "page_ins": 0, "page_ins_not_lowered": []})
+                best = ((False, cand.predicted_seconds), out_r, cand)
     _, out, sched = best
     rest, predicted = "", sched.predicted_seconds
     if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
@@ -100,10 +114,16 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
 
 def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:
     """The schedule of no recomputation and no paging (every buffer kept), as the solver reports one."""
-    d = keep_all(prob)
+    return given_schedule(prob, keep_all(prob), budget, swap_bandwidth,
+                          "the plain plan fits the budget: nothing recomputed or paged", "PLAIN")
+
+
+def given_schedule(prob, d, budget: int, swap_bandwidth: float | None, note: str,
+                   status: str = "GIVEN") -> JointSchedule:
+    """Decisions `d` reported as the solver reports a schedule (no solve: gap 0 only for PLAIN)."""
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
-    return JointSchedule(prob, d, budget, memory(prob, d)[0], secs, rec, stall, "PLAIN", 0.0, 0.0, "none",
-                         swap_bandwidth, ["the plain plan fits the budget: nothing recomputed or paged"])
+    return JointSchedule(prob, d, budget, memory(prob, d)[0], secs, rec, stall, status,
+                         0.0 if status == "PLAIN" else float("inf"), 0.0, status.lower(), swap_bandwidth, [note])
 
 
 def _recorded(out: PlanOutcome, sched: JointSchedule, prob, budget: int, predicted: float, history: list,
