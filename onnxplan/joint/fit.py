@@ -100,15 +100,23 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     _, out, sched = best
     rest, predicted = "", sched.predicted_seconds
     if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
-        try:
-            more = plan_step(graph, replace(base, recompute=sched.code, swap="auto", budget=budget))
-        except BudgetNotMet as miss:
-            more = miss.outcome
+        # on top of the schedule's recomputations, and with none (below the model's floor its
+        # least-memory recomputations can cost more than swapping alone): the faster that fits
+        tries = []
+        for base_sched in [sched] + ([plain_schedule(prob, budget, swap_bandwidth)] if sched.code else []):
+            try:
+                more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
+            except BudgetNotMet as miss:
+                more = miss.outcome
+            secs = base_sched.predicted_seconds - base_sched.stall_seconds + sum(
+                TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
+            tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
+                          else more.plan.peak_bytes, more, base_sched, secs))
+        miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
         if more.plan.peak_bytes < out.plan.peak_bytes:
-            out = more  # its transfers at the swap module's estimate (memory bandwidth, no overlap)
-            predicted += sum(TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
-            rest = (f"the joint schedule's recomputations, then swap auto for the rest: "
-                    f"{len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+            out, sched, predicted = more, base_sched, secs  # transfers at the swap module's estimate
+            rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if sched.code else 'no recomputation'}, "
+                    f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
     return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
 
 
