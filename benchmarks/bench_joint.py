@@ -206,7 +206,10 @@ def summarize(rows: list[dict]) -> list[str]:
         plain = next(r for r in rs if r["strategy"] == "plain")
         out += [f"**{model}** (plain: {plain['peak'] / 2**20:.2f} MiB, measured {_ms(plain.get('measured'))} ms, "
                 f"predicted {_ms(plain['predicted'])} ms)", "",
-                "| budget MiB | rotor | swap | joint | joint-recompute | best single | joint / best | verdict |",
+                "each cell: wall step / plain (median over rounds) ±spread · CPU step / plain CPU step; "
+                "'-': the plan misses the budget", "",
+                "| budget MiB | rotor | swap | joint | joint-recompute | best single (wall) | joint / best: wall · CPU "
+                "| verdict |",
                 "|---|---|---|---|---|---|---|---|"]
         budgets = sorted({r["budget"] for r in rs if r["strategy"] != "plain"})
         for b in budgets:
@@ -216,7 +219,9 @@ def summarize(rows: list[dict]) -> list[str]:
                 r = at.get(name)
                 if r is None or not r["fits"]:
                     return "-"
-                return "fits" if r.get("vs_plain") is None else f"{r['vs_plain']:.2f} ±{r['spread']:.0%}"
+                if r.get("vs_plain") is None:
+                    return "fits"
+                return f"{r['vs_plain']:.2f} ±{r['spread']:.0%} · {r['cpu'] / plain['cpu']:.2f}"
 
             singles = [at[n] for n in ("rotor", "swap") if n in at and at[n]["fits"] and at[n].get("vs_plain")]
             j = at.get("joint")
@@ -229,18 +234,24 @@ def summarize(rows: list[dict]) -> list[str]:
                 q = j["vs_plain"] / best["vs_plain"]
                 tol = max(j["spread"], best["spread"])
                 verdict = "better" if q < 1 - tol else ("worse" if q > 1 + tol else "equal within spread")
-                ratio = f"{q:.2f}"
+                qc = j["cpu"] / min(r["cpu"] for r in singles)
+                ratio = f"{q:.2f} · {qc:.2f}"
+                verdict += f"; CPU {'better' if qc < 0.95 else 'worse' if qc > 1.05 else 'equal'}"
             out.append(f"| {b / 2**20:.2f} | {cell('rotor')} | {cell('swap')} | {cell('joint')} | "
                        f"{cell('joint-recompute')} | {best['strategy'] if best else '-'} | {ratio} | {verdict} |")
         measured = [r for r in rs if r.get("measured") and r["predicted"]]
         if measured and plain.get("measured"):
-            raw = [r["predicted"] / r["measured"] - 1 for r in measured]
-            rel = [(r["predicted"] / plain["predicted"]) / r["vs_plain"] - 1 for r in measured]
-            out += ["", f"predicted / measured - 1 over {len(measured)} measured rows: raw median {statistics.median(raw):+.0%} "
-                    f"(within 15%: {sum(abs(x) <= 0.15 for x in raw)}); relative to plain median "
-                    f"{statistics.median(rel):+.0%} (within 15%: {sum(abs(x) <= 0.15 for x in rel)}), worst "
-                    + ", ".join(f"{r['strategy']} {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
-                                for x, r in sorted(zip(rel, measured), key=lambda xr: -abs(xr[0]))[:3])]
+            for what, errs in (("wall", [r["predicted"] / r["measured"] - 1 for r in measured]),
+                               ("CPU", [r["predicted"] / r["cpu"] - 1 for r in measured])):
+                out += ["", f"predicted / measured {what} - 1 over {len(measured)} rows: median "
+                        f"{statistics.median(errs):+.0%}, within 15% on {sum(abs(x) <= 0.15 for x in errs)}; worst "
+                        + ", ".join(f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
+                                    for x, r in sorted(zip(errs, measured), key=lambda xr: -abs(xr[0]))[:4])]
+            for name in ("rotor", "swap", "joint", "joint-recompute"):
+                errs = [r["predicted"] / r["cpu"] - 1 for r in measured if r["strategy"] == name]
+                if errs:
+                    out.append(f"- {name}: predicted / CPU - 1 median {statistics.median(errs):+.0%}, "
+                               f"range {min(errs):+.0%} .. {max(errs):+.0%}")
         out.append("")
     return out
 
