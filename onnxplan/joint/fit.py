@@ -103,7 +103,9 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
         # on top of the schedule's recomputations, and with none (below the model's floor its
         # least-memory recomputations can cost more than swapping alone): the faster that fits
         tries = []
-        for base_sched in [sched] + ([plain_schedule(prob, budget, swap_bandwidth)] if sched.code else []):
+        alone = given_schedule(prob, keep_all(prob), budget, swap_bandwidth, "nothing recomputed: swap auto alone",
+                               "SWAP-ONLY")
+        for base_sched in [sched] + ([alone] if sched.code else []):
             try:
                 more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
             except BudgetNotMet as miss:
