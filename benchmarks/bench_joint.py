@@ -35,7 +35,6 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 
 import numpy as np
 

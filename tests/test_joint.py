@@ -15,16 +15,16 @@ from onnxplan import planning
 from onnxplan.joint import build_problem, solve_problem
 from onnxplan.joint.hints import RotorColumns, keep_all
 from onnxplan.joint.lower import lower_joint
-from onnxplan.joint.solve import TIME_UNIT, descend
 from onnxplan.joint.problem import (
     Decisions,
-    lower_bound,
     memory,
     minimal_keeps,
     recompute_stages,
+    relaxation_bound,
     step_seconds,
     violations,
 )
+from onnxplan.joint.solve import TIME_UNIT, descend
 from onnxplan.offsets.buffers import live_bytes_by_eo
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
@@ -97,8 +97,8 @@ def _agrees_with_brute_force(graph):
     cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     for budget in peaks[:: max(1, len(peaks) // 6)] + [peaks[-1]]:
         best = min(s for p, s, _ in every if p <= budget)
-        assert lower_bound(prob, budget, cost) * TIME_UNIT <= best + 1e-12  # the bound CP-SAT is given is valid
-        assert lower_bound(prob, budget, prob.node_seconds) <= best + 1e-12
+        assert relaxation_bound(prob, budget, cost) * TIME_UNIT <= best + 1e-12  # the bound CP-SAT is given is valid
+        assert relaxation_bound(prob, budget, prob.node_seconds) <= best + 1e-12
         sched = solve_problem(prob, budget, time_limit=10, warm_start="none")
         assert sched.status == "OPTIMAL"
         assert sched.estimate_bytes <= budget

@@ -47,13 +47,13 @@ __all__ = [
     "consumers",
     "in_place",
     "least_bound_policy",
-    "lower_bound",
     "memory",
     "minimal_keeps",
     "model_order",
     "needs",
     "node_costs",
     "recompute_stages",
+    "relaxation_bound",
     "restored_at",
     "step_seconds",
     "violations",
@@ -453,7 +453,7 @@ def recompute_stages(prob: JointProblem) -> list[set[int]]:
     return out
 
 
-def lower_bound(prob: JointProblem, budget: int, node_cost: list[float], swap_cost: float | None = None) -> float:
+def relaxation_bound(prob: JointProblem, budget: int, node_cost: list[float], swap_cost: float | None = None) -> float:
     """A valid lower bound on the extra cost of any schedule whose model peak fits `budget`
     (persistent bytes included): at each point of the schedule that keeps every buffer (a
     forward EO, a stage's anchor), the bytes over the budget must leave; a buffer kept there

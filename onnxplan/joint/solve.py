@@ -37,10 +37,10 @@ from onnxplan.joint.problem import (
     alive_at,
     build_problem,
     consumers,
-    lower_bound,
     memory,
     minimal_keeps,
     recompute_stages,
+    relaxation_bound,
     step_seconds,
     violations,
 )
@@ -218,7 +218,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             objective.append(st)
     lb = 0
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
-        lb = int(lower_bound(prob, budget_bytes, cost, 2 if O else None))
+        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 if O else None))
         if lb > 0:
             m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
