@@ -138,6 +138,13 @@ def test_descent_keeps_a_schedule_valid_fitting_and_not_slower():
     assert not descend(prob, start, plain).recompute  # the plain memory needs no recomputation
 
 
+def test_the_model_order_of_least_bound():
+    """policy 'auto' builds the problem on the heuristic order of least live-bytes bound."""
+    pre = _pre(two_linear_step())
+    prob = build_problem(pre, policy="auto")
+    assert prob.policy in planning.HEURISTIC_ORDERS and prob.stages >= 1
+
+
 def test_plan_joint_returns_the_plain_plan_when_it_fits():
     """A budget the plain plan meets gets the plain plan (the model's fixed order may over-count it)."""
     from onnxplan.joint.fit import plan_joint
