@@ -20,9 +20,11 @@ from onnxplan.joint.problem import (
     memory,
     minimal_keeps,
     recompute_stages,
+    relaxation_bound,
     step_seconds,
     violations,
 )
+from onnxplan.joint.solve import TIME_UNIT, descend
 from onnxplan.offsets.buffers import live_bytes_by_eo
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
@@ -92,8 +94,11 @@ def _agrees_with_brute_force(graph):
     every = _brute_force(prob)
     assert len(every) > 8
     peaks = sorted({p for p, _, _ in every})
+    cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     for budget in peaks[:: max(1, len(peaks) // 6)] + [peaks[-1]]:
         best = min(s for p, s, _ in every if p <= budget)
+        assert relaxation_bound(prob, budget, cost) * TIME_UNIT <= best + 1e-12  # the bound CP-SAT is given is valid
+        assert relaxation_bound(prob, budget, prob.node_seconds) <= best + 1e-12
         sched = solve_problem(prob, budget, time_limit=10, warm_start="none")
         assert sched.status == "OPTIMAL"
         assert sched.estimate_bytes <= budget
@@ -112,6 +117,43 @@ def test_cp_sat_optimum_equals_brute_force():
 @pytest.mark.slow
 def test_cp_sat_optimum_equals_brute_force_three_layers():
     _agrees_with_brute_force(three_linear_step(batch=64))  # 2**17 recomputation sets, ~15 s
+
+
+def test_descent_keeps_a_schedule_valid_fitting_and_not_slower():
+    """Dropping recomputations from a valid schedule keeps it valid, within the budget, and
+    not slower; from every recomputation at once it reaches a schedule no single drop improves."""
+    prob = build_problem(_pre(three_linear_step(batch=64)))
+    pairs = frozenset((t, n) for n, ts in enumerate(recompute_stages(prob)) for t in ts)
+    start = Decisions(pairs, minimal_keeps(prob, pairs))
+    assert not violations(prob, start)
+    plain = memory(prob, keep_all(prob))[0]
+    for budget in (memory(prob, start)[0], (memory(prob, start)[0] + plain) // 2, plain):
+        d = descend(prob, start, budget)
+        assert not violations(prob, d) and memory(prob, d)[0] <= budget
+        assert step_seconds(prob, d)[0] <= step_seconds(prob, start)[0]
+        for key in d.recompute:  # a local optimum
+            rec = d.recompute - {key}
+            trial = Decisions(rec, minimal_keeps(prob, rec))
+            assert violations(prob, trial) or memory(prob, trial)[0] > budget
+    assert not descend(prob, start, plain).recompute  # the plain memory needs no recomputation
+
+
+def test_the_model_order_of_least_bound():
+    """policy 'auto' builds the problem on the heuristic order of least live-bytes bound."""
+    pre = _pre(two_linear_step())
+    prob = build_problem(pre, policy="auto")
+    assert prob.policy in planning.HEURISTIC_ORDERS and prob.stages >= 1
+
+
+def test_plan_joint_returns_the_plain_plan_when_it_fits():
+    """A budget the plain plan meets gets the plain plan (the model's fixed order may over-count it)."""
+    from onnxplan.joint.fit import plan_joint
+
+    graph = three_linear_step(batch=64)
+    plain = planning.plan_step(graph, OPTS)
+    out, sched = plan_joint(graph, plain.plan.peak_bytes, OPTS, time_limit=5, deterministic_limit=DTIME)
+    assert sched.status == "PLAIN" and not sched.decisions.recompute and not out.plan.swaps
+    assert out.plan.peak_bytes == plain.plan.peak_bytes and out.plan.joint.status == "PLAIN"
 
 
 def test_model_peak_bounds_the_lowered_order():
@@ -199,7 +241,7 @@ def test_joint_swaps_run_equals_plain():
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     out, sched = plan_joint(graph, budget, OPTS, time_limit=60, deterministic_limit=DTIME, rounds=1,
-                            swap_bandwidth=1e10)
+                            swap_bandwidth=1e10, swap_on_top=False)  # the joint schedule's own page-ins
     assert sched.decisions.page_in and out.plan.swaps
     assert out.plan.peak_bytes < plain.plan.peak_bytes
     import json
@@ -265,15 +307,17 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
                             "--time-limit", "1", "-o", str(p)])
     assert r.exit_code == 0, r.stderr
     d = json.loads(p.read_text())
-    assert d["strategy"]["chosen"] == "joint" and d["joint"]["schedule"].startswith("dag.")
-    assert d["peak_bytes"] <= int(budget)
+    assert d["strategy"]["chosen"] == "joint" and d["peak_bytes"] <= int(budget)
+    # the strategy pages at memory bandwidth: swapping alone may be what it predicts fastest
+    assert d["joint"]["schedule"].startswith("dag.") or (d["joint"]["status"] == "SWAP-ONLY" and d["swaps"])
     r = _fresh_cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verified"] is True
     r = runner.invoke(app, ["explain", str(p)])
     assert r.exit_code == 0, r.stderr
-    row = next(b for b in d["joint"]["buffers"] if b["recomputed_in"])
-    assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout
+    row = next((b for b in d["joint"]["buffers"] if b["recomputed_in"]), None)
+    if row is not None:
+        assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout
 
 
 def test_cli_strategy_is_checked():

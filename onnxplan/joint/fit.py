@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
-from onnxplan.joint.problem import build_problem
+from onnxplan.joint.problem import build_problem, memory, step_seconds, violations
 from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
@@ -18,7 +19,9 @@ from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
 from onnxplan.swap import is_swap_node
 
-__all__ = ["plan_joint"]
+__all__ = ["SLACK_FRACTION", "given_schedule", "plain_schedule", "plan_joint"]
+
+SLACK_FRACTION = 0.005  # placed this far below the budget (a fraction of it), the model gets the slack
 
 
 def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
@@ -41,9 +44,18 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
     prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
+    plain = plan_step(graph, base)
+    if plain.plan.peak_bytes <= budget:  # nothing to decide (the model's fixed order may over-count it)
+        sched = plain_schedule(prob, budget, swap_bandwidth)
+        history = [{"model_budget_bytes": budget, "estimate_bytes": sched.estimate_bytes,
+                    "placed_peak_bytes": plain.plan.peak_bytes, "status": sched.status, "gap": 0.0,
+                    "solve_seconds": 0.0, "warm_start": "none", "recompute_seconds": 0.0, "stall_seconds": 0.0,
+                    "page_ins": 0, "page_ins_not_lowered": []}]
+        return _recorded(plain, sched, prob, budget, sched.predicted_seconds, history, "", costs,
+                         swap_bandwidth), sched
     target, hint, history = budget, warm_start, []
     best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
-    for _ in range(max(1, rounds)):
+    for k in range(max(1, rounds)):
         sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs,
                               deterministic_limit=deterministic_limit)
         out = plan_step(graph, replace(base, recompute=sched.code))
@@ -57,22 +69,93 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                else out.plan.peak_bytes)
         if best is None or key < best[0]:
             best = (key, out, sched)
-        if out.plan.peak_bytes <= budget or not sched.fits:
+        slack = budget - out.plan.peak_bytes
+        if slack >= 0:
+            # the model's fixed order over-counts what the planners place: give the model the
+            # slack and solve again (a cheaper schedule may fit), once, while it costs time
+            if k or slack < SLACK_FRACTION * budget or not sched.predicted_seconds > prob.step_seconds \
+                    or not sched.fits:
+                break
+            target = max(target, sched.estimate_bytes) + slack
+            hint = sched.decisions
+            continue
+        if not sched.fits:
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
+    rotor = rotor_hint(prob, budget, costs)
+    if rotor is not None and not violations(prob, rotor):
+        # rotor's chain schedule, lowered as is, where the rounds found nothing faster that fits
+        # (CP-SAT's best-so-far can be far from it on a large DAG: DenseNet, 5,560 booleans)
+        cand = given_schedule(prob, rotor, budget, swap_bandwidth, "rotor's chain schedule (no faster round fits)",
+                              "ROTOR")
+        if best[0][0] or cand.predicted_seconds < best[0][1]:
+            out_r = plan_step(graph, replace(base, recompute=cand.code))
+            if out_r.plan.peak_bytes <= budget:
+                history.append({"model_budget_bytes": budget, "estimate_bytes": cand.estimate_bytes,
+                                "placed_peak_bytes": out_r.plan.peak_bytes, "status": cand.status, "gap": None,
+                                "solve_seconds": 0.0, "warm_start": "rotor", "recompute_seconds": cand.recompute_seconds,
+                                "stall_seconds": 0.0, "page_ins": 0, "page_ins_not_lowered": []})
+                best = ((False, cand.predicted_seconds), out_r, cand)
     _, out, sched = best
     rest, predicted = "", sched.predicted_seconds
     if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
-        try:
-            more = plan_step(graph, replace(base, recompute=sched.code, swap="auto", budget=budget))
-        except BudgetNotMet as miss:
-            more = miss.outcome
+        # on top of the schedule's recomputations, and with none (below the model's floor its
+        # least-memory recomputations can cost more than swapping alone): the faster that fits
+        tries = []
+        alone = given_schedule(prob, keep_all(prob), budget, swap_bandwidth, "nothing recomputed: swap auto alone",
+                               "SWAP-ONLY")
+        for base_sched in [sched] + ([alone] if sched.code else []):
+            try:
+                more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
+            except BudgetNotMet as miss:
+                more = miss.outcome
+            secs = base_sched.predicted_seconds - base_sched.stall_seconds + sum(
+                TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
+            tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
+                          else more.plan.peak_bytes, more, base_sched, secs))
+        miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
         if more.plan.peak_bytes < out.plan.peak_bytes:
-            out = more  # its transfers at the swap module's estimate (memory bandwidth, no overlap)
-            predicted += sum(TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
-            rest = (f"the joint schedule's recomputations, then swap auto for the rest: "
-                    f"{len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+            out, sched, predicted = more, base_sched, secs  # transfers at the swap module's estimate
+            rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if sched.code else 'no recomputation'}, "
+                    f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+    if swap_on_top and swap_bandwidth and out.plan.peak_bytes <= budget and predicted > prob.step_seconds:
+        # swapping alone, priced on the joint model's footing without overlap (every swapped byte
+        # out and in at the store's bandwidth: an upper bound), where the solver found only costly
+        # recomputations (DenseNet at 18 MiB: a 1.2 s schedule where swapping alone takes 0.2 s)
+        try:
+            alone = plan_step(graph, replace(base, swap="auto", budget=budget))
+        except BudgetNotMet:
+            alone = None
+        if alone is not None:
+            moved = sum(sw.bytes * (2 if sw.write else 1) for sw in alone.plan.swaps)
+            secs = prob.step_seconds + moved / swap_bandwidth
+            if secs < predicted:
+                out, predicted = alone, secs
+                sched = given_schedule(prob, keep_all(prob), budget, swap_bandwidth,
+                                       "nothing recomputed: swap auto alone (predicted without overlap)",
+                                       "SWAP-ONLY")
+                rest = f"swap auto alone: {len(alone.plan.swaps)} swaps ({alone.plan.swap.described})"
+    return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
+
+
+def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:
+    """The schedule of no recomputation and no paging (every buffer kept), as the solver reports one."""
+    return given_schedule(prob, keep_all(prob), budget, swap_bandwidth,
+                          "the plain plan fits the budget: nothing recomputed or paged", "PLAIN")
+
+
+def given_schedule(prob, d, budget: int, swap_bandwidth: float | None, note: str,
+                   status: str = "GIVEN") -> JointSchedule:
+    """Decisions `d` reported as the solver reports a schedule (no solve: gap 0 only for PLAIN)."""
+    secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
+    return JointSchedule(prob, d, budget, memory(prob, d)[0], secs, rec, stall, status,
+                         0.0 if status == "PLAIN" else float("inf"), 0.0, status.lower(), swap_bandwidth, [note])
+
+
+def _recorded(out: PlanOutcome, sched: JointSchedule, prob, budget: int, predicted: float, history: list,
+              rest: str, costs, swap_bandwidth) -> PlanOutcome:
+    """`out` with its plan's joint record."""
     record = JointRecord(
         schedule=sched.code, budget_bytes=budget, status=sched.status, gap=_finite(sched.gap),
         estimate_bytes=sched.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
@@ -86,7 +169,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                                   r["extra_seconds"])
                       for r in schedule_summary(sched) if r["recomputed_in"] or r["paged_out"]))
     out.plan = replace(out.plan, joint=record)
-    return out, sched
+    return out
 
 
 def _finite(x: float) -> float | None:

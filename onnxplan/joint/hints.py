@@ -11,14 +11,22 @@ from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, apply_schedule
 from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, original_name
-from onnxplan.joint.problem import Decisions, JointProblem, memory, minimal_keeps
+from onnxplan.joint.problem import Decisions, JointProblem, memory, minimal_keeps, recompute_stages
 
-__all__ = ["RotorColumns", "from_rewritten", "keep_all", "rotor_hint"]
+__all__ = ["RotorColumns", "from_rewritten", "keep_all", "recompute_all", "rotor_hint"]
 
 
 def keep_all(prob: JointProblem) -> Decisions:
     """Every buffer kept from the forward pass to its last need."""
     return Decisions(keep=minimal_keeps(prob, ()))
+
+
+def recompute_all(prob: JointProblem) -> Decisions:
+    """Every recomputable node recomputed in every stage it may be (just in time), the rest kept:
+    a valid schedule of little memory (often near the model's least), slow; the warm start
+    that gives CP-SAT a first solution where nothing faster fits."""
+    rec = frozenset((t, n) for n, ts in enumerate(recompute_stages(prob)) for t in ts)
+    return Decisions(rec, minimal_keeps(prob, rec))
 
 
 def from_rewritten(prob: JointProblem, rewritten: StepGraph) -> Decisions:

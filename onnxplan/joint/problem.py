@@ -53,6 +53,7 @@ __all__ = [
     "needs",
     "node_costs",
     "recompute_stages",
+    "relaxation_bound",
     "restored_at",
     "step_seconds",
     "violations",
@@ -354,6 +355,7 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
                 m += b.nbytes * (k in d.page_out)
         fwd.append(m)
     stage = []
+    readers = consumers(prob)
     for t in range(1, prob.stages + 1):
         ahead = sum(b.nbytes for k, b in enumerate(B) if (t + 1, k) in d.page_in)
         if t == 1:
@@ -365,10 +367,11 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
             at_anchor += b.nbytes * (kept or (restored and (t in b.reads or (t + 1, k) in d.keep)))
         m = prob.stage_fixed(t) + at_anchor + ahead
         kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
-        for tt, n in d.recompute:
-            if tt == t:
-                m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
-                        + sum(B[k].nbytes for k in restored_at(prob, d, t, n)))
+        here = [n for tt, n in d.recompute if tt == t]
+        restored = [k for k in range(len(B)) if d.present(prob, t, k) and (t, k) not in d.keep] if here else []
+        for n in here:
+            m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
+                    + sum(B[k].nbytes for k in restored_at(prob, d, t, n, readers, restored)))
         stage.append(m)
     return prob.persistent + max(fwd + stage), fwd, stage
 
@@ -394,13 +397,17 @@ def alive_at(prob: JointProblem, b: int, n: int, readers: list[list[int]]) -> bo
     return None
 
 
-def restored_at(prob: JointProblem, d: Decisions, t: int, n: int) -> list[int]:
-    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t."""
-    readers = consumers(prob)
+def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[list[int]] | None = None,
+                restored: list[int] | None = None) -> list[int]:
+    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t
+    (`readers`: consumers(prob); `restored`: the buffers present in t and not kept, when the
+    caller has them)."""
+    readers = readers if readers is not None else consumers(prob)
+    if restored is None:
+        restored = [k for k in range(len(prob.buffers)) if d.present(prob, t, k) and (t, k) not in d.keep]
     out = []
-    for k, b in enumerate(prob.buffers):
-        if not d.present(prob, t, k) or (t, k) in d.keep:
-            continue
+    for k in restored:
+        b = prob.buffers[k]
         alive = alive_at(prob, k, n, readers) if (t, k) not in d.page_in else (
             True if any(c >= n for c in readers[k]) else None)
         if alive is None:
@@ -444,3 +451,44 @@ def recompute_stages(prob: JointProblem) -> list[set[int]]:
                 if c != n:
                     out[n] |= out[c]
     return out
+
+
+def relaxation_bound(prob: JointProblem, budget: int, node_cost: list[float], swap_cost: float | None = None) -> float:
+    """A valid lower bound on the extra cost of any schedule whose model peak fits `budget`
+    (persistent bytes included): at each point of the schedule that keeps every buffer (a
+    forward EO, a stage's anchor), the bytes over the budget must leave; a buffer kept there
+    that the point does not read leaves only if it is restored later, by recomputing its
+    producer (at least `node_cost[producer]` for all of that node's buffers there) or, when
+    `swap_cost` is given and the buffer is swappable, by paging it (at least `swap_cost`).
+    The least cost of that cover, fractional knapsack (a relaxation), at the worst point.
+    0 where some point cannot be covered (nothing fits: the bound is the solver's to find)."""
+    d = Decisions(keep=minimal_keeps(prob, ()))
+    _, fwd, stage = memory(prob, d)
+    cap = budget - prob.persistent
+    points = []  # (deficit, removable buffers)
+    for e, m in enumerate(fwd):
+        if m > cap:
+            points.append((m - cap, [k for k, b in enumerate(prob.buffers) if b.last_forward < e and (1, k) in d.keep]))
+    for t, m in enumerate(stage, start=1):
+        if m > cap:
+            points.append((m - cap, [k for k, b in enumerate(prob.buffers) if (t, k) in d.keep and t not in b.reads]))
+    best = 0.0
+    for deficit, ks in points:
+        items: dict[object, list[float]] = {}  # (cost, bytes) per way to remove
+        for k in ks:
+            b = prob.buffers[k]
+            if swap_cost is not None and b.swappable:
+                items[("swap", k)] = [swap_cost, b.nbytes]
+            elif b.producer >= 0:
+                items.setdefault(b.producer, [node_cost[b.producer], 0])[1] += b.nbytes
+        need, cost = deficit, 0.0
+        for c, w in sorted(items.values(), key=lambda cw: cw[0] / cw[1]):
+            take = min(w, need)
+            cost += c * take / w
+            need -= take
+            if need <= 0:
+                break
+        if need > 0:
+            return 0.0
+        best = max(best, cost)
+    return best

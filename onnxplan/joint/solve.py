@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import keep_all, rotor_hint
+from onnxplan.joint.hints import keep_all, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
     Decisions,
@@ -40,11 +40,12 @@ from onnxplan.joint.problem import (
     memory,
     minimal_keeps,
     recompute_stages,
+    relaxation_bound,
     step_seconds,
     violations,
 )
 
-__all__ = ["TIME_UNIT", "JointSchedule", "solve_joint", "solve_problem"]
+__all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
 
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
@@ -81,7 +82,7 @@ class JointSchedule:
 
 def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
                 swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
-                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 2,
+                policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 1,
                 deterministic_limit: float | None = None) -> JointSchedule:
     """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
     pass sees it) under `budget_bytes` (persistent bytes included). `costs`: seconds per node
@@ -96,7 +97,7 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 2, linearization: int = 1, least_memory: bool = False,
+                  workers: int = 1, linearization: int = 1, least_memory: bool = False,
                   deterministic_limit: float | None = None) -> JointSchedule:
     from ortools.sat.python import cp_model  # heavy: import on use
 
@@ -215,6 +216,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             st = m.NewIntVar(0, ub, f"stall{t}")
             m.Add(st >= sum(ins) - before)
             objective.append(st)
+    lb = 0
+    if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
+        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 if O else None))
+        if lb > 0:
+            m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
         weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
         m.Minimize(cap * weight + sum(objective))
@@ -231,8 +237,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.page_out)
         for key, x in I.items():
             m.AddHint(x, key in hint.page_in)
+    spent = 0.0
+    if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
+        spent = _complete_hint(m, time_limit / 4)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.max_time_in_seconds = max(1.0, float(time_limit) - spent)
     if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
         solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.num_workers = workers
@@ -255,15 +264,78 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
+        if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
+            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
+        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+    if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
+            and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
+        d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
+        notes_hint = f"the warm start ({hint_name}) beat CP-SAT's best solution"
+    else:
+        notes_hint = ""
     bad = violations(prob, d)
     if bad:  # the model and the checker disagree: a bug here
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
     peak, _, _ = memory(prob, d)
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
+    if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and not least_memory and peak <= budget_bytes:
+        # the gap of what is returned (descended; the warm start where CP-SAT found nothing)
+        obj = (rec + stall) / TIME_UNIT + len(d.page_out) + len(d.page_in)
+        bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
+        gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
-             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s")]
+             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s; "
+             f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
+    notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes)
+
+
+def _complete_hint(m, limit: float) -> float:
+    """Complete a fitting warm start into a hint of every variable of `m` (the auxiliary ones
+    too), by a solve with the hinted variables fixed: CP-SAT takes a complete feasible hint as
+    its first solution, where from a partial one it may find none in the time limit (DenseNet,
+    5,560 booleans). Returns the seconds it took."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    s = cp_model.CpSolver()
+    s.parameters.fix_variables_to_their_hinted_value = True
+    s.parameters.max_time_in_seconds = max(0.5, limit)
+    s.parameters.num_workers = 1
+    if s.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.Proto().variables))]
+        values = [s.Value(x) for x in xs]
+        m.ClearHints()
+        for x, v in zip(xs, values):
+            m.AddHint(x, v)
+    return time.perf_counter() - t0
+
+
+def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | None = None, *,
+            deadline: float | None = None) -> Decisions:
+    """`d` with recomputations dropped (one, or all of a stage's at once), costliest first, while
+    the schedule stays valid and its model peak fits `budget` (the buffers then kept from their
+    last restore): a local descent on CP-SAT's best-so-far, which often leaves memory unused when
+    the limit hits. Stops at a local optimum or at `deadline` (perf_counter seconds)."""
+    improved = True
+    while improved:
+        improved = False
+        stages = {t for t, _ in d.recompute}
+        moves = [frozenset([key]) for key in d.recompute]
+        moves += [frozenset(k for k in d.recompute if k[0] == t) for t in stages]
+        for move in sorted(set(moves), key=lambda mv: (-sum(prob.node_seconds[n] for _, n in mv), sorted(mv))):
+            if deadline is not None and time.perf_counter() > deadline:
+                return d
+            if not move <= d.recompute:
+                continue
+            rec = d.recompute - move
+            trial = Decisions(rec, minimal_keeps(prob, rec, d.page_in), d.page_out, d.page_in)
+            if not violations(prob, trial) and memory(prob, trial)[0] <= budget and \
+                    step_seconds(prob, trial, bandwidth)[0] <= step_seconds(prob, d, bandwidth)[0]:
+                d, improved = trial, True
+    return d
 
 
 def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -> tuple[Decisions | None, str]:
@@ -283,6 +355,11 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -
     scored = [(memory(prob, d)[0] <= budget, step_seconds(prob, d, bandwidth)[0], memory(prob, d)[0], name, d)
               for name, d in options]
     fit = [s for s in scored if s[0]]
+    if not fit and warm_start == "auto":  # CP-SAT may find no first solution in time: give it one
+        d = recompute_all(prob)
+        peak = memory(prob, d)[0]
+        if peak <= budget:
+            fit = [(True, step_seconds(prob, d, bandwidth)[0], peak, "recompute all", d)]
     best = min(fit, key=lambda s: s[1]) if fit else min(scored, key=lambda s: s[2])
     return best[4], best[3]
 
