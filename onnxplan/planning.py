@@ -111,10 +111,10 @@ def pipeline_names(opts: PlanOptions) -> list[str]:
     names = ["realize"]
     if opts.interleave:
         names.append("interleave")
+    if opts.split_grad:  # before recompute: a recompute schedule indexes the graph it is made on
+        names.append("split-grad")
     if opts.recompute:
         names.append(f"recompute:{opts.recompute}")
-    if opts.split_grad:
-        names.append("split-grad")
     names.append("inplace" if opts.inplace else "inplace-state")
     return names
 

@@ -105,3 +105,52 @@ def test_split_grad_through_the_cli_plan_file_and_budget(tmp_path):
     assert r.exit_code == 0, r.stderr
     chosen = json.loads(r.stdout)
     assert chosen["peak_bytes"] <= budget and "split-grad" in chosen["passes"]
+
+
+def test_split_grad_with_a_recompute_schedule_replays_and_changes_no_bit():
+    """split-grad runs before the recompute pass, so a schedule made on the split graph (rotor
+    here, the joint solver's 'dag.' codes alike) indexes the graph the pass replays it on; the
+    plan file round trip adopts it and the run equals the plain run bit for bit."""
+    from onnxplan.budget.checkpoint import plan_with_checkpoint
+    from onnxplan.executor.prepare import adopt_plan
+    from onnxplan.plan import Plan
+
+    folder = small_artifacts("resnet18", "sgd")
+    g = load_step(folder)
+    plain = plan_step(g, PlanOptions(planner="best-fit"))
+    budget = int(plain.plan.peak_bytes * 0.8)
+    res = plan_with_checkpoint(g, PlanOptions(planner="best-fit", split_grad=True, budget=budget), "rotor")
+    passes = list(res.plan.passes)
+    rc = [p for p in passes if p.startswith("recompute:")]
+    assert rc and rc[0].partition(":")[2] and passes.index("split-grad") < passes.index(rc[0])
+    import json
+
+    loaded = Plan.from_json(json.loads(res.plan.dumps()))
+    graph = adopt_plan(load_step(folder), loaded)
+
+    def run(graph, plan):
+        ex = Executor(graph, plan)
+        ex.load_state(initial_parameters(folder))
+        return [ex.step(b) for b in step_batches(folder, 3, 0)], ex.parameters()
+
+    base_losses, base_params = run(plain.graph, plain.plan)
+    losses, params = run(graph, loaded)
+    assert losses == base_losses
+    for k, v in base_params.items():
+        assert np.array_equal(params[k], v), k
+
+
+def test_the_joint_solver_plans_a_recompute_schedule_on_the_split_graph():
+    """A joint 'dag.' recompute code indexes the nodes of the graph it was solved on; with
+    split-grad that graph has the dX halves, and the recompute pass replays it there."""
+    from onnxplan.joint import plan_joint
+
+    folder = small_artifacts("resnet18", "sgd")
+    g = load_step(folder)
+    plain = plan_step(g, PlanOptions(planner="best-fit", split_grad=True))
+    out, sched = plan_joint(g, int(plain.plan.peak_bytes * 0.8), PlanOptions(planner="best-fit", split_grad=True),
+                            time_limit=2.0, rounds=1, swap_on_top=False)
+    passes = list(out.plan.passes)
+    rc = [p for p in passes if p.startswith("recompute:dag.")]
+    assert rc and passes.index("split-grad") < passes.index(rc[0])
+    assert any(n.op_type == "ConvGradInput" for n in out.graph.nodes)

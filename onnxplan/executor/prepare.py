@@ -80,12 +80,12 @@ def _check_passes(plan: Plan) -> None:
     the plan's options and checkpoint record."""
     passes = list(plan.passes)
     recompute = [p for p in passes if p.startswith("recompute:")]
-    expected = ["realize", *(["interleave"] if "interleave" in passes else []), *recompute[:1],
-                *(["split-grad"] if "split-grad" in passes else []),
+    expected = ["realize", *(["interleave"] if "interleave" in passes else []),
+                *(["split-grad"] if "split-grad" in passes else []), *recompute[:1],
                 "inplace-state" if "inplace-state" in passes else "inplace"]
     if passes != expected:
         raise PlanError(f"pass list {passes} is not one the planner writes (realize, [interleave], "
-                        "[recompute:SCHEDULE], [split-grad], inplace or inplace-state)")
+                        "[split-grad], [recompute:SCHEDULE], inplace or inplace-state)")
     for key, on in (("interleave", "interleave" in passes), ("inplace", "inplace" in passes),
                     ("split_grad", "split-grad" in passes)):
         if getattr(plan.settings, key) != on:
