@@ -14,8 +14,6 @@ Relu, Concat, AveragePool, GlobalAveragePool, Gemm (all with ONNX Runtime CPU gr
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["BLOCKS", "GROWTH", "densenet_artifacts", "export_densenet"]
@@ -74,7 +72,7 @@ def export_densenet(batch: int = 8, cache_dir: Path | None = None) -> Path:
     import torch
 
     from onnxplan.artifacts import default_cache_dir
-    from onnxplan.models.hf import _export
+    from onnxplan.models.hf import export_to
 
     h = hashlib.sha256(f"{batch}|{torch.__version__}".encode())
     h.update(Path(__file__).read_bytes())
@@ -82,15 +80,8 @@ def export_densenet(batch: int = 8, cache_dir: Path | None = None) -> Path:
     path = folder / f"densenet-b{batch}.onnx"
     if path.is_file():
         return path
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=folder)
-    os.close(fd)
-    try:
-        x = torch.rand(batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(SEED))
-        _export(_module(), x, Path(tmp), "torchscript", "pixel_values")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    x = torch.rand(batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(SEED))
+    export_to(path, _module(), x, "torchscript", "pixel_values")
     return path
 
 

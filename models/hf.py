@@ -403,16 +403,22 @@ def export_forward(name: str, batch: int | None = None, cache_dir: Path | None =
     path = folder / f"{name}-b{batch}.onnx"  # the file's stem names the model in onnxplan's output
     if path.is_file():
         return path
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=folder)
-    os.close(fd)
     try:
-        model = build_torch_model(spec)
-        _export(model, example_inputs(spec, batch), Path(tmp), exporter, _input_name(spec))
-        os.replace(tmp, path)
+        export_to(path, build_torch_model(spec), example_inputs(spec, batch), exporter, _input_name(spec))
     except Exception as exc:  # noqa: BLE001 - the exporters raise many types; one line for the user
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelError(f"exporting {name} with the {exporter} exporter failed: {detail}") from None
+    return path
+
+
+def export_to(path: Path, model, inputs, exporter: str, input_name: str) -> None:
+    """Export `model` into `path` through a temporary file beside it (renamed into place), so
+    an interrupted or failed export leaves no half-written model in the cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        _export(model, inputs, Path(tmp), exporter, input_name)
+        os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
-    return path

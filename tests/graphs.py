@@ -225,3 +225,22 @@ def step_graphs(draw, max_nodes: int = 8):
         nodes.append((f"upd{j}", ["x", w, grad], [f"{w}.updated"], "optimizer", "SGDUpdate", "onnxplan"))
     loss = draw(st.sampled_from(made[1:]))
     return make_graph(nodes, size, inputs=["x"], params=params, outputs=[loss])
+
+
+def three_steps(g, opts, params, batch, *, poison=False, swap_dir=None, check_arena=False):
+    """(losses, parameters, executor) after 3 steps of `g` planned with `opts` on one batch
+    (learning rate 0.1); `poison` fills the arena with NaNs before each step, so a read of bytes
+    that have not arrived yet (a late swap-in) shows."""
+    from onnxplan.executor.runner import Executor
+    from onnxplan.planning import plan_step
+
+    res = plan_step(g, opts)
+    ex = Executor(res.graph, res.plan, swap_dir=swap_dir, check_arena=check_arena)
+    ex.load_state(params)
+    ex.learning_rate = 0.1
+    losses = []
+    for _ in range(3):
+        if poison:
+            ex.arena.poison()
+        losses.append(ex.step(batch))
+    return losses, ex.parameters(), ex

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxplan.executor.runner import Executor, run_plan
+from onnxplan.executor.runner import run_plan
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.swap import swap_model, verify_swaps
 from onnxplan.swap.adaptive import simulate_stalls
 from onnxplan.swap.policies import Timing
-from tests.graphs import linear_chain
+from tests.graphs import linear_chain, three_steps
 from tests.zoo_small import small_artifacts
 
 
@@ -116,27 +116,15 @@ def test_auto_takes_adaptive_below_proactives_floor(chain, plain):
     assert res.plan.peak_bytes <= budget and res.plan.swap.described == "adaptive"
 
 
-def _steps(g, opts, params, batch, *, check_arena=False, swap_dir=None):
-    res = plan_step(g, opts)
-    ex = Executor(res.graph, res.plan, swap_dir=swap_dir, check_arena=check_arena)
-    ex.load_state(params)
-    ex.learning_rate = 0.1
-    losses = []
-    for _ in range(3):
-        ex.arena.poison()  # a read of bytes that have not arrived yet sees NaNs
-        losses.append(ex.step(batch))
-    return losses, ex.parameters(), res
-
-
 def test_adaptive_run_equals_the_plain_run_bit_for_bit(chain, plain, tmp_path):
     rng = np.random.default_rng(7)
     params = {f"W{i}": (rng.standard_normal((32, 32)) * 0.3).astype(np.float32) for i in range(5)}
     batch = {"x": rng.standard_normal((32, 32)).astype(np.float32), "labels": rng.integers(0, 32, 32)}
-    base = _steps(chain, PlanOptions(planner="best-fit", order="given"), params, batch)
+    base = three_steps(chain, PlanOptions(planner="best-fit", order="given"), params, batch)
     budget = int(plain.plan.peak_bytes * 0.6)
     opts = PlanOptions(planner="best-fit", order="given", swap="adaptive", budget=budget)
     for check in (False, True):
-        got = _steps(chain, opts, params, batch, check_arena=check, swap_dir=tmp_path)
+        got = three_steps(chain, opts, params, batch, poison=True, check_arena=check, swap_dir=tmp_path)
         assert got[2].plan.swaps and got[2].plan.peak_bytes <= budget
         assert got[0] == base[0]
         assert all(np.array_equal(got[1][k], base[1][k]) for k in base[1])

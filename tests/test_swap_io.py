@@ -16,7 +16,7 @@ from onnxplan.errors import UnsupportedOpError
 from onnxplan.executor.runner import Executor, run_plan
 from onnxplan.executor.swap_io import SwapIOError, SwapStore, fs_type
 from onnxplan.planning import PlanOptions, plan_step
-from tests.graphs import linear_chain
+from tests.graphs import linear_chain, three_steps
 from tests.zoo_small import SMALL, small_artifacts
 
 POLICIES = [("on-demand", {}), ("reduced", {}), ("proactive", {"lookahead": 1}),
@@ -170,19 +170,6 @@ def chain_case():
     return g, params, batch
 
 
-def _steps(g, opts, params, batch, *, poison=False, swap_dir=None, check_arena=False):
-    res = plan_step(g, opts)
-    ex = Executor(res.graph, res.plan, swap_dir=swap_dir, check_arena=check_arena)
-    ex.load_state(params)
-    ex.learning_rate = 0.1
-    losses = []
-    for _ in range(3):
-        if poison:  # a read of bytes that have not arrived yet sees NaNs
-            ex.arena.poison()
-        losses.append(ex.step(batch))
-    return losses, ex.parameters(), ex
-
-
 def _same(a, b) -> bool:
     return a[0] == b[0] and set(a[1]) == set(b[1]) and all(np.array_equal(a[1][k], b[1][k]) for k in a[1])
 
@@ -190,14 +177,14 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("policy, kw", POLICIES)
 def test_swapped_chain_equals_unswapped(chain_case, policy, kw, tmp_path):
     g, params, batch = chain_case
-    base = _steps(g, PlanOptions(planner="best-fit"), params, batch)
-    got = _steps(g, PlanOptions(planner="best-fit", swap=policy, **kw), params, batch, swap_dir=tmp_path)
+    base = three_steps(g, PlanOptions(planner="best-fit"), params, batch)
+    got = three_steps(g, PlanOptions(planner="best-fit", swap=policy, **kw), params, batch, swap_dir=tmp_path)
     assert _same(got, base)
     s = got[2].swap.summary()
     assert len(s["steps"]) == 3 and s["total"]["reads"] > 0
     assert s["total"]["bytes_in"] == 3 * sum(x.bytes for x in got[2].plan.swaps)
     assert s["total"]["bytes_out"] == 3 * sum(x.bytes for x in got[2].plan.swaps if x.write)
-    checked = _steps(g, PlanOptions(planner="best-fit", swap=policy, **kw), params, batch, check_arena=True)
+    checked = three_steps(g, PlanOptions(planner="best-fit", swap=policy, **kw), params, batch, check_arena=True)
     assert _same(checked, base)
 
 
@@ -213,9 +200,9 @@ def _slow(monkeypatch, method: str, seconds: float) -> None:
 
 def test_late_prefetch_stalls_and_never_reads_stale_bytes(chain_case, monkeypatch):
     g, params, batch = chain_case
-    base = _steps(g, PlanOptions(planner="best-fit"), params, batch)
+    base = three_steps(g, PlanOptions(planner="best-fit"), params, batch)
     _slow(monkeypatch, "read", 0.02)
-    got = _steps(g, PlanOptions(planner="best-fit", swap="proactive"), params, batch, poison=True)
+    got = three_steps(g, PlanOptions(planner="best-fit", swap="proactive"), params, batch, poison=True)
     assert _same(got, base)
     total = got[2].swap.summary()["total"]
     assert total["stalls"] >= total["reads"] // 2 and total["stall_seconds"] >= 0.02 * total["reads"] / 2
@@ -223,9 +210,9 @@ def test_late_prefetch_stalls_and_never_reads_stale_bytes(chain_case, monkeypatc
 
 def test_late_write_holds_the_memory_until_done(chain_case, monkeypatch):
     g, params, batch = chain_case
-    base = _steps(g, PlanOptions(planner="best-fit"), params, batch)
+    base = three_steps(g, PlanOptions(planner="best-fit"), params, batch)
     _slow(monkeypatch, "write", 0.02)
-    got = _steps(g, PlanOptions(planner="best-fit", swap="reduced"), params, batch, poison=True)
+    got = three_steps(g, PlanOptions(planner="best-fit", swap="reduced"), params, batch, poison=True)
     assert _same(got, base)
     assert got[2].swap.summary()["total"]["stalls"] > 0
 
