@@ -229,8 +229,80 @@ def _batch_norm_scratch(node, in_specs, out_specs) -> int:
     return _align(n * c * x.itemsize)
 
 
-@kernel("BatchNormalization", scratch=_batch_norm_scratch)
-@kernel("BatchNormInternal", MS, overwrites={1: (3,), 2: (4,)}, updates_state=True, scratch=_batch_norm_scratch)
+def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
+    """The plain kernel's steps with its views, reshapes and per-channel vectors made once
+    (the vectors it allocates per call are allocated here, channel-sized): same ufuncs in the
+    same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    x, scale, b, mean_in, var_in = inputs[:5]
+    y = outputs[0]
+    n, c, s = _bn_dims(x.shape)
+    t = x.dtype.type
+    eps = t(np.float32(ctx.attrs.get("epsilon", 1e-5)))
+    x3, y3 = x.reshape(n, c, s), y.reshape(n, c, s)
+    new_scale, new_bias = np.empty(c, x.dtype), np.empty(c, x.dtype)
+    scale3, bias3 = new_scale.reshape(1, c, 1), new_bias.reshape(1, c, 1)
+    training = len([o for o in outputs if o is not None]) > 1
+
+    def affine(inv_std, mean):
+        np.multiply(inv_std, scale, out=new_scale)
+        np.multiply(mean, new_scale, out=new_bias)
+        np.subtract(b, new_bias, out=new_bias)
+        np.multiply(x3, scale3, out=y3)
+        np.add(y3, bias3, out=y3)
+
+    if not training:
+        inv = np.empty(c, x.dtype)
+
+        def run_inference(ctx_, inputs_, outputs_):
+            np.add(var_in, eps, out=inv)
+            np.sqrt(inv, out=inv)
+            np.divide(t(1), inv, out=inv)
+            affine(inv, mean_in)
+
+        return run_inference
+    momentum = t(np.float32(ctx.attrs.get("momentum", 0.9)))
+    keep = t(1) - momentum
+    run_mean, run_var = _get(outputs, 1), _get(outputs, 2)
+    mean = _get(outputs, 3) if _get(outputs, 3) is not None else np.empty(c, x.dtype)
+    inv_std = _get(outputs, 4) if _get(outputs, 4) is not None else np.empty(c, x.dtype)
+    var = inv_std
+    count = t(n * s)
+    per_nc = ctx.scratch_array(0, (n * c,), x.dtype)
+    per_nc2, dots = per_nc.reshape(n, c), per_nc.reshape(n * c, 1, 1)
+    x_rows, mean3 = x3.reshape(n * c, s), mean.reshape(1, c, 1)
+    centred = y3.reshape(n * c, s)
+    left, right = centred[:, None, :], centred[:, :, None]
+    batch_part = np.empty(c, x.dtype)
+
+    def run_training(ctx_, inputs_, outputs_):
+        np.sum(x_rows, axis=1, out=per_nc)
+        np.sum(per_nc2, axis=0, out=mean)
+        np.divide(mean, count, out=mean)
+        np.subtract(x3, mean3, out=y3)
+        np.matmul(left, right, out=dots)
+        np.sum(per_nc2, axis=0, out=var)
+        np.divide(var, count, out=var)
+        if run_mean is not None:
+            np.multiply(mean, keep, out=batch_part)
+            np.multiply(mean_in, momentum, out=run_mean)
+            np.add(run_mean, batch_part, out=run_mean)
+        if run_var is not None:
+            np.multiply(var, keep, out=batch_part)
+            np.multiply(var_in, momentum, out=run_var)
+            np.add(run_var, batch_part, out=run_var)
+        np.add(var, eps, out=inv_std)
+        np.divide(t(1), inv_std, out=inv_std)
+        np.sqrt(inv_std, out=inv_std)
+        affine(inv_std, mean)
+
+    return run_training
+
+
+@kernel("BatchNormalization", scratch=_batch_norm_scratch, bind=_bind_batch_norm)
+@kernel("BatchNormInternal", MS, overwrites={1: (3,), 2: (4,)}, updates_state=True, scratch=_batch_norm_scratch,
+        bind=_bind_batch_norm)
 def batch_norm(ctx: KernelContext, inputs, outputs) -> None:
     """ORT's BatchNorm: Y = X * (scale * inv_std) + (B - mean * scale * inv_std).
 
@@ -293,7 +365,66 @@ def _batch_norm_grad_scratch(node, in_specs, out_specs) -> int:
     return _align(nb * c * s * x.itemsize) + _align(nb * c * x.itemsize)
 
 
-@kernel("BatchNormalizationGrad", MS, scratch=_batch_norm_grad_scratch)
+def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
+    """The plain kernel's two passes with the chunks' views and the per-channel vectors made
+    once: same ufuncs in the same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    dy, x, scale, mean, inv_std = inputs[:5]
+    dx, dscale, dbias = _get(outputs, 0), _get(outputs, 1), _get(outputs, 2)
+    n, c, s = _bn_dims(x.shape)
+    t = x.dtype.type
+    ns = t(n * s)
+    x3, dy3 = x.reshape(n, c, s), dy.reshape(n, c, s)
+    dx3 = dx.reshape(n, c, s) if dx is not None else None
+    dbias = np.empty(c, x.dtype) if dbias is None else dbias
+    dscale = np.empty(c, x.dtype) if dscale is None else dscale
+    vec = lambda: np.empty(c, x.dtype)  # noqa: E731
+    partial, factor, dy_coef, bias_term, centred_coef = vec(), vec(), vec(), vec(), vec()
+    dy_coef3, bias_term3 = dy_coef.reshape(1, c, 1), bias_term.reshape(1, c, 1)
+    centred_coef3 = centred_coef.reshape(1, c, 1)
+    nb = rows_per_chunk(n, c * s * x.itemsize)
+    dots_at = _align(nb * c * s * x.itemsize)
+    mean3 = mean.reshape(1, c, 1)
+    pass1, pass2 = [], []
+    for n0 in range(0, n, nb):
+        k = min(nb, n - n0)
+        centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
+        dots = ctx.scratch_array(dots_at, (k, c), x.dtype)
+        pass1.append((x3[n0:n0 + k], centred, centred.reshape(k * c, 1, s), dy3[n0:n0 + k].reshape(k * c, s, 1),
+                      dots, dots.reshape(k * c, 1, 1)))
+        if dx3 is not None:
+            pass2.append((dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)))
+
+    def run(ctx_, inputs_, outputs_):
+        np.sum(dy3, axis=(0, 2), out=dbias)
+        for i, (xc, centred, left, right, dots, dots3) in enumerate(pass1):
+            np.subtract(xc, mean3, out=centred)
+            np.matmul(left, right, out=dots3)
+            if i == 0:
+                np.sum(dots, axis=0, out=dscale)
+            else:
+                np.sum(dots, axis=0, out=partial)
+                np.add(dscale, partial, out=dscale)
+        np.multiply(dscale, inv_std, out=dscale)
+        if dx3 is None:
+            return
+        np.multiply(scale, inv_std, out=factor)
+        np.divide(factor, ns, out=factor)
+        np.multiply(factor, ns, out=dy_coef)
+        np.multiply(factor, dbias, out=bias_term)
+        np.multiply(dscale, inv_std, out=centred_coef)
+        np.multiply(centred_coef, factor, out=centred_coef)
+        for dxc, dyc, grad in pass2:
+            np.multiply(dxc, centred_coef3, out=dxc)
+            np.multiply(dyc, dy_coef3, out=grad)
+            np.subtract(grad, bias_term3, out=grad)
+            np.subtract(grad, dxc, out=dxc)
+
+    return run
+
+
+@kernel("BatchNormalizationGrad", MS, scratch=_batch_norm_grad_scratch, bind=_bind_batch_norm_grad)
 def batch_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """ORT's BatchNormalizationGrad: dbias = sum(dY), dscale = sum((X - mean) * inv_std * dY),
     dX = scale * inv_std / (N*S) * (dY * N * S - dbias - (X - mean) * dscale * inv_std).
