@@ -379,7 +379,7 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
     dx3 = dx.reshape(n, c, s) if dx is not None else None
     dbias = np.empty(c, x.dtype) if dbias is None else dbias
     dscale = np.empty(c, x.dtype) if dscale is None else dscale
-    vec = lambda: np.empty(c, x.dtype)  # noqa: E731
+    vec = lambda: np.empty(c, x.dtype)
     partial, factor, dy_coef, bias_term, centred_coef = vec(), vec(), vec(), vec(), vec()
     dy_coef3, bias_term3 = dy_coef.reshape(1, c, 1), bias_term.reshape(1, c, 1)
     centred_coef3 = centred_coef.reshape(1, c, 1)
