@@ -50,6 +50,15 @@ def _bn_outs(k):
     return lambda x: [(x[0].shape, F)] + [((x[0].shape[1],), F)] * (k - 1)
 
 
+def _ln_outs(k):
+    return lambda x: [(x[0].shape, F)] + [((*x[0].shape[:-1], 1), F)] * (k - 1)
+
+
+def _ln_grad_inputs(simplified: bool):
+    stats = [rand(2, 5, 1)] if not simplified else []
+    return lambda: [rand(2, 5, 8), rand(2, 5, 8), rand(8), *stats, rand(2, 5, 1, lo=0.5, hi=2.0)]
+
+
 # (id, (op, domain, make inputs, attrs, outputs), aliases (output, input) to try besides none)
 CASES = {
     "adamw-hf-small": (_adamw(37, 1, 0.01), [(0, 2), (1, 4), (2, 5)]),
@@ -103,6 +112,18 @@ CASES = {
     "log-softmax": (("LogSoftmax", "", _same_shape(1, 6, 10), {}, 1), [(0, 0)]),
     "softmax-grad-13": (("SoftmaxGrad_13", MS, _softmax_pair, {}, 1), [(0, 0), (0, 1)]),
     "softmax-grad": (("SoftmaxGrad", MS, _softmax_pair, {"axis": 1}, 1), [(0, 0)]),
+    "layernorm": (("LayerNormalization", "", lambda: [rand(2, 5, 8), rand(8), rand(8)], {"epsilon": 1e-3},
+                   _ln_outs(3)), []),
+    "layernorm-ms-y-only": (("LayerNormalization", MS, lambda: [rand(2, 5, 8), rand(8)], {}, 1), []),
+    "layernorm-axis1": (("LayerNormalization", "", lambda: [rand(3, 2, 4), rand(2, 4)], {"axis": 1},
+                         lambda x: [((3, 2, 4), F), ((3, 1, 1), F), ((3, 1, 1), F)]), []),
+    "rmsnorm": (("SimplifiedLayerNormalization", MS, lambda: [rand(2, 5, 8), rand(8)], {}, _ln_outs(2)), []),
+    "layernorm-grad": (("LayerNormalizationGrad", MS, _ln_grad_inputs(False), {}, lambda x: [
+        ((2, 5, 8), F), ((8,), F), ((8,), F)]), []),
+    "layernorm-grad-no-dx": (("LayerNormalizationGrad", MS, _ln_grad_inputs(False), {}, lambda x: [
+        None, ((8,), F), ((8,), F)]), []),
+    "rmsnorm-grad": (("SimplifiedLayerNormalizationGrad", MS, _ln_grad_inputs(True), {}, lambda x: [
+        ((2, 5, 8), F), ((8,), F)]), []),
     "batchnorm-inference": (("BatchNormalization", "", _bn_inputs(), {"epsilon": 1e-3}, 1), []),
     "batchnorm-internal": (("BatchNormInternal", MS, _bn_inputs(), {"momentum": 0.8}, _bn_outs(5)),
                            [(1, 3), (2, 4)]),
@@ -198,7 +219,8 @@ def test_other_arrays_go_to_the_plain_kernel():
     assert np.isnan(out).all()
 
 
-@pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx"])
+@pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "layernorm", "layernorm-axis1", "rmsnorm",
+                                  "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad"])
 def test_bound_equals_plain_in_chunks(name, monkeypatch):
     """Chunked kernels (a scratch target smaller than one image): the bound chunks are the plain ones."""
     from onnxplan.kernels import conv
