@@ -124,6 +124,17 @@ CASES = {
         None, ((8,), F), ((8,), F)]), []),
     "rmsnorm-grad": (("SimplifiedLayerNormalizationGrad", MS, _ln_grad_inputs(True), {}, lambda x: [
         ((2, 5, 8), F), ((8,), F)]), []),
+    "maxpool": (("MaxPool", "", _same_shape(1, 2, 3, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                           "pads": [1, 1, 1, 1]}, lambda x: [((2, 3, 4, 4), F)]), []),
+    "maxpool-indices": (("MaxPool", "", _same_shape(1, 2, 3, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                                   "pads": [1, 1, 1, 1]},
+                         lambda x: [((2, 3, 4, 4), F), ((2, 3, 4, 4), np.int64)]), []),
+    "maxpool-indices-1d-dilated": (("MaxPool", "", _same_shape(1, 3, 2, 9), {
+        "kernel_shape": [2], "dilations": [2], "storage_order": 0}, lambda x: [((3, 2, 7), F), ((3, 2, 7), np.int64)]),
+        []),
+    "maxpool-indices-empty-window": (("MaxPool", "", _same_shape(1, 2, 2, 3, 3), {
+        "kernel_shape": [2, 2], "strides": [2, 2], "pads": [2, 0, 0, 0]},
+        lambda x: [((2, 2, 3, 1), F), ((2, 2, 3, 1), np.int64)]), []),
     "batchnorm-inference": (("BatchNormalization", "", _bn_inputs(), {"epsilon": 1e-3}, 1), []),
     "batchnorm-internal": (("BatchNormInternal", MS, _bn_inputs(), {"momentum": 0.8}, _bn_outs(5)),
                            [(1, 3), (2, 4)]),
@@ -220,7 +231,8 @@ def test_other_arrays_go_to_the_plain_kernel():
 
 
 @pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "layernorm", "layernorm-axis1", "rmsnorm",
-                                  "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad"])
+                                  "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad",
+                                  "maxpool-indices", "maxpool-indices-empty-window"])
 def test_bound_equals_plain_in_chunks(name, monkeypatch):
     """Chunked kernels (a scratch target smaller than one image): the bound chunks are the plain ones."""
     from onnxplan.kernels import conv
