@@ -11,7 +11,7 @@ from onnxplan.ir.tensor import TensorSpec
 from onnxplan.kernels.optimizer import CHUNK
 from onnxplan.kernels.random import Randomness
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel, scratch_bytes
-from tests.kernel_harness import MS, RNG, make_node, rand
+from tests.kernel_harness import MS, RNG, make_node, peak_bytes, rand
 
 F = np.float32
 OURS = "onnxplan"
@@ -169,9 +169,9 @@ def _node_and_ctx(op, domain, inputs, outs, attrs):
     return node, KernelContext(np, node, in_specs, out_specs, scratch, Randomness(7))
 
 
-def _run(path: str, case, alias, steps: list[list]) -> list:
+def _run(path: str, case, alias, steps: list[list], peaks: list | None = None) -> list:
     """Bind once to fresh arrays, then per step write the step's values into them and call:
-    (inputs, outputs) after each step."""
+    (inputs, outputs) after each step; each call's peak of allocated bytes into `peaks` when given."""
     (op, domain, _make, attrs, n_out) = case
     first = [np.array(a, copy=True) for a in steps[0]]
     if callable(n_out):  # the case states its outputs: [(shape, dtype)...]
@@ -193,7 +193,10 @@ def _run(path: str, case, alias, steps: list[list]) -> list:
     for values in steps:
         for a, v in zip(first, values):
             a[...] = v
-        fn(ctx, first, outs)
+        if peaks is None:
+            fn(ctx, first, outs)
+        else:
+            peaks.append(peak_bytes(lambda: fn(ctx, first, outs)))
         seen.append([a.copy() for a in (*first, *outs) if a is not None])
     return seen
 
@@ -253,3 +256,18 @@ def test_bound_equals_plain_in_chunks(name, monkeypatch):
 
     monkeypatch.setattr(conv, "SCRATCH_TARGET", 64)
     test_bound_equals_plain_step_after_step(name)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0][0] in (
+    "BatchNormalization", "BatchNormInternal", "BatchNormalizationGrad", "LayerNormalization",
+    "SimplifiedLayerNormalization", "LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad", "MaxPool",
+    "MatMul", "FusedMatMul", "TransposeMatMul", "Conv")))
+def test_bound_allocates_no_more_than_plain(name):
+    """The specialisation's step allocates at most what the plain kernel's does (the memory plan
+    counts on it): what it needs beside its arrays is made when it binds."""
+    case, _ = CASES[name]
+    steps = [case[2]() for _ in range(2)]
+    plain, bound = [], []
+    _run("plain", case, None, steps, plain)
+    _run("bound", case, None, steps, bound)
+    assert max(bound) <= max(plain), (bound, plain)
