@@ -11,7 +11,7 @@ from onnxplan.ir.tensor import TensorSpec
 from onnxplan.kernels.optimizer import CHUNK
 from onnxplan.kernels.random import Randomness
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel, scratch_bytes
-from tests.kernel_harness import MS, RNG, make_node, rand
+from tests.kernel_harness import MS, RNG, make_node, peak_bytes, rand
 
 F = np.float32
 OURS = "onnxplan"
@@ -34,6 +34,29 @@ def _softmax_pair():
     x = rand(6, 10)
     y = np.exp(x - x.max(axis=-1, keepdims=True))
     return [rand(6, 10), (y / y.sum(axis=-1, keepdims=True)).astype(F)]
+
+
+def _bn_inputs(n=2, c=3, *spatial):
+    spatial = spatial or (4, 5)
+    return lambda: [rand(n, c, *spatial), rand(c), rand(c), rand(c), rand(c, lo=0.1, hi=2.0)]
+
+
+def _bn_grad_inputs(n=2, c=3, *spatial):
+    spatial = spatial or (4, 5)
+    return lambda: [rand(n, c, *spatial), rand(n, c, *spatial), rand(c), rand(c), rand(c, lo=0.5, hi=2.0)]
+
+
+def _bn_outs(k):
+    return lambda x: [(x[0].shape, F)] + [((x[0].shape[1],), F)] * (k - 1)
+
+
+def _ln_outs(k):
+    return lambda x: [(x[0].shape, F)] + [((*x[0].shape[:-1], 1), F)] * (k - 1)
+
+
+def _ln_grad_inputs(simplified: bool):
+    stats = [rand(2, 5, 1)] if not simplified else []
+    return lambda: [rand(2, 5, 8), rand(2, 5, 8), rand(8), *stats, rand(2, 5, 1, lo=0.5, hi=2.0)]
 
 
 # (id, (op, domain, make inputs, attrs, outputs), aliases (output, input) to try besides none)
@@ -89,6 +112,50 @@ CASES = {
     "log-softmax": (("LogSoftmax", "", _same_shape(1, 6, 10), {}, 1), [(0, 0)]),
     "softmax-grad-13": (("SoftmaxGrad_13", MS, _softmax_pair, {}, 1), [(0, 0), (0, 1)]),
     "softmax-grad": (("SoftmaxGrad", MS, _softmax_pair, {"axis": 1}, 1), [(0, 0)]),
+    "layernorm": (("LayerNormalization", "", lambda: [rand(2, 5, 8), rand(8), rand(8)], {"epsilon": 1e-3},
+                   _ln_outs(3)), []),
+    "layernorm-ms-y-only": (("LayerNormalization", MS, lambda: [rand(2, 5, 8), rand(8)], {}, 1), []),
+    "layernorm-axis1": (("LayerNormalization", "", lambda: [rand(3, 2, 4), rand(2, 4)], {"axis": 1},
+                         lambda x: [((3, 2, 4), F), ((3, 1, 1), F), ((3, 1, 1), F)]), []),
+    "rmsnorm": (("SimplifiedLayerNormalization", MS, lambda: [rand(2, 5, 8), rand(8)], {}, _ln_outs(2)), []),
+    "layernorm-grad": (("LayerNormalizationGrad", MS, _ln_grad_inputs(False), {}, lambda x: [
+        ((2, 5, 8), F), ((8,), F), ((8,), F)]), []),
+    "layernorm-grad-no-dx": (("LayerNormalizationGrad", MS, _ln_grad_inputs(False), {}, lambda x: [
+        None, ((8,), F), ((8,), F)]), []),
+    "rmsnorm-grad": (("SimplifiedLayerNormalizationGrad", MS, _ln_grad_inputs(True), {}, lambda x: [
+        ((2, 5, 8), F), ((8,), F)]), []),
+    "maxpool": (("MaxPool", "", _same_shape(1, 2, 3, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                           "pads": [1, 1, 1, 1]}, lambda x: [((2, 3, 4, 4), F)]), []),
+    "maxpool-indices": (("MaxPool", "", _same_shape(1, 2, 3, 7, 7), {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                                   "pads": [1, 1, 1, 1]},
+                         lambda x: [((2, 3, 4, 4), F), ((2, 3, 4, 4), np.int64)]), []),
+    "maxpool-indices-1d-dilated": (("MaxPool", "", _same_shape(1, 3, 2, 9), {
+        "kernel_shape": [2], "dilations": [2], "storage_order": 0}, lambda x: [((3, 2, 7), F), ((3, 2, 7), np.int64)]),
+        []),
+    "maxpool-indices-empty-window": (("MaxPool", "", _same_shape(1, 2, 2, 3, 3), {
+        "kernel_shape": [2, 2], "strides": [2, 2], "pads": [2, 0, 0, 0]},
+        lambda x: [((2, 2, 3, 1), F), ((2, 2, 3, 1), np.int64)]), []),
+    "matmul-folded": (("MatMul", "", lambda: [rand(2, 3, 4), rand(4, 5)], {}, lambda x: [((2, 3, 5), F)]), []),
+    "matmul-broadcast": (("MatMul", "", lambda: [rand(3, 4), rand(2, 4, 5)], {}, lambda x: [((2, 3, 5), F)]), []),
+    "matmul-vector": (("MatMul", "", lambda: [rand(4), rand(2, 4, 5)], {}, lambda x: [((2, 5), F)]), []),
+    "fused-matmul": (("FusedMatMul", MS, lambda: [rand(2, 4, 3), rand(5, 4)], {"transA": 1, "transB": 1,
+                                                                            "alpha": 0.5},
+                      lambda x: [((2, 3, 5), F)]), []),
+    "fused-matmul-trans-batch": (("FusedMatMul", MS, lambda: [rand(3, 2, 4), rand(2, 4, 5)],
+                                  {"transBatchA": 1}, lambda x: [((2, 3, 5), F)]), []),
+    "transpose-matmul": (("TransposeMatMul", MS, lambda: [rand(2, 3, 4), rand(4, 5)], {},
+                          lambda x: [((2, 3, 5), F)]), []),
+    "conv-pointwise-bias": (("Conv", "", lambda: [rand(2, 4, 3, 5), rand(6, 4, 1, 1), rand(6)], {},
+                             lambda x: [((2, 6, 3, 5), F)]), []),
+    "conv-pointwise-grouped": (("Conv", "", lambda: [rand(2, 4, 3, 5), rand(6, 2, 1, 1)], {"group": 2},
+                                lambda x: [((2, 6, 3, 5), F)]), []),
+    "batchnorm-inference": (("BatchNormalization", "", _bn_inputs(), {"epsilon": 1e-3}, 1), []),
+    "batchnorm-internal": (("BatchNormInternal", MS, _bn_inputs(), {"momentum": 0.8}, _bn_outs(5)),
+                           [(1, 3), (2, 4)]),
+    "batchnorm-internal-1d": (("BatchNormInternal", MS, _bn_inputs(4, 6, 1), {}, _bn_outs(3)), [(1, 3)]),
+    "batchnorm-grad": (("BatchNormalizationGrad", MS, _bn_grad_inputs(), {}, _bn_outs(3)), []),
+    "batchnorm-grad-no-dx": (("BatchNormalizationGrad", MS, _bn_grad_inputs(3, 2, 7),
+                              {}, lambda x: [None, ((2,), F), ((2,), F)]), []),
 }
 OPSETS = {("Gelu", ""): 20}
 
@@ -102,13 +169,14 @@ def _node_and_ctx(op, domain, inputs, outs, attrs):
     return node, KernelContext(np, node, in_specs, out_specs, scratch, Randomness(7))
 
 
-def _run(path: str, case, alias, steps: list[list]) -> list:
+def _run(path: str, case, alias, steps: list[list], peaks: list | None = None) -> list:
     """Bind once to fresh arrays, then per step write the step's values into them and call:
-    (inputs, outputs) after each step."""
+    (inputs, outputs) after each step; each call's peak of allocated bytes into `peaks` when given."""
     (op, domain, _make, attrs, n_out) = case
     first = [np.array(a, copy=True) for a in steps[0]]
     if callable(n_out):  # the case states its outputs: [(shape, dtype)...]
-        outs = [np.full(shape, np.nan if np.dtype(dt).kind == "f" else -7, dt) for shape, dt in n_out(first)]
+        outs = [None if o is None else np.full(o[0], np.nan if np.dtype(o[1]).kind == "f" else -7, o[1])
+                for o in n_out(first)]  # None: an omitted output
     else:
         outs = [np.full(_out_shape(op, first, attrs, k), np.nan if k == 0 or op != "Dropout" else True,
                         F if k == 0 or op != "Dropout" else bool) for k in range(n_out)]
@@ -125,8 +193,11 @@ def _run(path: str, case, alias, steps: list[list]) -> list:
     for values in steps:
         for a, v in zip(first, values):
             a[...] = v
-        fn(ctx, first, outs)
-        seen.append([a.copy() for a in (*first, *outs)])
+        if peaks is None:
+            fn(ctx, first, outs)
+        else:
+            peaks.append(peak_bytes(lambda: fn(ctx, first, outs)))
+        seen.append([a.copy() for a in (*first, *outs) if a is not None])
     return seen
 
 
@@ -174,3 +245,29 @@ def test_other_arrays_go_to_the_plain_kernel():
     fn(ctx, other_in, other_out)
     np.testing.assert_array_equal(other_out[0], other_in[0].T)
     assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "layernorm", "layernorm-axis1", "rmsnorm",
+                                  "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad",
+                                  "maxpool-indices", "maxpool-indices-empty-window"])
+def test_bound_equals_plain_in_chunks(name, monkeypatch):
+    """Chunked kernels (a scratch target smaller than one image): the bound chunks are the plain ones."""
+    from onnxplan.kernels import conv
+
+    monkeypatch.setattr(conv, "SCRATCH_TARGET", 64)
+    test_bound_equals_plain_step_after_step(name)
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0][0] in (
+    "BatchNormalization", "BatchNormInternal", "BatchNormalizationGrad", "LayerNormalization",
+    "SimplifiedLayerNormalization", "LayerNormalizationGrad", "SimplifiedLayerNormalizationGrad", "MaxPool",
+    "MatMul", "FusedMatMul", "TransposeMatMul", "Conv")))
+def test_bound_allocates_no_more_than_plain(name):
+    """The specialisation's step allocates at most what the plain kernel's does (the memory plan
+    counts on it): what it needs beside its arrays is made when it binds."""
+    case, _ = CASES[name]
+    steps = [case[2]() for _ in range(2)]
+    plain, bound = [], []
+    _run("plain", case, None, steps, plain)
+    _run("bound", case, None, steps, bound)
+    assert max(bound) <= max(plain), (bound, plain)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from onnxplan.kernels import _xp
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -18,13 +20,19 @@ def matmul_into(xp, a, b, out) -> None:
     A batched left operand times a matrix is folded into one 2-D product when the batch
     dimensions of `a` and `out` collapse into rows (one BLAS call instead of one per batch).
     """
+    a, b, out = _matmul_views(a, b, out)
+    xp.matmul(a, b, out=out)
+
+
+def _matmul_views(a, b, out):
+    """The (a, b, out) that matmul_into hands to one matmul call: a batched `a` times a matrix
+    folded into rows where both `a` and `out` collapse, else the arrays as given."""
     if b.ndim == 2 and a.ndim > 2 and out.ndim == a.ndim:
         rows = out.size // out.shape[-1]
         a2, out2 = _rows_view(a, rows), _rows_view(out, rows)
         if a2 is not None and out2 is not None:
-            xp.matmul(a2, b, out=out2)
-            return
-    xp.matmul(a, b, out=out)
+            return a2, b, out2
+    return a, b, out
 
 
 def _rows_view(x, rows: int):
@@ -76,7 +84,19 @@ def gemm(ctx: KernelContext, inputs, outputs) -> None:
         xp.add(y, scaled, out=y)
 
 
-@kernel("MatMul")
+def _bind_matmul(ctx: KernelContext, inputs, outputs):
+    """matmul_into's views chosen once: one matmul call per step, same bits."""
+    if ctx.xp is not np:
+        return None
+    a, b, out = _matmul_views(inputs[0], inputs[1], outputs[0])
+
+    def run(ctx_, inputs_, outputs_):
+        np.matmul(a, b, out=out)
+
+    return run
+
+
+@kernel("MatMul", bind=_bind_matmul)
 def matmul(ctx: KernelContext, inputs, outputs) -> None:
     """Y = A @ B with numpy.matmul semantics (batch broadcasting, 1-D promotion)."""
     matmul_into(ctx.xp, inputs[0], inputs[1], outputs[0])
@@ -97,8 +117,25 @@ def fused_operand(x, trans: bool, trans_batch: bool):
     return x
 
 
-@kernel("FusedMatMul", MS)
-@kernel("TransposeMatMul", MS)
+def _bind_fused_matmul(ctx: KernelContext, inputs, outputs):
+    """fused_matmul's operand views and matmul_into's choice made once: same calls, same bits."""
+    if ctx.xp is not np:
+        return None
+    attrs = ctx.attrs
+    a = fused_operand(inputs[0], bool(attrs.get("transA", 0)), bool(attrs.get("transBatchA", 0)))
+    b = fused_operand(inputs[1], bool(attrs.get("transB", 0)), bool(attrs.get("transBatchB", 0)))
+    a, b, out = _matmul_views(a, b, outputs[0])
+    y, alpha = outputs[0], float(attrs.get("alpha", 1.0))
+
+    def run(ctx_, inputs_, outputs_):
+        np.matmul(a, b, out=out)
+        _scale(np, y, alpha)
+
+    return run
+
+
+@kernel("FusedMatMul", MS, bind=_bind_fused_matmul)
+@kernel("TransposeMatMul", MS, bind=_bind_fused_matmul)
 def fused_matmul(ctx: KernelContext, inputs, outputs) -> None:
     """Y = alpha * op(A) @ op(B), op = optional batch-axis move then transpose of the last two axes."""
     attrs = ctx.attrs

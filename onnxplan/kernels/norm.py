@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from math import prod
 
 import numpy as np
@@ -112,15 +113,77 @@ def _layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
             xp.copyto(inv_out.reshape(rows)[r0:r0 + k], std, casting="same_kind")
 
 
-@kernel("LayerNormalization", scratch=_layer_norm_scratch)
-@kernel("LayerNormalization", MS, scratch=_layer_norm_scratch)
+def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
+    """_layer_norm's steps with every chunk's views made once: same ufuncs in the same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    x, scale, bias = inputs[0], inputs[1], _get(inputs, 2)
+    y = outputs[0]
+    mean_out = None if simplified else _get(outputs, 1)
+    inv_out = _get(outputs, 1 if simplified else 2)
+    rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
+    t = x.dtype.type
+    eps, size, one = t(np.float32(ctx.attrs.get("epsilon", 1e-5))), t(m), t(1)
+    x2, y2 = x.reshape(rows, m), y.reshape(rows, m)
+    scale1 = scale.reshape(m)
+    bias1 = bias.reshape(m) if bias is not None and not simplified else None
+    nr, cols = _ln_chunk(rows, m, x.itemsize)
+    vec_at = _align(m * cols * x.itemsize)
+    chunks = []
+    for r0 in range(0, rows, nr):
+        k = min(nr, rows - r0)
+        kk = max(k, 2)
+        xt = ctx.scratch_array(0, (m, kk), x.dtype)
+        sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
+        squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
+        mean, std = sums[:k], squares[:k]
+        chunks.append((xt, xt[:, :k], xt[:, k:] if kk > k else None, sums, squares, mean, std, xt[0, :k],
+                       mean[:, None], std[:, None], x2[r0:r0 + k], x2[r0:r0 + k].T, y2[r0:r0 + k],
+                       None if mean_out is None else mean_out.reshape(rows)[r0:r0 + k],
+                       None if inv_out is None else inv_out.reshape(rows)[r0:r0 + k]))
+
+    def run(ctx_, inputs_, outputs_):
+        for xt, xt_k, xt_pad, sums, squares, mean, std, square, mean_c, std_c, xc, xct, yc, mean_o, inv_o in chunks:
+            np.copyto(xt_k, xct)
+            if xt_pad is not None:
+                xt_pad[...] = 0
+            np.sum(xt, axis=0, out=sums)
+            np.multiply(xt, xt, out=xt)
+            np.sum(xt, axis=0, out=squares)
+            np.divide(mean, size, out=mean)
+            np.divide(std, size, out=std)
+            if not simplified:
+                np.multiply(mean, mean, out=square)
+                np.subtract(std, square, out=std)
+            np.add(std, eps, out=std)
+            np.sqrt(std, out=std)
+            if simplified:
+                np.divide(xc, std_c, out=yc)
+            else:
+                np.subtract(xc, mean_c, out=yc)
+                np.divide(yc, std_c, out=yc)
+            np.multiply(yc, scale1, out=yc)
+            if bias1 is not None:
+                np.add(yc, bias1, out=yc)
+            if mean_o is not None:
+                np.copyto(mean_o, mean, casting="same_kind")
+            if inv_o is not None:
+                np.divide(one, std, out=std)
+                np.copyto(inv_o, std, casting="same_kind")
+
+    return run
+
+
+@kernel("LayerNormalization", scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=False))
+@kernel("LayerNormalization", MS, scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=False))
 def layer_norm(ctx: KernelContext, inputs, outputs) -> None:
     """(X, Scale, B?) -> Y, Mean?, InvStdDev? over the axes from `axis` on."""
     _layer_norm(ctx, inputs, outputs, simplified=False)
 
 
-@kernel("SimplifiedLayerNormalization", scratch=_layer_norm_scratch)
-@kernel("SimplifiedLayerNormalization", MS, scratch=_layer_norm_scratch)
+@kernel("SimplifiedLayerNormalization", scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=True))
+@kernel("SimplifiedLayerNormalization", MS, scratch=_layer_norm_scratch,
+        bind=partial(_bind_layer_norm, simplified=True))
 def simplified_layer_norm(ctx: KernelContext, inputs, outputs) -> None:
     """(X, Scale) -> Y, InvStdDev? (RMS norm: no mean, no bias)."""
     _layer_norm(ctx, inputs, outputs, simplified=True)
@@ -204,13 +267,78 @@ def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> N
         xp.subtract(ws, xh, out=ws)
 
 
-@kernel("LayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch)
+def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool):
+    """_layer_norm_grad's steps with every chunk's views made once: same ufuncs in the same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    dy, x, scale = inputs[0], inputs[1], inputs[2]
+    mean = None if simplified else inputs[3]
+    inv = inputs[3] if simplified else inputs[4]
+    dx, dscale = _get(outputs, 0), _get(outputs, 1)
+    dbias = None if simplified else _get(outputs, 2)
+    rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
+    size = x.dtype.type(m)
+    x2, dy2 = x.reshape(rows, m), dy.reshape(rows, m)
+    dx2 = dx.reshape(rows, m) if dx is not None else None
+    scale1 = scale.reshape(m)
+    mean1 = mean.reshape(rows) if mean is not None else None
+    inv1 = inv.reshape(rows)
+    dscale1 = dscale.reshape(m) if dscale is not None else None
+    dbias1 = dbias.reshape(m) if dbias is not None else None
+    nr = rows_per_chunk(rows, m * x.itemsize)
+    block, vec = _align(nr * m * x.itemsize), _align(nr * x.itemsize)
+    vec_at = block + (block if dx is None else 0)
+    part_at = vec_at + 2 * vec
+    part = ctx.scratch_array(part_at, (m,), x.dtype)
+    part_b = ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
+    chunks = []
+    for r0 in range(0, rows, nr):
+        k = min(nr, rows - r0)
+        xh = ctx.scratch_array(0, (k, m), x.dtype)
+        ws = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(block, (k, m), x.dtype)
+        mean_b = ctx.scratch_array(vec_at, (k,), x.dtype)
+        mean_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
+        chunks.append((r0 == 0, x2[r0:r0 + k], dy2[r0:r0 + k], xh, ws, mean_b, mean_c, inv1[r0:r0 + k, None],
+                       None if mean1 is None else mean1[r0:r0 + k, None], ws[:, None, :], xh[:, :, None],
+                       mean_c.reshape(k, 1, 1), mean_b[:, None], mean_c[:, None]))
+
+    def run(ctx_, inputs_, outputs_):
+        for first, xc, dyc, xh, ws, mean_b, mean_c, inv_c, mean_r, ws3, xh3, dots, mean_b1, mean_c1 in chunks:
+            if mean_r is None:
+                np.copyto(xh, xc)
+            else:
+                np.subtract(xc, mean_r, out=xh)
+            np.multiply(xh, inv_c, out=xh)
+            if dscale1 is not None:
+                np.multiply(dyc, xh, out=ws)
+                _sum_rows_into(np, ws, dscale1, part, first)
+            if dbias1 is not None:
+                _sum_rows_into(np, dyc, dbias1, part_b, first)
+            if dx2 is None:
+                continue
+            np.multiply(dyc, scale1, out=ws)
+            np.multiply(ws, inv_c, out=ws)
+            np.matmul(ws3, xh3, out=dots)
+            np.divide(mean_c, size, out=mean_c)
+            if not simplified:
+                np.sum(ws, axis=1, out=mean_b)
+                np.divide(mean_b, size, out=mean_b)
+                np.subtract(ws, mean_b1, out=ws)
+            np.multiply(xh, mean_c1, out=xh)
+            np.subtract(ws, xh, out=ws)
+
+    return run
+
+
+@kernel("LayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch,
+        bind=partial(_bind_layer_norm_grad, simplified=False))
 def layer_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, scale, mean, inv_std_dev) -> dX, dscale, dbias."""
     _layer_norm_grad(ctx, inputs, outputs, simplified=False)
 
 
-@kernel("SimplifiedLayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch)
+@kernel("SimplifiedLayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch,
+        bind=partial(_bind_layer_norm_grad, simplified=True))
 def simplified_layer_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, scale, inv_std_dev) -> dX, dscale."""
     _layer_norm_grad(ctx, inputs, outputs, simplified=True)
@@ -229,8 +357,80 @@ def _batch_norm_scratch(node, in_specs, out_specs) -> int:
     return _align(n * c * x.itemsize)
 
 
-@kernel("BatchNormalization", scratch=_batch_norm_scratch)
-@kernel("BatchNormInternal", MS, overwrites={1: (3,), 2: (4,)}, updates_state=True, scratch=_batch_norm_scratch)
+def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
+    """The plain kernel's steps with its views, reshapes and per-channel vectors made once
+    (the vectors it allocates per call are allocated here, channel-sized): same ufuncs in the
+    same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    x, scale, b, mean_in, var_in = inputs[:5]
+    y = outputs[0]
+    n, c, s = _bn_dims(x.shape)
+    t = x.dtype.type
+    eps = t(np.float32(ctx.attrs.get("epsilon", 1e-5)))
+    x3, y3 = x.reshape(n, c, s), y.reshape(n, c, s)
+    new_scale, new_bias = np.empty(c, x.dtype), np.empty(c, x.dtype)
+    scale3, bias3 = new_scale.reshape(1, c, 1), new_bias.reshape(1, c, 1)
+    training = len([o for o in outputs if o is not None]) > 1
+
+    def affine(inv_std, mean):
+        np.multiply(inv_std, scale, out=new_scale)
+        np.multiply(mean, new_scale, out=new_bias)
+        np.subtract(b, new_bias, out=new_bias)
+        np.multiply(x3, scale3, out=y3)
+        np.add(y3, bias3, out=y3)
+
+    if not training:
+        inv = np.empty(c, x.dtype)
+
+        def run_inference(ctx_, inputs_, outputs_):
+            np.add(var_in, eps, out=inv)
+            np.sqrt(inv, out=inv)
+            np.divide(t(1), inv, out=inv)
+            affine(inv, mean_in)
+
+        return run_inference
+    momentum = t(np.float32(ctx.attrs.get("momentum", 0.9)))
+    keep = t(1) - momentum
+    run_mean, run_var = _get(outputs, 1), _get(outputs, 2)
+    mean = _get(outputs, 3) if _get(outputs, 3) is not None else np.empty(c, x.dtype)
+    inv_std = _get(outputs, 4) if _get(outputs, 4) is not None else np.empty(c, x.dtype)
+    var = inv_std
+    count = t(n * s)
+    per_nc = ctx.scratch_array(0, (n * c,), x.dtype)
+    per_nc2, dots = per_nc.reshape(n, c), per_nc.reshape(n * c, 1, 1)
+    x_rows, mean3 = x3.reshape(n * c, s), mean.reshape(1, c, 1)
+    centred = y3.reshape(n * c, s)
+    left, right = centred[:, None, :], centred[:, :, None]
+    batch_part = np.empty(c, x.dtype)
+
+    def run_training(ctx_, inputs_, outputs_):
+        np.sum(x_rows, axis=1, out=per_nc)
+        np.sum(per_nc2, axis=0, out=mean)
+        np.divide(mean, count, out=mean)
+        np.subtract(x3, mean3, out=y3)
+        np.matmul(left, right, out=dots)
+        np.sum(per_nc2, axis=0, out=var)
+        np.divide(var, count, out=var)
+        if run_mean is not None:
+            np.multiply(mean, keep, out=batch_part)
+            np.multiply(mean_in, momentum, out=run_mean)
+            np.add(run_mean, batch_part, out=run_mean)
+        if run_var is not None:
+            np.multiply(var, keep, out=batch_part)
+            np.multiply(var_in, momentum, out=run_var)
+            np.add(run_var, batch_part, out=run_var)
+        np.add(var, eps, out=inv_std)
+        np.divide(t(1), inv_std, out=inv_std)
+        np.sqrt(inv_std, out=inv_std)
+        affine(inv_std, mean)
+
+    return run_training
+
+
+@kernel("BatchNormalization", scratch=_batch_norm_scratch, bind=_bind_batch_norm)
+@kernel("BatchNormInternal", MS, overwrites={1: (3,), 2: (4,)}, updates_state=True, scratch=_batch_norm_scratch,
+        bind=_bind_batch_norm)
 def batch_norm(ctx: KernelContext, inputs, outputs) -> None:
     """ORT's BatchNorm: Y = X * (scale * inv_std) + (B - mean * scale * inv_std).
 
@@ -293,7 +493,66 @@ def _batch_norm_grad_scratch(node, in_specs, out_specs) -> int:
     return _align(nb * c * s * x.itemsize) + _align(nb * c * x.itemsize)
 
 
-@kernel("BatchNormalizationGrad", MS, scratch=_batch_norm_grad_scratch)
+def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
+    """The plain kernel's two passes with the chunks' views and the per-channel vectors made
+    once: same ufuncs in the same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    dy, x, scale, mean, inv_std = inputs[:5]
+    dx, dscale, dbias = _get(outputs, 0), _get(outputs, 1), _get(outputs, 2)
+    n, c, s = _bn_dims(x.shape)
+    t = x.dtype.type
+    ns = t(n * s)
+    x3, dy3 = x.reshape(n, c, s), dy.reshape(n, c, s)
+    dx3 = dx.reshape(n, c, s) if dx is not None else None
+    dbias = np.empty(c, x.dtype) if dbias is None else dbias
+    dscale = np.empty(c, x.dtype) if dscale is None else dscale
+    vec = lambda: np.empty(c, x.dtype)
+    part_sum, factor, dy_coef, bias_term, centred_coef = vec(), vec(), vec(), vec(), vec()
+    dy_coef3, bias_term3 = dy_coef.reshape(1, c, 1), bias_term.reshape(1, c, 1)
+    centred_coef3 = centred_coef.reshape(1, c, 1)
+    nb = rows_per_chunk(n, c * s * x.itemsize)
+    dots_at = _align(nb * c * s * x.itemsize)
+    mean3 = mean.reshape(1, c, 1)
+    pass1, pass2 = [], []
+    for n0 in range(0, n, nb):
+        k = min(nb, n - n0)
+        centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
+        dots = ctx.scratch_array(dots_at, (k, c), x.dtype)
+        pass1.append((x3[n0:n0 + k], centred, centred.reshape(k * c, 1, s), dy3[n0:n0 + k].reshape(k * c, s, 1),
+                      dots, dots.reshape(k * c, 1, 1)))
+        if dx3 is not None:
+            pass2.append((dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)))
+
+    def run(ctx_, inputs_, outputs_):
+        np.sum(dy3, axis=(0, 2), out=dbias)
+        for i, (xc, centred, left, right, dots, dots3) in enumerate(pass1):
+            np.subtract(xc, mean3, out=centred)
+            np.matmul(left, right, out=dots3)
+            if i == 0:
+                np.sum(dots, axis=0, out=dscale)
+            else:
+                np.sum(dots, axis=0, out=part_sum)
+                np.add(dscale, part_sum, out=dscale)
+        np.multiply(dscale, inv_std, out=dscale)
+        if dx3 is None:
+            return
+        np.multiply(scale, inv_std, out=factor)
+        np.divide(factor, ns, out=factor)
+        np.multiply(factor, ns, out=dy_coef)
+        np.multiply(factor, dbias, out=bias_term)
+        np.multiply(dscale, inv_std, out=centred_coef)
+        np.multiply(centred_coef, factor, out=centred_coef)
+        for dxc, dyc, grad in pass2:
+            np.multiply(dxc, centred_coef3, out=dxc)
+            np.multiply(dyc, dy_coef3, out=grad)
+            np.subtract(grad, bias_term3, out=grad)
+            np.subtract(grad, dxc, out=dxc)
+
+    return run
+
+
+@kernel("BatchNormalizationGrad", MS, scratch=_batch_norm_grad_scratch, bind=_bind_batch_norm_grad)
 def batch_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """ORT's BatchNormalizationGrad: dbias = sum(dY), dscale = sum((X - mean) * inv_std * dY),
     dX = scale * inv_std / (N*S) * (dY * N * S - dbias - (X - mean) * dscale * inv_std).

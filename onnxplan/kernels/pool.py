@@ -73,7 +73,83 @@ def _max_pool_scratch(node, in_specs, out_specs) -> int:
     return _align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
-@kernel("MaxPool", scratch=_max_pool_scratch)
+def _bind_max_pool(ctx: KernelContext, inputs, outputs):
+    """max_pool's steps with the taps' views, the index deltas and the window-corner terms made
+    once: same calls in the same order, same bits."""
+    if ctx.xp is not np:
+        return None
+    x, y = inputs[0], outputs[0]
+    ind = outputs[1] if len(outputs) > 1 else None
+    win = pool_window(ctx.attrs, x.shape, y.shape)
+    taps = list(win.live_taps())
+    lowest = np.finfo(y.dtype).min if y.dtype.kind == "f" else np.iinfo(y.dtype).min
+    full = [i for i, t in enumerate(taps) if t.spans == tuple((0, o) for o in win.out_dims)]
+    seeds = taps[:full[0] + 1] if full else taps
+    every = (slice(None), slice(None))
+    if ind is None:
+        seed_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in reversed(seeds)]
+        max_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in taps[1:]]
+
+        def run_values(ctx_, inputs_, outputs_):
+            y[...] = lowest
+            for dst, src in seed_views:
+                dst[...] = src
+            for dst, src in max_views:
+                np.maximum(dst, src, out=dst)
+
+        return run_values
+    sst = index_strides(win.in_dims, int(ctx.attrs.get("storage_order", 0)))
+    deltas = [sum(k * d * s for k, d, s in zip(t.index, win.dilations, sst)) for t in taps]
+    n, c = x.shape[:2]
+    nd = len(win.out_dims)
+    step = prod(win.in_dims)
+    nb_max = _images_per_chunk(n, prod(y.shape[1:]))
+    terms = [((np.arange(win.out_dims[a], dtype=ind.dtype) * win.strides[a] - win.pads_begin[a]) * sst[a])
+             .reshape((1, 1) + (1,) * a + (-1,) + (1,) * (nd - a - 1)) for a in range(nd)]
+    chan = (np.arange(c, dtype=ind.dtype) * step).reshape((1, c) + (1,) * nd)
+    chunks = []
+    for n0 in range(0, n, nb_max):
+        nb = min(nb_max, n - n0)
+        xc, yc, ic = x[n0:n0 + nb], y[n0:n0 + nb], ind[n0:n0 + nb]
+        mask = ctx.scratch_array(0, yc.shape, np.bool_)
+        seed = [(yc[every + t.out_slices], xc[every + t.in_slices], ic[every + t.out_slices], delta)
+                for t, delta in reversed(list(zip(seeds, deltas)))]
+        rest = [(xc[every + t.in_slices], yc[every + t.out_slices], mask[every + t.out_slices],
+                 ic[every + t.out_slices], delta) for t, delta in list(zip(taps, deltas))[1:]]
+        image = (np.arange(nb, dtype=ind.dtype) * (c * step)).reshape((nb, 1) + (1,) * nd)
+        empty = []
+        for a, outs in enumerate(_empty_outputs(win)):
+            for o in outs:
+                sel = every + _axis_index(nd, a, o)
+                empty.append((sel, ic[sel], chan.reshape((1, c) + (1,) * (nd - 1)),
+                              image.reshape((nb, 1) + (1,) * (nd - 1))))
+        chunks.append((yc, ic, seed, rest, (n0 * c) * step, image, n0 * c * step - sum(sst), empty))
+
+    def run_indices(ctx_, inputs_, outputs_):
+        for yc, ic, seed, rest, offset, image, corner, empty in chunks:
+            yc[...] = lowest
+            for dst, src, idx, delta in seed:
+                dst[...] = src
+                idx[...] = delta
+            for src, dst, m, idx, delta in rest:
+                np.greater(src, dst, out=m)
+                np.copyto(dst, src, where=m)
+                np.copyto(idx, delta, where=m)
+            for term in terms:
+                np.add(ic, term, out=ic)
+            np.add(ic, chan, out=ic)
+            np.add(ic, offset, out=ic)
+            np.add(ic, image, out=ic)
+            for sel, ic_sel, chan_e, image_e in empty:
+                yc[sel] = lowest
+                ic[sel] = corner
+                np.add(ic_sel, chan_e, out=ic_sel)
+                np.add(ic_sel, image_e, out=ic_sel)
+
+    return run_indices
+
+
+@kernel("MaxPool", scratch=_max_pool_scratch, bind=_bind_max_pool)
 def max_pool(ctx: KernelContext, inputs, outputs) -> None:
     """Y = max over each window; Indices (ORT's layout) = flat index into X of the first maximum.
 
