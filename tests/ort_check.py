@@ -9,7 +9,7 @@ import functools
 
 import numpy as np
 
-from onnxplan.executor.compare import ATOL, RTOL, compare_results
+from onnxplan.executor.compare import compare_results
 from onnxplan.executor.prepare import Prepared, load_request
 from onnxplan.executor.runner import execute, initial_parameters, step_batches
 from onnxplan.offsets import plan_offsets
@@ -17,18 +17,17 @@ from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import PlannedBuffer
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.reference import run_reference
+from onnxplan.verification.step_check import verify_run
 from tests.zoo_small import SMALL, small_artifacts
 
 __all__ = ["ATTENTION", "CONV_NETS", "OPTIMIZERS", "ORDERS", "PLANNERS", "SMALL_MODELS", "check_against_ort"]
 
 STEPS = 3
-LR = 1e-3  # ORT's default learning rate
 ORDERS = ("given", "nntrainer", "greedy")
 PLANNERS = ("naive", "sort", "greedy-size", "best-fit")
 OPTIMIZERS = ("adamw", "sgd")
 CONV_NETS = ("vgg16", "resnet18")
 SMALL_MODELS = tuple(m for m in SMALL if m not in CONV_NETS)
-ADAMW_NOISE_SHARE = 1e-3
 ATTENTION = ("transformer", "gpt")
 
 
@@ -79,17 +78,14 @@ def check_against_ort(model: str, optimizer: str, opts: PlanOptions, planners: t
         if cmp.ok or not (optimizer == "adamw" and model in CONV_NETS):
             assert cmp.ok, what
             continue
+        # AdamW on the conv nets (tests/test_executor.py's stated exception): the losses must
+        # match, and every step must verify from ONNX Runtime's own state (onnxplan.verification:
+        # gradients before the optimizer against their rounding floors, then the update on
+        # identical gradients), where free-running parameters only drift apart by AdamW's
+        # sign-like updates of gradients that are rounding noise.
         assert compare_results(losses, {}, ref.losses, {}).ok and not cmp.problems, what
-        outside, total, worst = _outside(params, ref.params)
-        assert outside <= ADAMW_NOISE_SHARE * total and worst < STEPS * LR, (outside, total, worst, what)
+        folder = _loaded(model, optimizer)[0]
+        v = verify_run(Prepared(folder, g, plan), steps=STEPS, check_arena=check_arena, xp=xp)
+        assert v.ok, f"{what}; step check: {v.summary()}"
 
 
-def _outside(got: dict, want: dict) -> tuple[int, int, float]:
-    """(elements outside rtol/atol, elements, largest difference)."""
-    outside, total, worst = 0, 0, 0.0
-    for name, w in want.items():
-        diff = np.abs(got[name].astype(np.float64) - w)
-        outside += int((diff > ATOL + RTOL * np.abs(w)).sum())
-        total += w.size
-        worst = max(worst, float(diff.max()))
-    return outside, total, worst
