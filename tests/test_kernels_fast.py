@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from onnxplan.kernels import _torch
-from tests.kernel_harness import MS, check, rand
+from tests.kernel_harness import ATOL, MS, check, rand
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,6 +56,26 @@ def test_activation_grads_large(op):
     check(op, [rand(*x.shape), x], domain=MS, aliases=[(0, 0), (0, 1)])
 
 
+def test_silu_and_fast_gelu_grad_large():
+    """QuickGelu with alpha 1 (SiLU) and its gradient by torch's silu, FastGeluGrad by torch's
+    gelu_backward(approximate="tanh"); QuickGelu at alpha 1.702 keeps the numpy kernel (checked
+    too; its gradient's numpy kernel is test_activation_grads')."""
+    x = rand(_big_rows(64), 64, lo=-6, hi=6)
+    for alpha in (1.0, 1.702):
+        check("QuickGelu", [x], {"alpha": alpha}, domain=MS, aliases=[(0, 0)])
+    check("QuickGeluGrad", [rand(*x.shape), x], {"alpha": 1.0}, domain=MS, aliases=[(0, 0), (0, 1)])
+    # FastGeluGrad's tolerance: test_activation_grads' (float32 cancellation for X < -3)
+    check("FastGeluGrad", [rand(*x.shape), x], domain=MS, aliases=[(0, 0), (0, 1)], atol=1e-5)
+
+
+def test_transpose_large_every_dtype():
+    """Transpose by torch's copy_ of a permuted view: exact, any numeric dtype; numpy when off."""
+    for dtype in (np.float32, np.float64, np.int64, np.int32, np.bool_, np.float16):
+        x = (rand(_big_rows(64), 64) * 100).astype(dtype)
+        check("Transpose", [x])
+        check("Transpose", [x.reshape(-1, 8, 8)], {"perm": [1, 2, 0]})
+
+
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_softmax_large(op):
     check(op, [rand(_big_rows(128), 128, lo=-8, hi=8)], {"axis": -1}, aliases=[(0, 0)])
@@ -82,15 +102,17 @@ def test_torch_path_at_every_size(monkeypatch):
     assert not _torch.usable(np, x, x)
 
 
-@pytest.mark.parametrize("op", ["Gelu", "GeluGrad", "ReluGrad", "Erf", "FastGelu", "Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("op", ["Gelu", "GeluGrad", "ReluGrad", "Erf", "FastGelu", "Softmax", "LogSoftmax",
+                                "QuickGelu", "QuickGeluGrad", "FastGeluGrad", "Transpose"])
 def test_numpy_path_still_matches(monkeypatch, op):
     """The numpy kernels (torch off; also the GPU path) keep their references and tolerances."""
     monkeypatch.setattr(_torch, "ENABLED", False)
     x = rand(6, 16, lo=-5, hi=5)
-    domain = "" if op in ("Erf", "Softmax", "LogSoftmax") else MS
-    attrs = {"axis": -1} if "Softmax" in op else None
+    domain = "" if op in ("Erf", "Softmax", "LogSoftmax", "Transpose") else MS
+    attrs = {"axis": -1} if "Softmax" in op else {"alpha": 1.0} if op.startswith("QuickGelu") else None
     ins = [rand(*x.shape), x] if op.endswith("Grad") else [x]
-    check(op, ins, attrs, domain=domain, aliases=[(0, 0)])
+    atol = 1e-5 if op == "FastGeluGrad" else ATOL  # test_activation_grads' tolerance
+    check(op, ins, attrs, domain=domain, aliases=[] if op == "Transpose" else [(0, 0)], atol=atol)
 
 
 # ---- the hidden-memory guard -------------------------------------------------------------------
@@ -176,6 +198,14 @@ GUARDED = {
                    "attrs": {"axis": -1}},
     "SoftmaxGrad_13": {"op": "SoftmaxGrad_13", "domain": MS, "inputs": [[ROWS * 8, 64]] * 2,
                        "outputs": [[ROWS * 8, 64]], "positive": True},
+    "QuickGelu": {"op": "QuickGelu", "domain": MS, "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]],
+                  "attrs": {"alpha": 1.0}},
+    "QuickGeluGrad": {"op": "QuickGeluGrad", "domain": MS, "inputs": [[ROWS, 512]] * 2,
+                      "outputs": [[ROWS, 512]], "attrs": {"alpha": 1.0}},
+    "FastGeluGrad": {"op": "FastGeluGrad", "domain": MS, "inputs": [[ROWS, 512]] * 2, "outputs": [[ROWS, 512]]},
+    "Transpose": {"op": "Transpose", "inputs": [[ROWS, 512]], "outputs": [[512, ROWS]]},
+    "Transpose 4-D": {"op": "Transpose", "inputs": [[16, 128, 8, 64]], "outputs": [[16, 8, 128, 64]],
+                      "attrs": {"perm": [0, 2, 1, 3]}},
     # conv kernels (onnxplan/kernels/conv.py): columns, padded copies, channels-last blocks and the
     # dilated dY all live in the declared scratch
     "Conv depthwise": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]], "outputs": [[8, 64, 40, 40]],
@@ -204,7 +234,6 @@ GUARDED_BOUND = {
                     "outputs": [[ROWS * 512]] * 3, "scalars": {"0": 1e-3, "1": 3},
                     "attrs": {"adam_mode": 1, "weight_decay": 0.01}},
     "Sum": {"op": "Sum", "inputs": [[ROWS, 512]] * 3, "outputs": [[ROWS, 512]]},
-    "Transpose": {"op": "Transpose", "inputs": [[ROWS, 512]], "outputs": [[512, ROWS]]},
 }
 PLANTED = {"op": "PlantedAlloc", "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]}
 

@@ -297,10 +297,25 @@ def _sigmoid_of(xp, z):
         return xp.reciprocal(s, out=s)
 
 
-@kernel("QuickGelu", MS, overwrites=UNARY)
+def _silu_alpha(ctx) -> bool:
+    """QuickGelu with alpha 1 is SiLU (what ORT fuses x * sigmoid(x) into): torch's silu serves."""
+    return float(ctx.attrs.get("alpha", 1.702)) == 1.0
+
+
+def _bind_quick_gelu(ctx, inputs, outputs, aten, t):
+    if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0])):
+        return None
+    op, tx, to = aten.silu.out, t(inputs[0]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tx, out=to)
+
+
+@kernel("QuickGelu", MS, overwrites=UNARY, bind=_bind_torch(_bind_quick_gelu))
 def quick_gelu(ctx, inputs, outputs):
-    """Y = X sigmoid(alpha X)."""
+    """Y = X sigmoid(alpha X); alpha 1 (SiLU) by torch's silu when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
+    if _silu_alpha(ctx) and _torch.usable(xp, outputs[0], inputs[0]):
+        _torch.aten().silu.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
+        return
 
     def block(o, x):
         s = _sigmoid_of(xp, x * x.dtype.type(alpha))
@@ -309,7 +324,6 @@ def quick_gelu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-# ---- gradients (dY first) --------------------------------------------------------------------------
 def _bind_relu_grad(ctx, inputs, outputs, aten, t):
     if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
         return None
@@ -392,17 +406,39 @@ def _fast_gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, th, out=o)
 
 
-@kernel("FastGeluGrad", MS, overwrites=BINARY)
+def _bind_fast_gelu_grad(ctx, inputs, outputs, aten, t):
+    if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
+        return None
+    op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, approximate="tanh", grad_input=to)
+
+
+@kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_fast_gelu_grad))
 def fast_gelu_grad(ctx, inputs, outputs):
-    """The derivative of the tanh-approximated GELU, times dY (ORT's formula)."""
+    """The derivative of the tanh-approximated GELU, times dY (ORT's formula; torch's
+    gelu_backward(approximate="tanh"), the same formula, when it can take the arrays)."""
     xp = ctx.xp
+    if _torch_gelu_grad(xp, outputs[0], inputs[0], inputs[1], "tanh"):
+        return
     _xp.blockwise(xp, lambda o, dy, x: _fast_gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
 
-@kernel("QuickGeluGrad", MS, overwrites=BINARY)
+def _bind_quick_gelu_grad(ctx, inputs, outputs, aten, t):
+    if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1])):
+        return None
+    op, tdy, tx, to = aten.silu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    return lambda ctx, inputs, outputs: op(tdy, tx, grad_input=to)
+
+
+@kernel("QuickGeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_quick_gelu_grad))
 def quick_gelu_grad(ctx, inputs, outputs):
-    """dX = dY s (1 + alpha X (1 - s)), s = sigmoid(alpha X)."""
+    """dX = dY s (1 + alpha X (1 - s)), s = sigmoid(alpha X); alpha 1 by torch's silu_backward
+    (the same formula) when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
+    if _silu_alpha(ctx) and _torch.usable(xp, outputs[0], inputs[0], inputs[1]):
+        _torch.aten().silu_backward.grad_input(_torch.tensor(inputs[0]), _torch.tensor(inputs[1]),
+                                               grad_input=_torch.tensor(outputs[0]))
+        return
 
     def block(o, dy, x):
         ax = x * x.dtype.type(alpha)

@@ -6,12 +6,15 @@ import math
 
 import numpy as np
 
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _torch, _xp
 from onnxplan.kernels.registry import kernel
 
 __all__ = ["slice_indices"]
 
 MS = "com.microsoft"
+# dtypes torch.from_numpy shares and copies exactly (bool, ints, floats)
+_TORCH_DTYPES = tuple(np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
+                                            np.float16, np.float32, np.float64))
 
 
 # ---- views: the executor normally binds the output to the input's memory and skips these -----------
@@ -40,9 +43,25 @@ def _perm(ctx, x) -> list[int]:
     return list(range(x.ndim))[::-1] if perm is None else [int(p) for p in perm]
 
 
+def _torch_transpose(xp, x, out, perm):
+    """out <- x permuted by torch's copy_ (a blocked transpose: 2-13x numpy's strided copy on
+    weight-sized matrices), when it can take the arrays: host numpy, one numeric dtype, out
+    C-contiguous. None when numpy must serve; else the step's call on views made now."""
+    if not _torch.ENABLED or xp is not np or x.dtype != out.dtype or x.dtype not in _TORCH_DTYPES \
+            or not out.flags.c_contiguous or not x.flags.c_contiguous or out.size == 0:
+        return None
+    src, dst = _torch.tensor(x).permute(perm), _torch.tensor(out)
+    return lambda: dst.copy_(src)
+
+
 def _bind_transpose(ctx, inputs, outputs):
     """The transposed view of the input made once: a step is one copy."""
-    src, out = ctx.xp.transpose(inputs[0], _perm(ctx, inputs[0])), outputs[0]
+    x, out = inputs[0], outputs[0]
+    perm = _perm(ctx, x)
+    fast = _torch_transpose(ctx.xp, x, out, perm)
+    if fast is not None:
+        return lambda ctx, inputs, outputs: fast()
+    src = ctx.xp.transpose(x, perm)
     copyto = ctx.xp.copyto
     return lambda ctx, inputs, outputs: copyto(out, src)
 
@@ -50,7 +69,12 @@ def _bind_transpose(ctx, inputs, outputs):
 @kernel("Transpose", bind=_bind_transpose)
 def transpose(ctx, inputs, outputs):
     x = inputs[0]
-    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, _perm(ctx, x)))
+    perm = _perm(ctx, x)
+    fast = _torch_transpose(ctx.xp, x, outputs[0], perm)
+    if fast is not None:
+        fast()
+        return
+    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, perm))
 
 
 @kernel("Expand")
