@@ -156,6 +156,11 @@ CASES = {
     "batchnorm-grad": (("BatchNormalizationGrad", MS, _bn_grad_inputs(), {}, _bn_outs(3)), []),
     "batchnorm-grad-no-dx": (("BatchNormalizationGrad", MS, _bn_grad_inputs(3, 2, 7),
                               {}, lambda x: [None, ((2,), F), ((2,), F)]), []),
+    # from norm.BN_TORCH_ELEMS elements the elementwise passes run on torch: still the same bits
+    "batchnorm-inference-large": (("BatchNormalization", "", _bn_inputs(4, 8, 24, 24), {"epsilon": 1e-3}, 1), []),
+    "batchnorm-internal-large": (("BatchNormInternal", MS, _bn_inputs(4, 8, 24, 24), {"momentum": 0.8},
+                                  _bn_outs(5)), [(1, 3), (2, 4)]),
+    "batchnorm-grad-large": (("BatchNormalizationGrad", MS, _bn_grad_inputs(4, 8, 24, 24), {}, _bn_outs(3)), []),
 }
 OPSETS = {("Gelu", ""): 20}
 
@@ -247,7 +252,8 @@ def test_other_arrays_go_to_the_plain_kernel():
     assert np.isnan(out).all()
 
 
-@pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "layernorm", "layernorm-axis1", "rmsnorm",
+@pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "batchnorm-grad-large", "layernorm",
+                                  "layernorm-axis1", "rmsnorm",
                                   "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad",
                                   "maxpool-indices", "maxpool-indices-empty-window"])
 def test_bound_equals_plain_in_chunks(name, monkeypatch):

@@ -234,6 +234,15 @@ GUARDED_BOUND = {
                     "outputs": [[ROWS * 512]] * 3, "scalars": {"0": 1e-3, "1": 3},
                     "attrs": {"adam_mode": 1, "weight_decay": 0.01}},
     "Sum": {"op": "Sum", "inputs": [[ROWS, 512]] * 3, "outputs": [[ROWS, 512]]},
+    # the BatchNorm bind rules' elementwise passes by torch (norm._ew_pass)
+    "BatchNormInternal": {"op": "BatchNormInternal", "domain": MS,
+                          "inputs": [[8, 96, 48, 48], [96], [96], [96], [96]],
+                          "outputs": [[8, 96, 48, 48], [96], [96], [96], [96]]},
+    "BatchNormalization": {"op": "BatchNormalization", "inputs": [[8, 96, 48, 48], [96], [96], [96], [96]],
+                           "outputs": [[8, 96, 48, 48]]},
+    "BatchNormalizationGrad": {"op": "BatchNormalizationGrad", "domain": MS,
+                               "inputs": [[8, 96, 48, 48], [8, 96, 48, 48], [96], [96], [96]],
+                               "outputs": [[8, 96, 48, 48], [96], [96]]},
 }
 PLANTED = {"op": "PlantedAlloc", "inputs": [[ROWS, 512]], "outputs": [[ROWS, 512]]}
 

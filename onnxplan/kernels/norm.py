@@ -7,7 +7,7 @@ from math import prod
 
 import numpy as np
 
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _torch, _xp
 from onnxplan.kernels import conv as _conv
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -348,6 +348,29 @@ def _bn_dims(shape) -> tuple[int, int, int]:
     return shape[0], shape[1] if len(shape) > 1 else 1, prod(shape[2:])
 
 
+# From this many elements the BatchNorm bind rules run their tensor-sized elementwise passes
+# (subtract, multiply, add by a per-channel vector) with torch's out= operators on zero-copy
+# views: the same IEEE float32 operation per element as numpy's ufunc (same bits), 1.2-3x faster
+# on [N, C, S] with a broadcast [1, C, 1] operand; smaller tensors keep numpy (cheaper per call).
+BN_TORCH_ELEMS = 1 << 14
+
+
+def _bn_torch(x) -> bool:
+    return _torch.ENABLED and x.size >= BN_TORCH_ELEMS and x.dtype in (np.float32, np.float64)
+
+
+def _ew_pass(use_torch: bool, op: str, a, b, out):
+    """A zero-argument call computing out = a <op> b elementwise (op: "subtract", "multiply",
+    "add"; b broadcast): torch's out= operator on views made once, or numpy's ufunc; same bits."""
+    if use_torch:
+        t = _torch.tensor
+        fn = {"subtract": _torch.load().sub, "multiply": _torch.load().mul, "add": _torch.load().add}[op]
+        ta, tb, to = t(a), t(b), t(out)
+        return lambda: fn(ta, tb, out=to)
+    ufunc = getattr(np, op)
+    return lambda: ufunc(a, b, out=out)
+
+
 def _batch_norm_scratch(node, in_specs, out_specs) -> int:
     """In training: one partial sum per (image, channel)."""
     if len([o for o in out_specs if o is not None]) <= 1:
@@ -359,8 +382,8 @@ def _batch_norm_scratch(node, in_specs, out_specs) -> int:
 
 def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
     """The plain kernel's steps with its views, reshapes and per-channel vectors made once
-    (the vectors it allocates per call are allocated here, channel-sized): same ufuncs in the
-    same order, same bits."""
+    (the vectors it allocates per call are allocated here, channel-sized): same operations in
+    the same order, same bits (the tensor-sized elementwise passes by torch: _ew_pass)."""
     if ctx.xp is not np:
         return None
     x, scale, b, mean_in, var_in = inputs[:5]
@@ -372,13 +395,16 @@ def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
     new_scale, new_bias = np.empty(c, x.dtype), np.empty(c, x.dtype)
     scale3, bias3 = new_scale.reshape(1, c, 1), new_bias.reshape(1, c, 1)
     training = len([o for o in outputs if o is not None]) > 1
+    use_torch = _bn_torch(x)
+    scale_y = _ew_pass(use_torch, "multiply", x3, scale3, y3)
+    shift_y = _ew_pass(use_torch, "add", y3, bias3, y3)
 
     def affine(inv_std, mean):
         np.multiply(inv_std, scale, out=new_scale)
         np.multiply(mean, new_scale, out=new_bias)
         np.subtract(b, new_bias, out=new_bias)
-        np.multiply(x3, scale3, out=y3)
-        np.add(y3, bias3, out=y3)
+        scale_y()
+        shift_y()
 
     if not training:
         inv = np.empty(c, x.dtype)
@@ -403,12 +429,13 @@ def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
     centred = y3.reshape(n * c, s)
     left, right = centred[:, None, :], centred[:, :, None]
     batch_part = np.empty(c, x.dtype)
+    centre = _ew_pass(use_torch, "subtract", x3, mean3, y3)
 
     def run_training(ctx_, inputs_, outputs_):
         np.sum(x_rows, axis=1, out=per_nc)
         np.sum(per_nc2, axis=0, out=mean)
         np.divide(mean, count, out=mean)
-        np.subtract(x3, mean3, out=y3)
+        centre()
         np.matmul(left, right, out=dots)
         np.sum(per_nc2, axis=0, out=var)
         np.divide(var, count, out=var)
@@ -495,7 +522,8 @@ def _batch_norm_grad_scratch(node, in_specs, out_specs) -> int:
 
 def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
     """The plain kernel's two passes with the chunks' views and the per-channel vectors made
-    once: same ufuncs in the same order, same bits."""
+    once: same operations in the same order, same bits (the tensor-sized elementwise passes by
+    torch: _ew_pass)."""
     if ctx.xp is not np:
         return None
     dy, x, scale, mean, inv_std = inputs[:5]
@@ -514,20 +542,25 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
     nb = rows_per_chunk(n, c * s * x.itemsize)
     dots_at = _align(nb * c * s * x.itemsize)
     mean3 = mean.reshape(1, c, 1)
+    use_torch = _bn_torch(x)
     pass1, pass2 = [], []
     for n0 in range(0, n, nb):
         k = min(nb, n - n0)
         centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
         dots = ctx.scratch_array(dots_at, (k, c), x.dtype)
-        pass1.append((x3[n0:n0 + k], centred, centred.reshape(k * c, 1, s), dy3[n0:n0 + k].reshape(k * c, s, 1),
-                      dots, dots.reshape(k * c, 1, 1)))
+        pass1.append((_ew_pass(use_torch, "subtract", x3[n0:n0 + k], mean3, centred), centred.reshape(k * c, 1, s),
+                      dy3[n0:n0 + k].reshape(k * c, s, 1), dots, dots.reshape(k * c, 1, 1)))
         if dx3 is not None:
-            pass2.append((dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)))
+            dxc, dyc, grad = dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)
+            pass2.append((_ew_pass(use_torch, "multiply", dxc, centred_coef3, dxc),
+                          _ew_pass(use_torch, "multiply", dyc, dy_coef3, grad),
+                          _ew_pass(use_torch, "subtract", grad, bias_term3, grad),
+                          _ew_pass(use_torch, "subtract", grad, dxc, dxc)))
 
     def run(ctx_, inputs_, outputs_):
         np.sum(dy3, axis=(0, 2), out=dbias)
-        for i, (xc, centred, left, right, dots, dots3) in enumerate(pass1):
-            np.subtract(xc, mean3, out=centred)
+        for i, (centre, left, right, dots, dots3) in enumerate(pass1):
+            centre()
             np.matmul(left, right, out=dots3)
             if i == 0:
                 np.sum(dots, axis=0, out=dscale)
@@ -543,11 +576,11 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
         np.multiply(factor, dbias, out=bias_term)
         np.multiply(dscale, inv_std, out=centred_coef)
         np.multiply(centred_coef, factor, out=centred_coef)
-        for dxc, dyc, grad in pass2:
-            np.multiply(dxc, centred_coef3, out=dxc)
-            np.multiply(dyc, dy_coef3, out=grad)
-            np.subtract(grad, bias_term3, out=grad)
-            np.subtract(grad, dxc, out=dxc)
+        for scale_centred, scale_dy, shift, combine in pass2:
+            scale_centred()
+            scale_dy()
+            shift()
+            combine()
 
     return run
 
