@@ -115,3 +115,11 @@ def test_random_like_rule_seed_and_given(op, given):
     given.given["n"] = drawn
     (c,) = run_kernel(op, [x], [("float64", (4, 6))], {"dtype": 11})
     np.testing.assert_array_equal(c, drawn)
+
+
+def test_keep_threshold_is_orts_rule_on_32_bit_uniforms():
+    """keep when u / 2**32 >= ratio, u a raw uint32: the threshold is ceil(ratio * 2**32)."""
+    assert krandom._keep_threshold(0.0) == 0 and krandom._keep_threshold(0.25) == 2 ** 30
+    t = krandom._keep_threshold(0.1)
+    assert t / 2 ** 32 >= 0.1 > (t - 1) / 2 ** 32
+    assert krandom._keep_threshold(1 - 2 ** -40) == 2 ** 32  # rounds to 1: nothing kept
