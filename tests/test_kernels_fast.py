@@ -73,7 +73,8 @@ def test_transpose_large_every_dtype():
     for dtype in (np.float32, np.float64, np.int64, np.int32, np.bool_, np.float16):
         x = (rand(_big_rows(64), 64) * 100).astype(dtype)
         check("Transpose", [x])
-        check("Transpose", [x.reshape(-1, 8, 8)], {"perm": [1, 2, 0]})
+        check("Transpose", [x.reshape(-1, 8, 8)], {"perm": [1, 2, 0]})  # numpy's copy
+        check("Transpose", [x.reshape(-1, 2, 4, 8)], {"perm": [1, 0, 2, 3]})  # torch's: last axis stays
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
