@@ -54,9 +54,9 @@ def _ln_outs(k):
     return lambda x: [(x[0].shape, F)] + [((*x[0].shape[:-1], 1), F)] * (k - 1)
 
 
-def _ln_grad_inputs(simplified: bool):
-    stats = [rand(2, 5, 1)] if not simplified else []
-    return lambda: [rand(2, 5, 8), rand(2, 5, 8), rand(8), *stats, rand(2, 5, 1, lo=0.5, hi=2.0)]
+def _ln_grad_inputs(simplified: bool, rows=(2, 5), m=8):
+    stats = [rand(*rows, 1)] if not simplified else []
+    return lambda: [rand(*rows, m), rand(*rows, m), rand(m), *stats, rand(*rows, 1, lo=0.5, hi=2.0)]
 
 
 # (id, (op, domain, make inputs, attrs, outputs), aliases (output, input) to try besides none)
@@ -156,7 +156,15 @@ CASES = {
     "batchnorm-grad": (("BatchNormalizationGrad", MS, _bn_grad_inputs(), {}, _bn_outs(3)), []),
     "batchnorm-grad-no-dx": (("BatchNormalizationGrad", MS, _bn_grad_inputs(3, 2, 7),
                               {}, lambda x: [None, ((2,), F), ((2,), F)]), []),
-    # from norm.BN_TORCH_ELEMS elements the elementwise passes run on torch: still the same bits
+    # from norm.TORCH_ELEMS elements the elementwise passes run on torch: still the same bits
+    "layernorm-large": (("LayerNormalization", "", lambda: [rand(16, 8, 160), rand(160), rand(160)],
+                         {"epsilon": 1e-3}, _ln_outs(3)), []),
+    "rmsnorm-large": (("SimplifiedLayerNormalization", MS, lambda: [rand(16, 8, 160), rand(160)], {},
+                       _ln_outs(2)), []),
+    "layernorm-grad-large": (("LayerNormalizationGrad", MS, _ln_grad_inputs(False, (16, 8), 160), {},
+                              lambda x: [((16, 8, 160), F), ((160,), F), ((160,), F)]), []),
+    "rmsnorm-grad-large": (("SimplifiedLayerNormalizationGrad", MS, _ln_grad_inputs(True, (16, 8), 160), {},
+                            lambda x: [((16, 8, 160), F), ((160,), F)]), []),
     "batchnorm-inference-large": (("BatchNormalization", "", _bn_inputs(4, 8, 24, 24), {"epsilon": 1e-3}, 1), []),
     "batchnorm-internal-large": (("BatchNormInternal", MS, _bn_inputs(4, 8, 24, 24), {"momentum": 0.8},
                                   _bn_outs(5)), [(1, 3), (2, 4)]),
@@ -253,7 +261,7 @@ def test_other_arrays_go_to_the_plain_kernel():
 
 
 @pytest.mark.parametrize("name", ["batchnorm-grad", "batchnorm-grad-no-dx", "batchnorm-grad-large", "layernorm",
-                                  "layernorm-axis1", "rmsnorm",
+                                  "layernorm-axis1", "rmsnorm", "layernorm-large", "layernorm-grad-large",
                                   "layernorm-grad", "layernorm-grad-no-dx", "rmsnorm-grad",
                                   "maxpool-indices", "maxpool-indices-empty-window"])
 def test_bound_equals_plain_in_chunks(name, monkeypatch):

@@ -235,7 +235,14 @@ GUARDED_BOUND = {
                     "outputs": [[ROWS * 512]] * 3, "scalars": {"0": 1e-3, "1": 3},
                     "attrs": {"adam_mode": 1, "weight_decay": 0.01}},
     "Sum": {"op": "Sum", "inputs": [[ROWS, 512]] * 3, "outputs": [[ROWS, 512]]},
-    # the BatchNorm bind rules' elementwise passes by torch (norm._ew_pass)
+    # the BatchNorm and LayerNorm bind rules' copies and elementwise passes by torch (norm._ew_pass)
+    "LayerNormalization": {"op": "LayerNormalization", "inputs": [[ROWS, 512], [512], [512]],
+                           "outputs": [[ROWS, 512], [ROWS, 1], [ROWS, 1]]},
+    "SimplifiedLayerNormalization": {"op": "SimplifiedLayerNormalization", "inputs": [[ROWS, 512], [512]],
+                                     "outputs": [[ROWS, 512], [ROWS, 1]]},
+    "LayerNormalizationGrad": {"op": "LayerNormalizationGrad", "domain": MS,
+                               "inputs": [[ROWS, 512], [ROWS, 512], [512], [ROWS, 1], [ROWS, 1]],
+                               "outputs": [[ROWS, 512], [512], [512]]},
     "BatchNormInternal": {"op": "BatchNormInternal", "domain": MS,
                           "inputs": [[8, 96, 48, 48], [96], [96], [96], [96]],
                           "outputs": [[8, 96, 48, 48], [96], [96], [96], [96]]},

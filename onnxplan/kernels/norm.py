@@ -37,6 +37,40 @@ def _get(seq, i):
     return seq[i] if len(seq) > i else None
 
 
+# From this many elements the BatchNorm and LayerNorm bind rules run their tensor-sized
+# elementwise passes (subtract, multiply, divide, add by a per-channel or per-row vector; the
+# layer norm's transposed copy) with torch's out= operators on zero-copy views: the same IEEE
+# operation per element as numpy's ufunc (same bits), 1.2-3x faster with a broadcast operand;
+# smaller tensors keep numpy (cheaper per call).
+TORCH_ELEMS = 1 << 14
+
+
+def _torch_passes(x) -> bool:
+    return _torch.ENABLED and x.size >= TORCH_ELEMS and x.dtype in (np.float32, np.float64)
+
+
+def _ew_pass(use_torch: bool, op: str, a, b, out):
+    """A zero-argument call computing out = a <op> b elementwise (op: "subtract", "multiply",
+    "divide", "add"; b broadcast): torch's out= operator on views made once, or numpy's ufunc;
+    same bits."""
+    if use_torch:
+        t, torch = _torch.tensor, _torch.load()
+        fn = {"subtract": torch.sub, "multiply": torch.mul, "divide": torch.div, "add": torch.add}[op]
+        ta, tb, to = t(a), t(b), t(out)
+        return lambda: fn(ta, tb, out=to)
+    ufunc = getattr(np, op)
+    return lambda: ufunc(a, b, out=out)
+
+
+def _copy_pass(use_torch: bool, dst, src):
+    """A zero-argument call copying src (a strided view, e.g. a transposed chunk) into dst:
+    torch's copy_ (blocked for a matrix transpose) or numpy's copyto; an exact copy either way."""
+    if use_torch:
+        td, ts = _torch.tensor(dst), _torch.tensor(src)
+        return lambda: td.copy_(ts)
+    return lambda: np.copyto(dst, src)
+
+
 def _ln_dims(shape, axis: int) -> tuple[int, int]:
     """(rows, normalized size) of a layer norm over the axes from `axis` on."""
     axis = axis + len(shape) if axis < 0 else axis
@@ -114,7 +148,8 @@ def _layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
 
 
 def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
-    """_layer_norm's steps with every chunk's views made once: same ufuncs in the same order, same bits."""
+    """_layer_norm's steps with every chunk's views made once: same operations in the same order,
+    same bits (the tensor-sized copy and elementwise passes by torch from TORCH_ELEMS elements)."""
     if ctx.xp is not np:
         return None
     x, scale, bias = inputs[0], inputs[1], _get(inputs, 2)
@@ -129,6 +164,7 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
     bias1 = bias.reshape(m) if bias is not None and not simplified else None
     nr, cols = _ln_chunk(rows, m, x.itemsize)
     vec_at = _align(m * cols * x.itemsize)
+    use_torch = _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
@@ -137,14 +173,23 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
         sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
         squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
         mean, std = sums[:k], squares[:k]
-        chunks.append((xt, xt[:, :k], xt[:, k:] if kk > k else None, sums, squares, mean, std, xt[0, :k],
-                       mean[:, None], std[:, None], x2[r0:r0 + k], x2[r0:r0 + k].T, y2[r0:r0 + k],
+        xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
+        if simplified:
+            normalize = [_ew_pass(use_torch, "divide", xc, std[:, None], yc)]
+        else:
+            normalize = [_ew_pass(use_torch, "subtract", xc, mean[:, None], yc),
+                         _ew_pass(use_torch, "divide", yc, std[:, None], yc)]
+        normalize.append(_ew_pass(use_torch, "multiply", yc, scale1, yc))
+        if bias1 is not None:
+            normalize.append(_ew_pass(use_torch, "add", yc, bias1, yc))
+        chunks.append((_copy_pass(use_torch and kk == k, xt[:, :k], xc.T), xt[:, k:] if kk > k else None, xt,
+                       sums, squares, mean, std, xt[0, :k], normalize,
                        None if mean_out is None else mean_out.reshape(rows)[r0:r0 + k],
                        None if inv_out is None else inv_out.reshape(rows)[r0:r0 + k]))
 
     def run(ctx_, inputs_, outputs_):
-        for xt, xt_k, xt_pad, sums, squares, mean, std, square, mean_c, std_c, xc, xct, yc, mean_o, inv_o in chunks:
-            np.copyto(xt_k, xct)
+        for transpose, xt_pad, xt, sums, squares, mean, std, square, normalize, mean_o, inv_o in chunks:
+            transpose()
             if xt_pad is not None:
                 xt_pad[...] = 0
             np.sum(xt, axis=0, out=sums)
@@ -157,14 +202,8 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
                 np.subtract(std, square, out=std)
             np.add(std, eps, out=std)
             np.sqrt(std, out=std)
-            if simplified:
-                np.divide(xc, std_c, out=yc)
-            else:
-                np.subtract(xc, mean_c, out=yc)
-                np.divide(yc, std_c, out=yc)
-            np.multiply(yc, scale1, out=yc)
-            if bias1 is not None:
-                np.add(yc, bias1, out=yc)
+            for step in normalize:
+                step()
             if mean_o is not None:
                 np.copyto(mean_o, mean, casting="same_kind")
             if inv_o is not None:
@@ -268,7 +307,8 @@ def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> N
 
 
 def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool):
-    """_layer_norm_grad's steps with every chunk's views made once: same ufuncs in the same order, same bits."""
+    """_layer_norm_grad's steps with every chunk's views made once: same operations in the same
+    order, same bits (the tensor-sized elementwise passes by torch from TORCH_ELEMS elements)."""
     if ctx.xp is not np:
         return None
     dy, x, scale = inputs[0], inputs[1], inputs[2]
@@ -291,6 +331,7 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
     part_at = vec_at + 2 * vec
     part = ctx.scratch_array(part_at, (m,), x.dtype)
     part_b = ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
+    use_torch = _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
@@ -298,34 +339,41 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
         ws = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(block, (k, m), x.dtype)
         mean_b = ctx.scratch_array(vec_at, (k,), x.dtype)
         mean_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
-        chunks.append((r0 == 0, x2[r0:r0 + k], dy2[r0:r0 + k], xh, ws, mean_b, mean_c, inv1[r0:r0 + k, None],
-                       None if mean1 is None else mean1[r0:r0 + k, None], ws[:, None, :], xh[:, :, None],
-                       mean_c.reshape(k, 1, 1), mean_b[:, None], mean_c[:, None]))
+        xc, dyc, inv_c = x2[r0:r0 + k], dy2[r0:r0 + k], inv1[r0:r0 + k, None]
+
+        def ew(op, a, b, out):
+            return _ew_pass(use_torch, op, a, b, out)
+
+        centre = (ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
+                  else _copy_pass(use_torch, xh, xc))
+        chunks.append((r0 == 0, dyc, ws, mean_b, mean_c, ws[:, None, :], xh[:, :, None], mean_c.reshape(k, 1, 1),
+                       centre, ew("multiply", xh, inv_c, xh), ew("multiply", dyc, xh, ws),
+                       ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws),
+                       ew("subtract", ws, mean_b[:, None], ws), ew("multiply", xh, mean_c[:, None], xh),
+                       ew("subtract", ws, xh, ws)))
 
     def run(ctx_, inputs_, outputs_):
-        for first, xc, dyc, xh, ws, mean_b, mean_c, inv_c, mean_r, ws3, xh3, dots, mean_b1, mean_c1 in chunks:
-            if mean_r is None:
-                np.copyto(xh, xc)
-            else:
-                np.subtract(xc, mean_r, out=xh)
-            np.multiply(xh, inv_c, out=xh)
+        for (first, dyc, ws, mean_b, mean_c, ws3, xh3, dots, centre, normalize, dscale_terms, scale_dy, scale_inv,
+             centre_b, scale_xh, combine) in chunks:
+            centre()
+            normalize()
             if dscale1 is not None:
-                np.multiply(dyc, xh, out=ws)
+                dscale_terms()
                 _sum_rows_into(np, ws, dscale1, part, first)
             if dbias1 is not None:
                 _sum_rows_into(np, dyc, dbias1, part_b, first)
             if dx2 is None:
                 continue
-            np.multiply(dyc, scale1, out=ws)
-            np.multiply(ws, inv_c, out=ws)
+            scale_dy()
+            scale_inv()
             np.matmul(ws3, xh3, out=dots)
             np.divide(mean_c, size, out=mean_c)
             if not simplified:
                 np.sum(ws, axis=1, out=mean_b)
                 np.divide(mean_b, size, out=mean_b)
-                np.subtract(ws, mean_b1, out=ws)
-            np.multiply(xh, mean_c1, out=xh)
-            np.subtract(ws, xh, out=ws)
+                centre_b()
+            scale_xh()
+            combine()
 
     return run
 
@@ -346,29 +394,6 @@ def simplified_layer_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
 
 def _bn_dims(shape) -> tuple[int, int, int]:
     return shape[0], shape[1] if len(shape) > 1 else 1, prod(shape[2:])
-
-
-# From this many elements the BatchNorm bind rules run their tensor-sized elementwise passes
-# (subtract, multiply, add by a per-channel vector) with torch's out= operators on zero-copy
-# views: the same IEEE float32 operation per element as numpy's ufunc (same bits), 1.2-3x faster
-# on [N, C, S] with a broadcast [1, C, 1] operand; smaller tensors keep numpy (cheaper per call).
-BN_TORCH_ELEMS = 1 << 14
-
-
-def _bn_torch(x) -> bool:
-    return _torch.ENABLED and x.size >= BN_TORCH_ELEMS and x.dtype in (np.float32, np.float64)
-
-
-def _ew_pass(use_torch: bool, op: str, a, b, out):
-    """A zero-argument call computing out = a <op> b elementwise (op: "subtract", "multiply",
-    "add"; b broadcast): torch's out= operator on views made once, or numpy's ufunc; same bits."""
-    if use_torch:
-        t = _torch.tensor
-        fn = {"subtract": _torch.load().sub, "multiply": _torch.load().mul, "add": _torch.load().add}[op]
-        ta, tb, to = t(a), t(b), t(out)
-        return lambda: fn(ta, tb, out=to)
-    ufunc = getattr(np, op)
-    return lambda: ufunc(a, b, out=out)
 
 
 def _batch_norm_scratch(node, in_specs, out_specs) -> int:
@@ -395,7 +420,7 @@ def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
     new_scale, new_bias = np.empty(c, x.dtype), np.empty(c, x.dtype)
     scale3, bias3 = new_scale.reshape(1, c, 1), new_bias.reshape(1, c, 1)
     training = len([o for o in outputs if o is not None]) > 1
-    use_torch = _bn_torch(x)
+    use_torch = _torch_passes(x)
     scale_y = _ew_pass(use_torch, "multiply", x3, scale3, y3)
     shift_y = _ew_pass(use_torch, "add", y3, bias3, y3)
 
@@ -542,7 +567,7 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
     nb = rows_per_chunk(n, c * s * x.itemsize)
     dots_at = _align(nb * c * s * x.itemsize)
     mean3 = mean.reshape(1, c, 1)
-    use_torch = _bn_torch(x)
+    use_torch = _torch_passes(x)
     pass1, pass2 = [], []
     for n0 in range(0, n, nb):
         k = min(nb, n - n0)
