@@ -162,23 +162,31 @@ def _generic_path(monkeypatch):
     conv_module._layout_for.cache_clear()
 
 
-@pytest.mark.parametrize("mode", ["whole", "chunks", "taps"])
+@pytest.mark.parametrize("mode", ["whole", "chunks", "taps", "by_taps", "by_taps_chunks", "by_taps_numpy"])
 @pytest.mark.parametrize("seed", range(24))
 def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
     pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
-    chunks of a 2 KiB scratch target, and a dense conv's large-conv path (im2col tap by tap,
-    col2im dX)."""
-    if mode == "chunks":
+    chunks of a 2 KiB scratch target, a dense conv's large-conv path (im2col tap by tap, col2im
+    dX), and a depthwise conv's tap-by-tap path at every size (torch views; with dW in chunks of
+    images; numpy, in chunks)."""
+    if mode in ("chunks", "by_taps_chunks", "by_taps_numpy"):
         monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
     if mode == "taps":
         monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    if mode.startswith("by_taps"):
+        monkeypatch.setattr(conv_module, "TAPS_MIN_ELEMS", 0)
+        monkeypatch.setattr(conv_module, "TAPS_MIN_WIDTH", 0)
+    if mode == "by_taps_numpy":
+        monkeypatch.setattr(conv_module._torch, "ENABLED", False)
     x_shape, w_shape, attrs = _random_conv(seed)
     rng = np.random.default_rng(1000 + seed)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
     (expected,) = ref_run("Conv", [x, w, b], [("float32", None)], attrs)
     (got,) = run_kernel("Conv", [x, w, b], [("float32", expected.shape)], attrs)
     assert_sums_close(got, expected)  # (ORT 1.19's Conv is off on some strided 3-D depthwise cases)
+    (no_bias,) = ref_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [("float32", expected.shape)], attrs)[0], no_bias)
     grad_attrs = dict(attrs)
     if "auto_pad" in grad_attrs:  # ORT's ConvGrad takes explicit pads: the window's own
         win = conv_module._conv_window(attrs, x_shape, w_shape, expected.shape)

@@ -11,6 +11,7 @@ from math import prod
 import numpy as np
 
 from onnxplan.ir.graph import Node
+from onnxplan.kernels import _torch
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -426,6 +427,136 @@ def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
             xp.add(dwk, acc, out=dwk)
 
 
+# ---- a large depthwise conv tap by tap: one multiply-add per kernel position over whole views --------
+TAPS_MIN_ELEMS = 1 << 15  # X or Y elements from which a depthwise conv runs tap by tap
+TAPS_MIN_WIDTH = 8  # ... when its output rows are at least this long (inner loops of a view)
+
+
+def _by_taps(x_shape, w_shape, y_shape, group: int) -> bool:
+    """A depthwise conv with long enough rows and enough elements that one call per kernel
+    position over the whole batch (a multiply-add of strided views, no columns: torch's addcmul_
+    on zero-copy views, ~5 us a call) beats copying T columns of the output."""
+    return (_depthwise(x_shape, w_shape, group) and int(y_shape[-1]) >= TAPS_MIN_WIDTH
+            and max(prod(x_shape), prod(y_shape)) >= TAPS_MIN_ELEMS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _taps_layout(target: int, y_shape, itemsize: int) -> tuple[int, int]:
+    """(images per chunk, scratch bytes) of the tap-by-tap path: a chunk's products (nb, C, *out),
+    used by dW (and by Conv/dX off torch), and a (C,) partial dW sum."""
+    per_image = prod(y_shape[1:]) * itemsize
+    nb = max(1, min(y_shape[0], target // per_image))
+    return nb, _align(nb * per_image) + _align(y_shape[1] * itemsize)
+
+
+def _taps_scratch(y_shape, itemsize: int) -> int:
+    return _taps_layout(SCRATCH_TARGET, tuple(y_shape), itemsize)[1]
+
+
+def _on_torch(xp, *arrays) -> bool:
+    """True when the tap loop may run on torch views of these arrays."""
+    return (_torch.ENABLED and xp is np and arrays[0].dtype in (np.float32, np.float64)
+            and all(isinstance(a, np.ndarray) for a in arrays))
+
+
+def _covers(tap: Tap, dims) -> bool:
+    """True when the tap's output positions are every position of `dims`."""
+    return all(lo == 0 and hi == d for (lo, hi), d in zip(tap.spans, dims))
+
+
+def _tap_weights(w, c: int, sp: int):
+    """W (C, 1, *kernel) as (taps, 1, C, 1, ...): each tap's weights broadcast over an image."""
+    return w.reshape(c, -1).T.reshape(-1, 1, c, *(1,) * sp)
+
+
+def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool, init=None) -> None:
+    """Conv (adjoint False): dst[n, c, o] = init[c] + sum over taps of W[c, tap] src[n, c, tap's
+    input at o]; dX (adjoint True): dst[n, c, tap's input at o] += W[c, tap] src[n, c, o] for every
+    tap, from zeros. One multiply-add per live tap over the whole batch (torch's addcmul_ on views
+    of the arrays), or, off torch, a multiply into scratch and an add per tap and chunk of images."""
+    xp, c, sp = ctx.xp, src.shape[1], len(win.kernel)
+    every = (slice(None), slice(None))
+    taps = win.taps()
+    out_dims = win.in_dims if adjoint else win.out_dims
+    # the first tap may write (not add) when it covers every position: a tap of unit stride
+    first = None
+    if init is None and not adjoint:
+        first = next((t for t in taps if _covers(t, out_dims)), None)
+    elif init is None and all(s == 1 for s in win.strides):
+        first = next((t for t in taps if all(s.start == 0 and s.stop == d for s, d in zip(t.in_slices, out_dims))),
+                     None)
+    if _on_torch(xp, src, w, dst):
+        t_src, t_dst = _torch.tensor(src), _torch.tensor(dst)
+        wk = _tap_weights(_torch.tensor(w), c, sp)
+        if init is not None:
+            t_dst.copy_(_torch.tensor(init).reshape(1, c, *(1,) * sp).expand_as(t_dst))
+        elif first is None:
+            t_dst.zero_()
+        order = sorted(range(len(taps)), key=lambda k: taps[k] is not first)  # the first one first
+        for k in order:
+            tap = taps[k]
+            if tap.empty:
+                continue
+            a, b = (every + tap.out_slices, every + tap.in_slices)
+            read, write = (a, b) if adjoint else (b, a)
+            if tap is first:
+                _torch.load().mul(t_src[read], wk[k], out=t_dst[write])
+            else:
+                t_dst[write].addcmul_(t_src[read], wk[k])
+        return
+    nb, _ = _taps_layout(SCRATCH_TARGET, tuple(src.shape if adjoint else dst.shape), src.itemsize)
+    wk = _tap_weights(w, c, sp)
+    for n0 in range(0, src.shape[0], nb):
+        s, d = src[n0:n0 + nb], dst[n0:n0 + nb]
+        if init is not None:
+            d[...] = init.reshape(1, c, *(1,) * sp)
+        else:
+            d[...] = 0
+        for k, tap in enumerate(taps):
+            if tap.empty:
+                continue
+            a, b = (every + tap.out_slices, every + tap.in_slices)
+            read, write = (a, b) if adjoint else (b, a)
+            part = s[read]
+            tmp = ctx.scratch_array(0, part.shape, src.dtype)
+            xp.multiply(part, wk[k], out=tmp)
+            xp.add(d[write], tmp, out=d[write])
+
+
+def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
+    """dW[c, tap] = sum over images and positions of dY[n, c, o] X[n, c, tap's input at o]: per
+    chunk of images and tap, the products into scratch and their sum per channel."""
+    xp, c, sp = ctx.xp, x.shape[1], len(win.kernel)
+    nb, nbytes = _taps_layout(SCRATCH_TARGET, tuple(dy.shape), dy.itemsize)
+    acc_at = nbytes - _align(c * dy.itemsize)
+    every = (slice(None), slice(None))
+    axes = (0, *range(2, 2 + sp))
+    dwk = dw.reshape(c, -1)
+    torch = _on_torch(xp, dy, x, dw)
+    for n0 in range(0, dy.shape[0], nb):
+        d_part, x_part = dy[n0:n0 + nb], x[n0:n0 + nb]
+        if torch:
+            d_part, x_part = _torch.tensor(d_part), _torch.tensor(x_part)
+        for k, tap in enumerate(win.taps()):
+            out = dwk[:, k]
+            if tap.empty:
+                if n0 == 0:
+                    out[...] = 0
+                continue
+            a, b = d_part[every + tap.out_slices], x_part[every + tap.in_slices]
+            tmp = ctx.scratch_array(0, a.shape, dy.dtype)
+            target = out if n0 == 0 else ctx.scratch_array(acc_at, (c,), dy.dtype)
+            if torch:
+                t_tmp = _torch.tensor(tmp)
+                _torch.load().mul(a, b, out=t_tmp)
+                _torch.load().sum(t_tmp, dim=axes, out=_torch.tensor(target))
+            else:
+                xp.multiply(a, b, out=tmp)
+                xp.sum(tmp, axis=axes, out=target)
+            if n0:
+                xp.add(out, target, out=out)
+
+
 def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | None:
     """`win` when the columns are one strided copy from a padded source (grouped and small convs:
     a call per tap costs more than the copy), else None (im2col copies tap by tap)."""
@@ -447,6 +578,8 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
+    if not win.pointwise and _by_taps(x.shape, w.shape, y.shape, group):
+        return _taps_scratch(y.shape, x.itemsize)
     return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
                    _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
 
@@ -494,6 +627,9 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     y3 = y.reshape(n, m, length)
     if win.pointwise:  # Y[n, g] = W[g] @ X[n, g] for every image and group in one batched call
         xp.matmul(w3, x.reshape(n, group, cg, length), out=_view(xp, y, (n, group, mg, length)))
+    elif _by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
+        _taps_accumulate(ctx, win, x, w, y, False, b)
+        return
     elif _depthwise(x.shape, w.shape, group):
         _depthwise_conv(ctx, _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win),
                         win, x, w, y)
@@ -655,6 +791,8 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     group = int(node.attrs.get("group", 1))
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
+    if (need_dx or need_dw) and _by_taps(x.shape, w.shape, dy.shape, group):
+        return _taps_scratch(dy.shape, x.itemsize)
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
     sizes = [0 if plan is None else plan.nbytes]
     need_dx = need_dx and plan is None
@@ -697,6 +835,12 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
         xp.matmul(rows, xt, out=_view(xp, dw, (group, mg, cg)))
         dw = None
+    if _by_taps(x.shape, w.shape, dy.shape, group):
+        if dx is not None:
+            _taps_accumulate(ctx, win, dy, w, dx, True)
+        if dw is not None:
+            _taps_dw(ctx, win, dy, x, dw)
+        return
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
     if plan is not None:
         _conv_grad_dx(ctx, plan, win, dy, w, dx, group)
