@@ -1,7 +1,7 @@
 """Depthwise and grouped Conv / ConvGrad: our kernels against ONNX Runtime's, per shape, by CPU time.
 
 Usage: python benchmarks/bench_dwconv.py [--set tiny,real] [--rounds 7] [--ops Conv,ConvGrad]
-           [--filter TEXT]
+           [--filter TEXT] [--model MODEL ...]
 
 Each case is one Conv node (and its ConvGrad: dX, dW, and dB when the conv has a bias) on seeded
 random inputs: ORT's Conv and com.microsoft ConvGrad kernels in a one-node InferenceSession of the
@@ -12,7 +12,9 @@ CPU; the table gives medians of the per-call CPU time of the calling thread (tim
 runs a one-thread session on the caller), and ours / ORT. Sets: "tiny" = the corpus's own shapes at
 batch 2 (reports/kernels-conv.md), "real" = MobileNetV2 x1.0 at 96x96 batch 8 (3x3 depthwise,
 stride 1 and 2), EfficientNet-B0-like 5x5 depthwise, ConvNeXt 7x7 depthwise, RegNet grouped 3x3
-(group width 8 and 16), all at batch 8. Prints Markdown.
+(group width 8 and 16), all at batch 8. --model takes instead each distinct grouped or depthwise
+Conv/ConvGrad node of a model's training step (e.g. hf-regnet, or hf-regnet@bench where the
+corpus has that scale), with how many nodes share it. Prints Markdown.
 """
 
 from __future__ import annotations
@@ -97,6 +99,34 @@ def cases(sets: set[str], ops: set[str], text: str = ""):
             yield f"ConvGrad {name}", node, [y, x, w], [x, w] + ([b] if bias else [])
 
 
+def model_cases(name: str, ops: set[str]):
+    """(label, node, input specs, output specs, count) of each distinct grouped Conv/ConvGrad of the step."""
+    from onnxplan.executor.prepare import prepare
+    from onnxplan.planning import PlanOptions
+    from onnxplan.resolve import ModelRequest
+
+    graph = prepare(ModelRequest(name, None), PlanOptions()).graph
+    found: dict[tuple, list] = {}
+    for node in graph.nodes:
+        if node.op_type not in ops or int(node.attrs.get("group", 1)) == 1:
+            continue
+        ins = [graph.values[i].spec for i in node.inputs if i]
+        outs = [graph.values[o].spec if o else None for o in node.outputs]
+        key = (node.op_type, tuple(ins), tuple(outs), repr(sorted(node.attrs.items())))
+        if key in found:
+            found[key][4] += 1
+            continue
+        x = ins[1] if node.op_type == "ConvGrad" else ins[0]
+        w = ins[2] if node.op_type == "ConvGrad" else ins[1]
+        s = node.attrs.get("strides", [1])[0]
+        label = (f"{node.op_type} {name} {'x'.join(map(str, x.shape))} g{node.attrs['group']} "
+                 f"k{'x'.join(map(str, w.shape[2:]))} s{s}")
+        if node.op_type == "ConvGrad":
+            label += " ->" + ",".join(n for n, o in zip(("dX", "dW", "dB"), outs) if o is not None)
+        found[key] = [label, node, ins, outs, 1]
+    return [tuple(v) for v in found.values()]
+
+
 def _per_call(run, budget: float = 0.02) -> float:
     """CPU seconds per call, repeating the call until it has used `budget` seconds."""
     calls, t0 = 0, time.thread_time()
@@ -113,10 +143,10 @@ def time_case(node, ins, outs, rounds: int) -> tuple[float, float, int]:
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s.shape).astype(s.dtype) for s in ins]
     session, names = _ort_session(node, ins, outs, 1)
-    feeds = dict(zip(names, arrays))
+    feeds = {n: a for n, a in zip(names, arrays) if n}
     nbytes = scratch_bytes(node, ins, outs)
     scratch = np.zeros(nbytes, np.uint8) if nbytes else None
-    out_arrays = [np.empty(s.shape, s.dtype) for s in outs]
+    out_arrays = [np.empty(s.shape, s.dtype) if s is not None else None for s in outs]
     ctx = KernelContext(np, node, ins, outs, scratch)
     fn = find_kernel(node).fn
     runs = [lambda: session.run(None, feeds), lambda: fn(ctx, arrays, out_arrays)]
@@ -135,6 +165,7 @@ def main() -> None:
     ap.add_argument("--ops", default="Conv,ConvGrad")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--filter", default="")
+    ap.add_argument("--model", nargs="*", default=[], help="a model's own grouped convs instead of the sets")
     args = ap.parse_args()
     import onnxruntime as ort
     import torch
@@ -143,17 +174,27 @@ def main() -> None:
     print(f"{platform.platform()}, {os.cpu_count()} CPUs, numpy {np.__version__}, torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}; one thread each, median of {args.rounds} interleaved rounds, "
           f"CPU time per call; load {os.getloadavg()[0]:.1f} at start\n")
-    print("| case | ORT us | ours us | ours/ORT | scratch KiB |")
-    print("|---|--:|--:|--:|--:|")
+    ops = set(args.ops.split(","))
+    if args.model:
+        todo = [c for m in args.model for c in model_cases(m, ops)]
+    else:
+        todo = [(*c, 1) for c in cases(set(args.set.split(",")), ops, args.filter)]
+    print("| case | n | ORT us | ours us | ours/ORT | scratch KiB |")
+    print("|---|--:|--:|--:|--:|--:|")
     ratios: dict[str, list[float]] = {}
-    for label, node, ins, outs in cases(set(args.set.split(",")), set(args.ops.split(",")), args.filter):
+    totals: dict[str, list[float]] = {}
+    for label, node, ins, outs, count in todo:
         t_ort, t_ours, nbytes = time_case(node, ins, outs, args.rounds)
-        ratios.setdefault(label.split()[0], []).append(t_ours / t_ort)
-        print(f"| {label} | {t_ort * 1e6:.0f} | {t_ours * 1e6:.0f} | {t_ours / t_ort:.2f} | {nbytes / 1024:.0f} |",
-              flush=True)
+        ratios.setdefault(node.op_type, []).append(t_ours / t_ort)
+        total = totals.setdefault(node.op_type, [0.0, 0.0])
+        total[0] += count * t_ort
+        total[1] += count * t_ours
+        print(f"| {label} | {count} | {t_ort * 1e6:.0f} | {t_ours * 1e6:.0f} | {t_ours / t_ort:.2f} "
+              f"| {nbytes / 1024:.0f} |", flush=True)
     for op, rs in ratios.items():
         print(f"\n{op}: median ours/ORT {statistics.median(rs):.2f} over {len(rs)} shapes "
-              f"(min {min(rs):.2f}, max {max(rs):.2f})")
+              f"(min {min(rs):.2f}, max {max(rs):.2f}); sum over nodes {totals[op][1] * 1e3:.2f} ms vs ORT "
+              f"{totals[op][0] * 1e3:.2f} ms")
     print(f"\nload {os.getloadavg()[0]:.1f} at end")
 
 

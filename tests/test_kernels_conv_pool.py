@@ -128,6 +128,30 @@ def test_depthwise_in_chunks(small_chunks, x_shape, w_shape, attrs):
         assert_sums_close(g, e)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 32, 24, 24), (32, 1, 7, 7), {"group": 32, "pads": [3, 3, 3, 3]}),  # convnext: the first tap writes
+    ((2, 32, 49, 49), (32, 1, 3, 3), {"group": 32, "strides": [2, 2]}),  # mobilenet's padded-before stride 2
+    ((3, 16, 40, 38), (16, 1, 5, 5), {"group": 16, "strides": [2, 3], "dilations": [1, 2],
+                                      "pads": [2, 1, 2, 2]}),  # phases of unequal lengths
+])
+@pytest.mark.parametrize("torch_on", [True, False])
+def test_depthwise_by_taps_at_size(monkeypatch, x_shape, w_shape, attrs, torch_on):
+    """Depthwise convs large enough for the tap-by-tap path (default thresholds): Conv with and
+    without a bias, and ConvGrad's dX, dW, dB, against ORT; on torch views and in numpy."""
+    monkeypatch.setattr(conv_module._torch, "ENABLED", torch_on)
+    rng = np.random.default_rng(11)
+    x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
+    (y,) = ort_run("Conv", [x, w, b], [("float32", None)], attrs)
+    assert conv_module._by_taps(x.shape, w.shape, y.shape, attrs["group"])
+    assert_sums_close(run_kernel("Conv", [x, w, b], [y], attrs)[0], y)
+    (y0,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [y0], attrs)[0], y0)
+    inputs = [randn(rng, *y.shape), x, w]
+    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
+    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
+        assert_sums_close(g, e)
+
+
 def _random_conv(seed: int):
     """A random conv: 1-3 spatial axes, group 1, 2 or depthwise (with or without a channel
     multiplier), kernel 1-4, strides 1-3, dilations 1-2, explicit pads or any auto_pad."""

@@ -440,17 +440,36 @@ def _by_taps(x_shape, w_shape, y_shape, group: int) -> bool:
             and max(prod(x_shape), prod(y_shape)) >= TAPS_MIN_ELEMS)
 
 
+@dataclass(frozen=True)
+class TapsLayout:
+    """The tap-by-tap path's chunks of `nb` images and scratch: X's phases (a strided window:
+    X[n, c, q + s * i] for each phase q < s per axis, as unit-stride blocks (phases, nb, C, *dims),
+    so that every tap reads or writes unit strides; -1 for unit strides), the products of a chunk
+    (nb, C, *out) for dW (and Conv/dX off torch), and a (C,) partial dW sum."""
+
+    nb: int
+    phases: int
+    dims: tuple[int, ...]  # a phase block's spatial dims: ceil(in / s)
+    products: int
+    acc: int
+    nbytes: int
+
+
+def _taps_layout(win: Window, x_shape, y_shape, itemsize: int) -> TapsLayout:
+    return _taps_layout_for(SCRATCH_TARGET, win, tuple(x_shape), tuple(y_shape), itemsize)
+
+
 @functools.lru_cache(maxsize=4096)
-def _taps_layout(target: int, y_shape, itemsize: int) -> tuple[int, int]:
-    """(images per chunk, scratch bytes) of the tap-by-tap path: a chunk's products (nb, C, *out),
-    used by dW (and by Conv/dX off torch), and a (C,) partial dW sum."""
-    per_image = prod(y_shape[1:]) * itemsize
+def _taps_layout_for(target: int, win: Window, x_shape, y_shape, itemsize: int) -> TapsLayout:
+    c, strided = x_shape[1], any(s > 1 for s in win.strides)
+    dims = tuple(-(-i // s) for i, s in zip(win.in_dims, win.strides))
+    phase_elems = prod(win.strides) * c * prod(dims) if strided else 0
+    per_image = (phase_elems + prod(y_shape[1:])) * itemsize
     nb = max(1, min(y_shape[0], target // per_image))
-    return nb, _align(nb * per_image) + _align(y_shape[1] * itemsize)
-
-
-def _taps_scratch(y_shape, itemsize: int) -> int:
-    return _taps_layout(SCRATCH_TARGET, tuple(y_shape), itemsize)[1]
+    phase_bytes = _align(nb * phase_elems * itemsize)
+    products = phase_bytes
+    acc = products + _align(nb * prod(y_shape[1:]) * itemsize)
+    return TapsLayout(nb, 0 if strided else -1, dims, products, acc, acc + _align(c * itemsize))
 
 
 def _on_torch(xp, *arrays) -> bool:
@@ -469,83 +488,130 @@ def _tap_weights(w, c: int, sp: int):
     return w.reshape(c, -1).T.reshape(-1, 1, c, *(1,) * sp)
 
 
+def _phase_of(win: Window, tap: Tap) -> tuple[int, tuple[slice, ...]]:
+    """(phase number, unit-stride slices in that phase's block) of the input a tap reads."""
+    q, number, slices = 0, 0, []
+    for sl, s, (lo, hi) in zip(tap.in_slices, win.strides, tap.spans):
+        q = sl.start % s
+        number = number * s + q
+        slices.append(slice(sl.start // s, sl.start // s + hi - lo))
+    return number, tuple(slices)
+
+
+def _phase_slices(win: Window):
+    """Per phase: (slices of X it takes, the block's slices they fill)."""
+    for q in itertools.product(*(range(s) for s in win.strides)):
+        lengths = [max(0, -(-(i - p) // s)) for i, p, s in zip(win.in_dims, q, win.strides)]
+        yield (tuple(slice(p, None, s) for p, s in zip(q, win.strides)),
+               tuple(slice(0, k) for k in lengths))
+
+
+def _phases(ctx: KernelContext, lay: TapsLayout, win: Window, nb: int, c: int, dtype):
+    return ctx.scratch_array(lay.phases, (prod(win.strides), nb, c, *lay.dims), dtype)
+
+
 def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool, init=None) -> None:
     """Conv (adjoint False): dst[n, c, o] = init[c] + sum over taps of W[c, tap] src[n, c, tap's
     input at o]; dX (adjoint True): dst[n, c, tap's input at o] += W[c, tap] src[n, c, o] for every
-    tap, from zeros. One multiply-add per live tap over the whole batch (torch's addcmul_ on views
-    of the arrays), or, off torch, a multiply into scratch and an add per tap and chunk of images."""
+    tap, from zeros. On torch, one multiply-add per live tap over a chunk of images (addcmul_ on
+    views of the arrays; with strides, on X's phases in scratch, so that every view has unit
+    strides); off torch, a multiply into scratch and an add per tap and chunk."""
     xp, c, sp = ctx.xp, src.shape[1], len(win.kernel)
     every = (slice(None), slice(None))
     taps = win.taps()
-    out_dims = win.in_dims if adjoint else win.out_dims
-    # the first tap may write (not add) when it covers every position: a tap of unit stride
-    first = None
-    if init is None and not adjoint:
-        first = next((t for t in taps if _covers(t, out_dims)), None)
-    elif init is None and all(s == 1 for s in win.strides):
-        first = next((t for t in taps if all(s.start == 0 and s.stop == d for s, d in zip(t.in_slices, out_dims))),
-                     None)
-    if _on_torch(xp, src, w, dst):
-        t_src, t_dst = _torch.tensor(src), _torch.tensor(dst)
-        wk = _tap_weights(_torch.tensor(w), c, sp)
-        if init is not None:
-            t_dst.copy_(_torch.tensor(init).reshape(1, c, *(1,) * sp).expand_as(t_dst))
-        elif first is None:
-            t_dst.zero_()
-        order = sorted(range(len(taps)), key=lambda k: taps[k] is not first)  # the first one first
+    x, y = (dst, src) if adjoint else (src, dst)
+    lay = _taps_layout(win, x.shape, y.shape, src.itemsize)
+    if not _on_torch(xp, src, w, dst):
+        wk = _tap_weights(w, c, sp)
+        for n0 in range(0, src.shape[0], lay.nb):
+            s, d = src[n0:n0 + lay.nb], dst[n0:n0 + lay.nb]
+            d[...] = 0 if init is None else init.reshape(1, c, *(1,) * sp)
+            for k, tap in enumerate(taps):
+                if tap.empty:
+                    continue
+                a, b = (every + tap.out_slices, every + tap.in_slices)
+                read, write = (a, b) if adjoint else (b, a)
+                tmp = ctx.scratch_array(lay.products, s[read].shape, src.dtype)
+                xp.multiply(s[read], wk[k], out=tmp)
+                xp.add(d[write], tmp, out=d[write])
+        return
+    torch = _torch.load()
+    wk = _tap_weights(_torch.tensor(w), c, sp)
+    # Conv's first tap may write (not add) when it covers every output
+    first = next((t for t in taps if _covers(t, win.out_dims)), None) if init is None and not adjoint else None
+    order = sorted(range(len(taps)), key=lambda k: taps[k] is not first)
+    nb = lay.nb if lay.phases >= 0 else src.shape[0]
+    t_x, t_y = _torch.tensor(x), _torch.tensor(y)
+    for n0 in range(0, src.shape[0], nb):
+        xs, ys = t_x[n0:n0 + nb], t_y[n0:n0 + nb]
+        if lay.phases >= 0:
+            ph = _torch.tensor(_phases(ctx, lay, win, xs.shape[0], c, src.dtype))
+            for q, (taken, filled) in enumerate(_phase_slices(win)):
+                if adjoint:
+                    ph[q].zero_()
+                else:
+                    ph[q][every + filled].copy_(xs[every + taken])
+        if not adjoint:
+            if init is not None:
+                ys.copy_(_torch.tensor(init).reshape(1, c, *(1,) * sp).expand_as(ys))
+            elif first is None:
+                ys.zero_()
+        elif lay.phases < 0:
+            xs.zero_()
         for k in order:
             tap = taps[k]
             if tap.empty:
                 continue
-            a, b = (every + tap.out_slices, every + tap.in_slices)
-            read, write = (a, b) if adjoint else (b, a)
-            if tap is first:
-                _torch.load().mul(t_src[read], wk[k], out=t_dst[write])
+            if lay.phases >= 0:
+                q, slices = _phase_of(win, tap)
+                xv = ph[q][every + slices]
             else:
-                t_dst[write].addcmul_(t_src[read], wk[k])
-        return
-    nb, _ = _taps_layout(SCRATCH_TARGET, tuple(src.shape if adjoint else dst.shape), src.itemsize)
-    wk = _tap_weights(w, c, sp)
-    for n0 in range(0, src.shape[0], nb):
-        s, d = src[n0:n0 + nb], dst[n0:n0 + nb]
-        if init is not None:
-            d[...] = init.reshape(1, c, *(1,) * sp)
-        else:
-            d[...] = 0
-        for k, tap in enumerate(taps):
-            if tap.empty:
-                continue
-            a, b = (every + tap.out_slices, every + tap.in_slices)
-            read, write = (a, b) if adjoint else (b, a)
-            part = s[read]
-            tmp = ctx.scratch_array(0, part.shape, src.dtype)
-            xp.multiply(part, wk[k], out=tmp)
-            xp.add(d[write], tmp, out=d[write])
+                xv = xs[every + tap.in_slices]
+            yv = ys[every + tap.out_slices]
+            if adjoint:
+                xv.addcmul_(yv, wk[k])
+            elif tap is first:
+                torch.mul(xv, wk[k], out=yv)
+            else:
+                yv.addcmul_(xv, wk[k])
+        if adjoint and lay.phases >= 0:
+            for q, (taken, filled) in enumerate(_phase_slices(win)):
+                xs[every + taken].copy_(ph[q][every + filled])
 
 
 def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
     """dW[c, tap] = sum over images and positions of dY[n, c, o] X[n, c, tap's input at o]: per
-    chunk of images and tap, the products into scratch and their sum per channel."""
+    chunk of images and tap, the products into scratch and their sum per channel (on torch, X's
+    phases in scratch when the window has strides, as in _taps_accumulate)."""
     xp, c, sp = ctx.xp, x.shape[1], len(win.kernel)
-    nb, nbytes = _taps_layout(SCRATCH_TARGET, tuple(dy.shape), dy.itemsize)
-    acc_at = nbytes - _align(c * dy.itemsize)
+    lay = _taps_layout(win, x.shape, dy.shape, dy.itemsize)
     every = (slice(None), slice(None))
     axes = (0, *range(2, 2 + sp))
     dwk = dw.reshape(c, -1)
     torch = _on_torch(xp, dy, x, dw)
-    for n0 in range(0, dy.shape[0], nb):
-        d_part, x_part = dy[n0:n0 + nb], x[n0:n0 + nb]
+    for n0 in range(0, dy.shape[0], lay.nb):
+        d_part, x_part = dy[n0:n0 + lay.nb], x[n0:n0 + lay.nb]
+        phased = torch and lay.phases >= 0
         if torch:
             d_part, x_part = _torch.tensor(d_part), _torch.tensor(x_part)
+        if phased:
+            ph = _torch.tensor(_phases(ctx, lay, win, x_part.shape[0], c, dy.dtype))
+            for q, (taken, filled) in enumerate(_phase_slices(win)):
+                ph[q][every + filled].copy_(x_part[every + taken])
         for k, tap in enumerate(win.taps()):
             out = dwk[:, k]
             if tap.empty:
                 if n0 == 0:
                     out[...] = 0
                 continue
-            a, b = d_part[every + tap.out_slices], x_part[every + tap.in_slices]
-            tmp = ctx.scratch_array(0, a.shape, dy.dtype)
-            target = out if n0 == 0 else ctx.scratch_array(acc_at, (c,), dy.dtype)
+            if phased:
+                q, slices = _phase_of(win, tap)
+                b = ph[q][every + slices]
+            else:
+                b = x_part[every + tap.in_slices]
+            a = d_part[every + tap.out_slices]
+            tmp = ctx.scratch_array(lay.products, a.shape, dy.dtype)
+            target = out if n0 == 0 else ctx.scratch_array(lay.acc, (c,), dy.dtype)
             if torch:
                 t_tmp = _torch.tensor(tmp)
                 _torch.load().mul(a, b, out=t_tmp)
@@ -579,7 +645,7 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
     if not win.pointwise and _by_taps(x.shape, w.shape, y.shape, group):
-        return _taps_scratch(y.shape, x.itemsize)
+        return _taps_layout(win, x.shape, y.shape, x.itemsize).nbytes
     return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
                    _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
 
@@ -792,7 +858,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
     if (need_dx or need_dw) and _by_taps(x.shape, w.shape, dy.shape, group):
-        return _taps_scratch(dy.shape, x.itemsize)
+        return _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
     sizes = [0 if plan is None else plan.nbytes]
     need_dx = need_dx and plan is None
