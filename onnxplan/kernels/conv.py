@@ -587,15 +587,19 @@ def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
     lay = _taps_layout(win, x.shape, dy.shape, dy.itemsize)
     every = (slice(None), slice(None))
     axes = (0, *range(2, 2 + sp))
-    dwk = dw.reshape(c, -1)
-    torch = _on_torch(xp, dy, x, dw)
+    dwk, acc = dw.reshape(c, -1), ctx.scratch_array(lay.acc, (c,), dy.dtype)
+    products = ctx.scratch_array(lay.products, (lay.nb * prod(dy.shape[1:]),), dy.dtype)
+    torch, dtype = _on_torch(xp, dy, x, dw), dy.dtype
+    if torch:
+        dy, x, dwk, acc, products = (_torch.tensor(a) for a in (dy, x, dwk, acc, products))
+        mul, total = _torch.load().mul, functools.partial(_torch.load().sum, dim=axes)
+    else:
+        mul, total = xp.multiply, functools.partial(xp.sum, axis=axes)
     for n0 in range(0, dy.shape[0], lay.nb):
         d_part, x_part = dy[n0:n0 + lay.nb], x[n0:n0 + lay.nb]
         phased = torch and lay.phases >= 0
-        if torch:
-            d_part, x_part = _torch.tensor(d_part), _torch.tensor(x_part)
         if phased:
-            ph = _torch.tensor(_phases(ctx, lay, win, x_part.shape[0], c, dy.dtype))
+            ph = _torch.tensor(_phases(ctx, lay, win, x_part.shape[0], c, dtype))
             for q, (taken, filled) in enumerate(_phase_slices(win)):
                 ph[q][every + filled].copy_(x_part[every + taken])
         for k, tap in enumerate(win.taps()):
@@ -610,17 +614,11 @@ def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
             else:
                 b = x_part[every + tap.in_slices]
             a = d_part[every + tap.out_slices]
-            tmp = ctx.scratch_array(lay.products, a.shape, dy.dtype)
-            target = out if n0 == 0 else ctx.scratch_array(lay.acc, (c,), dy.dtype)
-            if torch:
-                t_tmp = _torch.tensor(tmp)
-                _torch.load().mul(a, b, out=t_tmp)
-                _torch.load().sum(t_tmp, dim=axes, out=_torch.tensor(target))
-            else:
-                xp.multiply(a, b, out=tmp)
-                xp.sum(tmp, axis=axes, out=target)
+            tmp = products[:prod(a.shape)].reshape(a.shape)
+            mul(a, b, out=tmp)
+            total(tmp, out=out if n0 == 0 else acc)
             if n0:
-                xp.add(out, target, out=out)
+                out += acc
 
 
 def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | None:
