@@ -131,7 +131,7 @@ def test_depthwise_in_chunks(small_chunks, x_shape, w_shape, attrs):
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
     ((2, 32, 24, 24), (32, 1, 7, 7), {"group": 32, "pads": [3, 3, 3, 3]}),  # convnext: the first tap writes
     ((2, 32, 49, 49), (32, 1, 3, 3), {"group": 32, "strides": [2, 2]}),  # mobilenet's padded-before stride 2
-    ((3, 16, 40, 38), (16, 1, 5, 5), {"group": 16, "strides": [2, 3], "dilations": [1, 2],
+    ((4, 32, 60, 38), (32, 1, 5, 5), {"group": 32, "strides": [2, 3], "dilations": [1, 2],
                                       "pads": [2, 1, 2, 2]}),  # phases of unequal lengths
 ])
 @pytest.mark.parametrize("torch_on", [True, False])
