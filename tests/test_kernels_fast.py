@@ -178,7 +178,7 @@ GUARDED = {
                        "outputs": [[ROWS * 8, 64]], "positive": True},
     # conv kernels (onnxplan/kernels/conv.py): columns, padded copies, channels-last blocks and the
     # dilated dY all live in the declared scratch; the depthwise ones here (>= 32K outputs) run tap by
-    # tap on torch views, X's phases and dW's products in the declared scratch
+    # tap on torch views, X's phases, channels-last copies and dW's products in the declared scratch
     "Conv depthwise": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]], "outputs": [[8, 64, 40, 40]],
                        "attrs": {"group": 64, "pads": [1, 1, 1, 1]}},
     "ConvGrad depthwise": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 1, 3, 3]],
@@ -187,6 +187,12 @@ GUARDED = {
     "Conv depthwise strided": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
                                "outputs": [[8, 64, 20, 20]],
                                "attrs": {"group": 64, "pads": [2, 2, 1, 1], "strides": [2, 2]}},
+    "Conv depthwise short rows": {"op": "Conv", "inputs": [[16, 512, 6, 6], [512, 1, 5, 5], [512]],
+                                  "outputs": [[16, 512, 6, 6]], "attrs": {"group": 512, "pads": [2, 2, 2, 2]}},
+    "ConvGrad depthwise short rows": {"op": "ConvGrad", "domain": MS,
+                                      "inputs": [[16, 512, 6, 6], [16, 512, 6, 6], [512, 1, 5, 5]],
+                                      "outputs": [[16, 512, 6, 6], [512, 1, 5, 5], [512]],
+                                      "attrs": {"group": 512, "pads": [2, 2, 2, 2]}},
     "ConvGrad depthwise strided": {"op": "ConvGrad", "domain": MS,
                                    "inputs": [[8, 64, 20, 20], [8, 64, 40, 40], [64, 1, 5, 5]],
                                    "outputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
@@ -253,7 +259,8 @@ def test_the_depthwise_guards_run_tap_by_tap():
     """The guarded depthwise shapes are on the torch tap-by-tap path (the one that could hide memory)."""
     from onnxplan.kernels import conv
 
-    for name in ("Conv depthwise", "Conv depthwise strided", "ConvGrad depthwise", "ConvGrad depthwise strided"):
+    for name in ("Conv depthwise", "Conv depthwise strided", "ConvGrad depthwise", "ConvGrad depthwise strided",
+                 "Conv depthwise short rows", "ConvGrad depthwise short rows"):
         case = GUARDED[name]
         if case["op"] == "Conv":
             (x, w), y = case["inputs"][:2], case["outputs"][0]

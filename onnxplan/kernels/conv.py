@@ -429,30 +429,37 @@ def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
 
 # ---- a large depthwise conv tap by tap: one multiply-add per kernel position over whole views --------
 TAPS_MIN_ELEMS = 1 << 15  # outputs (Y, dY) from which a depthwise conv runs tap by tap
-TAPS_MIN_WIDTH = 8  # ... when its output rows are at least this long (inner loops of a view)
+TAPS_MIN_WIDTH = 8  # output rows from which the taps run on NCHW views (else on channels-last copies)
 
 
 def _by_taps(x_shape, w_shape, y_shape, group: int) -> bool:
-    """A depthwise conv with long enough rows and enough elements that one call per kernel
-    position over the whole batch (a multiply-add of strided views, no columns: torch's addcmul_
-    on zero-copy views, ~5-10 us a call with its views) beats copying T columns of the output
-    (measured: a strided conv onto 9600 outputs is 3x slower tap by tap)."""
-    return (_depthwise(x_shape, w_shape, group) and int(y_shape[-1]) >= TAPS_MIN_WIDTH
-            and prod(y_shape) >= TAPS_MIN_ELEMS)
+    """A depthwise conv with enough outputs that one call per kernel position over the whole
+    batch (a multiply-add of views, no columns: torch's addcmul_, ~5-10 us a call with its views)
+    beats copying T columns of the output (measured: a strided conv onto 9600 outputs is 3x slower
+    tap by tap). Maps with short rows (< TAPS_MIN_WIDTH: 6x6, 3x3) take the taps on channels-last
+    copies, on torch only (numpy's per-tap calls over them lose to the columns)."""
+    return (_depthwise(x_shape, w_shape, group) and prod(y_shape) >= TAPS_MIN_ELEMS
+            and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or _torch.ENABLED))
 
 
 @dataclass(frozen=True)
 class TapsLayout:
     """The tap-by-tap path's chunks of `nb` images and scratch: X's phases (a strided window:
     X[n, c, q + s * i] for each phase q < s per axis, as unit-stride blocks (phases, nb, C, *dims),
-    so that every tap reads or writes unit strides; -1 for unit strides), the products of a chunk
-    (nb, C, *out) for dW (and Conv/dX off torch), and a (C,) partial dW sum."""
+    so that every tap reads or writes unit strides; -1 for unit strides or channels-last), or, for
+    maps with short rows, channels-last copies of X and Y (nb, *dims, C) (`last_x`, `last_y`; -1
+    otherwise); the products of a chunk (nb, C, *out) for dW (and Conv/dX off torch), a (C,)
+    partial dW sum, and W as (taps, C) (each tap's weights contiguous: channels-last loops read them
+    in order)."""
 
     nb: int
     phases: int
     dims: tuple[int, ...]  # a phase block's spatial dims: ceil(in / s)
+    last_x: int
+    last_y: int
     products: int
     acc: int
+    weights: int
     nbytes: int
 
 
@@ -462,15 +469,20 @@ def _taps_layout(win: Window, x_shape, y_shape, itemsize: int) -> TapsLayout:
 
 @functools.lru_cache(maxsize=4096)
 def _taps_layout_for(target: int, win: Window, x_shape, y_shape, itemsize: int) -> TapsLayout:
-    c, strided = x_shape[1], any(s > 1 for s in win.strides)
+    c, last = x_shape[1], y_shape[-1] < TAPS_MIN_WIDTH
+    strided = any(s > 1 for s in win.strides) and not last
     dims = tuple(-(-i // s) for i, s in zip(win.in_dims, win.strides))
     phase_elems = prod(win.strides) * c * prod(dims) if strided else 0
-    per_image = (phase_elems + prod(y_shape[1:])) * itemsize
+    x_elems, y_elems = prod(x_shape[1:]), prod(y_shape[1:])
+    per_image = (phase_elems + y_elems + ((x_elems + y_elems) if last else 0)) * itemsize
     nb = max(1, min(y_shape[0], target // per_image))
-    phase_bytes = _align(nb * phase_elems * itemsize)
-    products = phase_bytes
-    acc = products + _align(nb * prod(y_shape[1:]) * itemsize)
-    return TapsLayout(nb, 0 if strided else -1, dims, products, acc, acc + _align(c * itemsize))
+    last_x = _align(nb * phase_elems * itemsize)
+    last_y = last_x + (_align(nb * x_elems * itemsize) if last else 0)
+    products = last_y + (_align(nb * y_elems * itemsize) if last else 0)
+    acc = products + _align(nb * y_elems * itemsize)
+    weights = acc + _align(c * itemsize)
+    return TapsLayout(nb, 0 if strided else -1, dims, last_x if last else -1, last_y if last else -1,
+                      products, acc, weights, weights + _align(prod(win.kernel) * c * itemsize))
 
 
 def _on_torch(xp, *arrays) -> bool:
@@ -511,6 +523,16 @@ def _phases(ctx: KernelContext, lay: TapsLayout, win: Window, nb: int, c: int, d
     return ctx.scratch_array(lay.phases, (prod(win.strides), nb, c, *lay.dims), dtype)
 
 
+def _channels_last(ctx: KernelContext, offset: int, like, dtype, fill=None):
+    """A (nb, C, *dims) torch view of a channels-last block of scratch, `fill`'s values copied in."""
+    nb, c, *dims = like.shape
+    block = _torch.tensor(ctx.scratch_array(offset, (nb, *dims, c), dtype))
+    view = block.permute(0, len(dims) + 1, *range(1, len(dims) + 1))
+    if fill is not None:
+        view.copy_(fill)
+    return view
+
+
 def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool, init=None) -> None:
     """Conv (adjoint False): dst[n, c, o] = init[c] + sum over taps of W[c, tap] src[n, c, tap's
     input at o]; dX (adjoint True): dst[n, c, tap's input at o] += W[c, tap] src[n, c, o] for every
@@ -537,14 +559,18 @@ def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool
                 xp.add(d[write], tmp, out=d[write])
         return
     torch = _torch.load()
-    wk = _tap_weights(_torch.tensor(w), c, sp)
+    wk = _torch.tensor(_taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.weights, (len(taps), c), w.dtype)))
+    wk = wk.reshape(-1, 1, c, *(1,) * sp)
     # Conv's first tap may write (not add) when it covers every output
     first = next((t for t in taps if _covers(t, win.out_dims)), None) if init is None and not adjoint else None
     order = sorted(range(len(taps)), key=lambda k: taps[k] is not first)
-    nb = lay.nb if lay.phases >= 0 else src.shape[0]
+    nb = lay.nb if lay.phases >= 0 or lay.last_x >= 0 else src.shape[0]
     t_x, t_y = _torch.tensor(x), _torch.tensor(y)
     for n0 in range(0, src.shape[0], nb):
-        xs, ys = t_x[n0:n0 + nb], t_y[n0:n0 + nb]
+        xs, ys = out_x, out_y = t_x[n0:n0 + nb], t_y[n0:n0 + nb]
+        if lay.last_x >= 0:  # channels-last copies: the taps' inner loops run over the channels
+            xs = _channels_last(ctx, lay.last_x, out_x, src.dtype, None if adjoint else out_x)
+            ys = _channels_last(ctx, lay.last_y, out_y, src.dtype, out_y if adjoint else None)
         if lay.phases >= 0:
             ph = _torch.tensor(_phases(ctx, lay, win, xs.shape[0], c, src.dtype))
             for q, (taken, filled) in enumerate(_phase_slices(win)):
@@ -578,6 +604,8 @@ def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool
         if adjoint and lay.phases >= 0:
             for q, (taken, filled) in enumerate(_phase_slices(win)):
                 xs[every + taken].copy_(ph[q][every + filled])
+        if lay.last_x >= 0:
+            (out_x if adjoint else out_y).copy_(xs if adjoint else ys)
 
 
 def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
@@ -596,9 +624,13 @@ def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
         mul, total = _torch.load().mul, functools.partial(_torch.load().sum, dim=axes)
     else:
         mul, total = xp.multiply, functools.partial(xp.sum, axis=axes)
+    last = torch and lay.last_x >= 0
     for n0 in range(0, dy.shape[0], lay.nb):
         d_part, x_part = dy[n0:n0 + lay.nb], x[n0:n0 + lay.nb]
         phased = torch and lay.phases >= 0
+        if last:  # channels-last copies, and the products channels-last
+            d_part = _channels_last(ctx, lay.last_y, d_part, dtype, d_part)
+            x_part = _channels_last(ctx, lay.last_x, x_part, dtype, x_part)
         if phased:
             ph = _torch.tensor(_phases(ctx, lay, win, x_part.shape[0], c, dtype))
             for q, (taken, filled) in enumerate(_phase_slices(win)):
@@ -615,7 +647,11 @@ def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
             else:
                 b = x_part[every + tap.in_slices]
             a = d_part[every + tap.out_slices]
-            tmp = products[:prod(a.shape)].reshape(a.shape)
+            if last:
+                tmp = products[:prod(a.shape)].reshape(a.shape[0], *a.shape[2:], c).permute(
+                    0, sp + 1, *range(1, sp + 1))
+            else:
+                tmp = products[:prod(a.shape)].reshape(a.shape)
             mul(a, b, out=tmp)
             total(tmp, out=out if n0 == 0 else acc)
             if n0:
