@@ -128,6 +128,34 @@ def test_depthwise_in_chunks(small_chunks, x_shape, w_shape, attrs):
         assert_sums_close(g, e)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 32, 24, 24), (32, 1, 7, 7), {"group": 32, "pads": [3, 3, 3, 3]}),  # convnext: the first tap writes
+    ((2, 32, 49, 49), (32, 1, 3, 3), {"group": 32, "strides": [2, 2]}),  # mobilenet's padded-before stride 2
+    ((4, 32, 60, 38), (32, 1, 5, 5), {"group": 32, "strides": [2, 3], "dilations": [1, 2],
+                                      "pads": [2, 1, 2, 2]}),  # phases of unequal lengths
+    ((8, 672, 6, 6), (672, 1, 5, 5), {"group": 672, "pads": [2, 2, 2, 2]}),  # short rows: channels-last
+    ((8, 576, 7, 7), (576, 1, 3, 3), {"group": 576, "strides": [2, 2], "pads": [1, 0, 1, 1]}),
+])
+@pytest.mark.parametrize("torch_on", [True, False])
+def test_depthwise_by_taps_at_size(monkeypatch, x_shape, w_shape, attrs, torch_on):
+    """Depthwise convs large enough for the tap-by-tap path (default thresholds): Conv with and
+    without a bias, and ConvGrad's dX, dW, dB, against ORT; on torch views (or channels-last copies
+    for short rows) and in numpy."""
+    monkeypatch.setattr(conv_module._torch, "ENABLED", torch_on)
+    rng = np.random.default_rng(11)
+    x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
+    (y,) = ort_run("Conv", [x, w, b], [("float32", None)], attrs)
+    short = y.shape[-1] < conv_module.TAPS_MIN_WIDTH  # channels-last taps: torch only
+    assert conv_module._by_taps(x.shape, w.shape, y.shape, attrs["group"]) == (torch_on or not short)
+    assert_sums_close(run_kernel("Conv", [x, w, b], [y], attrs)[0], y)
+    (y0,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [y0], attrs)[0], y0)
+    inputs = [randn(rng, *y.shape), x, w]
+    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
+    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
+        assert_sums_close(g, e)
+
+
 def _random_conv(seed: int):
     """A random conv: 1-3 spatial axes, group 1, 2 or depthwise (with or without a channel
     multiplier), kernel 1-4, strides 1-3, dilations 1-2, explicit pads or any auto_pad."""
@@ -162,23 +190,32 @@ def _generic_path(monkeypatch):
     conv_module._layout_for.cache_clear()
 
 
-@pytest.mark.parametrize("mode", ["whole", "chunks", "taps"])
+@pytest.mark.parametrize("mode", ["whole", "chunks", "taps", "by_taps", "by_taps_chunks", "by_taps_numpy",
+                                  "by_taps_last", "by_taps_last_chunks"])
 @pytest.mark.parametrize("seed", range(24))
 def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
     pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
-    chunks of a 2 KiB scratch target, and a dense conv's large-conv path (im2col tap by tap,
-    col2im dX)."""
-    if mode == "chunks":
+    chunks of a 2 KiB scratch target, a dense conv's large-conv path (im2col tap by tap, col2im
+    dX), and a depthwise conv's tap-by-tap path at every size (torch views; with dW in chunks of
+    images; numpy, in chunks; on channels-last copies, whole and in chunks)."""
+    if mode in ("chunks", "by_taps_chunks", "by_taps_numpy", "by_taps_last_chunks"):
         monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
     if mode == "taps":
         monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    if mode.startswith("by_taps"):
+        monkeypatch.setattr(conv_module, "TAPS_MIN_ELEMS", 0)
+        monkeypatch.setattr(conv_module, "TAPS_MIN_WIDTH", 1 << 30 if "last" in mode else 0)
+    if mode == "by_taps_numpy":
+        monkeypatch.setattr(conv_module._torch, "ENABLED", False)
     x_shape, w_shape, attrs = _random_conv(seed)
     rng = np.random.default_rng(1000 + seed)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
     (expected,) = ref_run("Conv", [x, w, b], [("float32", None)], attrs)
     (got,) = run_kernel("Conv", [x, w, b], [("float32", expected.shape)], attrs)
     assert_sums_close(got, expected)  # (ORT 1.19's Conv is off on some strided 3-D depthwise cases)
+    (no_bias,) = ref_run("Conv", [x, w], [("float32", None)], attrs)
+    assert_sums_close(run_kernel("Conv", [x, w], [("float32", expected.shape)], attrs)[0], no_bias)
     grad_attrs = dict(attrs)
     if "auto_pad" in grad_attrs:  # ORT's ConvGrad takes explicit pads: the window's own
         win = conv_module._conv_window(attrs, x_shape, w_shape, expected.shape)

@@ -208,12 +208,22 @@ GUARDED = {
     "Transpose 4-D": {"op": "Transpose", "inputs": [[16, 128, 8, 64]], "outputs": [[16, 8, 128, 64]],
                       "attrs": {"perm": [0, 2, 1, 3]}},
     # conv kernels (onnxplan/kernels/conv.py): columns, padded copies, channels-last blocks and the
-    # dilated dY all live in the declared scratch
+    # dilated dY all live in the declared scratch; the depthwise ones here (>= 32K outputs) run tap by
+    # tap on torch views, X's phases, channels-last copies and dW's products in the declared scratch
     "Conv depthwise": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]], "outputs": [[8, 64, 40, 40]],
                        "attrs": {"group": 64, "pads": [1, 1, 1, 1]}},
     "ConvGrad depthwise": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 1, 3, 3]],
                            "outputs": [[8, 64, 40, 40], [64, 1, 3, 3], [64]],
                            "attrs": {"group": 64, "pads": [1, 1, 1, 1]}},
+    "Conv depthwise strided": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
+                               "outputs": [[8, 64, 20, 20]],
+                               "attrs": {"group": 64, "pads": [2, 2, 1, 1], "strides": [2, 2]}},
+    "Conv depthwise short rows": {"op": "Conv", "inputs": [[16, 512, 6, 6], [512, 1, 5, 5], [512]],
+                                  "outputs": [[16, 512, 6, 6]], "attrs": {"group": 512, "pads": [2, 2, 2, 2]}},
+    "ConvGrad depthwise short rows": {"op": "ConvGrad", "domain": MS,
+                                      "inputs": [[16, 512, 6, 6], [16, 512, 6, 6], [512, 1, 5, 5]],
+                                      "outputs": [[16, 512, 6, 6], [512, 1, 5, 5], [512]],
+                                      "attrs": {"group": 512, "pads": [2, 2, 2, 2]}},
     "ConvGrad depthwise strided": {"op": "ConvGrad", "domain": MS,
                                    "inputs": [[8, 64, 20, 20], [8, 64, 40, 40], [64, 1, 5, 5]],
                                    "outputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
@@ -289,3 +299,17 @@ def test_threads_set_torchs_pool_with_blas():
         if old_blas:
             set_blas_threads(old_blas)
         torch.set_num_threads(old_torch)
+
+
+def test_the_depthwise_guards_run_tap_by_tap():
+    """The guarded depthwise shapes are on the torch tap-by-tap path (the one that could hide memory)."""
+    from onnxplan.kernels import conv
+
+    for name in ("Conv depthwise", "Conv depthwise strided", "ConvGrad depthwise", "ConvGrad depthwise strided",
+                 "Conv depthwise short rows", "ConvGrad depthwise short rows"):
+        case = GUARDED[name]
+        if case["op"] == "Conv":
+            (x, w), y = case["inputs"][:2], case["outputs"][0]
+        else:
+            y, x, w = case["inputs"]
+        assert conv._by_taps(x, w, y, case["attrs"]["group"]), name
