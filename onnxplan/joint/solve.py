@@ -49,6 +49,7 @@ __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_proble
 
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
+MIN_SOLVE_SECONDS = 0.1  # the least time limit a CP-SAT solve is given (past the deadline: a last try)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class JointSchedule:
     warm_start: str  # the hint given to the solver
     bandwidth: float | None = None
     notes: list[str] = field(default_factory=list)
+    cpsat_limits: list[float] = field(default_factory=list)  # every CP-SAT time limit this solve set (seconds)
 
     @property
     def fits(self) -> bool:
@@ -102,6 +104,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     from ortools.sat.python import cp_model  # heavy: import on use
 
     t0 = time.perf_counter()
+    deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
     hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth)
     B, T, N = prob.buffers, prob.stages, len(prob.nodes)
     cap = (budget_bytes - prob.persistent) // BYTE_UNIT
@@ -237,11 +240,14 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.page_out)
         for key, x in I.items():
             m.AddHint(x, key in hint.page_in)
-    spent = 0.0
+    limits = []
     if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
-        spent = _complete_hint(m, time_limit / 4)
+        limits.append(max(MIN_SOLVE_SECONDS, min(time_limit / 4, _left(deadline) / 2)))
+        _complete_hint(m, limits[-1])
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(1.0, float(time_limit) - spent)
+    # CP-SAT gets what is left but a fifth, kept for the descent (and the least-memory solve)
+    limits.append(max(MIN_SOLVE_SECONDS, 0.8 * _left(deadline)))
+    solver.parameters.max_time_in_seconds = limits[-1]
     if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
         solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.num_workers = workers
@@ -256,18 +262,20 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
-        floor = solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, hint or warm_start, costs=costs,
+        floor = solve_problem(prob, budget_bytes, swap_bandwidth, max(MIN_SOLVE_SECONDS, _left(deadline)),
+                              hint or warm_start, costs=costs,
                               workers=workers, linearization=linearization, least_memory=True,
                               deterministic_limit=deterministic_limit)
         floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
+        floor.cpsat_limits = limits + floor.cpsat_limits
         floor.wall_seconds = time.perf_counter() - t0
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
         if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
-            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
-        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
     if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
             and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
         d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
@@ -289,7 +297,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
              f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
-                         hint_name, swap_bandwidth, notes)
+                         hint_name, swap_bandwidth, notes, limits)
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until `deadline` (perf_counter), never below 0."""
+    return max(0.0, deadline - time.perf_counter())
 
 
 def _complete_hint(m, limit: float) -> float:
@@ -302,7 +315,7 @@ def _complete_hint(m, limit: float) -> float:
     t0 = time.perf_counter()
     s = cp_model.CpSolver()
     s.parameters.fix_variables_to_their_hinted_value = True
-    s.parameters.max_time_in_seconds = max(0.5, limit)
+    s.parameters.max_time_in_seconds = limit
     s.parameters.num_workers = 1
     if s.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.Proto().variables))]
