@@ -37,12 +37,13 @@ PAGING_SHARE = 0.6  # of what is left after rotor and swap, the joint model with
 @register_strategy("joint", auto=False)
 def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
                         base: PlanOptions, *, total_seconds: float = JOINT_SECONDS,
-                        rates=None) -> PlanOutcome:
+                        rates=None, seen: dict[str, PlanOutcome] | None = None) -> PlanOutcome:
     """The fastest predicted plan under `budget` among: plan_joint with paging (at the swap
     store's measured rates, onnxplan.swap.pricing.store_rates, or `rates`), plan_joint without
     paging, and the budget layer's "recompute" and "swap" strategies; node times from `costs`
     (a profile, or the FLOP estimate). CP-SAT gets `time_limit` seconds per round at most (None:
-    10); the joint solves together stop by `total_seconds` after the call starts (best so far)."""
+    10); the joint solves together stop by `total_seconds` after the call starts (best so far).
+    `seen`: filled with every candidate's outcome by name (benchmarks measure them all)."""
     t_end = time.perf_counter() + total_seconds
     times, note = costs.times(step_before_inplace(graph, base), inplace=base.inplace, order=base.order)
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
@@ -59,6 +60,8 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
             alone, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=None, time_limit=limit,
                                   swap_on_top=False, total_seconds=_left(t_end))
             cands.append(("joint-recompute", alone))
+    if seen is not None:
+        seen.update((name, out) for name, out in cands)
     priced = [(name, out, step_price(out, times, rates).seconds) for name, out in cands]
     fitting = [p for p in priced if p[1].plan.peak_bytes <= budget]
     name, out, secs = (min(fitting, key=lambda p: (p[2], p[1].plan.peak_bytes)) if fitting

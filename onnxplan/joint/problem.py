@@ -37,7 +37,7 @@ from onnxplan.passes import run_pipeline
 from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.planning import HEURISTIC_ORDERS
-from onnxplan.swap.pricing import Transfer, io_stalls
+from onnxplan.swap.pricing import TRANSFER_SECONDS, Transfer, io_stalls
 
 __all__ = [
     "Buffer",
@@ -420,7 +420,7 @@ def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[
 
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
     """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
-    the recomputations, and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
+    the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
     the swap module's footing) on the model's segments (the forward pass, then each stage with
     its recomputations): the page-outs are issued as the forward pass starts and due at its
     end, a stage's page-ins issued as the stage before starts and due at its own start."""
@@ -434,7 +434,8 @@ def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = Non
         transfers += [Transfer(prob.buffers[b].nbytes, max(0, t - 1), t) for t, b in sorted(d.page_in)]
         transfers.sort(key=lambda tr: tr.issue)
         stall = sum(io_stalls(segments, transfers, bandwidth))
-    return prob.step_seconds + sum(rec) + stall, sum(rec), stall
+    handled = TRANSFER_SECONDS * (len(d.page_out) + len(d.page_in))
+    return prob.step_seconds + sum(rec) + handled + stall, sum(rec), stall
 
 
 def recompute_stages(prob: JointProblem) -> list[set[int]]:

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.swap.pricing import TRANSFER_SECONDS
 from onnxplan.joint.hints import keep_all, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
@@ -200,11 +201,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     # objective: recomputation + exposed transfers
     # every recomputation and transfer costs at least one unit: none is made for nothing
     cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
+    handle = max(1, round(TRANSFER_SECONDS / TIME_UNIT))  # the executor's CPU per transfer (onnxplan.swap.pricing)
     objective = [cost[n] * r for (t, n), r in R.items()]
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
-        objective += [O[k] for k in O] + [I[key] for key in I]
+        objective += [handle * O[k] for k in O] + [handle * I[key] for key in I]
         fst = m.NewIntVar(0, ub, "stall_fwd")
         m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
         objective.append(fst)
@@ -221,11 +223,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             objective.append(st)
     lb = 0
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
-        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 if O else None))
+        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 * handle if O else None))
         if lb > 0:
             m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
-        weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
+        weight = sum(cost) + handle * (len(O) + len(I)) + 1 + ((T + 1) * ub if O else 0)
         m.Minimize(cap * weight + sum(objective))
     else:
         m.Minimize(sum(objective))
@@ -289,7 +291,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
     if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and not least_memory and peak <= budget_bytes:
         # the gap of what is returned (descended; the warm start where CP-SAT found nothing)
-        obj = (rec + stall) / TIME_UNIT + len(d.page_out) + len(d.page_in)
+        obj = (secs - prob.step_seconds) / TIME_UNIT  # recomputation, transfers handled, stalls
         bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "

@@ -11,9 +11,11 @@ adaptive policy and the joint model:
   runtime does: a write is issued after the buffer's last use and must be done where its
   memory is reused, a read (page-in) is issued at its SwapIn and must be done before its first
   reader; the compute waits (stalls) only when a transfer is late (io_stalls);
-- **the I/O thread's CPU**: every byte goes through the store's bounce block (a copy at
-  memory bandwidth) plus a system call per block (io_cpu_seconds); it is CPU time of the
-  process, not of the compute stream.
+- **the I/O thread's CPU**: every byte goes through the store's bounce block (a copy) and a
+  system call per block, at the CPU per byte measured with the bandwidth; it is CPU time of
+  the process, beside the compute stream;
+- **the executor's handling of each transfer** (TRANSFER_SECONDS: the job, the hand-offs
+  between the compute thread and the worker), on the compute stream.
 """
 
 from __future__ import annotations
@@ -28,15 +30,22 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
+__all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
            "measure_store", "measure_store_bandwidth", "StepPrice", "plan_transfers", "planned_step", "store_bandwidth",
            "store_rates", "transfer_seconds"]
 
 SWAP_BANDWIDTH_ENV = "ONNXPLAN_SWAP_BANDWIDTH"
-PROBE_BYTES = 16 << 20  # bytes the measurement moves each way
+PROBE_BYTES = 16 << 20  # bytes the measurement moves each way, per round trip
+PROBE_REPEATS = 5
 CACHE_NAME = "swap-bandwidth.json"
 COPY_BANDWIDTH = 5e9  # bytes/s of the bounce-block copy (onnxplan.checkpoint.costs.CPU_NUMPY's memory bandwidth)
 CALL_SECONDS = 2e-5  # one pwrite/preadv of a bounce block (system call, O_DIRECT setup)
+# CPU of the executor per transfer beyond moving its bytes (the job, the worker's wake-up and the
+# compute thread's hand-offs with it under the GIL, the hooks): measured on transformer b16's swap
+# plans (21-140 transfers a step, 18-48 MB; CPU step minus the plain CPU step minus the bytes at
+# the store's measured CPU per byte: 0.06-0.12 ms per transfer, median 0.095), counted on the
+# compute stream
+TRANSFER_SECONDS = 9e-5
 
 
 def transfer_seconds(nbytes: int, bandwidth: float) -> float:
@@ -122,22 +131,24 @@ def plan_transfers(graph, order: Sequence[str], swaps) -> list[Transfer]:
 @dataclass(frozen=True)
 class StepPrice:
     """A planned step's predicted seconds: `compute` (every node but the swap nodes, once, in
-    one stream), `stall` (what the compute waits for late transfers), `io_cpu` (the I/O
-    thread's CPU, beside the compute stream). seconds: compute + stall (wall); cpu_seconds:
-    compute + io_cpu (the process's CPU time)."""
+    one stream), `handling` (TRANSFER_SECONDS per transfer, on the compute stream), `stall`
+    (what the compute waits for late transfers), `io_cpu` (the I/O thread's CPU moving the
+    bytes, beside the compute stream). seconds: compute + handling + stall (wall);
+    cpu_seconds: compute + handling + io_cpu (the process's CPU time)."""
 
     compute: float
     stall: float
     io_cpu: float
     moved: int  # bytes written and read
+    handling: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.stall
+        return self.compute + self.handling + self.stall
 
     @property
     def cpu_seconds(self) -> float:
-        return self.compute + self.io_cpu
+        return self.compute + self.handling + self.io_cpu
 
 
 def planned_step(graph, order: Sequence[str], swaps, node_seconds: Callable, rates: StoreRates | None = None) -> StepPrice:
@@ -154,7 +165,7 @@ def planned_step(graph, order: Sequence[str], swaps, node_seconds: Callable, rat
     transfers = plan_transfers(graph, order, swaps)
     moved = sum(tr.nbytes for tr in transfers)
     stall = sum(io_stalls(seconds, transfers, rates.bandwidth))
-    return StepPrice(sum(seconds), stall, moved * rates.cpu_per_byte, moved)
+    return StepPrice(sum(seconds), stall, moved * rates.cpu_per_byte, moved, TRANSFER_SECONDS * len(transfers))
 
 
 # -- the store's bandwidth --------------------------------------------------------------------
@@ -168,24 +179,29 @@ class StoreRates:
     cpu_per_byte: float
 
 
-def measure_store(folder: str | Path | None = None, nbytes: int = PROBE_BYTES) -> StoreRates:
-    """A round trip through the swap store the executor uses (in `folder`; None: its default
+def measure_store(folder: str | Path | None = None, nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> StoreRates:
+    """Round trips through the swap store the executor uses (in `folder`; None: its default
     temporary folder): `nbytes` written and settled (flushed, out of the page cache), then read
-    back; bandwidth 2 * nbytes / (write + read seconds), CPU of this thread per byte moved."""
+    back, `repeats` times after one warm-up; the median bandwidth (2 * nbytes / (write + read
+    seconds)) and the median CPU of this thread per byte moved (a shared disk varies a lot)."""
     from onnxplan.executor.swap_io import SwapStore
 
     store = SwapStore({"probe": nbytes}, folder)
+    rates, cpus = [], []
     try:
         data = np.full(nbytes, 7, np.uint8)
         back = np.empty_like(data)
-        store.write("probe", data)  # warm the slot's blocks once (allocation, first-touch)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        store.write("probe", data)
-        store.read("probe", back)
-        t1, c1 = time.perf_counter(), time.thread_time()
+        store.write("probe", data)  # warm the slot's blocks once (allocation, first touch)
+        for _ in range(max(1, repeats)):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            store.write("probe", data)
+            store.read("probe", back)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            rates.append(2 * nbytes / max(t1 - t0, 1e-9))
+            cpus.append((c1 - c0) / (2 * nbytes))
     finally:
         store.close()
-    return StoreRates(2 * nbytes / max(t1 - t0, 1e-9), (c1 - c0) / (2 * nbytes))
+    return StoreRates(float(np.median(rates)), float(np.median(cpus)))
 
 
 def measure_store_bandwidth(folder: str | Path | None = None, nbytes: int = PROBE_BYTES) -> float:
