@@ -320,6 +320,7 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     assert json.loads(r.stdout)["verified"] is True
     r = runner.invoke(app, ["explain", str(p)])
     assert r.exit_code == 0, r.stderr
+    assert f"chosen: {j['chosen']}" in r.stdout
     row = next((b for b in d["joint"]["buffers"] if b["recomputed_in"]), None)
     if row is not None:
         assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout

@@ -17,9 +17,11 @@ units, with each EO's fixed bytes (scratch included):
   stage t, recomputing n (forward order): fixed bytes carried into the stage + sum S[t,b] + the
                 restored buffers still held (made by n or before it and read by n or a later
                 node, else only if held for the anchor) + prefetch + scratch of n.
-Objective: extra seconds = sum R[t,n] * cost(n) + exposed transfer time, where one I/O worker
-hides the writes behind the forward pass and stage t's page-ins behind stage t-1's compute
-(its recomputations included): stall_t >= in_t / bandwidth - compute_{t-1}.
+Objective: extra seconds = sum R[t,n] * cost(n) + TRANSFER_SECONDS per page-out and page-in
++ exposed transfer time, where one I/O worker hides the writes behind the forward pass and
+stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
+bandwidth - compute_{t-1} (problem.step_seconds prices the same on onnxplan.swap.pricing's
+worker). Every solve of one call shares its time limit (a deadline for the whole call).
 """
 
 from __future__ import annotations
