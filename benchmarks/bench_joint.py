@@ -250,6 +250,24 @@ def summarize(rows: list[dict]) -> list[str]:
                 if errs:
                     out.append(f"- {name}: predicted / CPU - 1 median {statistics.median(errs):+.0%}, "
                                f"range {min(errs):+.0%} .. {max(errs):+.0%}")
+            # the profile's offset (taken under another load than the measurement) divided out:
+            # predicted step / predicted plain against measured step / measured plain
+            rel = [((r.get("predicted_cpu", r["predicted"]) / plain.get("predicted_cpu", plain["predicted"]))
+                    / (r["cpu"] / plain["cpu"]) - 1, r) for r in measured if r["strategy"] != "plain"]
+            relw = [((r["predicted"] / plain["predicted"]) / r["vs_plain"] - 1, r) for r in measured
+                    if r["strategy"] != "plain"]
+            for what, errs in (("CPU", rel), ("wall", relw)):
+                if errs:
+                    xs = [x for x, _ in errs]
+                    out.append(f"relative to the plain step ({what}): median {statistics.median(xs):+.0%}, within 15% on "
+                               f"{sum(abs(x) <= 0.15 for x in xs)} of {len(xs)}; worst " + ", ".join(
+                                   f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
+                                   for x, r in sorted(errs, key=lambda xr: -abs(xr[0]))[:3]))
+            for name in ("rotor", "swap", "joint", "joint-recompute"):
+                xs = [x for x, r in rel if r["strategy"] == name]
+                if xs:
+                    out.append(f"- {name}: relative CPU error median {statistics.median(xs):+.0%}, "
+                               f"range {min(xs):+.0%} .. {max(xs):+.0%}")
         out.append("")
     return out
 
