@@ -114,3 +114,14 @@ def test_the_store_bandwidth_is_measured_once_per_folder_and_can_be_given(tmp_pa
 def test_the_store_is_measured_through_the_executors_store(tmp_path):
     rates = pricing.measure_store(tmp_path, nbytes=1 << 20, repeats=2)
     assert rates.bandwidth > 0 and rates.cpu_per_byte >= 0
+
+
+def test_a_split_conv_gradient_costs_half_its_profiled_fused_node():
+    """passes.split_grad's halves (NAME/dX, NAME/dW) are not in a profile of the unsplit step:
+    each is priced as half its fused ConvGrad's measured time (one forward-sized product each),
+    not at the roofline."""
+    from onnxplan.checkpoint.costs import TimeModel
+
+    tm = TimeModel(measured={"conv_grad": 2e-3})
+    for name, op in (("conv_grad/dX", "ConvGradInput"), ("conv_grad/dW", "ConvGrad")):
+        assert tm.node_seconds(None, SimpleNamespace(name=name, op_type=op)) == pytest.approx(1e-3)

@@ -31,7 +31,9 @@ from onnxplan.swap.pricing import store_rates
 __all__ = ["JOINT_SECONDS", "plan_joint_strategy"]
 
 JOINT_SECONDS = 60.0  # everything the joint strategy solves for one budget (CP-SAT rounds, descents, variants)
-PAGING_SHARE = 0.6  # of what is left after rotor and swap, the joint model with paging gets this share
+PAGING_SHARE = 0.5  # of the total, the joint model with paging gets this share
+RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the model without paging gets this share
+# (the rest: placement, rotor's schedule and swap on top after the last round, outside CP-SAT's limits)
 
 
 @register_strategy("joint", auto=False)
@@ -51,14 +53,14 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     node_costs = times.measured or None
     cands: list[tuple[str, PlanOutcome]] = []
     paged, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=rates.bandwidth, time_limit=limit,
-                          total_seconds=max(MIN_ROUND_SECONDS, _left(t_end)) * PAGING_SHARE)
+                          total_seconds=max(MIN_ROUND_SECONDS, _left(t_end) * PAGING_SHARE))
     cands.append(("joint", paged))
     if paged.plan.joint.status != "PLAIN":  # the plain plan fits: nothing is faster
         for name in ("recompute", "swap"):
             cands.append((name, STRATEGIES[name](graph, budget, costs, time_limit, base)))
-        if _left(t_end) >= MIN_ROUND_SECONDS:
+        if _left(t_end) * RECOMPUTE_SHARE >= MIN_ROUND_SECONDS:
             alone, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=None, time_limit=limit,
-                                  swap_on_top=False, total_seconds=_left(t_end))
+                                  swap_on_top=False, total_seconds=_left(t_end) * RECOMPUTE_SHARE)
             cands.append(("joint-recompute", alone))
     if seen is not None:
         seen.update((name, out) for name, out in cands)
