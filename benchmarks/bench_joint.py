@@ -38,10 +38,7 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
-
-import numpy as np
 
 from onnxplan.artifacts import build_artifacts
 from onnxplan.budget import STRATEGIES, ProfiledCosts

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from onnxplan.checkpoint.chain import nondeterminism
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound
 from onnxplan.offsets.buffers import align
 from onnxplan.orders import order_nodes
 from onnxplan.passes import run_pipeline
-from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.planning import HEURISTIC_ORDERS
 from onnxplan.swap.pricing import TRANSFER_SECONDS, Transfer, io_stalls

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.swap.pricing import TRANSFER_SECONDS
 from onnxplan.joint.hints import keep_all, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
@@ -47,6 +46,7 @@ from onnxplan.joint.problem import (
     step_seconds,
     violations,
 )
+from onnxplan.swap.pricing import TRANSFER_SECONDS
 
 __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
 
