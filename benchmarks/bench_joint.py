@@ -7,23 +7,28 @@ memory) up to the plain plan's peak, both included, four strategies are planned:
   swap             the budget layer's "swap" strategy (the swap module's own policy);
   joint            onnxplan.joint (recompute on the DAG and paging), at the swap store's bandwidth;
   joint-recompute  the same with swap disabled (recompute on the DAG alone).
-Each row: planned peak, whether it fits, predicted step seconds (one profile of our kernels, CPU
-clock, one thread, gives every strategy its node costs; rotor's and joint's own predictions,
-swap's the budget layer's: transfers at memory bandwidth, no overlap), the wall time of planning
-(joint: every round, placement included) and the joint solver's status and gap.
+The "joint" column is the budget layer's joint strategy (budget/joint.py), which weighs the other
+three as candidates and returns the fastest predicted; rotor, swap and joint-recompute are the
+candidates it planned (planned here when it planned none: the plain plan fits).
+Each row: planned peak, whether it fits, predicted step seconds on one footing for every
+strategy (budget.strategies.step_price: one profile of our kernels, CPU clock, one thread, gives
+every node its time; transfers on one I/O worker at the swap store's measured bandwidth; wall
+prediction = compute + stalls, CPU prediction = compute + the I/O thread's CPU), the wall time of
+planning (joint: the whole strategy, every candidate and placement included) and the joint
+solver's status and gap.
 Measurement: every distinct fitting plan and the plain plan run in one process, one BLAS/torch
 thread, `--rounds` rounds, the plans' order rotated each round; each round runs `--steps` steps
 after one warm-up and keeps its fastest step (what the profile also keeps), in wall time and in
 this process's CPU time (the I/O worker's included, its waits not). Reported: the median over
 rounds (wall), the spread (max - min) / median over rounds, the median over rounds of the step /
-the plain step of the same round, the CPU-time median, and predicted / measured (wall).
-The swap store's bandwidth is measured once (write, flush, drop, read of 64 MiB, as the swap
-store moves bytes) unless given.
+the plain step of the same round, the CPU-time median, and predicted / measured (wall, CPU).
+The swap store's rates are measured once per run (onnxplan.swap.pricing.store_rates(refresh=True):
+the executor's own store, O_DIRECT where possible) unless --bandwidth gives them.
 
 Models are NAME:BATCH, NAME a zoo model or `densenet` (models/densenet.py: a DenseNet-BC
 written in PyTorch and exported with torch.onnx.export).
 Run: PYTHONPATH=. python benchmarks/bench_joint.py --models resnet18:4 transformer:16 gpt:16 densenet:8
-     [--budgets 10] [--time-limit 10] [--rounds 3] [--steps 3] [--bandwidth B] [--no-measure]
+     [--budgets 10] [--time-limit 10] [--total 60] [--rounds 3] [--steps 3] [--bandwidth B] [--no-measure]
      [--json reports/joint.json] [-o reports/joint-table.md]
 """
 
@@ -33,14 +38,13 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 
-import numpy as np
-
 from onnxplan.artifacts import build_artifacts
-from onnxplan.budget import STRATEGIES, ProfiledCosts, predicted_step_seconds
+from onnxplan.budget import STRATEGIES, ProfiledCosts
 from onnxplan.budget.attempt import step_before_inplace
+from onnxplan.budget.joint import JOINT_SECONDS
+from onnxplan.budget.strategies import step_price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
 from onnxplan.executor.threads import set_blas_threads
@@ -48,27 +52,9 @@ from onnxplan.ir.load import load_step
 from onnxplan.joint.fit import plan_joint
 from onnxplan.models import get_model
 from onnxplan.planning import PlanOptions, plan_step
+from onnxplan.swap.pricing import store_rates
 
 STRATEGY_NAMES = ("rotor", "swap", "joint", "joint-recompute")
-
-
-def measure_bandwidth(nbytes: int = 64 << 20) -> float:
-    """Bytes/s of moving `nbytes` through an unlinked temporary file as the swap store does
-    (onnxplan.executor.swap_io): a write flushed to the device and dropped from the page
-    cache, then a read; the slower of the two."""
-    buf = np.ones(nbytes, dtype=np.uint8)
-    out = np.empty_like(buf)
-    with tempfile.TemporaryFile() as f:
-        fd = f.fileno()
-        t0 = time.perf_counter()
-        os.pwrite(fd, buf, 0)
-        os.fdatasync(fd)
-        t1 = time.perf_counter()
-        os.posix_fadvise(fd, 0, nbytes, os.POSIX_FADV_DONTNEED)
-        t2 = time.perf_counter()
-        os.preadv(fd, [out], 0)
-        t3 = time.perf_counter()
-    return nbytes / max(t1 - t0, t3 - t2, 1e-9)
 
 
 def model_folder(spec: str):
@@ -84,16 +70,17 @@ def model_folder(spec: str):
     return f"{name} b{batch or model.default_batch}", build_artifacts(fm, None, optimizer=model.default_optimizer)
 
 
-def _joint_note(out, sched) -> str:
+def _joint_note(out) -> str:
     j = out.plan.joint
     gap = "none" if j.gap is None else f"{j.gap:.2f}"
     solve = sum(r["solve_seconds"] for r in j.rounds)
     return (f"{j.status} gap {gap}; CP-SAT {solve:.1f} s in {len(j.rounds)} round(s); model "
             f"{j.estimate_bytes / 2**20:.2f} MiB; {j.recomputations} recomputations, {len(out.plan.swaps)} swaps"
-            + ("; then swap auto" if any("swap auto" in n for n in j.notes) else ""))
+            + ("; then swap auto" if any("swap auto" in n for n in j.notes) else "")
+            + (f"; chosen {j.chosen}" if j.candidates else ""))
 
 
-def plan_model(label: str, folder, args, bandwidth: float) -> tuple[list[dict], dict]:
+def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
     """The rows of one model (not yet measured) and the plans to measure (key -> Plan)."""
     graph = load_step(folder)
     opts = PlanOptions()
@@ -105,12 +92,17 @@ def plan_model(label: str, folder, args, bandwidth: float) -> tuple[list[dict], 
 
     def joint(budget, bw):
         return plan_joint(graph, budget, opts, costs=costs, swap_bandwidth=bw, time_limit=args.time_limit,
-                          swap_on_top=bw is not None)
+                          swap_on_top=bw is not None, total_seconds=args.total)
+
+    def price(out) -> dict:
+        p = step_price(out, times, rates)
+        return {"predicted": p.seconds, "predicted_cpu": p.cpu_seconds, "compute": p.compute, "stall": p.stall,
+                "io_cpu": p.io_cpu, "handling": p.handling, "moved": p.moved}
 
     t0 = time.perf_counter()
     floors = {"rotor": STRATEGIES["recompute"](graph, plain.plan.persistent_bytes, profiled, None, opts),
               "swap": STRATEGIES["swap"](graph, plain.plan.persistent_bytes, profiled, None, opts),
-              "joint": joint(plain.plan.persistent_bytes, bandwidth)[0]}
+              "joint": joint(plain.plan.persistent_bytes, rates.bandwidth)[0]}
     least = min(o.plan.peak_bytes for o in floors.values())
     print(f"# {label}: plain {top / 2**20:.2f} MiB; floors "
           + ", ".join(f"{k} {o.plan.peak_bytes / 2**20:.2f}" for k, o in floors.items())
@@ -119,34 +111,38 @@ def plan_model(label: str, folder, args, bandwidth: float) -> tuple[list[dict], 
     budgets = [int(least + k * (top - least) / (n - 1)) for k in range(n)]
     plans = {"plain": plain.plan}
     rows = [{"model": label, "budget": top, "strategy": "plain", "peak": top, "fits": True,
-             "predicted": predicted_step_seconds(plain, times), "plan_seconds": 0.0, "key": "plain",
-             "note": note}]
+             **price(plain), "plan_seconds": 0.0, "key": "plain", "note": note}]
     for budget in budgets:
+        seen: dict = {}
+        t0 = time.perf_counter()
+        chosen = STRATEGIES["joint"](graph, budget, profiled, args.time_limit, opts, total_seconds=args.total,
+                                     rates=rates, seen=seen)
+        joint_seconds = time.perf_counter() - t0
         for strategy in STRATEGY_NAMES:
             t0 = time.perf_counter()
             note, gap = "", None
-            if strategy == "rotor":
-                out = STRATEGIES["recompute"](graph, budget, profiled, None, opts)
-                c = out.plan.checkpoint
-                predicted = c.predicted_step_seconds if c and c.predicted_step_seconds else predicted_step_seconds(
-                    out, times)
-            elif strategy == "swap":
-                out = STRATEGIES["swap"](graph, budget, profiled, None, opts)
-                predicted = predicted_step_seconds(out, times)
+            name = {"rotor": "recompute"}.get(strategy, strategy)
+            if strategy == "joint":
+                out = chosen
+            elif name in seen:
+                out = seen[name]
+            elif strategy in ("rotor", "swap"):
+                out = STRATEGIES[name](graph, budget, profiled, None, opts)
+            else:
+                out = joint(budget, None)[0]
+            if strategy == "swap":
                 note = f"{len(out.plan.swaps)} swaps" + (" (split grads)" if any(
                     "split" in x for x in out.plan.passes) else "")
-            else:
-                out, sched = joint(budget, bandwidth if strategy == "joint" else None)
-                predicted = out.plan.joint.predicted_step_seconds
-                note, gap = _joint_note(out, sched), out.plan.joint.gap
-            secs = time.perf_counter() - t0
+            elif strategy.startswith("joint"):
+                note, gap = _joint_note(out), out.plan.joint.gap
+            secs = joint_seconds if strategy == "joint" else time.perf_counter() - t0
             fits = out.plan.peak_bytes <= budget
             key = None
             if fits:
                 key = str(hash((tuple(out.plan.order), out.plan.arena_bytes, out.plan.passes)))
                 plans.setdefault(key, out.plan)
             rows.append({"model": label, "budget": budget, "strategy": strategy, "peak": out.plan.peak_bytes,
-                         "fits": fits, "predicted": predicted, "plan_seconds": secs, "key": key, "gap": gap,
+                         "fits": fits, **price(out), "plan_seconds": secs, "key": key, "gap": gap,
                          "note": note})
             print(_row(rows[-1]), flush=True)
     return rows, plans
@@ -241,16 +237,34 @@ def summarize(rows: list[dict]) -> list[str]:
         measured = [r for r in rs if r.get("measured") and r["predicted"]]
         if measured and plain.get("measured"):
             for what, errs in (("wall", [r["predicted"] / r["measured"] - 1 for r in measured]),
-                               ("CPU", [r["predicted"] / r["cpu"] - 1 for r in measured])):
+                               ("CPU", [r.get("predicted_cpu", r["predicted"]) / r["cpu"] - 1 for r in measured])):
                 out += ["", f"predicted / measured {what} - 1 over {len(measured)} rows: median "
                         f"{statistics.median(errs):+.0%}, within 15% on {sum(abs(x) <= 0.15 for x in errs)}; worst "
                         + ", ".join(f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
                                     for x, r in sorted(zip(errs, measured), key=lambda xr: -abs(xr[0]))[:4])]
             for name in ("rotor", "swap", "joint", "joint-recompute"):
-                errs = [r["predicted"] / r["cpu"] - 1 for r in measured if r["strategy"] == name]
+                errs = [r.get("predicted_cpu", r["predicted"]) / r["cpu"] - 1 for r in measured if r["strategy"] == name]
                 if errs:
                     out.append(f"- {name}: predicted / CPU - 1 median {statistics.median(errs):+.0%}, "
                                f"range {min(errs):+.0%} .. {max(errs):+.0%}")
+            # the profile's offset (taken under another load than the measurement) divided out:
+            # predicted step / predicted plain against measured step / measured plain
+            rel = [((r.get("predicted_cpu", r["predicted"]) / plain.get("predicted_cpu", plain["predicted"]))
+                    / (r["cpu"] / plain["cpu"]) - 1, r) for r in measured if r["strategy"] != "plain"]
+            relw = [((r["predicted"] / plain["predicted"]) / r["vs_plain"] - 1, r) for r in measured
+                    if r["strategy"] != "plain"]
+            for what, errs in (("CPU", rel), ("wall", relw)):
+                if errs:
+                    xs = [x for x, _ in errs]
+                    out.append(f"relative to the plain step ({what}): median {statistics.median(xs):+.0%}, within 15% on "
+                               f"{sum(abs(x) <= 0.15 for x in xs)} of {len(xs)}; worst " + ", ".join(
+                                   f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
+                                   for x, r in sorted(errs, key=lambda xr: -abs(xr[0]))[:3]))
+            for name in ("rotor", "swap", "joint", "joint-recompute"):
+                xs = [x for x, r in rel if r["strategy"] == name]
+                if xs:
+                    out.append(f"- {name}: relative CPU error median {statistics.median(xs):+.0%}, "
+                               f"range {min(xs):+.0%} .. {max(xs):+.0%}")
         out.append("")
     return out
 
@@ -259,7 +273,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet18:4", "transformer:16", "gpt:16", "densenet:8"])
     ap.add_argument("--budgets", type=int, default=10)
-    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--time-limit", type=float, default=10.0, help="CP-SAT seconds per round at most")
+    ap.add_argument("--total", type=float, default=JOINT_SECONDS, help="the joint strategy's seconds per budget")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--bandwidth", type=float, default=None)
@@ -274,8 +289,9 @@ def main() -> None:
         print("\n".join(summarize(rows)))
         return
     set_blas_threads(1)
-    bandwidth = args.bandwidth or measure_bandwidth()
-    head = [(f"swap store bandwidth {bandwidth / 1e9:.2f} GB/s ({'given' if args.bandwidth else 'measured'}); "
+    rates = store_rates(override=args.bandwidth, refresh=not args.bandwidth)
+    head = [(f"swap store bandwidth {rates.bandwidth / 1e9:.2f} GB/s, I/O CPU {rates.cpu_per_byte * 1e9:.2f} ns/B "
+             f"({'given' if args.bandwidth else 'measured'}); "
              f"CP-SAT time limit {args.time_limit:.0f} s per round; {args.rounds} rounds x fastest of "
              f"{args.steps} steps after 1 warm-up; one thread; load average at start "
              f"{os.getloadavg()[0]:.1f}"), "", HEAD, "|" + "---|" * 13]
@@ -283,7 +299,7 @@ def main() -> None:
     every = []
     for spec in args.models:
         label, folder = model_folder(spec)
-        rows, plans = plan_model(label, folder, args, bandwidth)
+        rows, plans = plan_model(label, folder, args, rates)
         if not args.no_measure:
             got = measure(folder, plans, args.rounds, args.steps)
             for r in rows:

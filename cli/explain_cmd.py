@@ -133,6 +133,11 @@ def _explain_joint(con: Console, plan: Plan, names: bool) -> None:
               f"{format_bytes(bandwidth) + '/s' if bandwidth else 'no store'}, before overlap)")
     con.print(f"schedule: {j.schedule or 'no recomputation'}" if names else
               f"schedule: {len(j.schedule)} characters (--names prints it)")
+    if j.candidates:
+        con.print(f"chosen: [bold]{j.chosen}[/] of " + ", ".join(
+            f"{c['strategy']} {c['predicted_step_seconds'] * 1e3:.2f} ms"
+            + (f" ({format_bytes(c['peak_bytes'])})" if c["fits"] else f" (misses: {format_bytes(c['peak_bytes'])})")
+            for c in j.candidates) + " (predicted, one footing: onnxplan.swap.pricing)")
     for note in j.notes:
         con.print(f"  {note}")
 

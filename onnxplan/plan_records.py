@@ -173,10 +173,15 @@ class JointRecord:
     rounds: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
     buffers: tuple[JointBuffer, ...] = ()
+    # which candidate the strategy returned: "joint", "joint-recompute" (the same without paging),
+    # "recompute" (rotor) or "swap" (the budget layer's own strategies, when predicted faster), and
+    # every candidate weighed: {"strategy", "peak_bytes", "fits", "predicted_step_seconds"}
+    chosen: str = "joint"
+    candidates: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "rounds": [dict(r) for r in self.rounds], "notes": list(self.notes),
-                "buffers": [b.to_json() for b in self.buffers]}
+                "buffers": [b.to_json() for b in self.buffers], "candidates": [dict(c) for c in self.candidates]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JointRecord:
@@ -185,6 +190,7 @@ class JointRecord:
         kw["rounds"] = tuple(dict(r) for r in kw.get("rounds", ()))
         kw["notes"] = tuple(map(str, kw.get("notes", ())))
         kw["buffers"] = tuple(JointBuffer.from_json(b) for b in kw.get("buffers", ()))
+        kw["candidates"] = tuple(dict(c) for c in kw.get("candidates", ()))
         return cls(**kw)
 
 

@@ -18,6 +18,15 @@ def _private_artifact_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _fixed_swap_bandwidth():
+    """Swap transfers priced at a fixed store bandwidth (onnxplan.swap.pricing), not one measured
+    on the test machine's disk: plans do not depend on its traffic. tests/test_swap_pricing.py
+    measures the store itself."""
+    os.environ.setdefault("ONNXPLAN_SWAP_BANDWIDTH", "2.5e8")
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_progress_lines():
     os.environ.setdefault("ONNXPLAN_PROGRESS", "off")
     yield

@@ -240,7 +240,8 @@ def test_joint_swaps_run_equals_plain():
     graph = load_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
-    out, sched = plan_joint(graph, budget, OPTS, time_limit=60, deterministic_limit=DTIME, rounds=1,
+    costly = {n.name: 1e-2 for n in graph.nodes}  # recomputing costs more than a transfer's handling
+    out, sched = plan_joint(graph, budget, OPTS, costs=costly, time_limit=60, deterministic_limit=DTIME, rounds=1,
                             swap_bandwidth=1e10, swap_on_top=False)  # the joint schedule's own page-ins
     assert sched.decisions.page_in and out.plan.swaps
     assert out.plan.peak_bytes < plain.plan.peak_bytes
@@ -308,13 +309,18 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     assert r.exit_code == 0, r.stderr
     d = json.loads(p.read_text())
     assert d["strategy"]["chosen"] == "joint" and d["peak_bytes"] <= int(budget)
-    # the strategy pages at memory bandwidth: swapping alone may be what it predicts fastest
-    assert d["joint"]["schedule"].startswith("dag.") or (d["joint"]["status"] == "SWAP-ONLY" and d["swaps"])
+    # the strategy returns the fastest predicted of joint, joint-recompute, rotor and swap
+    j = d["joint"]
+    assert j["chosen"] in ("joint", "joint-recompute", "recompute", "swap")
+    best = min((c for c in j["candidates"] if c["fits"]), key=lambda c: c["predicted_step_seconds"])
+    assert j["chosen"] == best["strategy"]
+    assert j["schedule"].startswith("dag.") or j["chosen"] != "joint" or d["swaps"]
     r = _fresh_cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["verified"] is True
     r = runner.invoke(app, ["explain", str(p)])
     assert r.exit_code == 0, r.stderr
+    assert f"chosen: {j['chosen']}" in r.stdout
     row = next((b for b in d["joint"]["buffers"] if b["recomputed_in"]), None)
     if row is not None:
         assert row["buffer"] in r.stdout and "recomputed" in r.stdout and "swapped" in r.stdout
@@ -358,3 +364,82 @@ def test_api_plan_takes_a_strategy():
     assert plan.strategy.chosen == "joint" and plan.joint is not None and plan.peak_bytes <= budget
     report = onnxplan.run(step, plan, steps=1, warmup=0)
     assert report.peak_bytes == plan.peak_bytes
+
+
+def _limits(out) -> float:
+    """Every CP-SAT time limit the joint rounds of an outcome set (seconds)."""
+    return sum(sum(r.get("cpsat_limits", ())) for r in out.plan.joint.rounds)
+
+
+def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_schedule(monkeypatch):
+    """Planted: the joint schedule with paging priced 1 s slower than it is. The strategy then
+    returns the fastest fitting one of joint-recompute, rotor and swap, says so in plan.joint
+    (chosen, every candidate weighed), and that plan replays from its file bit for bit."""
+    import onnxplan.budget.joint as bj
+    from onnxplan.budget import FlopCosts
+    from onnxplan.executor.runner import run_plan
+    from onnxplan.ir.load import load_step
+    from onnxplan.plan import Plan
+    from onnxplan.swap.pricing import StoreRates
+
+    real = bj.step_price
+
+    def planted(out, times=None, rates=None):
+        p = real(out, times, rates)
+        j = out.plan.joint
+        slow = j is not None and j.swap_bandwidth is not None and j.chosen == "joint" and not j.candidates
+        return replace(p, compute=p.compute + 1.0) if slow else p
+
+    monkeypatch.setattr(bj, "step_price", planted)
+    folder = small_artifacts("transformer")
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
+    seen = {}
+    out = bj.plan_joint_strategy(graph, budget, FlopCosts(), 2.0, OPTS, total_seconds=20,
+                                 rates=StoreRates(2.5e8, 1e-10), seen=seen)
+    j = out.plan.joint
+    assert set(seen) == {"joint", "recompute", "swap", "joint-recompute"}
+    weighed = {c["strategy"]: c for c in j.candidates}
+    assert weighed["joint"]["predicted_step_seconds"] > 1.0
+    fitting = [c for c in j.candidates if c["fits"]]
+    assert len(fitting) >= 2 and j.chosen != "joint"
+    assert j.chosen == min(fitting, key=lambda c: c["predicted_step_seconds"])["strategy"]
+    assert out is seen[j.chosen] and out.plan.peak_bytes <= budget
+    assert j.notes[-1].startswith(f"{j.chosen} chosen")
+    plan = Plan.from_json(json.loads(out.plan.dumps()))  # its file: passes replayed, records checked
+    base = run_plan(str(folder), OPTS, steps=3)
+    res = run_plan(str(folder), plan, steps=3)
+    assert res.losses == base.losses
+    for k, v in base.params.items():
+        assert np.array_equal(res.params[k], v), k
+
+
+def test_the_joint_solves_keep_to_their_total_deadline():
+    """Under a total deadline every CP-SAT limit of every round fits in it (each round's limit
+    at most the per-round time limit), plan_joint's and the strategy's alike (both variants)."""
+    import time
+
+    from onnxplan.budget import FlopCosts
+    from onnxplan.budget.joint import plan_joint_strategy
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.fit import plan_joint
+    from onnxplan.joint.solve import MIN_SOLVE_SECONDS
+    from onnxplan.swap.pricing import StoreRates
+
+    folder = small_artifacts("transformer")
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(0.6 * plain.plan.arena_bytes)
+    out, _ = plan_joint(graph, budget, OPTS, swap_bandwidth=2.5e8, time_limit=10, rounds=3, total_seconds=2.0)
+    rounds = out.plan.joint.rounds
+    assert rounds and all(r["time_limit"] <= 10 for r in rounds if "time_limit" in r)
+    slack = MIN_SOLVE_SECONDS * 3 * len(rounds)  # a solve past its deadline still gets this much
+    assert _limits(out) <= 2.0 + slack
+    seen = {}
+    t0 = time.perf_counter()
+    plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=3.0, rates=StoreRates(2.5e8, 1e-10),
+                        seen=seen)
+    assert time.perf_counter() - t0 < 120  # generous: placement and rotor are outside CP-SAT's limits
+    spent = sum(_limits(o) for name, o in seen.items() if name.startswith("joint") and o.plan.joint.rounds)
+    assert spent <= 3.0 + slack * 2

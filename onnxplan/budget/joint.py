@@ -1,32 +1,98 @@
 """The joint solver (onnxplan.joint) as a strategy of the budget layer: recompute on the whole
 step graph and paging, chosen together by CP-SAT. Opt-in (`--strategy joint`): its solve takes
 seconds and its proven gap is still large, so fit_budget does not plan it by default.
+
+The strategy never returns a plan predicted slower than one it could have chosen: it also plans
+the joint model without paging, rotor's schedule (the "recompute" strategy) and the swap
+module's policy (the "swap" strategy), prices every placed plan on one footing
+(budget.strategies.step_price: the profile's node times, transfers on one I/O worker at the
+swap store's measured bandwidth) and returns the fastest that fits (plan.joint.chosen and
+.candidates say which won and what was weighed). All of it within JOINT_SECONDS per budget.
+
 Importing this module also registers the joint recompute code ("dag.") with the recompute pass
 (onnxplan.joint.lower), so any process that imports onnxplan replays joint plans."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.budget.costs import CostModel
-from onnxplan.budget.strategies import register_strategy
+from onnxplan.budget.strategies import STRATEGIES, register_strategy, step_price
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint import plan_joint
+from onnxplan.joint.fit import MIN_ROUND_SECONDS
+from onnxplan.plan_records import JointRecord
 from onnxplan.planning import DEFAULT_TIME_LIMIT, PlanOptions, PlanOutcome
+from onnxplan.sizes import format_bytes
+from onnxplan.swap.pricing import store_rates
 
-__all__ = ["plan_joint_strategy"]
+__all__ = ["JOINT_SECONDS", "plan_joint_strategy"]
+
+JOINT_SECONDS = 60.0  # everything the joint strategy solves for one budget (CP-SAT rounds, descents, variants)
+PAGING_SHARE = 0.5  # of the total, the joint model with paging gets this share
+RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the model without paging gets this share
+# (the rest: placement, rotor's schedule and swap on top after the last round, outside CP-SAT's limits)
 
 
 @register_strategy("joint", auto=False)
 def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
-                        base: PlanOptions) -> PlanOutcome:
-    """plan_joint under `budget` with the node times of `costs` (a profile, or the FLOP
-    estimate) and page-ins at the memory bandwidth of the time model (the rate the swap
-    module's transfers are predicted at); CP-SAT gets `time_limit` seconds per round (None: 10)."""
+                        base: PlanOptions, *, total_seconds: float = JOINT_SECONDS,
+                        rates=None, seen: dict[str, PlanOutcome] | None = None) -> PlanOutcome:
+    """The fastest predicted plan under `budget` among: plan_joint with paging (at the swap
+    store's measured rates, onnxplan.swap.pricing.store_rates, or `rates`), plan_joint without
+    paging, and the budget layer's "recompute" and "swap" strategies; node times from `costs`
+    (a profile, or the FLOP estimate). CP-SAT gets `time_limit` seconds per round at most (None:
+    10); the joint solves together stop by `total_seconds` after the call starts (best so far).
+    `seen`: filled with every candidate's outcome by name (benchmarks measure them all)."""
+    t_end = time.perf_counter() + total_seconds
     times, note = costs.times(step_before_inplace(graph, base), inplace=base.inplace, order=base.order)
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    out, _ = plan_joint(graph, budget, base, costs=times.measured or None, swap_bandwidth=times.machine.bandwidth,
-                        time_limit=limit)
-    out.plan = replace(out.plan, joint=replace(out.plan.joint, time_source=note))
+    rates = rates or store_rates()
+    node_costs = times.measured or None
+    cands: list[tuple[str, PlanOutcome]] = []
+    paged, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=rates.bandwidth, time_limit=limit,
+                          total_seconds=max(MIN_ROUND_SECONDS, _left(t_end) * PAGING_SHARE))
+    cands.append(("joint", paged))
+    if paged.plan.joint.status != "PLAIN":  # the plain plan fits: nothing is faster
+        for name in ("recompute", "swap"):
+            cands.append((name, STRATEGIES[name](graph, budget, costs, time_limit, base)))
+        if _left(t_end) * RECOMPUTE_SHARE >= MIN_ROUND_SECONDS:
+            alone, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=None, time_limit=limit,
+                                  swap_on_top=False, total_seconds=_left(t_end) * RECOMPUTE_SHARE)
+            cands.append(("joint-recompute", alone))
+    if seen is not None:
+        seen.update((name, out) for name, out in cands)
+    priced = [(name, out, step_price(out, times, rates).seconds) for name, out in cands]
+    fitting = [p for p in priced if p[1].plan.peak_bytes <= budget]
+    name, out, secs = (min(fitting, key=lambda p: (p[2], p[1].plan.peak_bytes)) if fitting
+                       else min(priced, key=lambda p: (p[1].plan.peak_bytes, p[2])))
+    weighed = tuple({"strategy": n, "peak_bytes": o.plan.peak_bytes, "fits": o.plan.peak_bytes <= budget,
+                     "predicted_step_seconds": s} for n, o, s in priced)
+    why = (f"{name} chosen: predicted {secs * 1e3:.2f} ms, peak {format_bytes(out.plan.peak_bytes)} for budget "
+           f"{format_bytes(budget)} (weighed: " + ", ".join(
+               f"{c['strategy']} {c['predicted_step_seconds'] * 1e3:.2f} ms" + ("" if c["fits"] else " misses")
+               for c in weighed) + ")")
+    record = out.plan.joint if out.plan.joint is not None else _borrowed(paged.plan.joint, out, name)
+    record = replace(record, time_source=note, chosen=name, candidates=weighed, predicted_step_seconds=secs,
+                     notes=(*record.notes, why))
+    out.plan = replace(out.plan, joint=record)
     return out
+
+
+def _borrowed(joint: JointRecord, out: PlanOutcome, name: str) -> JointRecord:
+    """A joint record for a plan of another strategy (rotor's, the swap module's) that won: its
+    own recompute schedule (what the recompute pass replays), the joint solve's rounds kept."""
+    code = next((p.partition(":")[2] for p in out.plan.passes if p.startswith("recompute:")), "")
+    return JointRecord(schedule=code, budget_bytes=joint.budget_bytes, status=f"{name.upper()}-STRATEGY",
+                       gap=None, estimate_bytes=joint.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
+                       swap_bandwidth=joint.swap_bandwidth, stages=joint.stages, order_policy=joint.order_policy,
+                       rounds=joint.rounds,
+                       notes=(f"the {name!r} strategy's plan is predicted faster than the joint schedule "
+                              f"({joint.status}, {joint.recomputations} recomputations, placed peak "
+                              f"{format_bytes(joint.placed_peak_bytes)})",))
+
+
+def _left(t_end: float) -> float:
+    return max(0.0, t_end - time.perf_counter())

@@ -14,9 +14,10 @@ from onnxplan.passes.split_grad import splittable
 from onnxplan.plan_records import StrategyCandidate, StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
+from onnxplan.swap.pricing import StepPrice, StoreRates, planned_step
 
 __all__ = ["AUTO_STRATEGIES", "STRATEGIES", "Strategy", "fit_budget", "plan_with_strategy", "predicted_step_seconds",
-           "register_strategy", "strategy_choices"]
+           "register_strategy", "step_price", "strategy_choices"]
 
 # name -> a function planning the step with that strategy: (graph, budget, cost model, time
 # limit, base options: the caller's order, planner, passes) -> PlanOutcome, fitting or not.
@@ -66,11 +67,21 @@ def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | N
     return out
 
 
-def predicted_step_seconds(outcome: PlanOutcome, times: TimeModel | None = None) -> float:
-    """Predicted seconds of one step of a planned outcome: every node once, in one stream (a
-    recomputed copy costs its original; a swap node moves its bytes at memory bandwidth, with
-    no overlap assumed: an upper bound for proactive swaps)."""
-    return (times or TimeModel()).step_seconds(outcome.graph)
+def step_price(outcome: PlanOutcome, times: TimeModel | None = None, rates: StoreRates | None = None) -> StepPrice:
+    """The predicted step of a planned outcome (onnxplan.swap.pricing.planned_step): every node
+    but the swap nodes once, in one stream (a recomputed copy costs its original), and its
+    swaps' transfers on one I/O worker at the swap store's measured rates (`rates`; None:
+    store_rates()), the compute waiting only for the late ones."""
+    tm = times or TimeModel()
+    g = outcome.graph
+    return planned_step(g, outcome.plan.order, outcome.plan.swaps, lambda n: tm.node_seconds(g, n), rates)
+
+
+def predicted_step_seconds(outcome: PlanOutcome, times: TimeModel | None = None,
+                           rates: StoreRates | None = None) -> float:
+    """Predicted seconds of one step of a planned outcome: step_price(...).seconds (compute and
+    the transfers' stalls; the I/O thread's CPU runs beside the compute stream)."""
+    return step_price(outcome, times, rates).seconds
 
 
 def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts()) -> tuple[PlanOutcome, str]:

@@ -99,6 +99,9 @@ class TimeModel:
         base = original_name(n.name)  # a recomputed copy costs what its original costs
         if base in self.measured:
             return self.measured[base]
+        fused, _, half = base.rpartition("/")
+        if half in ("dX", "dW") and fused in self.measured and n.op_type in ("ConvGrad", "ConvGradInput"):
+            return self.measured[fused] / 2  # a split ConvGrad (passes.split_grad): one of its two products
         if n.aliases and all(k == "rv" for _, k in n.aliases.values()):
             return 0.0  # read-only views move no data
         m = self.machine

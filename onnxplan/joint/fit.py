@@ -4,6 +4,7 @@ re-solve with a tightened budget when the placed peak misses it."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -12,22 +13,25 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem, memory, step_seconds, violations
-from onnxplan.joint.solve import JointSchedule, schedule_summary, solve_problem
+from onnxplan.joint.solve import MIN_SOLVE_SECONDS, JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
 from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
-from onnxplan.swap import is_swap_node
+from onnxplan.swap.pricing import StoreRates, planned_step
 
 __all__ = ["SLACK_FRACTION", "given_schedule", "plain_schedule", "plan_joint"]
 
 SLACK_FRACTION = 0.005  # placed this far below the budget (a fraction of it), the model gets the slack
+MIN_ROUND_SECONDS = 2.0  # under a deadline, no further round starts with less time left
+ROUND_SHARE = 0.6  # under a deadline, a round's CP-SAT gets at most this share of what is left (placement, rotor, swap follow)
 
 
 def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
                costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
                time_limit: float = 10.0, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
-               swap_on_top: bool = True, deterministic_limit: float | None = None) -> tuple[PlanOutcome, JointSchedule]:
+               swap_on_top: bool = True, deterministic_limit: float | None = None,
+               total_seconds: float | None = None) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
     ordered, placed and verified by plan_step with `opts` (its order, planner, passes; its
@@ -38,8 +42,12 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     again, at most `rounds` solves in all; the best round is kept. Should it still miss (the
     model pages activations only; parameters and optimizer state stay resident), `swap_on_top`
     plans the swap module's `auto` policy on top of the schedule's recomputations (replacing
-    its page-ins) when that lowers the peak. The outcome may miss the budget; the rounds, the
-    model's estimate, the placed peak and what was done per buffer are in plan.joint."""
+    its page-ins) when that lowers the peak. `total_seconds`: a deadline for all the rounds
+    together (each CP-SAT round gets at most `time_limit` and what is left of it; no round
+    starts with less than MIN_ROUND_SECONDS left): the best so far is returned when it hits.
+    The outcome may miss the budget; the rounds (each with its CP-SAT limits), the model's
+    estimate, the placed peak and what was done per buffer are in plan.joint."""
+    t_end = None if total_seconds is None else time.perf_counter() + total_seconds
     base = replace(opts or PlanOptions(), swap="none", recompute="", budget=None)
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
@@ -56,7 +64,12 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     target, hint, history = budget, warm_start, []
     best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
     for k in range(max(1, rounds)):
-        sched = solve_problem(prob, target, swap_bandwidth, time_limit, hint, costs=costs,
+        left = float("inf") if t_end is None else t_end - time.perf_counter()
+        if k and left < MIN_ROUND_SECONDS:
+            history[-1]["stopped"] = f"deadline: {max(0.0, left):.1f} s left of {total_seconds:.0f} s"
+            break
+        limit = min(time_limit, max(MIN_SOLVE_SECONDS, ROUND_SHARE * left))
+        sched = solve_problem(prob, target, swap_bandwidth, limit, hint, costs=costs,
                               deterministic_limit=deterministic_limit)
         out = plan_step(graph, replace(base, recompute=sched.code))
         out, missed = lower_swaps(out, sched, base.planner)
@@ -64,7 +77,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                         "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": _finite(sched.gap),
                         "solve_seconds": sched.wall_seconds, "warm_start": sched.warm_start,
                         "recompute_seconds": sched.recompute_seconds, "stall_seconds": sched.stall_seconds,
-                        "page_ins": len(sched.decisions.page_in), "page_ins_not_lowered": missed})
+                        "page_ins": len(sched.decisions.page_in), "page_ins_not_lowered": missed,
+                        "time_limit": limit, "cpsat_limits": list(sched.cpsat_limits)})
         key = (out.plan.peak_bytes > budget, sched.predicted_seconds if out.plan.peak_bytes <= budget
                else out.plan.peak_bytes)
         if best is None or key < best[0]:
@@ -110,8 +124,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                 more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
             except BudgetNotMet as miss:
                 more = miss.outcome
-            secs = base_sched.predicted_seconds - base_sched.stall_seconds + sum(
-                TimeModel().node_seconds(more.graph, n) for n in more.graph.nodes if is_swap_node(n))
+            secs = _price(more, costs, swap_bandwidth)
             tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
                           else more.plan.peak_bytes, more, base_sched, secs))
         miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
@@ -119,24 +132,16 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
             out, sched, predicted = more, base_sched, secs  # transfers at the swap module's estimate
             rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if sched.code else 'no recomputation'}, "
                     f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
-    if swap_on_top and swap_bandwidth and out.plan.peak_bytes <= budget and predicted > prob.step_seconds:
-        # swapping alone, priced on the joint model's footing without overlap (every swapped byte
-        # out and in at the store's bandwidth: an upper bound), where the solver found only costly
-        # recomputations (DenseNet at 18 MiB: a 1.2 s schedule where swapping alone takes 0.2 s)
-        try:
-            alone = plan_step(graph, replace(base, swap="auto", budget=budget))
-        except BudgetNotMet:
-            alone = None
-        if alone is not None:
-            moved = sum(sw.bytes * (2 if sw.write else 1) for sw in alone.plan.swaps)
-            secs = prob.step_seconds + moved / swap_bandwidth
-            if secs < predicted:
-                out, predicted = alone, secs
-                sched = given_schedule(prob, keep_all(prob), budget, swap_bandwidth,
-                                       "nothing recomputed: swap auto alone (predicted without overlap)",
-                                       "SWAP-ONLY")
-                rest = f"swap auto alone: {len(alone.plan.swaps)} swaps ({alone.plan.swap.described})"
     return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
+
+
+def _price(out: PlanOutcome, costs: Mapping[str, float] | None, swap_bandwidth: float | None) -> float:
+    """Predicted seconds of a placed outcome on the swap module's footing (onnxplan.swap.pricing):
+    its nodes at `costs` (else the FLOP estimate), its swaps on one I/O worker at `swap_bandwidth`."""
+    tm = TimeModel(measured=dict(costs or {}))
+    rates = StoreRates(swap_bandwidth, 0.0) if swap_bandwidth else None
+    return planned_step(out.graph, out.plan.order, out.plan.swaps, lambda n: tm.node_seconds(out.graph, n),
+                        rates).seconds
 
 
 def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:

@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 from onnxplan.checkpoint.chain import nondeterminism
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.errors import ModelError
+from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound
 from onnxplan.offsets.buffers import align
 from onnxplan.orders import order_nodes
 from onnxplan.passes import run_pipeline
-from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.planning import HEURISTIC_ORDERS
+from onnxplan.swap.pricing import TRANSFER_SECONDS, Transfer, io_stalls
 
 __all__ = [
     "Buffer",
@@ -419,20 +420,22 @@ def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[
 
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
     """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
-    the recomputations, and what one I/O worker cannot hide: the writes beyond the forward
-    pass's compute, each stage's page-ins beyond the compute of the stage before."""
+    the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
+    the swap module's footing) on the model's segments (the forward pass, then each stage with
+    its recomputations): the page-outs are issued as the forward pass starts and due at its
+    end, a stage's page-ins issued as the stage before starts and due at its own start."""
     rec = [0.0] * (prob.stages + 1)
     for t, n in d.recompute:
         rec[t] += prob.node_seconds[n]
     stall = 0.0
     if bandwidth and (d.page_out or d.page_in):
-        out = sum(prob.buffers[b].nbytes for b in d.page_out) / bandwidth
-        stall += max(0.0, out - prob.forward_seconds)
-        for t in range(1, prob.stages + 1):
-            inb = sum(prob.buffers[b].nbytes for tt, b in d.page_in if tt == t) / bandwidth
-            before = prob.stage_seconds[t - 2] + rec[t - 1] if t > 1 else 0.0
-            stall += max(0.0, inb - before)
-    return prob.step_seconds + sum(rec) + stall, sum(rec), stall
+        segments = [prob.forward_seconds] + [prob.stage_seconds[t - 1] + rec[t] for t in range(1, prob.stages + 1)]
+        transfers = [Transfer(prob.buffers[b].nbytes, 0, 1, write=True) for b in sorted(d.page_out)]
+        transfers += [Transfer(prob.buffers[b].nbytes, max(0, t - 1), t) for t, b in sorted(d.page_in)]
+        transfers.sort(key=lambda tr: tr.issue)
+        stall = sum(io_stalls(segments, transfers, bandwidth))
+    handled = TRANSFER_SECONDS * (len(d.page_out) + len(d.page_in))
+    return prob.step_seconds + sum(rec) + handled + stall, sum(rec), stall
 
 
 def recompute_stages(prob: JointProblem) -> list[set[int]]:

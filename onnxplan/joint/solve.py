@@ -17,9 +17,11 @@ units, with each EO's fixed bytes (scratch included):
   stage t, recomputing n (forward order): fixed bytes carried into the stage + sum S[t,b] + the
                 restored buffers still held (made by n or before it and read by n or a later
                 node, else only if held for the anchor) + prefetch + scratch of n.
-Objective: extra seconds = sum R[t,n] * cost(n) + exposed transfer time, where one I/O worker
-hides the writes behind the forward pass and stage t's page-ins behind stage t-1's compute
-(its recomputations included): stall_t >= in_t / bandwidth - compute_{t-1}.
+Objective: extra seconds = sum R[t,n] * cost(n) + TRANSFER_SECONDS per page-out and page-in
++ exposed transfer time, where one I/O worker hides the writes behind the forward pass and
+stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
+bandwidth - compute_{t-1} (problem.step_seconds prices the same on onnxplan.swap.pricing's
+worker). Every solve of one call shares its time limit (a deadline for the whole call).
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ from onnxplan.joint.problem import (
     step_seconds,
     violations,
 )
+from onnxplan.swap.pricing import TRANSFER_SECONDS
 
 __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
 
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
+MIN_SOLVE_SECONDS = 0.1  # the least time limit a CP-SAT solve is given (past the deadline: a last try)
 
 
 @dataclass
@@ -69,6 +73,7 @@ class JointSchedule:
     warm_start: str  # the hint given to the solver
     bandwidth: float | None = None
     notes: list[str] = field(default_factory=list)
+    cpsat_limits: list[float] = field(default_factory=list)  # every CP-SAT time limit this solve set (seconds)
 
     @property
     def fits(self) -> bool:
@@ -102,6 +107,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     from ortools.sat.python import cp_model  # heavy: import on use
 
     t0 = time.perf_counter()
+    deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
     hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth)
     B, T, N = prob.buffers, prob.stages, len(prob.nodes)
     cap = (budget_bytes - prob.persistent) // BYTE_UNIT
@@ -197,11 +203,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     # objective: recomputation + exposed transfers
     # every recomputation and transfer costs at least one unit: none is made for nothing
     cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
+    handle = max(1, round(TRANSFER_SECONDS / TIME_UNIT))  # the executor's CPU per transfer (onnxplan.swap.pricing)
     objective = [cost[n] * r for (t, n), r in R.items()]
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
-        objective += [O[k] for k in O] + [I[key] for key in I]
+        objective += [handle * O[k] for k in O] + [handle * I[key] for key in I]
         fst = m.NewIntVar(0, ub, "stall_fwd")
         m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
         objective.append(fst)
@@ -218,11 +225,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             objective.append(st)
     lb = 0
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
-        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 if O else None))
+        lb = int(relaxation_bound(prob, budget_bytes, cost, 2 * handle if O else None))
         if lb > 0:
             m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
-        weight = sum(cost) + len(O) + len(I) + 1 + ((T + 1) * ub if O else 0)
+        weight = sum(cost) + handle * (len(O) + len(I)) + 1 + ((T + 1) * ub if O else 0)
         m.Minimize(cap * weight + sum(objective))
     else:
         m.Minimize(sum(objective))
@@ -237,11 +244,14 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.page_out)
         for key, x in I.items():
             m.AddHint(x, key in hint.page_in)
-    spent = 0.0
+    limits = []
     if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
-        spent = _complete_hint(m, time_limit / 4)
+        limits.append(max(MIN_SOLVE_SECONDS, min(time_limit / 4, _left(deadline) / 2)))
+        _complete_hint(m, limits[-1])
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(1.0, float(time_limit) - spent)
+    # CP-SAT gets what is left but a fifth, kept for the descent (and the least-memory solve)
+    limits.append(max(MIN_SOLVE_SECONDS, 0.8 * _left(deadline)))
+    solver.parameters.max_time_in_seconds = limits[-1]
     if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
         solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.num_workers = workers
@@ -256,18 +266,20 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
-        floor = solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, hint or warm_start, costs=costs,
+        floor = solve_problem(prob, budget_bytes, swap_bandwidth, max(MIN_SOLVE_SECONDS, _left(deadline)),
+                              hint or warm_start, costs=costs,
                               workers=workers, linearization=linearization, least_memory=True,
                               deterministic_limit=deterministic_limit)
         floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
+        floor.cpsat_limits = limits + floor.cpsat_limits
         floor.wall_seconds = time.perf_counter() - t0
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
         if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
-            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
-        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=time.perf_counter() + max(1.0, time_limit / 4))
+        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
     if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
             and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
         d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
@@ -281,7 +293,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     secs, rec, stall = step_seconds(prob, d, swap_bandwidth)
     if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and not least_memory and peak <= budget_bytes:
         # the gap of what is returned (descended; the warm start where CP-SAT found nothing)
-        obj = (rec + stall) / TIME_UNIT + len(d.page_out) + len(d.page_in)
+        obj = (secs - prob.step_seconds) / TIME_UNIT  # recomputation, transfers handled, stalls
         bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
@@ -289,7 +301,12 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
              f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
-                         hint_name, swap_bandwidth, notes)
+                         hint_name, swap_bandwidth, notes, limits)
+
+
+def _left(deadline: float) -> float:
+    """Seconds left until `deadline` (perf_counter), never below 0."""
+    return max(0.0, deadline - time.perf_counter())
 
 
 def _complete_hint(m, limit: float) -> float:
@@ -302,7 +319,7 @@ def _complete_hint(m, limit: float) -> float:
     t0 = time.perf_counter()
     s = cp_model.CpSolver()
     s.parameters.fix_variables_to_their_hinted_value = True
-    s.parameters.max_time_in_seconds = max(0.5, limit)
+    s.parameters.max_time_in_seconds = limit
     s.parameters.num_workers = 1
     if s.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.Proto().variables))]

@@ -7,7 +7,7 @@ then spends the memory the budget leaves free on lead, where the transfers would
 
 - a simulation of one step: the nodes run one after the other (seconds from the roofline of
   onnxplan.checkpoint.costs), and one I/O worker runs the transfers first in, first out at
-  STORE_BANDWIDTH, as the executor's swap runtime does (a write starts right after the last
+  the swap store's measured bandwidth (onnxplan.swap.pricing), as the executor's swap runtime does (a write starts right after the last
   use before the gap and must be done at its swap-out; a read starts at its swap-in and must
   be done before its first reader; every transfer is done by the end of the step);
 - the transfer that stalls the most gets more lead: a read is issued earlier, a write
@@ -26,65 +26,28 @@ from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.swap.insert import decide_writes
 from onnxplan.swap.model import Gap, SwapModel
 from onnxplan.swap.policies import SwapPolicy, Timing, just_in_time
+from onnxplan.swap.pricing import Transfer, io_stalls, store_bandwidth
 
-__all__ = ["STORE_BANDWIDTH", "Adaptive", "simulate_stalls"]
+__all__ = ["Adaptive", "simulate_stalls"]
 
-# bytes/s of the swap file with its page cache dropped (reads measured 130-500 MB/s on this
-# project's machine, a shared virtual disk); low on purpose: a lead too long costs memory the
-# budget has free anyway, a lead too short stalls the step
-STORE_BANDWIDTH = 2.5e8
 MAX_MOVES = 4000
 
 
 def simulate_stalls(model: SwapModel, timings: dict[Gap, Timing], writes: dict[Gap, bool],
-                    seconds: np.ndarray, bandwidth: float = STORE_BANDWIDTH) -> dict[tuple[Gap, str], float]:
+                    seconds: np.ndarray, bandwidth: float) -> dict[tuple[Gap, str], float]:
     """Seconds each transfer stalls the step ((gap, "read" | "write") -> seconds, stalls only),
-    the nodes taking `seconds` each in base EO order and one FIFO worker moving the bytes."""
-    n = model.n
-    reads_at: dict[int, list[Gap]] = {}
-    read_waits: dict[int, list[Gap]] = {}
-    writes_after: dict[int, list[Gap]] = {}
-    write_waits: dict[int, list[Gap]] = {}
-    for gap, t in timings.items():
-        reads_at.setdefault(t.issue, []).append(gap)
-        read_waits.setdefault(gap.before, []).append(gap)
+    the nodes taking `seconds` each in base EO order and one FIFO worker moving the bytes
+    (onnxplan.swap.pricing.io_stalls: a write issued right after the last use before the gap,
+    done at its swap-out; a read issued at its swap-in, done before its first reader)."""
+    jobs: list[tuple[tuple[Gap, str], Transfer]] = []
+    for gap in sorted(timings, key=_key):
+        t, nbytes = timings[gap], model.groups[gap.root].nbytes
         if writes[gap]:
-            writes_after.setdefault(gap.after, []).append(gap)
-            write_waits.setdefault(t.release, []).append(gap)
-    ends: dict[tuple[Gap, str], float] = {}
-    now = free = 0.0
-
-    def put(job: tuple[Gap, str]) -> None:
-        nonlocal free
-        free = max(now, free) + model.groups[job[0].root].nbytes / bandwidth
-        ends[job] = free
-
-    stalls: dict[tuple[Gap, str], float] = {}
-
-    def wait(job: tuple[Gap, str]) -> None:
-        nonlocal now
-        end = ends.get(job)
-        if end is not None and end > now:
-            stalls[job] = stalls.get(job, 0.0) + end - now
-            now = end
-
-    for gap in sorted(writes_after.get(-1, ()), key=_key):
-        put((gap, "write"))
-    for t in range(n + 1):
-        for gap in sorted(write_waits.get(t, ()), key=_key):
-            wait((gap, "write"))
-        for gap in sorted(reads_at.get(t, ()), key=_key):
-            put((gap, "read"))
-        if t == n:
-            for job in sorted(ends, key=ends.get):
-                wait(job)
-            break
-        for gap in sorted(read_waits.get(t, ()), key=_key):
-            wait((gap, "read"))
-        now += seconds[t]
-        for gap in sorted(writes_after.get(t, ()), key=_key):
-            put((gap, "write"))
-    return stalls
+            jobs.append(((gap, "write"), Transfer(nbytes, gap.after + 1, t.release, write=True)))
+        jobs.append(((gap, "read"), Transfer(nbytes, t.issue, gap.before)))
+    jobs.sort(key=lambda job: job[1].issue)  # stable: by gap within a boundary
+    stalls = io_stalls(seconds, [tr for _, tr in jobs], bandwidth)
+    return {job: s for (job, _), s in zip(jobs, stalls) if s > 0}
 
 
 def _key(gap: Gap) -> tuple[str, int]:
@@ -103,8 +66,8 @@ class Adaptive(SwapPolicy):
     name = "adaptive"
     spends_slack = True
 
-    def __init__(self, bandwidth: float = STORE_BANDWIDTH) -> None:
-        self.bandwidth = bandwidth
+    def __init__(self, bandwidth: float | None = None) -> None:
+        self.bandwidth = bandwidth  # bytes/s of the swap store; None: onnxplan.swap.pricing.store_bandwidth()
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
         return just_in_time(model, gap)
@@ -118,10 +81,11 @@ class Adaptive(SwapPolicy):
         seconds = np.array([times.node_seconds(model.graph, nodes[name]) for name in model.order])
         writes = {d.gap: d.write for d in decide_writes(model, list(timings), timings, self.clean_drops)}
         room = target - resident - profile  # free bytes at each base EO
+        bandwidth = self.bandwidth or store_bandwidth()
         out = dict(timings)
         blocked: set[tuple[Gap, str]] = set()
         for _ in range(MAX_MOVES):
-            stalls = simulate_stalls(model, out, writes, seconds, self.bandwidth)
+            stalls = simulate_stalls(model, out, writes, seconds, bandwidth)
             moved = False
             for job, stall in sorted(stalls.items(), key=lambda kv: (-kv[1], _key(kv[0][0]), kv[0][1])):
                 if job in blocked:

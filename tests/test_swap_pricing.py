@@ -1,0 +1,127 @@
+"""One footing for swap transfers (onnxplan.swap.pricing): the one-worker overlap against
+hand-computed cases, the priced plan, the store's measured bandwidth and its cache."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from onnxplan.errors import UsageError
+from onnxplan.plan import PlannedSwap
+from onnxplan.swap import pricing
+from onnxplan.swap.pricing import TRANSFER_SECONDS, StoreRates, Transfer, io_stalls, planned_step
+
+
+def test_a_hidden_write_and_a_late_read():
+    """Segments of 1 s; 1 byte/s. A write of 0.5 B issued at boundary 0, due at 1: hidden. A
+    read of 2 B issued at 1 (t = 1), done at t = 3, due at boundary 2 (t = 2): 1 s of stall."""
+    got = io_stalls([1.0, 1.0, 1.0], [Transfer(0.5, 0, 1, write=True), Transfer(2, 1, 2)], 1.0)
+    assert got == [0.0, 1.0]
+
+
+def test_a_write_backlog_delays_the_read_behind_it():
+    """One worker, first in, first out: a write of 1.5 B (t 0 -> 1.5) ahead of a read of 1 B
+    issued at t = 1 delays it to t = 2.5; due at t = 2: 0.5 s. Without the write: hidden."""
+    assert io_stalls([1.0, 1.0, 1.0], [Transfer(1.5, 0, 3, write=True), Transfer(1, 1, 2)], 1.0) == [0.0, 0.5]
+    assert io_stalls([1.0, 1.0, 1.0], [Transfer(1, 1, 2)], 1.0) == [0.0]
+
+
+def test_the_step_waits_for_every_transfer_at_its_end():
+    """A read issued at the last boundary still costs its whole time; a stall moves the clock,
+    so a second transfer due at the same point stalls only for the rest."""
+    assert io_stalls([1.0], [Transfer(3, 1, 1)], 1.0) == [3.0]
+    assert io_stalls([1.0, 1.0], [Transfer(2, 0, 1), Transfer(1, 0, 1)], 1.0) == [1.0, 1.0]
+    with pytest.raises(ValueError):
+        io_stalls([1.0], [Transfer(1, 0, 2)], 1.0)
+
+
+def _hand_step(n1: float):
+    """n0 makes x; n1; SwapOut(x); n2; SwapIn(x -> x2); n3 reads x2 (one swap of 100 B)."""
+    def node(name, ins=(), outs=(), op="Relu", domain=""):
+        return SimpleNamespace(name=name, inputs=list(ins), outputs=list(outs), op_type=op, domain=domain)
+
+    nodes = [node("n0", (), ("x",)), node("n1"), node("out", ("x",), (), "SwapOut", "onnxplan"), node("n2"),
+             node("in", (), ("x2",), "SwapIn", "onnxplan"), node("n3", ("x2",))]
+    graph = SimpleNamespace(nodes=nodes)
+    swap = PlannedSwap("x", 100, "temporary", "out", "in", 2, 4, last_use="n0", next_use="n3")
+    secs = {"n0": 1.0, "n1": n1, "n2": 1.0, "n3": 1.0}
+    return graph, [n.name for n in nodes], [swap], lambda n: secs[n.name]
+
+
+def test_a_planned_step_priced_where_the_executor_issues_and_waits():
+    """100 B at 100 B/s: 1 s each way. The write is issued after n0 (t = 1) and due at the
+    SwapOut (t = 1 + n1); the read issued at the SwapIn (t = 2 + n1), due at n3: 1 s of stall."""
+    graph, order, swaps, secs = _hand_step(1.0)
+    p = planned_step(graph, order, swaps, secs, StoreRates(100.0, 1e-3))
+    assert (p.compute, p.stall, p.moved) == (4.0, 1.0, 200)
+    assert p.handling == pytest.approx(2 * TRANSFER_SECONDS) and p.io_cpu == pytest.approx(0.2)
+    assert p.seconds == pytest.approx(5.0 + 2 * TRANSFER_SECONDS)
+    assert p.cpu_seconds == pytest.approx(4.2 + 2 * TRANSFER_SECONDS)
+    graph, order, swaps, secs = _hand_step(0.5)  # the write is late at the SwapOut by 0.5 s
+    p = planned_step(graph, order, swaps, secs, StoreRates(100.0, 0.0))
+    assert p.stall == pytest.approx(0.5 + 1.0)
+    p = planned_step(graph, order, [], secs, StoreRates(100.0, 0.0))
+    assert (p.seconds, p.moved) == (3.5, 0)
+
+
+def test_the_joint_model_prices_on_the_same_worker(monkeypatch):
+    """The joint model's step_seconds is io_stalls over its segments: writes behind the
+    forward pass, a stage's page-ins behind the stage before (here on a hand-made problem)."""
+    from onnxplan.joint.problem import Decisions, step_seconds
+
+    prob = SimpleNamespace(stages=2, node_seconds=[0.5], forward_seconds=1.0, stage_seconds=[1.0, 1.0],
+                           step_seconds=3.0, buffers=[SimpleNamespace(nbytes=2), SimpleNamespace(nbytes=1)])
+    # writes of 2 + 1 B at 1 B/s behind a 1 s forward pass: 2 s exposed; the page-in of 1 B for
+    # stage 2 behind stage 1 (1 s + a 0.5 s recomputation): hidden
+    d = Decisions(recompute=frozenset({(1, 0)}), keep=frozenset(), page_out=frozenset({0, 1}),
+                  page_in=frozenset({(2, 1)}))
+    secs, rec, stall = step_seconds(prob, d, 1.0)
+    assert (rec, stall) == (0.5, 2.0)
+    assert secs == pytest.approx(3.0 + 0.5 + 2.0 + 3 * TRANSFER_SECONDS)
+    d = Decisions(recompute=frozenset(), keep=frozenset(), page_out=frozenset({1}), page_in=frozenset({(2, 1)}))
+    assert step_seconds(prob, d, 0.4)[2] == pytest.approx(2.5 - 1.0 + 2.5 - 1.0)  # both late
+
+
+def test_the_store_bandwidth_is_measured_once_per_folder_and_can_be_given(tmp_path, monkeypatch):
+    """Measured on the executor's own store in that folder, cached (per folder), refreshed on
+    request; $ONNXPLAN_SWAP_BANDWIDTH or an explicit value overrides it; a bad value is a
+    one-line usage error."""
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    calls = []
+
+    def fake(folder=None, nbytes=pricing.PROBE_BYTES, repeats=pricing.PROBE_REPEATS):
+        calls.append(folder)
+        return StoreRates(1e9 + len(calls), 1e-10)
+
+    monkeypatch.setattr(pricing, "measure_store", fake)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    assert pricing.store_bandwidth(a) == 1e9 + 1
+    assert pricing.store_bandwidth(a) == 1e9 + 1 and len(calls) == 1  # cached
+    assert pricing.store_bandwidth(b) == 1e9 + 2  # another folder: its own measurement
+    assert pricing.store_bandwidth(a, refresh=True) == 1e9 + 3
+    assert pricing.store_bandwidth(a, override=5e8) == 5e8 and len(calls) == 3
+    monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, "2e8")
+    assert pricing.store_bandwidth(a) == 2e8 and len(calls) == 3
+    monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, "fast")
+    with pytest.raises(UsageError, match="ONNXPLAN_SWAP_BANDWIDTH"):
+        pricing.store_rates(a)
+
+
+def test_the_store_is_measured_through_the_executors_store(tmp_path):
+    rates = pricing.measure_store(tmp_path, nbytes=1 << 20, repeats=2)
+    assert rates.bandwidth > 0 and rates.cpu_per_byte >= 0
+
+
+def test_a_split_conv_gradient_costs_half_its_profiled_fused_node():
+    """passes.split_grad's halves (NAME/dX, NAME/dW) are not in a profile of the unsplit step:
+    each is priced as half its fused ConvGrad's measured time (one forward-sized product each),
+    not at the roofline."""
+    from onnxplan.checkpoint.costs import TimeModel
+
+    tm = TimeModel(measured={"conv_grad": 2e-3})
+    for name, op in (("conv_grad/dX", "ConvGradInput"), ("conv_grad/dW", "ConvGrad")):
+        assert tm.node_seconds(None, SimpleNamespace(name=name, op_type=op)) == pytest.approx(1e-3)
