@@ -112,6 +112,43 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
         assert_sums_close(g, e)
 
 
+FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetric, dilated, 1-D/3-D
+    ((2, 3, 9, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 2, 9, 10), (3, 2, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
+    ((3, 5, 7, 6), (4, 5, 2, 3), {"pads": [0, 2, 1, 0]}),
+    ((2, 3, 11), (4, 3, 3), {"pads": [1, 2]}),
+    ((1, 2, 5, 6, 4), (3, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),
+    ((2, 4, 6, 6), (5, 4, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
+]
+
+
+@pytest.mark.parametrize("chunks", [False, True])
+@pytest.mark.parametrize("x_shape,w_shape,attrs", FLIP_CASES)
+def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chunks):
+    """A large dense conv with unit strides takes dX as a Conv of dY (FlipDx): against ORT, in
+    whole images and in chunks and row bands of a tiny scratch target."""
+    monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    if chunks:
+        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+    rng = np.random.default_rng(12)
+    y_shape = _conv_out_shape(x_shape, w_shape, attrs)
+    win = conv_module._conv_window(attrs, x_shape, w_shape, y_shape)
+    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4) is not None
+    inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
+    for which in [(1, 1, 1), (1, 0, 0)]:
+        outs = _conv_grad_outputs(x_shape, w_shape, y_shape, which)
+        expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
+        got = [g for g in run_kernel("ConvGrad", inputs, outs, attrs, MS) if g is not None]
+        for g, e in zip(got, expected):
+            assert_sums_close(g, e)
+
+
+def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
+    """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
+    win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
+    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
+
+
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
     ((2, 3, 120, 90), (6, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [1, 2]}),  # row bands
     ((5, 7, 6, 5), (7, 1, 3, 3), {"group": 7, "pads": [1, 0, 1, 2]}),  # several images per chunk
@@ -159,6 +196,7 @@ def _generic_path(monkeypatch):
     depthwise kernels and no dX computed as a conv."""
     monkeypatch.setattr(conv_module, "_depthwise", lambda *a: False)
     monkeypatch.setattr(conv_module, "_dx_plan", lambda *a: None)
+    monkeypatch.setattr(conv_module, "_flip_dx", lambda *a: None)
     conv_module._layout_for.cache_clear()
 
 
@@ -168,7 +206,7 @@ def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
     pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
     chunks of a 2 KiB scratch target, and a dense conv's large-conv path (im2col tap by tap,
-    col2im dX)."""
+    dX as the conv of dY with the flipped kernel for unit strides, else col2im)."""
     if mode == "chunks":
         monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
     if mode == "taps":

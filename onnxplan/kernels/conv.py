@@ -11,6 +11,7 @@ from math import prod
 import numpy as np
 
 from onnxplan.ir.graph import Node
+from onnxplan.ir.tensor import TensorSpec
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -643,9 +644,62 @@ def _conv_grad_dx(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx, grou
         xp.copyto(dx3[n0:n0 + nb], rows.reshape(c, nb, lin).swapaxes(0, 1))
 
 
+@dataclass(frozen=True)
+class FlipDx:
+    """dX of a dense conv with unit strides, as the Conv of dY with W flipped and transposed:
+    dX[n, c, i] = sum over m and taps k of dY[n, m, i + p - k * d] W[m, c, k], i.e. a Conv node
+    over dY (pads reach - p, W's dilations) with the weight W'[c, m, K - 1 - k] = W[m, c, k].
+    One im2col copy of dY and one GEMM with the long inner dimension M * taps per chunk, where
+    col2im would run a GEMM over M alone and a scatter-add per tap. The Conv's own scratch comes
+    first, then W' at `weight`."""
+
+    node: Node  # the Conv (made once per window: its attrs key the Conv's memoized window)
+    weight: int
+    nbytes: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _flip_node(win: Window) -> Node | None:
+    pads_begin = [(k - 1) * d - p for k, d, p in zip(win.kernel, win.dilations, win.pads_begin)]
+    pads_end = [(k - 1) * d - p for k, d, p in zip(win.kernel, win.dilations, win.pads_end)]
+    if min(pads_begin + pads_end) < 0:  # a pad wider than the kernel's reach: col2im serves
+        return None
+    return Node("conv_grad_dx", "Conv", "", ("dy", "w"), ("dx",),
+                {"pads": pads_begin + pads_end, "dilations": list(win.dilations)})
+
+
+def _flip_dx(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int) -> FlipDx | None:
+    """The FlipDx of a dense conv with unit strides whose dX _dx_plan leaves to col2im (dY over
+    SMALL_DX elements), else None."""
+    if (group != 1 or win.pointwise or any(st > 1 for st in win.strides)
+            or prod(dy_shape) <= SMALL_DX):
+        return None
+    return _flip_dx_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win, itemsize)
+
+
+@functools.lru_cache(maxsize=4096)
+def _flip_dx_for(target: int, x_shape, w_shape, dy_shape, win: Window, itemsize: int) -> FlipDx | None:
+    node = _flip_node(win)
+    if node is None:
+        return None
+    dtype = f"float{8 * itemsize}"  # the Conv's scratch depends on the item size alone
+    w_flipped = (w_shape[1], w_shape[0], *w_shape[2:])
+    weight = _align(conv_scratch(node, [TensorSpec(dtype, dy_shape), TensorSpec(dtype, w_flipped)],
+                                 [TensorSpec(dtype, x_shape)]))
+    return FlipDx(node, weight, weight + _align(prod(w_shape) * itemsize))
+
+
+def _flip_conv_grad_dx(ctx: KernelContext, flip: FlipDx, dy, w, dx) -> None:
+    """dX = Conv(dY, W') (see FlipDx), W' copied into the scratch after the Conv's."""
+    sp = w.ndim - 2
+    wf = ctx.scratch_array(flip.weight, (w.shape[1], w.shape[0], *w.shape[2:]), w.dtype)
+    ctx.xp.copyto(wf, w.swapaxes(0, 1)[(slice(None), slice(None)) + (slice(None, None, -1),) * sp])
+    conv(KernelContext(ctx.xp, flip.node, [], [], ctx.scratch), [dy, wf], [dx])
+
+
 def conv_grad_scratch(node, in_specs, out_specs) -> int:
     """The most of its passes, which run one after the other: dX as a conv (DxPlan: a grouped or
-    small conv); a depthwise dW; then Conv's columns and rows (see conv_scratch; X's padded copy
+    small conv; FlipDx: a large dense one with unit strides); a depthwise dW; then Conv's columns and rows (see conv_scratch; X's padded copy
     only for dW) plus a dW-sized partial sum when dW takes more than one chunk. Only dB, a
     pointwise dX, or a pointwise dW of one image or one position per image need none."""
     dy, x, w = in_specs[0], in_specs[1], in_specs[2]
@@ -655,9 +709,10 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     group = int(node.attrs.get("group", 1))
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
-    plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
-    sizes = [0 if plan is None else plan.nbytes]
-    need_dx = need_dx and plan is None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
+    plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx and flip is None else None
+    sizes = [0 if plan is None else plan.nbytes, 0 if flip is None else flip.nbytes]
+    need_dx = need_dx and plan is None and flip is None
     if need_dw and _depthwise(x.shape, w.shape, group):
         sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True, win).nbytes)
         need_dw = False
@@ -697,6 +752,10 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
         xp.matmul(rows, xt, out=_view(xp, dw, (group, mg, cg)))
         dw = None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
+    if flip is not None:
+        _flip_conv_grad_dx(ctx, flip, dy, w, dx)
+        dx = None
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
     if plan is not None:
         _conv_grad_dx(ctx, plan, win, dy, w, dx, group)
