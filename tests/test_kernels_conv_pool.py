@@ -113,12 +113,13 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
 
 
 FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetric, dilated, 1-D/3-D
-    ((2, 3, 9, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
-    ((2, 2, 9, 10), (3, 2, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
-    ((3, 5, 7, 6), (4, 5, 2, 3), {"pads": [0, 2, 1, 0]}),
-    ((2, 3, 11), (4, 3, 3), {"pads": [1, 2]}),
-    ((1, 2, 5, 6, 4), (3, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),
-    ((2, 4, 6, 6), (5, 4, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
+    # (more input than output channels: the flipped conv's columns are then the smaller scratch)
+    ((2, 6, 9, 8), (2, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 6, 9, 10), (3, 6, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
+    ((3, 8, 7, 6), (3, 8, 2, 3), {"pads": [0, 2, 1, 0]}),
+    ((2, 6, 11), (2, 6, 3), {"pads": [1, 2]}),
+    ((1, 6, 5, 6, 4), (2, 6, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),
+    ((2, 6, 6, 6), (2, 6, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
 ]
 
 
@@ -128,12 +129,12 @@ def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chun
     """A large dense conv with unit strides takes dX as a Conv of dY (FlipDx): against ORT, in
     whole images and in chunks and row bands of a tiny scratch target."""
     monkeypatch.setattr(conv_module, "SMALL_DX", 0)
-    if chunks:
-        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+    if chunks:  # 1 KiB: one image per chunk, most in bands of rows
+        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 1024)
     rng = np.random.default_rng(12)
     y_shape = _conv_out_shape(x_shape, w_shape, attrs)
     win = conv_module._conv_window(attrs, x_shape, w_shape, y_shape)
-    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4) is not None
+    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4, True) is not None
     inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
     for which in [(1, 1, 1), (1, 0, 0)]:
         outs = _conv_grad_outputs(x_shape, w_shape, y_shape, which)
@@ -146,7 +147,7 @@ def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chun
 def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
     """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
     win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
-    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
+    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4, True) is None
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [

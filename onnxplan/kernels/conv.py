@@ -668,17 +668,22 @@ def _flip_node(win: Window) -> Node | None:
                 {"pads": pads_begin + pads_end, "dilations": list(win.dilations)})
 
 
-def _flip_dx(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int) -> FlipDx | None:
+def _flip_dx(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int,
+             need_dw: bool) -> FlipDx | None:
     """The FlipDx of a dense conv with unit strides whose dX _dx_plan leaves to col2im (dY over
-    SMALL_DX elements), else None."""
+    SMALL_DX elements), when its scratch (the Conv's plus W') is no more than the col2im pass
+    would declare (with dW's partial sum when `need_dw`); else None. So it never raises a node's
+    planned scratch: a dX-only node or tiny maps (W' large against the columns) keep col2im."""
     if (group != 1 or win.pointwise or any(st > 1 for st in win.strides)
             or prod(dy_shape) <= SMALL_DX):
         return None
-    return _flip_dx_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win, itemsize)
+    return _flip_dx_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win, itemsize,
+                        need_dw)
 
 
 @functools.lru_cache(maxsize=4096)
-def _flip_dx_for(target: int, x_shape, w_shape, dy_shape, win: Window, itemsize: int) -> FlipDx | None:
+def _flip_dx_for(target: int, x_shape, w_shape, dy_shape, win: Window, itemsize: int,
+                 need_dw: bool) -> FlipDx | None:
     node = _flip_node(win)
     if node is None:
         return None
@@ -686,7 +691,10 @@ def _flip_dx_for(target: int, x_shape, w_shape, dy_shape, win: Window, itemsize:
     w_flipped = (w_shape[1], w_shape[0], *w_shape[2:])
     weight = _align(conv_scratch(node, [TensorSpec(dtype, dy_shape), TensorSpec(dtype, w_flipped)],
                                  [TensorSpec(dtype, x_shape)]))
-    return FlipDx(node, weight, weight + _align(prod(w_shape) * itemsize))
+    flip = FlipDx(node, weight, weight + _align(prod(w_shape) * itemsize))
+    col2im = _layout(x_shape, w_shape, dy_shape[2:], 1, itemsize, True, need_dw,
+                     _one_copy(win, x_shape, w_shape, dy_shape, 1) if need_dw else None)
+    return flip if flip.nbytes <= col2im.nbytes else None
 
 
 def _flip_conv_grad_dx(ctx: KernelContext, flip: FlipDx, dy, w, dx) -> None:
@@ -699,8 +707,8 @@ def _flip_conv_grad_dx(ctx: KernelContext, flip: FlipDx, dy, w, dx) -> None:
 
 def conv_grad_scratch(node, in_specs, out_specs) -> int:
     """The most of its passes, which run one after the other: dX as a conv (DxPlan: a grouped or
-    small conv; FlipDx: a large dense one with unit strides); a depthwise dW; then Conv's columns and rows (see conv_scratch; X's padded copy
-    only for dW) plus a dW-sized partial sum when dW takes more than one chunk. Only dB, a
+    small conv; FlipDx: a large dense one with unit strides); a depthwise dW; then Conv's columns
+    and rows (see conv_scratch; X's padded copy only for dW) plus a dW-sized partial sum when dW takes more than one chunk. Only dB, a
     pointwise dX, or a pointwise dW of one image or one position per image need none."""
     dy, x, w = in_specs[0], in_specs[1], in_specs[2]
     need_dx = len(out_specs) > 0 and out_specs[0] is not None
@@ -709,7 +717,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     group = int(node.attrs.get("group", 1))
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
-    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize, need_dw) if need_dx else None
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx and flip is None else None
     sizes = [0 if plan is None else plan.nbytes, 0 if flip is None else flip.nbytes]
     need_dx = need_dx and plan is None and flip is None
@@ -752,7 +760,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
         xp.matmul(rows, xt, out=_view(xp, dw, (group, mg, cg)))
         dw = None
-    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize, dw is not None) if dx is not None else None
     if flip is not None:
         _flip_conv_grad_dx(ctx, flip, dy, w, dx)
         dx = None
