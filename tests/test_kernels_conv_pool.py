@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 
@@ -119,7 +122,7 @@ FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetri
     ((3, 8, 7, 6), (3, 8, 2, 3), {"pads": [0, 2, 1, 0]}),
     ((2, 6, 11), (2, 6, 3), {"pads": [1, 2]}),
     ((1, 6, 5, 6, 4), (2, 6, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),
-    ((2, 6, 6, 6), (2, 6, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
+    ((2, 8, 6, 6), (2, 8, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
 ]
 
 
@@ -437,3 +440,41 @@ def test_lp_pool_matches_ort(p, attrs):
     x = randn(rng, 2, 3, 7, 6)
     check("LpPool", [x], {**attrs, "p": p}, rtol=1e-5, atol=1e-5, against=("ort",))
     check("GlobalLpPool", [x], {"p": p}, rtol=1e-5, atol=1e-5, against=("ort",))  # no reference
+
+
+def _brute_im2col(x, win):
+    """col[c, i, j, n, oh, ow] = x[n, c, oh - ph + i * dh, ow - pw + j * dw], 0 outside: loops."""
+    nb, c = x.shape[:2]
+    (kh, kw), (dh, dw), (ph, pw) = win.kernel, win.dilations, win.pads_begin
+    col = np.zeros((c, kh, kw, nb, *win.out_dims), x.dtype)
+    for i, j, oh, ow in itertools.product(range(kh), range(kw), *map(range, win.out_dims)):
+        ih, iw = oh - ph + i * dh, ow - pw + j * dw
+        if 0 <= ih < x.shape[2] and 0 <= iw < x.shape[3]:
+            col[:, i, j, :, oh, ow] = x[:, :, ih, iw].T
+    return col
+
+
+@pytest.mark.parametrize("x_shape,kernel,attrs", [
+    ((2, 3, 9, 8), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 9, 8), (3, 3), {"pads": [2, 1, 0, 1]}),
+    ((2, 3, 9, 8), (2, 3), {"pads": [0, 2, 1, 0]}),
+    ((1, 2, 7, 9), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((2, 4, 5, 6), (3, 2), {"pads": [1, 0, 1, 1]}),
+    ((2, 4, 5, 6), (1, 3), {"pads": [0, 1, 0, 1]}),
+])
+def test_im2col_by_rows_matches_brute_force(x_shape, kernel, attrs):
+    """Unit strides, rows as wide as the input's: each tap one run of a row-padded copy (the
+    wrapped columns zeroed), whole images and bands of rows, against a loop over every column."""
+    rng = np.random.default_rng(13)
+    x = randn(rng, *x_shape)
+    pads, dil = attrs["pads"], attrs.get("dilations", [1, 1])
+    out = tuple(i + pads[a] + pads[a + 2] - (k - 1) * d for a, (i, k, d) in enumerate(zip(x_shape[2:], kernel, dil)))
+    win = conv_module.window(attrs, x_shape[2:], out, kernel)
+    assert conv_module._by_rows(win)
+    expected = _brute_im2col(x, win)
+    for b0, b1 in [(0, out[0]), (0, 2), (1, 3), (out[0] - 2, out[0])]:
+        sub = win.band(b0, b1)
+        col = np.full((x_shape[1], *kernel, x_shape[0], *sub.out_dims), np.nan, np.float32)
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv_module._extent(sub)), np.nan, np.float32)
+        conv_module.im2col(np, sub, x, col, src if conv_module._reads_padding(sub) else None)
+        np.testing.assert_array_equal(col, expected[..., b0:b1, :])

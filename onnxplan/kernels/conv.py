@@ -219,6 +219,49 @@ def _zero_outside(dst, spans, out_dims, lead: int) -> None:
             dst[head + (slice(hi, None),)] = 0
 
 
+@functools.lru_cache(maxsize=4096)
+def _by_rows(win: Window) -> bool:
+    """A 2-D window with unit strides whose output rows are as wide as the input's (pads
+    within the kernel's reach): each tap's columns are one contiguous run of a row-padded copy
+    of the image (see _im2col_by_rows), with no inner loop per output row."""
+    if len(win.kernel) != 2 or win.strides != (1, 1) or win.out_dims[1] != win.in_dims[1]:
+        return False
+    return 0 <= win.pads_begin[1] <= (win.kernel[1] - 1) * win.dilations[1]
+
+
+def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
+    """im2col for a _by_rows window: per image and channel, X's rows padded with zero rows (and
+    (kw - 1) * dw zeros in all) flat in `src`, where tap (i, j)'s columns are the run starting at
+    i * dh * W + j * dw: one strided copy for every tap, then the few columns that wrapped
+    around a row edge (outside the tap's span) zeroed."""
+    nb, c, h, wd = x.shape
+    (kh, kw), (dh, dw) = win.kernel, win.dilations
+    ph, pw = win.pads_begin
+    rows = _extent(win)[0]  # padded rows: input row r - ph at row r
+    size = rows * wd + (kw - 1) * dw
+    flat = src.reshape(-1)[:nb * c * size].reshape(nb, c, size)
+    lo, hi = max(0, -ph), min(h, rows - ph)  # the input rows it holds
+    head, body = pw + (lo + ph) * wd, max(hi - lo, 0) * wd
+    flat[:, :, :head] = 0
+    flat[:, :, head:head + body] = x.reshape(nb, c, h * wd)[:, :, lo * wd:lo * wd + body]
+    flat[:, :, head + body:] = 0
+    run = win.out_dims[0] * wd
+    e = flat.itemsize
+    shape, strides = (c, kh, kw, nb, run), (flat.strides[1], dh * wd * e, dw * e, flat.strides[0], e)
+    if xp is np:
+        taps = np.ndarray(shape, flat.dtype, flat, 0, strides)
+    else:
+        taps = xp.lib.stride_tricks.as_strided(flat, shape, strides)
+    col6 = col.reshape(c, kh, kw, nb, win.out_dims[0], wd)
+    xp.copyto(col6.reshape(shape), taps)
+    for j in range(kw):
+        first, end, _start = win.span(1, j)
+        if first > 0:
+            col6[:, :, j, :, :, :first] = 0
+        if end < wd:
+            col6[:, :, j, :, :, end:] = 0
+
+
 def im2col(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
@@ -228,6 +271,9 @@ def im2col(xp, win: Window, x, col, src=None) -> None:
     conv: long inner loops, and no input-sized copy).
     """
     sp = len(win.kernel)
+    if src is not None and _by_rows(win) and _reads_padding(win):
+        _im2col_by_rows(xp, win, x, col, src)
+        return
     if src is None and _reads_padding(win):
         xt = x.swapaxes(0, 1)
         every = (slice(None), slice(None))
@@ -429,8 +475,9 @@ def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
 
 def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | None:
     """`win` when the columns are one strided copy from a padded source (grouped and small convs:
-    a call per tap costs more than the copy), else None (im2col copies tap by tap)."""
-    return win if group > 1 or prod(y_shape) <= SMALL_DX else None
+    a call per tap costs more than the copy; _by_rows windows: a run per tap from a row-padded
+    copy), else None (im2col copies tap by tap)."""
+    return win if group > 1 or prod(y_shape) <= SMALL_DX or _by_rows(win) else None
 
 
 def _src(ctx: KernelContext, lay: Layout, sub: Window, nb: int, c: int, dtype):
