@@ -219,12 +219,17 @@ def _zero_outside(dst, spans, out_dims, lead: int) -> None:
             dst[head + (slice(hi, None),)] = 0
 
 
+MIN_ROW = 4
+
+
 @functools.lru_cache(maxsize=4096)
 def _by_rows(win: Window) -> bool:
     """A 2-D window with unit strides whose output rows are as wide as the input's (pads
     within the kernel's reach): each tap's columns are one contiguous run of a row-padded copy
-    of the image (see _im2col_by_rows), with no inner loop per output row."""
-    if len(win.kernel) != 2 or win.strides != (1, 1) or win.out_dims[1] != win.in_dims[1]:
+    of the image (see _im2col_by_rows), with no inner loop per output row. Rows of at least
+    MIN_ROW (narrower, zeroing the wrapped columns costs what it saves: vgg16's 2x2 maps)."""
+    if (len(win.kernel) != 2 or win.strides != (1, 1) or win.out_dims[1] != win.in_dims[1]
+            or win.out_dims[1] < MIN_ROW):
         return False
     return 0 <= win.pads_begin[1] <= (win.kernel[1] - 1) * win.dilations[1]
 
