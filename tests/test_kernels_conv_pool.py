@@ -77,6 +77,17 @@ def test_conv_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs):
     assert_sums_close(got, expected)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_CASES[:6])
+def test_conv_gemm_per_image_into_y(monkeypatch, x_shape, w_shape, attrs):
+    """Chunks of several images with long rows take one GEMM per image straight into Y."""
+    monkeypatch.setattr(conv_module, "DIRECT_LENGTH", 1)
+    rng = np.random.default_rng(14)
+    inputs = [randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])]
+    (expected,) = ort_run("Conv", inputs, [("float32", None)], attrs)
+    (got,) = run_kernel("Conv", inputs, [("float32", expected.shape)], attrs)
+    assert_sums_close(got, expected)
+
+
 def test_chunking_takes_several_images_or_bands_of_one():
     many = conv_module._layout((64, 64, 4, 4), (64, 64, 3, 3), (4, 4), 1, 4, True, True)
     assert many.nb > 1 and many.band == 4 and many.rows >= 0
