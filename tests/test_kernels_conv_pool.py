@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 
@@ -74,6 +77,17 @@ def test_conv_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs):
     assert_sums_close(got, expected)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", CONV_CASES[:6])
+def test_conv_gemm_per_image_into_y(monkeypatch, x_shape, w_shape, attrs):
+    """Chunks of several images with long rows take one GEMM per image straight into Y."""
+    monkeypatch.setattr(conv_module, "DIRECT_LENGTH", 1)
+    rng = np.random.default_rng(14)
+    inputs = [randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])]
+    (expected,) = ort_run("Conv", inputs, [("float32", None)], attrs)
+    (got,) = run_kernel("Conv", inputs, [("float32", expected.shape)], attrs)
+    assert_sums_close(got, expected)
+
+
 def test_chunking_takes_several_images_or_bands_of_one():
     many = conv_module._layout((64, 64, 4, 4), (64, 64, 3, 3), (4, 4), 1, 4, True, True)
     assert many.nb > 1 and many.band == 4 and many.rows >= 0
@@ -110,6 +124,44 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
     expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
     for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), expected):
         assert_sums_close(g, e)
+
+
+FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetric, dilated, 1-D/3-D
+    # (more input than output channels: the flipped conv's columns are then the smaller scratch)
+    ((2, 6, 9, 8), (2, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 6, 9, 10), (3, 6, 3, 3), {"dilations": [2, 2], "pads": [2, 1, 0, 2]}),
+    ((3, 8, 7, 6), (3, 8, 2, 3), {"pads": [0, 2, 1, 0]}),
+    ((2, 6, 11), (2, 6, 3), {"pads": [1, 2]}),
+    ((1, 6, 5, 6, 4), (2, 6, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),
+    ((2, 8, 6, 6), (2, 8, 1, 3), {"pads": [0, 1, 0, 1]}),  # 1x3
+]
+
+
+@pytest.mark.parametrize("chunks", [False, True])
+@pytest.mark.parametrize("x_shape,w_shape,attrs", FLIP_CASES)
+def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chunks):
+    """A large dense conv with unit strides takes dX as a Conv of dY (FlipDx): against ORT, in
+    whole images and in chunks and row bands of a tiny scratch target."""
+    monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    if chunks:  # 1 KiB: one image per chunk, most in bands of rows
+        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 1024)
+    rng = np.random.default_rng(12)
+    y_shape = _conv_out_shape(x_shape, w_shape, attrs)
+    win = conv_module._conv_window(attrs, x_shape, w_shape, y_shape)
+    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4, True) is not None
+    inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
+    for which in [(1, 1, 1), (1, 0, 0)]:
+        outs = _conv_grad_outputs(x_shape, w_shape, y_shape, which)
+        expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
+        got = [g for g in run_kernel("ConvGrad", inputs, outs, attrs, MS) if g is not None]
+        for g, e in zip(got, expected):
+            assert_sums_close(g, e)
+
+
+def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
+    """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
+    win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
+    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4, True) is None
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
@@ -187,6 +239,7 @@ def _generic_path(monkeypatch):
     depthwise kernels and no dX computed as a conv."""
     monkeypatch.setattr(conv_module, "_depthwise", lambda *a: False)
     monkeypatch.setattr(conv_module, "_dx_plan", lambda *a: None)
+    monkeypatch.setattr(conv_module, "_flip_dx", lambda *a: None)
     conv_module._layout_for.cache_clear()
 
 
@@ -196,9 +249,10 @@ def _generic_path(monkeypatch):
 def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     """Random shapes and attributes: Conv against the reference evaluator, ConvGrad (explicit
     pads) against ORT, every output; then both against the generic GEMM path. Modes: whole images,
-    chunks of a 2 KiB scratch target, a dense conv's large-conv path (im2col tap by tap, col2im
-    dX), and a depthwise conv's tap-by-tap path at every size (torch views; with dW in chunks of
-    images; numpy, in chunks; on channels-last copies, whole and in chunks)."""
+    chunks of a 2 KiB scratch target, a dense conv's large-conv path (im2col tap by tap, dX as
+    the conv of dY with the flipped kernel for unit strides, else col2im), and a depthwise conv's
+    tap-by-tap path at every size (torch views; with dW in chunks of images; numpy, in chunks; on
+    channels-last copies, whole and in chunks)."""
     if mode in ("chunks", "by_taps_chunks", "by_taps_numpy", "by_taps_last_chunks"):
         monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
     if mode == "taps":
@@ -435,3 +489,41 @@ def test_lp_pool_matches_ort(p, attrs):
     x = randn(rng, 2, 3, 7, 6)
     check("LpPool", [x], {**attrs, "p": p}, rtol=1e-5, atol=1e-5, against=("ort",))
     check("GlobalLpPool", [x], {"p": p}, rtol=1e-5, atol=1e-5, against=("ort",))  # no reference
+
+
+def _brute_im2col(x, win):
+    """col[c, i, j, n, oh, ow] = x[n, c, oh - ph + i * dh, ow - pw + j * dw], 0 outside: loops."""
+    nb, c = x.shape[:2]
+    (kh, kw), (dh, dw), (ph, pw) = win.kernel, win.dilations, win.pads_begin
+    col = np.zeros((c, kh, kw, nb, *win.out_dims), x.dtype)
+    for i, j, oh, ow in itertools.product(range(kh), range(kw), *map(range, win.out_dims)):
+        ih, iw = oh - ph + i * dh, ow - pw + j * dw
+        if 0 <= ih < x.shape[2] and 0 <= iw < x.shape[3]:
+            col[:, i, j, :, oh, ow] = x[:, :, ih, iw].T
+    return col
+
+
+@pytest.mark.parametrize("x_shape,kernel,attrs", [
+    ((2, 3, 9, 8), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 9, 8), (3, 3), {"pads": [2, 1, 0, 1]}),
+    ((2, 3, 9, 8), (2, 3), {"pads": [0, 2, 1, 0]}),
+    ((1, 2, 7, 9), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((2, 4, 5, 6), (3, 2), {"pads": [1, 0, 1, 1]}),
+    ((2, 4, 5, 6), (1, 3), {"pads": [0, 1, 0, 1]}),
+])
+def test_im2col_by_rows_matches_brute_force(x_shape, kernel, attrs):
+    """Unit strides, rows as wide as the input's: each tap one run of a row-padded copy (the
+    wrapped columns zeroed), whole images and bands of rows, against a loop over every column."""
+    rng = np.random.default_rng(13)
+    x = randn(rng, *x_shape)
+    pads, dil = attrs["pads"], attrs.get("dilations", [1, 1])
+    out = tuple(i + pads[a] + pads[a + 2] - (k - 1) * d for a, (i, k, d) in enumerate(zip(x_shape[2:], kernel, dil)))
+    win = conv_module.window(attrs, x_shape[2:], out, kernel)
+    assert conv_module._by_rows(win)
+    expected = _brute_im2col(x, win)
+    for b0, b1 in [(0, out[0]), (0, 2), (1, 3), (out[0] - 2, out[0])]:
+        sub = win.band(b0, b1)
+        col = np.full((x_shape[1], *kernel, x_shape[0], *sub.out_dims), np.nan, np.float32)
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv_module._extent(sub)), np.nan, np.float32)
+        conv_module.im2col(np, sub, x, col, src if conv_module._reads_padding(sub) else None)
+        np.testing.assert_array_equal(col, expected[..., b0:b1, :])

@@ -228,6 +228,11 @@ GUARDED = {
                                    "inputs": [[8, 64, 20, 20], [8, 64, 40, 40], [64, 1, 5, 5]],
                                    "outputs": [[8, 64, 40, 40], [64, 1, 5, 5], [64]],
                                    "attrs": {"group": 64, "pads": [2, 2, 1, 1], "strides": [2, 2]}},
+    "Conv dense": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 64, 3, 3]], "outputs": [[8, 64, 40, 40]],
+                   "attrs": {"pads": [1, 1, 1, 1]}},  # im2col by rows from a row-padded copy
+    "ConvGrad dense": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 64, 3, 3]],
+                       "outputs": [[8, 64, 40, 40], [64, 64, 3, 3], [64]],
+                       "attrs": {"pads": [1, 1, 1, 1]}},  # dX as the conv of dY with W flipped (FlipDx)
     "Conv grouped": {"op": "Conv", "inputs": [[8, 64, 40, 40], [64, 16, 3, 3]], "outputs": [[8, 64, 40, 40]],
                      "attrs": {"group": 4, "pads": [1, 1, 1, 1]}},
     "ConvGrad grouped": {"op": "ConvGrad", "domain": MS, "inputs": [[8, 64, 40, 40], [8, 64, 40, 40], [64, 16, 3, 3]],
