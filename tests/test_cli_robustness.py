@@ -173,7 +173,7 @@ def test_check_update_baseline_into_a_folder(tmp_path, results):
 # 8. --swap-dir on a full file system: the reservation fails, or (no fallocate) a write does
 @pytest.mark.parametrize("where", ["fallocate", "pwrite"])
 def test_swap_dir_full(tmp_path, mlp_art, monkeypatch, where):
-    from onnxplan.executor import swap_io
+    from onnxplan.swap import store as swap_io
 
     def no_room(*a, **k):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

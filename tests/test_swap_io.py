@@ -109,7 +109,7 @@ def test_store_pages_leave_the_page_cache(tmp_path):
 def test_direct_and_buffered_stores_round_trip_and_keep_nothing_cached(tmp_path, monkeypatch, direct):
     """O_DIRECT through the bounce block (odd sizes, several blocks) and the buffered fallback
     (a file system without O_DIRECT) store the same bytes and leave no page of them in RAM."""
-    from onnxplan.executor import swap_io
+    from onnxplan.swap import store as swap_io
 
     if not direct:
         monkeypatch.setattr(swap_io, "_open_direct", lambda path: None)

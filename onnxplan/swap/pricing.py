@@ -1,7 +1,7 @@
 """One footing for the price of swap transfers, shared by the swap module's prediction, the
 adaptive policy and the joint model:
 
-- **the bandwidth of the swap store itself** (onnxplan.executor.swap_io.SwapStore, O_DIRECT
+- **the bandwidth of the swap store itself** (onnxplan.swap.store.SwapStore, O_DIRECT
   where the file system allows it): a slot written (flushed, dropped from the page cache, as
   the store settles it) and read back, timed; bytes/s of the round trip (2 x bytes / (write
   seconds + read seconds)). Measured once per store folder and cached next to the artifact
@@ -55,7 +55,7 @@ def transfer_seconds(nbytes: int, bandwidth: float) -> float:
 
 def io_cpu_seconds(nbytes: int) -> float:
     """CPU seconds of the I/O thread moving `nbytes` once through the store's bounce block."""
-    from onnxplan.executor.swap_io import DIRECT_CHUNK
+    from onnxplan.swap.store import DIRECT_CHUNK
 
     return nbytes / COPY_BANDWIDTH + -(-nbytes // DIRECT_CHUNK) * CALL_SECONDS
 
@@ -184,7 +184,7 @@ def measure_store(folder: str | Path | None = None, nbytes: int = PROBE_BYTES, r
     temporary folder): `nbytes` written and settled (flushed, out of the page cache), then read
     back, `repeats` times after one warm-up; the median bandwidth (2 * nbytes / (write + read
     seconds)) and the median CPU of this thread per byte moved (a shared disk varies a lot)."""
-    from onnxplan.executor.swap_io import SwapStore
+    from onnxplan.swap.store import SwapStore
 
     store = SwapStore({"probe": nbytes}, folder)
     rates, cpus = [], []
@@ -211,9 +211,9 @@ def measure_store_bandwidth(folder: str | Path | None = None, nbytes: int = PROB
 
 def _store_key(folder: str | Path | None) -> str:
     if folder is None:
-        from onnxplan.executor.swap_io import _default_parent
+        from onnxplan.swap.store import default_parent
 
-        folder = _default_parent()
+        folder = default_parent()
     return os.path.realpath(folder)
 
 
