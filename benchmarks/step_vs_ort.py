@@ -194,10 +194,12 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def profiles(rows: list[dict], top: int = 6) -> list[str]:
-    out = ["| model | before: top ops (ms) | after: top ops (ms) |", "|---|---|---|"]
+    keys = [k for k in ("profile_before", "profile_after") if any(r[k] is not None for r in rows)]
+    out = ["| model | " + " | ".join(f"{k.split('_')[1]}: top ops (ms)" for k in keys) + " |",
+           "|---" * (len(keys) + 1) + "|"]
     for r in rows:
         cells = []
-        for key in ("profile_before", "profile_after"):
+        for key in keys:
             prof = r[key]
             if prof is None:
                 cells.append("-")
@@ -205,7 +207,7 @@ def profiles(rows: list[dict], top: int = 6) -> list[str]:
             total = sum(prof.values())
             ops = sorted(prof.items(), key=lambda kv: -kv[1])[:top]
             cells.append(f"total {1e3 * total:.1f}: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in ops))
-        out.append(f"| {r['model']} | {cells[0]} | {cells[1]} |")
+        out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     return out
 
 
