@@ -76,6 +76,16 @@ def test_bench_scale_names_resolve_to_the_same_builders_at_bench_sizes():
     assert bad.exit_code == 2 and "bench scale" in bad.stderr
 
 
+@pytest.mark.slow
+def test_bench_scale_exports_at_its_sizes():
+    """One bench-scale export (the smallest text one): batch 8 x seq 128 tokens, its own cache entry."""
+    path = hf.export_forward("hf-distilbert@bench")
+    model = onnx.load(str(path))
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [hf.BENCH.batch, hf.BENCH.seq]
+    assert path.name == "hf-distilbert@bench-b8.onnx" and path != hf.export_forward("hf-distilbert", batch=8)
+
+
 @pytest.mark.parametrize("name", ["hf-bert", "hf-resnet-dynamo"])
 def test_export_is_a_plain_single_output_training_export(name):
     path = hf.export_forward(name)

@@ -346,15 +346,16 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
 
         centre = (ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
                   else _copy_pass(use_torch, xh, xc))
-        chunks.append((r0 == 0, dyc, ws, mean_b, mean_c, ws[:, None, :], xh[:, :, None], mean_c.reshape(k, 1, 1),
+        chunks.append((r0 == 0, dyc, ws, mean_b, mean_c, ws[:, None, :], xh[:, :, None],
+                       mean_c.reshape(k, 1, 1),
                        centre, ew("multiply", xh, inv_c, xh), ew("multiply", dyc, xh, ws),
                        ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws),
                        ew("subtract", ws, mean_b[:, None], ws), ew("multiply", xh, mean_c[:, None], xh),
                        ew("subtract", ws, xh, ws)))
 
     def run(ctx_, inputs_, outputs_):
-        for (first, dyc, ws, mean_b, mean_c, ws3, xh3, dots, centre, normalize, dscale_terms, scale_dy, scale_inv,
-             centre_b, scale_xh, combine) in chunks:
+        for (first, dyc, ws, mean_b, mean_c, ws3, xh3, dots, centre, normalize, dscale_terms, scale_dy,
+             scale_inv, centre_b, scale_xh, combine) in chunks:
             centre()
             normalize()
             if dscale1 is not None:
@@ -573,7 +574,8 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
         k = min(nb, n - n0)
         centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
         dots = ctx.scratch_array(dots_at, (k, c), x.dtype)
-        pass1.append((_ew_pass(use_torch, "subtract", x3[n0:n0 + k], mean3, centred), centred.reshape(k * c, 1, s),
+        pass1.append((_ew_pass(use_torch, "subtract", x3[n0:n0 + k], mean3, centred),
+                      centred.reshape(k * c, 1, s),
                       dy3[n0:n0 + k].reshape(k * c, s, 1), dots, dots.reshape(k * c, 1, 1)))
         if dx3 is not None:
             dxc, dyc, grad = dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)
