@@ -8,8 +8,12 @@ Per model and round: `--steps` steps of each implementation in turn (ours, ours-
 PyTorch), after one warm-up step each; the table gives the median step over all rounds. A per-op
 profile (a clock around every kernel, one step) of ours before and after follows the table.
 
-Usage: python benchmarks/step_vs_ort.py [MODEL[:BATCH] ...] [--rounds 3] [--steps 3]
-           [--out reports/kernels-cpu.md]
+--scale bench measures the real-architecture corpus at its bench scale (models/hf.py: hf-ARCH@bench,
+realistic small training configs where kernel time makes the step) instead of the default list
+(the zoo and the tiny CI corpus); --no-before leaves out the `before` executor (half the time).
+
+Usage: python benchmarks/step_vs_ort.py [MODEL[:BATCH] ...] [--scale tiny|bench] [--rounds 3]
+           [--steps 3] [--no-before] [--out reports/kernels-cpu.md]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np  # noqa: E402
 DEFAULT_MODELS = ["transformer", "gpt", "vgg16", "resnet18", "mlp", "hf-resnet", "hf-mobilenet-v2",
                   "hf-efficientnet", "hf-regnet", "hf-convnext", "hf-vit", "hf-swin", "hf-bert",
                   "hf-distilbert", "hf-albert", "hf-roberta", "hf-gpt2", "hf-llama", "hf-t5-encoder"]
+BENCH_MODELS = [f"{m}@bench" for m in DEFAULT_MODELS if m.startswith("hf-")]  # --scale bench
 DEPTHWISE = {"hf-mobilenet-v2", "hf-efficientnet", "hf-convnext", "hf-regnet"}  # depthwise/grouped conv
 BEFORE_MIN_ELEMS = 1 << 14  # _torch.MIN_ELEMS before issue 12's per-node work
 TARGET = {"mlp": 1.5}  # ours/ORT; 1.0 elsewhere (2.0 for DEPTHWISE, with the corpus median <= 1.0)
@@ -77,7 +82,7 @@ def _timed(step, batches, steps: int) -> tuple[list[float], list[float]]:
     return wall, cpu
 
 
-def bench(name: str, batch: int | None, rounds: int, steps: int) -> dict:
+def bench(name: str, batch: int | None, rounds: int, steps: int, with_before: bool = True) -> dict:
     from onnxplan.data import make_step_batch, read_input_specs, read_metadata
     from onnxplan.executor.prepare import prepare
     from onnxplan.executor.runner import Executor, initial_parameters
@@ -93,12 +98,14 @@ def bench(name: str, batch: int | None, rounds: int, steps: int) -> dict:
     params = initial_parameters(folder)
     ex = Executor(prep.graph, prep.plan)
     ex.load_state(params)
-    registry.BIND = False
-    try:
-        ex_before = Executor(prep.graph, prep.plan)
-    finally:
-        registry.BIND = True
-    ex_before.load_state(params)
+    ex_before = None
+    if with_before:
+        registry.BIND = False
+        try:
+            ex_before = Executor(prep.graph, prep.plan)
+        finally:
+            registry.BIND = True
+        ex_before.load_state(params)
     impls = {"ours": ex.step}
     with tempfile.TemporaryDirectory(prefix="onnxplan-bench-") as scratch:
         impls["ort"] = _Ort(folder, scratch).step
@@ -119,9 +126,8 @@ def bench(name: str, batch: int | None, rounds: int, steps: int) -> dict:
                     _torch.MIN_ELEMS = now
             return run
 
-        before = unbound(ex_before.step)
-
-        impls["before"] = before
+        if ex_before is not None:
+            impls["before"] = unbound(ex_before.step)
         times: dict[str, list[float]] = {k: [] for k in impls}
         cpu: dict[str, list[float]] = {k: [] for k in impls}
         for fn in impls.values():  # warm-up
@@ -136,7 +142,7 @@ def bench(name: str, batch: int | None, rounds: int, steps: int) -> dict:
                 times[k] += wall
                 cpu[k] += used
         _, prof_after = ex.timed_step(batches[0])
-        _, prof_before = unbound(ex_before.timed_step)(batches[0])
+        prof_before = unbound(ex_before.timed_step)(batches[0])[1] if ex_before is not None else None
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"model": name, "batch": batch or int(batches[0][specs[0].name].shape[0]),
             "ms": {k: 1e3 * v for k, v in med.items()},
@@ -148,6 +154,15 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _ratio(a, b) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}"
+
+
+def _target(model: str) -> float:
+    base = model.partition("@")[0]  # hf-ARCH@bench has hf-ARCH's target
+    return TARGET.get(base, 2.0 if base in DEPTHWISE else 1.0)
+
+
 def table(rows: list[dict]) -> list[str]:
     out = ["| model | batch | ours ms | ORT ms | ours/ORT | target | before ms | before/ORT | ours/before "
            "| CPU: ours/ORT | CPU: before/ORT | PyTorch ms | ours/PyTorch |",
@@ -155,24 +170,26 @@ def table(rows: list[dict]) -> list[str]:
     for r in rows:
         ms = r["ms"]
         ratio = ms["ours"] / ms["ort"]
-        target = TARGET.get(r["model"], 2.0 if r["model"] in DEPTHWISE else 1.0)
+        target = _target(r["model"])
         mark = "met" if ratio <= target else "**missed**"
         tp = ms.get("torch")
         vs_torch = "-" if tp is None else f"{ms['ours'] / tp:.2f}"
         cpu = r["cpu_ms"]
         out.append(f"| {r['model']} | {r['batch']} | {_fmt(ms['ours'])} | {_fmt(ms['ort'])} | {ratio:.2f} | "
-                   f"<= {target} {mark} | {_fmt(ms['before'])} | {ms['before'] / ms['ort']:.2f} | "
-                   f"{ms['ours'] / ms['before']:.2f} | {cpu['ours'] / cpu['ort']:.2f} | "
-                   f"{cpu['before'] / cpu['ort']:.2f} | {_fmt(tp)} | {vs_torch} |")
+                   f"<= {target} {mark} | {_fmt(ms.get('before'))} | {_ratio(ms.get('before'), ms['ort'])} | "
+                   f"{_ratio(ms['ours'], ms.get('before'))} | {cpu['ours'] / cpu['ort']:.2f} | "
+                   f"{_ratio(cpu.get('before'), cpu['ort'])} | {_fmt(tp)} | {vs_torch} |")
     corpus = [r for r in rows if r["model"].startswith("hf-")]
     if corpus:
         def med(key, a, b):
-            return statistics.median(r[key][a] / r[key][b] for r in corpus)
+            if any(a not in r[key] for r in corpus):
+                return "-"
+            return f"{statistics.median(r[key][a] / r[key][b] for r in corpus):.2f}"
 
         out.append("")
-        out.append(f"Corpus (hf-*, {len(corpus)} models) median ours/ORT: wall {med('ms', 'ours', 'ort'):.2f} "
-                   f"(before {med('ms', 'before', 'ort'):.2f}), CPU {med('cpu_ms', 'ours', 'ort'):.2f} "
-                   f"(before {med('cpu_ms', 'before', 'ort'):.2f}); target <= 1.0.")
+        out.append(f"Corpus (hf-*, {len(corpus)} models) median ours/ORT: wall {med('ms', 'ours', 'ort')} "
+                   f"(before {med('ms', 'before', 'ort')}), CPU {med('cpu_ms', 'ours', 'ort')} "
+                   f"(before {med('cpu_ms', 'before', 'ort')}); target <= 1.0.")
     return out
 
 
@@ -182,6 +199,9 @@ def profiles(rows: list[dict], top: int = 6) -> list[str]:
         cells = []
         for key in ("profile_before", "profile_after"):
             prof = r[key]
+            if prof is None:
+                cells.append("-")
+                continue
             total = sum(prof.values())
             ops = sorted(prof.items(), key=lambda kv: -kv[1])[:top]
             cells.append(f"total {1e3 * total:.1f}: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in ops))
@@ -191,31 +211,49 @@ def profiles(rows: list[dict], top: int = 6) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="*", default=DEFAULT_MODELS)
+    ap.add_argument("models", nargs="*")
+    ap.add_argument("--scale", choices=("tiny", "bench"), default="tiny",
+                    help="default model list: the zoo and tiny corpus, or the corpus at bench scale")
+    ap.add_argument("--no-before", action="store_true", help="leave out the `before` executor")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if not args.models:
+        args.models = BENCH_MODELS if args.scale == "bench" else DEFAULT_MODELS
     import torch
 
     torch.set_num_threads(1)
-    from onnxplan.executor.threads import blas_threads, set_blas_threads
+    from onnxplan.executor.threads import set_blas_threads
 
     set_blas_threads(1)
     rows = []
     for item in args.models:
         name, _, b = item.partition(":")
         t0 = time.perf_counter()
-        row = bench(name, int(b) if b else None, args.rounds, args.steps)
+        try:
+            row = bench(name, int(b) if b else None, args.rounds, args.steps, not args.no_before)
+        except Exception as exc:  # one model's failure (an export, ORT) should not cost the others
+            print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
         rows.append(row)
         ms = row["ms"]
-        print(f"{name}: ours {ms['ours']:.1f} ms, before {ms['before']:.1f}, ORT {ms['ort']:.1f}, "
+        print(f"{name}: ours {ms['ours']:.1f} ms, before {ms.get('before', float('nan')):.1f}, "
+              f"ORT {ms['ort']:.1f}, "
               f"torch {ms.get('torch', float('nan')):.1f}  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
+        _write(args, rows, torch)
+    print(_write(args, rows, torch))
+
+
+def _write(args, rows: list[dict], torch) -> str:
+    """The report of `rows` so far, written to --out after every model (a long run keeps what it measured)."""
+    from onnxplan.executor.threads import blas_threads
+
     load = os.getloadavg()
     head = [f"# CPU kernels: step time against ONNX Runtime and PyTorch ({date.today().isoformat()})", "",
             f"`python benchmarks/step_vs_ort.py {' '.join(args.models)} --rounds {args.rounds} "
-            f"--steps {args.steps}`"
+            f"--steps {args.steps}{' --no-before' if args.no_before else ''}`"
             f" on {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread each "
             f"(OMP/MKL/OPENBLAS_NUM_THREADS=1, OpenBLAS threads {blas_threads()}, torch "
             f"{torch.get_num_threads()}, ORT intra/inter-op 1); load average after the run "
@@ -226,10 +264,10 @@ def main() -> None:
             "per-node overhead work).", ""]
     lines = head + table(rows) + ["", "## Per-op profile (one step, ours)", ""] + profiles(rows)
     text = "\n".join(lines) + "\n"
-    print(text)
     if args.out:
         args.out.write_text(text)
         args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    return text
 
 
 if __name__ == "__main__":

@@ -31,17 +31,19 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     hf-ARCH is the model exported with PyTorch's TorchScript exporter (dynamo=False,
     opset 17, training mode), hf-ARCH-dynamo the same model with the default dynamo
     exporter. Their artifacts go through the forward-model path, as a user's .onnx does.
+    Those are tiny CI configs; NAME@bench (hf-ARCH@bench, hf-ARCH-dynamo@bench) is the same
+    architecture at the bench scale (realistic small training sizes, batch 8).
     """
     rows = [
         {"name": m.name, "batch": m.default_batch, "loss": m.default_loss,
          "optimizer": m.default_optimizer, "description": m.description}
         for m in list_models()
     ]
-    if hf.available():  # the corpus of Hugging Face architectures, each with both exporters
+    if hf.available():  # the corpus of Hugging Face architectures, each with both exporters and scales
         rows += [
-            {"name": hf.zoo_name(s.arch, e), "batch": s.default_batch, "loss": "ce", "optimizer": "adamw",
-             "description": f"{s.description} ({e} export)"}
-            for s in hf.hf_specs() for e in hf.EXPORTERS
+            {"name": hf.zoo_name(s.arch, e, scale), "batch": s.default_batch, "loss": "ce",
+             "optimizer": "adamw", "description": f"{s.description} ({e} export)"}
+            for scale in hf.SCALES.values() for s in hf.hf_specs(scale) for e in hf.EXPORTERS
         ]
     if json_out:
         print_json(rows)
@@ -56,7 +58,8 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
 @handle_errors
 def build_command(
     name: str = typer.Argument(..., help="Zoo model name (see `onnxplan models list`); hf-ARCH uses the "
-                               "TorchScript exporter, hf-ARCH-dynamo the dynamo one."),
+                               "TorchScript exporter, hf-ARCH-dynamo the dynamo one, NAME@bench the "
+                               "bench scale."),
     batch: int = typer.Option(None, "--batch", help="Batch size (default: the model's)."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (default: the model's)."),
     loss: str = typer.Option(None, "--loss", help="ce or mse (default: the model's)."),

@@ -1,4 +1,4 @@
-"""A corpus of real architectures: Hugging Face `transformers` models with tiny configs.
+"""A corpus of real architectures: Hugging Face `transformers` models at two scales.
 
 Each entry builds a `transformers` model class from a Config object (no downloads), seeded
 (torch.manual_seed), in training mode with dropout active, wraps it so its logits are the
@@ -10,9 +10,13 @@ _optimize_keeping_parameters).
 Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
 
-Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exporter).
+Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exporter), at the
+tiny CI scale (TINY: hidden 32, 2 layers, seq 16, 3x32x32, batch 2); `hf-<arch>@bench` and
+`hf-<arch>-dynamo@bench` are the same architectures at the bench scale (BENCH: realistic small
+training configs, hidden 256, 4 layers, seq 128, 3x96x96, batch 8), where kernel time, not the
+per-call overhead, makes the step. Each builder takes the Scale and picks its sizes from it.
 Exports are static (batch and sequence fixed at export time) and cached on disk under
-$ONNXPLAN_CACHE/hf, keyed by (arch, exporter, batch, torch and transformers versions, and
+$ONNXPLAN_CACHE/hf, keyed by (arch, exporter, scale, batch, torch and transformers versions, and
 this file's text, so a change to a builder re-exports).
 `transformers` is optional: it is imported only when a model is built.
 """
@@ -25,23 +29,57 @@ import io
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from onnxplan.errors import ModelError, UsageError
 
-__all__ = ["HFSpec", "EXPORTERS", "available", "hf_specs", "parse_name", "require_spec", "is_hf_name",
-           "zoo_name", "export_forward", "export_dir", "build_torch_model", "example_inputs"]
+__all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "EXPORTERS", "available", "hf_specs", "parse_name",
+           "require_spec", "is_hf_name", "zoo_name", "export_forward", "export_dir", "build_torch_model",
+           "example_inputs"]
 
 EXPORTERS = ("torchscript", "dynamo")
 PREFIX = "hf-"
 DYNAMO_SUFFIX = "-dynamo"
+SCALE_SEP = "@"
 SEED = 0
 NUM_LABELS = 10
-VOCAB = 100
-SEQ = 16
-IMAGE = 32
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The sizes a builder takes: the text models' shared dimensions, the image side, the batch;
+    `pick(tiny, bench)` chooses an architecture's own sizes (a vision model's widths)."""
+
+    name: str
+    batch: int
+    image: int
+    seq: int
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    positions: int
+
+    def pick(self, tiny, bench):
+        return tiny if self is TINY else bench
+
+    @property
+    def suffix(self) -> str:
+        return "" if self is TINY else f"{SCALE_SEP}{self.name}"
+
+
+# the CI scale: every step ~1 ms, a few us per node
+TINY = Scale("tiny", batch=2, image=32, seq=16, vocab=100, hidden=32, layers=2, heads=2, ffn=64, positions=64)
+# a realistic small training step (one ORT step ~20-500 ms on one thread): kernel time dominates
+BENCH = Scale("bench", batch=8, image=96, seq=128, vocab=4000, hidden=256, layers=4, heads=4, ffn=1024,
+              positions=512)
+SCALES = {s.name: s for s in (TINY, BENCH)}
+VOCAB = TINY.vocab
+SEQ = TINY.seq
+IMAGE = TINY.image
 # transformers' default SDPA attention exports its attention dropout inert (TorchScript: a Dropout
 # without training_mode) or not at all (dynamo); eager attention keeps it active, as training runs it
 ATTENTION = "eager"
@@ -49,17 +87,27 @@ ATTENTION = "eager"
 
 @dataclass(frozen=True)
 class HFSpec:
-    """One corpus architecture: `arch` (hf-<arch>), a description, its input kind and builder.
+    """One corpus architecture at one scale: `arch` (hf-<arch>), a description, its input kind,
+    builder and the bench scale's sizes in words.
 
-    `inputs` is "image" (float pixel_values [N, 3, IMAGE, IMAGE]) or "tokens" (int64
-    input_ids [N, SEQ] in [0, VOCAB)); `builder()` returns the wrapped torch module.
+    `inputs` is "image" (float pixel_values [N, 3, image, image]) or "tokens" (int64
+    input_ids [N, seq] in [0, vocab)); `builder(scale)` returns the wrapped torch module.
     """
 
     arch: str
-    description: str
+    tiny_description: str
     inputs: str
-    builder: Callable[[], object]
-    default_batch: int = 2
+    builder: Callable[[Scale], object]
+    bench_description: str
+    scale: Scale = TINY
+
+    @property
+    def default_batch(self) -> int:
+        return self.scale.batch
+
+    @property
+    def description(self) -> str:
+        return self.tiny_description if self.scale is TINY else f"{self.bench_description} (bench scale)"
 
 
 def available() -> bool:
@@ -110,7 +158,9 @@ def _t5_encoder_classifier(config):
     return T5EncoderClassifier()
 
 
-# -- builders (tiny configs; dropout > 0 wherever the architecture has it) ----------------------
+# -- builders (dropout > 0 wherever the architecture has it); each takes the Scale ---------------
+# TINY: the CI configs. BENCH: the text models at hidden 256, 4 layers, 4 heads, FFN 1024, seq 128,
+# vocab 4000; the vision models at 3x96x96 with their real (or the family's smallest real) widths.
 
 def _tf():
     import transformers
@@ -118,165 +168,187 @@ def _tf():
     return transformers
 
 
-def _resnet():
+def _resnet(s: Scale):
     t = _tf()
-    cfg = t.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
-                         num_labels=NUM_LABELS)
+    cfg = t.ResNetConfig(embedding_size=s.pick(16, 64), hidden_sizes=s.pick([16, 32], [64, 128, 256, 512]),
+                         depths=s.pick([1, 1], [2, 2, 2, 2]), layer_type="basic", num_labels=NUM_LABELS)
     return _logits_module(t.ResNetForImageClassification(cfg))
 
 
-def _mobilenet_v2():
+def _mobilenet_v2(s: Scale):
     t = _tf()
-    cfg = t.MobileNetV2Config(image_size=IMAGE, depth_multiplier=0.25, min_depth=8,
+    cfg = t.MobileNetV2Config(image_size=s.image, depth_multiplier=s.pick(0.25, 1.0), min_depth=8,
                               classifier_dropout_prob=0.2, num_labels=NUM_LABELS)
     return _logits_module(t.MobileNetV2ForImageClassification(cfg))
 
 
-def _efficientnet():
+def _efficientnet(s: Scale):
     t = _tf()
-    cfg = t.EfficientNetConfig(image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.5,
-                               kernel_sizes=[3, 5], in_channels=[32, 16], out_channels=[16, 24],
-                               strides=[1, 2], num_block_repeats=[1, 2], expand_ratios=[1, 6],
-                               hidden_dim=320, dropout_rate=0.2, drop_connect_rate=0.2,
+    if s is TINY:
+        blocks = dict(width_coefficient=0.25, depth_coefficient=0.5, kernel_sizes=[3, 5],
+                      in_channels=[32, 16], out_channels=[16, 24], strides=[1, 2], num_block_repeats=[1, 2],
+                      expand_ratios=[1, 6], hidden_dim=320)
+    else:  # EfficientNet-B0: transformers' default block lists at width and depth 1.0
+        blocks = dict(width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280)
+    cfg = t.EfficientNetConfig(image_size=s.image, **blocks, dropout_rate=0.2, drop_connect_rate=0.2,
                                num_labels=NUM_LABELS)
     return _logits_module(t.EfficientNetForImageClassification(cfg))
 
 
-def _regnet():
+def _regnet(s: Scale):
     t = _tf()
-    cfg = t.RegNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8,
-                         layer_type="y", num_labels=NUM_LABELS)
+    cfg = t.RegNetConfig(embedding_size=s.pick(16, 32), hidden_sizes=s.pick([16, 32], [24, 56, 152, 368]),
+                         depths=s.pick([1, 1], [1, 1, 4, 7]), groups_width=8, layer_type="y",
+                         num_labels=NUM_LABELS)
     return _logits_module(t.RegNetForImageClassification(cfg))
 
 
-def _convnext():
+def _convnext(s: Scale):
     t = _tf()
-    cfg = t.ConvNextConfig(image_size=IMAGE, patch_size=4, num_stages=2, hidden_sizes=[16, 32],
-                           depths=[1, 1], drop_path_rate=0.1, num_labels=NUM_LABELS)
+    cfg = t.ConvNextConfig(image_size=s.image, patch_size=4, num_stages=s.pick(2, 4),
+                           hidden_sizes=s.pick([16, 32], [40, 80, 160, 320]),
+                           depths=s.pick([1, 1], [2, 2, 6, 2]), drop_path_rate=0.1, num_labels=NUM_LABELS)
     return _logits_module(t.ConvNextForImageClassification(cfg))
 
 
-def _vit():
+def _vit(s: Scale):
     t = _tf()
-    cfg = t.ViTConfig(image_size=IMAGE, patch_size=8, hidden_size=32, num_hidden_layers=2,
-                      num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.1,
-                      attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
+    cfg = t.ViTConfig(image_size=s.image, patch_size=s.pick(8, 12), hidden_size=s.hidden,
+                      num_hidden_layers=s.layers, num_attention_heads=s.heads, intermediate_size=s.ffn,
+                      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS,
+                      attn_implementation=ATTENTION)
     return _logits_module(t.ViTForImageClassification(cfg))
 
 
-def _swin():
+def _swin(s: Scale):
     t = _tf()
-    cfg = t.SwinConfig(image_size=IMAGE, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
-                       window_size=4, mlp_ratio=2.0, hidden_dropout_prob=0.1,
+    cfg = t.SwinConfig(image_size=s.image, patch_size=s.pick(2, 4), embed_dim=s.pick(16, 64),
+                       depths=s.pick([1, 1], [2, 2, 4, 2]), num_heads=s.pick([1, 2], [2, 4, 8, 16]),
+                       window_size=s.pick(4, 6), mlp_ratio=s.pick(2.0, 4.0), hidden_dropout_prob=0.1,
                        attention_probs_dropout_prob=0.1, drop_path_rate=0.1, num_labels=NUM_LABELS,
                        attn_implementation=ATTENTION)
     return _logits_module(t.SwinForImageClassification(cfg))
 
 
-def _bert():
+def _bert(s: Scale):
     t = _tf()
-    cfg = t.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
+    cfg = t.BertConfig(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
+                       num_attention_heads=s.heads, intermediate_size=s.ffn,
+                       max_position_embeddings=s.positions, hidden_dropout_prob=0.1,
                        attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.BertForSequenceClassification(cfg))
 
 
-def _distilbert():
+def _distilbert(s: Scale):
     t = _tf()
-    cfg = t.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
-                             max_position_embeddings=64, dropout=0.1, attention_dropout=0.1,
-                             seq_classif_dropout=0.2, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
+    cfg = t.DistilBertConfig(vocab_size=s.vocab, dim=s.hidden, n_layers=s.layers, n_heads=s.heads,
+                             hidden_dim=s.ffn, max_position_embeddings=s.positions, dropout=0.1,
+                             attention_dropout=0.1, seq_classif_dropout=0.2, num_labels=NUM_LABELS,
+                             attn_implementation=ATTENTION)
     return _logits_module(t.DistilBertForSequenceClassification(cfg))
 
 
-def _albert():
+def _albert(s: Scale):
     t = _tf()
-    cfg = t.AlbertConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
-                         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                         classifier_dropout_prob=0.1, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
+    cfg = t.AlbertConfig(vocab_size=s.vocab, embedding_size=s.pick(16, 128), hidden_size=s.hidden,
+                         num_hidden_layers=s.layers, num_attention_heads=s.heads, intermediate_size=s.ffn,
+                         max_position_embeddings=s.positions, hidden_dropout_prob=0.1,
+                         attention_probs_dropout_prob=0.1, classifier_dropout_prob=0.1, num_labels=NUM_LABELS,
+                         attn_implementation=ATTENTION)
     return _logits_module(t.AlbertForSequenceClassification(cfg))
 
 
-def _roberta():
+def _roberta(s: Scale):
     t = _tf()
-    cfg = t.RobertaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                          intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.1,
+    cfg = t.RobertaConfig(vocab_size=s.vocab, hidden_size=s.hidden, num_hidden_layers=s.layers,
+                          num_attention_heads=s.heads, intermediate_size=s.ffn,
+                          max_position_embeddings=s.positions, hidden_dropout_prob=0.1,
                           attention_probs_dropout_prob=0.1, pad_token_id=1, num_labels=NUM_LABELS,
                           attn_implementation=ATTENTION)
     return _logits_module(t.RobertaForSequenceClassification(cfg))
 
 
-def _gpt2():
+def _gpt2(s: Scale):
     t = _tf()
-    cfg = t.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.1,
-                       embd_pdrop=0.1, attn_pdrop=0.1, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                       num_labels=NUM_LABELS, attn_implementation=ATTENTION)
+    cfg = t.GPT2Config(vocab_size=s.vocab, n_positions=s.positions, n_embd=s.hidden, n_layer=s.layers,
+                       n_head=s.heads, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, pad_token_id=0,
+                       bos_token_id=0, eos_token_id=0, num_labels=NUM_LABELS, attn_implementation=ATTENTION)
     return _logits_module(t.GPT2ForSequenceClassification(cfg))
 
 
-def _llama():
+def _llama(s: Scale):
     t = _tf()
-    cfg = t.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                        attention_dropout=0.1, use_cache=False, attn_implementation=ATTENTION)
+    cfg = t.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
+                        num_hidden_layers=s.layers, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=s.positions, attention_dropout=0.1, use_cache=False,
+                        attn_implementation=ATTENTION)
     return _logits_module(t.LlamaForCausalLM(cfg), flatten=True, with_mask=True)
 
 
-def _t5_encoder():
+def _t5_encoder(s: Scale):
     t = _tf()
-    cfg = t.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
-                     dropout_rate=0.1, classifier_dropout=0.1, use_cache=False, is_encoder_decoder=False,
-                     attn_implementation=ATTENTION)
+    cfg = t.T5Config(vocab_size=s.vocab, d_model=s.hidden, d_kv=s.pick(16, 64), d_ff=s.ffn,
+                     num_layers=s.layers, num_heads=s.heads, dropout_rate=0.1, classifier_dropout=0.1,
+                     use_cache=False, is_encoder_decoder=False, attn_implementation=ATTENTION)
     return _t5_encoder_classifier(cfg)
 
 
+_TEXT = "d256, 4 layers, 4 heads, FFN 1024, seq 128, vocab 4000"
 _SPECS: dict[str, HFSpec] = {
     s.arch: s
     for s in (
-        HFSpec("resnet", "ResNet (basic blocks, BatchNorm), 2 stages 16/32, 3x32x32", "image", _resnet),
+        HFSpec("resnet", "ResNet (basic blocks, BatchNorm), 2 stages 16/32, 3x32x32", "image", _resnet,
+               "ResNet-18 (64-512, 2-2-2-2 basic blocks), 3x96x96"),
         HFSpec("mobilenet-v2", "MobileNetV2 (depthwise convs, ReLU6, BatchNorm) x0.25, 3x32x32", "image",
-               _mobilenet_v2),
+               _mobilenet_v2, "MobileNetV2 x1.0, 3x96x96"),
         HFSpec("efficientnet", "EfficientNet (depthwise, squeeze-excite, SiLU, drop-connect), 3x32x32",
-               "image", _efficientnet),
-        HFSpec("regnet", "RegNetY (grouped convs, squeeze-excite, BatchNorm), 3x32x32", "image", _regnet),
+               "image", _efficientnet, "EfficientNet-B0 (width and depth 1.0), 3x96x96"),
+        HFSpec("regnet", "RegNetY (grouped convs, squeeze-excite, BatchNorm), 3x32x32", "image", _regnet,
+               "RegNetY-200MF (24-368, 1-1-4-7 blocks, group width 8), 3x96x96"),
         HFSpec("convnext", "ConvNeXt (depthwise 7x7, LayerNorm, GELU, stochastic depth), 3x32x32", "image",
-               _convnext),
-        HFSpec("vit", "ViT, patch 8, d32, 2 layers, 2 heads, 3x32x32", "image", _vit),
+               _convnext, "ConvNeXt-atto (40-320, 2-2-6-2 blocks), 3x96x96"),
+        HFSpec("vit", "ViT, patch 8, d32, 2 layers, 2 heads, 3x32x32", "image", _vit,
+               "ViT, patch 12 (64 patches), d256, 4 layers, 4 heads, FFN 1024, 3x96x96"),
         HFSpec("swin", "Swin (shifted windows, relative position bias, stochastic depth), 3x32x32",
-               "image", _swin),
+               "image", _swin, "Swin (embed 64, 2-2-4-2 blocks, window 6, patch 4), 3x96x96"),
         HFSpec("bert", "BERT encoder classifier, d32, 2 layers, 2 heads, seq 16, vocab 100", "tokens",
-               _bert),
+               _bert, f"BERT classifier, {_TEXT}"),
         HFSpec("distilbert", "DistilBERT classifier, d32, 2 layers, 2 heads, seq 16", "tokens",
-               _distilbert),
+               _distilbert, f"DistilBERT classifier, {_TEXT}"),
         HFSpec("albert", "ALBERT classifier (shared layers, factorized embedding), d32, seq 16",
-               "tokens", _albert),
+               "tokens", _albert, f"ALBERT classifier (embedding 128), {_TEXT}"),
         HFSpec("roberta", "RoBERTa classifier (padding-aware positions), d32, 2 layers, seq 16",
-               "tokens", _roberta),
+               "tokens", _roberta, f"RoBERTa classifier, {_TEXT}"),
         HFSpec("gpt2", "GPT-2 sequence classifier (causal mask, last-token pooling), d32, seq 16",
-               "tokens", _gpt2),
+               "tokens", _gpt2, f"GPT-2 sequence classifier, {_TEXT}"),
         HFSpec("llama", "LLaMA causal LM (rotary, RMSNorm, SiLU gate, GQA), d32, seq 16; [N*S, vocab]",
-               "tokens", _llama),
+               "tokens", _llama, f"LLaMA causal LM (GQA 4/2), {_TEXT}; [N*S, vocab]"),
         HFSpec("t5-encoder", "T5 encoder (relative position buckets, RMSNorm) + mean-pool head, d32",
-               "tokens", _t5_encoder),
+               "tokens", _t5_encoder, f"T5 encoder + mean-pool head (d_kv 64), {_TEXT}"),
     )
 }
 
 
-def hf_specs() -> list[HFSpec]:
-    """Every corpus architecture, in a stable order (whether or not transformers is installed)."""
-    return list(_SPECS.values())
+def hf_specs(scale: Scale = TINY) -> list[HFSpec]:
+    """Every corpus architecture at `scale`, in a stable order (whether or not transformers is installed)."""
+    return [spec if scale is TINY else replace(spec, scale=scale) for spec in _SPECS.values()]
 
 
 def parse_name(name: str) -> tuple[HFSpec, str] | None:
-    """(spec, exporter) for a zoo name `hf-<arch>` or `hf-<arch>-dynamo`; None if not one."""
+    """(spec at its scale, exporter) for a zoo name `hf-<arch>[-dynamo][@bench]`; None if not one."""
     if not name.startswith(PREFIX):
         return None
-    arch, exporter = name[len(PREFIX):], "torchscript"
+    arch, sep, scale_name = name[len(PREFIX):].partition(SCALE_SEP)
+    scale = SCALES.get(scale_name) if sep else TINY
+    if scale is None or scale is TINY and sep:  # "@tiny" is spelled without a suffix
+        return None
+    exporter = "torchscript"
     if arch.endswith(DYNAMO_SUFFIX):
         arch, exporter = arch[: -len(DYNAMO_SUFFIX)], "dynamo"
     spec = _SPECS.get(arch)
-    return (spec, exporter) if spec is not None else None
+    if spec is None:
+        return None
+    return (spec if scale is TINY else replace(spec, scale=scale)), exporter
 
 
 def require_spec(name: str) -> tuple[HFSpec, str]:
@@ -284,7 +356,8 @@ def require_spec(name: str) -> tuple[HFSpec, str]:
     parsed = parse_name(name)
     if parsed is None:
         raise UsageError(f"unknown corpus model {name!r}; known: "
-                         f"{', '.join(zoo_name(s.arch, e) for s in hf_specs() for e in EXPORTERS)}")
+                         f"{', '.join(zoo_name(s.arch, e) for s in hf_specs() for e in EXPORTERS)}, "
+                         f"each also at the bench scale (NAME{BENCH.suffix})")
     return parsed
 
 
@@ -292,16 +365,16 @@ def is_hf_name(name: str) -> bool:
     return parse_name(name) is not None
 
 
-def zoo_name(arch: str, exporter: str) -> str:
-    return f"{PREFIX}{arch}{DYNAMO_SUFFIX if exporter == 'dynamo' else ''}"
+def zoo_name(arch: str, exporter: str, scale: Scale = TINY) -> str:
+    return f"{PREFIX}{arch}{DYNAMO_SUFFIX if exporter == 'dynamo' else ''}{scale.suffix}"
 
 
 def build_torch_model(spec: HFSpec):
-    """The seeded, wrapped torch module of `spec`, in training mode (dropout active)."""
+    """The seeded, wrapped torch module of `spec` at its scale, in training mode (dropout active)."""
     import torch
 
     torch.manual_seed(SEED)
-    model = spec.builder()
+    model = spec.builder(spec.scale)
     model.train()
     return model
 
@@ -311,9 +384,10 @@ def example_inputs(spec: HFSpec, batch: int):
     import torch
 
     gen = torch.Generator().manual_seed(SEED)
+    s = spec.scale
     if spec.inputs == "image":
-        return torch.rand(batch, 3, IMAGE, IMAGE, generator=gen)
-    return torch.randint(2, VOCAB, (batch, SEQ), generator=gen)
+        return torch.rand(batch, 3, s.image, s.image, generator=gen)
+    return torch.randint(2, s.vocab, (batch, s.seq), generator=gen)
 
 
 def _input_name(spec: HFSpec) -> str:
@@ -324,7 +398,7 @@ def _export_key(spec: HFSpec, exporter: str, batch: int) -> str:
     import torch
     import transformers
 
-    text = f"{spec.arch}|{exporter}|{batch}|{torch.__version__}|{transformers.__version__}"
+    text = f"{spec.arch}|{exporter}|{spec.scale.name}|{batch}|{torch.__version__}|{transformers.__version__}"
     h = hashlib.sha256(text.encode())
     h.update(Path(__file__).read_bytes())  # any change to the builders or export settings
     return h.hexdigest()[:16]
@@ -388,7 +462,8 @@ def _optimize_keeping_parameters(model) -> None:
 
 
 def export_forward(name: str, batch: int | None = None, cache_dir: Path | None = None) -> Path:
-    """The forward .onnx of corpus model `name` (hf-<arch>[-dynamo]) at `batch`, exported once.
+    """The forward .onnx of corpus model `name` (hf-<arch>[-dynamo][@bench]) at `batch` (default:
+    its scale's), exported once.
 
     Cached at <cache>/hf/<key>/<name>-b<batch>.onnx; written to a temp name and renamed.
     UsageError if `name` is unknown or transformers is missing; ModelError if export fails.

@@ -56,6 +56,26 @@ def test_corpus_covers_the_issue():
     assert hf.parse_name("hf-nope") is None and hf.parse_name("bert") is None
 
 
+def test_bench_scale_names_resolve_to_the_same_builders_at_bench_sizes():
+    spec, exporter = hf.parse_name("hf-mobilenet-v2-dynamo@bench")
+    assert (spec.arch, exporter, spec.scale, spec.default_batch) == ("mobilenet-v2", "dynamo", hf.BENCH, 8)
+    tiny = hf.parse_name("hf-bert")[0]
+    bench = hf.parse_name("hf-bert@bench")[0]
+    assert bench.builder is tiny.builder and tiny.scale is hf.TINY and bench.scale is hf.BENCH
+    assert bench.description != tiny.description and tiny.default_batch == 2
+    assert hf.zoo_name("bert", "torchscript", hf.BENCH) == "hf-bert@bench"
+    for bad in ("hf-bert@tiny", "hf-bert@", "hf-bert@huge", "hf-nope@bench"):
+        assert hf.parse_name(bad) is None, bad
+    assert [hf.parse_name(hf.zoo_name(s.arch, "torchscript", hf.BENCH))[0] for s in hf.hf_specs(hf.BENCH)] \
+        == hf.hf_specs(hf.BENCH)
+    listed = _cli("models", "list", "--json")
+    _ok(listed, "models list")
+    names = {row["name"] for row in json.loads(listed.stdout)}
+    assert {hf.zoo_name(s.arch, e, hf.BENCH) for s in hf.hf_specs() for e in hf.EXPORTERS} <= names
+    bad = _cli("models", "build", "hf-bert@huge")
+    assert bad.exit_code == 2 and "bench scale" in bad.stderr
+
+
 @pytest.mark.parametrize("name", ["hf-bert", "hf-resnet-dynamo"])
 def test_export_is_a_plain_single_output_training_export(name):
     path = hf.export_forward(name)
