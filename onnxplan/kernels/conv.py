@@ -563,6 +563,14 @@ def _phase_of(win: Window, tap: Tap) -> tuple[int, tuple[slice, ...]]:
     return number, tuple(slices)
 
 
+def _tap_input(win: Window, tap: Tap, phases, x):
+    """The view of X a tap reads: in X itself, or (`phases` given) in its phase block."""
+    if phases is None:
+        return x[(slice(None), slice(None)) + tap.in_slices]
+    q, slices = _phase_of(win, tap)
+    return phases[q][(slice(None), slice(None)) + slices]
+
+
 def _phase_slices(win: Window):
     """Per phase: (slices of X it takes, the block's slices they fill)."""
     for q in itertools.product(*(range(s) for s in win.strides)):
@@ -641,11 +649,7 @@ def _taps_accumulate(ctx: KernelContext, win: Window, src, w, dst, adjoint: bool
             tap = taps[k]
             if tap.empty:
                 continue
-            if lay.phases >= 0:
-                q, slices = _phase_of(win, tap)
-                xv = ph[q][every + slices]
-            else:
-                xv = xs[every + tap.in_slices]
+            xv = _tap_input(win, tap, ph if lay.phases >= 0 else None, xs)
             yv = ys[every + tap.out_slices]
             if adjoint:
                 xv.addcmul_(yv, wk[k])
@@ -693,11 +697,7 @@ def _taps_dw(ctx: KernelContext, win: Window, dy, x, dw) -> None:
                 if n0 == 0:
                     out[...] = 0
                 continue
-            if phased:
-                q, slices = _phase_of(win, tap)
-                b = ph[q][every + slices]
-            else:
-                b = x_part[every + tap.in_slices]
+            b = _tap_input(win, tap, ph if phased else None, x_part)
             a = d_part[every + tap.out_slices]
             if last:
                 tmp = products[:prod(a.shape)].reshape(a.shape[0], *a.shape[2:], c).permute(

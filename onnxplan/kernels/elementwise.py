@@ -370,11 +370,17 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, cdf, out=o)
 
 
-def _bind_gelu_grad(ctx, inputs, outputs, aten, t):
-    if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
-        return None
-    op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
-    return lambda ctx, inputs, outputs: op(tdy, tx, approximate="none", grad_input=to)
+def _gelu_backward_binder(approximate: str):
+    """A bind rule calling torch's gelu_backward (`approximate`: "none" or "tanh") on the node's views."""
+    def bind(ctx, inputs, outputs, aten, t):
+        if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
+            return None
+        op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+        return lambda ctx, inputs, outputs: op(tdy, tx, approximate=approximate, grad_input=to)
+    return bind
+
+
+_bind_gelu_grad = _gelu_backward_binder("none")
 
 
 @kernel("GeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_gelu_grad))
@@ -406,11 +412,7 @@ def _fast_gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, th, out=o)
 
 
-def _bind_fast_gelu_grad(ctx, inputs, outputs, aten, t):
-    if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
-        return None
-    op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
-    return lambda ctx, inputs, outputs: op(tdy, tx, approximate="tanh", grad_input=to)
+_bind_fast_gelu_grad = _gelu_backward_binder("tanh")
 
 
 @kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_fast_gelu_grad))
