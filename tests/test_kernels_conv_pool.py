@@ -148,7 +148,7 @@ def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chun
     rng = np.random.default_rng(12)
     y_shape = _conv_out_shape(x_shape, w_shape, attrs)
     win = conv_module._conv_window(attrs, x_shape, w_shape, y_shape)
-    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4, True) is not None
+    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4) is not None
     inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
     for which in [(1, 1, 1), (1, 0, 0)]:
         outs = _conv_grad_outputs(x_shape, w_shape, y_shape, which)
@@ -158,10 +158,32 @@ def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chun
             assert_sums_close(g, e)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((64, 128, 8, 8), (256, 128, 3, 3), {"pads": [1, 1, 1, 1]}),  # vgg16's: FlipDx for dX with dW or alone
+    ((64, 64, 32, 32), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),  # FlipDx
+    ((4, 16, 32, 32), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # dense strided: col2im
+    ((8, 32, 24, 24), (32, 1, 3, 3), {"group": 32, "pads": [1, 1, 1, 1]}),  # depthwise, tap by tap
+    ((2, 8, 9, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # small: the dX-as-conv plan
+])
+def test_conv_grad_outputs_do_not_depend_on_which_are_computed(x_shape, w_shape, attrs):
+    """dX and dW of a ConvGrad computing both equal, bit for bit, those of a dX-only and a
+    dW-only node (what passes.split_grad makes of it): a split plan replays the fused one
+    exactly. Fails if a path is chosen by the set of outputs (FlipDx once was: dX-only nodes
+    took col2im, and vgg16's split swap plans stopped matching the plain run)."""
+    rng = np.random.default_rng(5)
+    y_shape = _conv_out_shape(x_shape, w_shape, attrs)
+    inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
+    fused = run_kernel("ConvGrad", inputs, _conv_grad_outputs(x_shape, w_shape, y_shape, (1, 1, 0)), attrs, MS)
+    dx_only = run_kernel("ConvGrad", inputs, _conv_grad_outputs(x_shape, w_shape, y_shape, (1, 0, 0)), attrs, MS)
+    dw_only = run_kernel("ConvGrad", inputs, _conv_grad_outputs(x_shape, w_shape, y_shape, (0, 1, 0)), attrs, MS)
+    np.testing.assert_array_equal(dx_only[0], fused[0])
+    np.testing.assert_array_equal([g for g in dw_only if g is not None][0], fused[1])
+
+
 def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
     """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
     win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
-    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4, True) is None
+    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [

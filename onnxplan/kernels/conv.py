@@ -967,17 +967,17 @@ def _flip_node(win: Window) -> Node | None:
                 {"pads": pads_begin + pads_end, "dilations": list(win.dilations)})
 
 
-def _flip_dx(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int,
-             need_dw: bool) -> FlipDx | None:
+def _flip_dx(x_shape, w_shape, dy_shape, win: Window, group: int, itemsize: int) -> FlipDx | None:
     """The FlipDx of a dense conv with unit strides whose dX _dx_plan leaves to col2im (dY over
-    SMALL_DX elements), when its scratch (the Conv's plus W') is no more than the col2im pass
-    would declare (with dW's partial sum when `need_dw`); else None. So it never raises a node's
-    planned scratch: a dX-only node or tiny maps (W' large against the columns) keep col2im."""
+    SMALL_DX elements), when its scratch (the Conv's plus W') is no more than the col2im pass of
+    a ConvGrad computing dX and dW would declare; else None (tiny maps, W' large against the
+    columns, keep col2im). Decided from the shapes alone, never from which outputs the node
+    computes: a ConvGrad split into a dX and a dW node (passes.split_grad) must compute the same
+    bits as the fused one, so a dX-only node takes the fused node's path (and its scratch)."""
     if (group != 1 or win.pointwise or any(st > 1 for st in win.strides)
             or prod(dy_shape) <= SMALL_DX):
         return None
-    return _flip_dx_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win, itemsize,
-                        need_dw)
+    return _flip_dx_for(SCRATCH_TARGET, tuple(x_shape), tuple(w_shape), tuple(dy_shape), win, itemsize, True)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1018,7 +1018,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
     if (need_dx or need_dw) and _by_taps(x.shape, w.shape, dy.shape, group):
         return _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes
-    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize, need_dw) if need_dx else None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx and flip is None else None
     sizes = [0 if plan is None else plan.nbytes, 0 if flip is None else flip.nbytes]
     need_dx = need_dx and plan is None and flip is None
@@ -1067,7 +1067,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         if dw is not None:
             _taps_dw(ctx, win, dy, x, dw)
         return
-    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize, dw is not None) if dx is not None else None
+    flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
     if flip is not None:
         _flip_conv_grad_dx(ctx, flip, dy, w, dx)
         dx = None
