@@ -101,6 +101,14 @@ def _conv_grad_outputs(x_shape, w_shape, y_shape, which):
     return [s if w else None for s, w in zip(specs, which)]
 
 
+def _conv_grad_matches_ort(inputs, attrs) -> None:
+    """ConvGrad(dY, X, W) -> dX, dW, dB: ours against ORT's, every output."""
+    dy, x, w = inputs
+    outs = _conv_grad_outputs(x.shape, w.shape, dy.shape, (1, 1, 1))
+    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
+        assert_sums_close(g, e)
+
+
 @pytest.mark.parametrize("which", [(1, 1, 1), (1, 1, 0), (0, 1, 1), (0, 1, 0), (1, 0, 0)])
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [c for c in CONV_CASES if "auto_pad" not in c[2]])
 def test_conv_grad_matches_ort(x_shape, w_shape, attrs, which):
@@ -196,10 +204,7 @@ def test_depthwise_in_chunks(small_chunks, x_shape, w_shape, attrs):
     x, w = randn(rng, *x_shape), randn(rng, *w_shape)
     (y,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
     assert_sums_close(run_kernel("Conv", [x, w], [y], attrs)[0], y)
-    inputs = [randn(rng, *y.shape), x, w]
-    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
-    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
-        assert_sums_close(g, e)
+    _conv_grad_matches_ort([randn(rng, *y.shape), x, w], attrs)
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
@@ -224,10 +229,7 @@ def test_depthwise_by_taps_at_size(monkeypatch, x_shape, w_shape, attrs, torch_o
     assert_sums_close(run_kernel("Conv", [x, w, b], [y], attrs)[0], y)
     (y0,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
     assert_sums_close(run_kernel("Conv", [x, w], [y0], attrs)[0], y0)
-    inputs = [randn(rng, *y.shape), x, w]
-    outs = _conv_grad_outputs(x.shape, w.shape, y.shape, (1, 1, 1))
-    for g, e in zip(run_kernel("ConvGrad", inputs, outs, attrs, MS), ort_run("ConvGrad", inputs, outs, attrs, MS)):
-        assert_sums_close(g, e)
+    _conv_grad_matches_ort([randn(rng, *y.shape), x, w], attrs)
 
 
 def _random_conv(seed: int):
