@@ -444,17 +444,25 @@ def _depthwise_sum(ctx: KernelContext, lay: Layout, col, wk, out) -> None:
     xp.copyto(out, last.transpose(0, 2, 1))
 
 
+def _channels_last_chunks(ctx: KernelContext, lay: Layout, win: Window, x):
+    """Per chunk of `lay` (images n0.., nb of them, output rows b0..b1): its channels-last
+    columns of X in scratch, as (taps, nb, positions, C)."""
+    c = x.shape[1]
+    for n0, nb, b0, b1 in lay.chunks():
+        sub = win.band(b0, b1)
+        col = ctx.scratch_array(lay.col, (*win.kernel, nb, *sub.out_dims, c), x.dtype)
+        _channels_last_cols(ctx.xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
+        yield n0, nb, b0, b1, col.reshape(prod(win.kernel), nb, -1, c)
+
+
 def _depthwise_conv(ctx: KernelContext, lay: Layout, win: Window, x, w, y) -> None:
     """Y[n, c] = sum over taps of W[c, tap] * columns (channels-last), chunk by chunk."""
     xp, c, taps = ctx.xp, x.shape[1], prod(win.kernel)
     wk = _taps_last(xp, w, c, win.kernel, ctx.scratch_array(lay.acc, (taps, c), w.dtype))
     rest = prod(y.shape[3:])
     y3 = y.reshape(y.shape[0], c, -1)
-    for n0, nb, b0, b1 in lay.chunks():
-        sub = win.band(b0, b1)
-        col = ctx.scratch_array(lay.col, (*win.kernel, nb, *sub.out_dims, c), x.dtype)
-        _channels_last_cols(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
-        _depthwise_sum(ctx, lay, col.reshape(taps, nb, -1, c), wk, y3[n0:n0 + nb, :, b0 * rest:b1 * rest])
+    for n0, nb, b0, b1, col in _channels_last_chunks(ctx, lay, win, x):
+        _depthwise_sum(ctx, lay, col, wk, y3[n0:n0 + nb, :, b0 * rest:b1 * rest])
 
 
 def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> None:
@@ -463,11 +471,7 @@ def _depthwise_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
     dwk = dw.reshape(c, taps).T
     rest = prod(dy.shape[3:])
     dy3 = dy.reshape(dy.shape[0], c, -1)
-    for n0, nb, b0, b1 in lay.chunks():
-        sub = win.band(b0, b1)
-        col = ctx.scratch_array(lay.col, (*win.kernel, nb, *sub.out_dims, c), x.dtype)
-        _channels_last_cols(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
-        col = col.reshape(taps, nb, -1, c)
+    for n0, nb, b0, b1, col in _channels_last_chunks(ctx, lay, win, x):
         last = ctx.scratch_array(lay.rows, col.shape[1:], x.dtype)
         xp.copyto(last, dy3[n0:n0 + nb, :, b0 * rest:b1 * rest].transpose(0, 2, 1))
         xp.multiply(col, last, out=col)

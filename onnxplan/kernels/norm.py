@@ -248,30 +248,33 @@ def _sum_rows_into(xp, src, out, partial, first: bool) -> None:
         xp.add(out, partial, out=out)
 
 
-def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
-    """ORT's LayerNormGrad: xhat = (x - mean) * inv_std, B = dY * scale * inv_std,
-    dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY)."""
-    xp = ctx.xp
+def _ln_grad_views(ctx: KernelContext, inputs, outputs, simplified: bool) -> tuple:
+    """What the plain kernel and the bind rule of (Simplified)LayerNormalizationGrad both start
+    from: X, (rows, m), m as X's scalar type, the 2-D / 1-D views of every input and output (None
+    where absent), rows per chunk and the scratch offsets (see _layer_norm_grad_scratch)."""
     dy, x, scale = inputs[0], inputs[1], inputs[2]
     mean = None if simplified else inputs[3]
     inv = inputs[3] if simplified else inputs[4]
     dx, dscale = _get(outputs, 0), _get(outputs, 1)
     dbias = None if simplified else _get(outputs, 2)
     rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
-    t = x.dtype.type
-    size = t(m)
-    x2, dy2 = x.reshape(rows, m), dy.reshape(rows, m)
-    dx2 = dx.reshape(rows, m) if dx is not None else None
-    scale1 = scale.reshape(m)
-    mean1 = mean.reshape(rows) if mean is not None else None
-    inv1 = inv.reshape(rows)
-    dscale1 = dscale.reshape(m) if dscale is not None else None
-    dbias1 = dbias.reshape(m) if dbias is not None else None
     nr = rows_per_chunk(rows, m * x.itemsize)
     block, vec = _align(nr * m * x.itemsize), _align(nr * x.itemsize)
-    work_at = block
     vec_at = block + (block if dx is None else 0)
-    part_at = vec_at + 2 * vec
+    return (x, rows, m, x.dtype.type(m), x.reshape(rows, m), dy.reshape(rows, m),
+            dx.reshape(rows, m) if dx is not None else None, scale.reshape(m),
+            mean.reshape(rows) if mean is not None else None, inv.reshape(rows),
+            dscale.reshape(m) if dscale is not None else None, dbias.reshape(m) if dbias is not None else None,
+            nr, block, vec, vec_at, vec_at + 2 * vec)
+
+
+def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
+    """ORT's LayerNormGrad: xhat = (x - mean) * inv_std, B = dY * scale * inv_std,
+    dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY)."""
+    xp = ctx.xp
+    (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
+     part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
+    work_at = block
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
         first = r0 == 0
@@ -311,24 +314,8 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
     order, same bits (the tensor-sized elementwise passes by torch from TORCH_ELEMS elements)."""
     if ctx.xp is not np:
         return None
-    dy, x, scale = inputs[0], inputs[1], inputs[2]
-    mean = None if simplified else inputs[3]
-    inv = inputs[3] if simplified else inputs[4]
-    dx, dscale = _get(outputs, 0), _get(outputs, 1)
-    dbias = None if simplified else _get(outputs, 2)
-    rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
-    size = x.dtype.type(m)
-    x2, dy2 = x.reshape(rows, m), dy.reshape(rows, m)
-    dx2 = dx.reshape(rows, m) if dx is not None else None
-    scale1 = scale.reshape(m)
-    mean1 = mean.reshape(rows) if mean is not None else None
-    inv1 = inv.reshape(rows)
-    dscale1 = dscale.reshape(m) if dscale is not None else None
-    dbias1 = dbias.reshape(m) if dbias is not None else None
-    nr = rows_per_chunk(rows, m * x.itemsize)
-    block, vec = _align(nr * m * x.itemsize), _align(nr * x.itemsize)
-    vec_at = block + (block if dx is None else 0)
-    part_at = vec_at + 2 * vec
+    (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
+     part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
     part = ctx.scratch_array(part_at, (m,), x.dtype)
     part_b = ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
     use_torch = _torch_passes(x)

@@ -73,18 +73,25 @@ def _max_pool_scratch(node, in_specs, out_specs) -> int:
     return _align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
+def _max_pool_taps(attrs, inputs, outputs):
+    """MaxPool's plain kernel and bind rule start from: X, Y, the indices output (or None), the
+    window, its live taps, the seeds (the taps up to the first covering every output: each output
+    takes its first in-bounds one) and the dtype's lowest value."""
+    x, y = inputs[0], outputs[0]
+    ind = outputs[1] if len(outputs) > 1 else None
+    win = pool_window(attrs, x.shape, y.shape)
+    taps = list(win.live_taps())
+    lowest = np.finfo(y.dtype).min if y.dtype.kind == "f" else np.iinfo(y.dtype).min
+    full = [i for i, t in enumerate(taps) if t.spans == tuple((0, o) for o in win.out_dims)]
+    return x, y, ind, win, taps, (taps[:full[0] + 1] if full else taps), lowest
+
+
 def _bind_max_pool(ctx: KernelContext, inputs, outputs):
     """max_pool's steps with the taps' views, the index deltas and the window-corner terms made
     once: same calls in the same order, same bits."""
     if ctx.xp is not np:
         return None
-    x, y = inputs[0], outputs[0]
-    ind = outputs[1] if len(outputs) > 1 else None
-    win = pool_window(ctx.attrs, x.shape, y.shape)
-    taps = list(win.live_taps())
-    lowest = np.finfo(y.dtype).min if y.dtype.kind == "f" else np.iinfo(y.dtype).min
-    full = [i for i, t in enumerate(taps) if t.spans == tuple((0, o) for o in win.out_dims)]
-    seeds = taps[:full[0] + 1] if full else taps
+    x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
     every = (slice(None), slice(None))
     if ind is None:
         seed_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in reversed(seeds)]
@@ -157,13 +164,7 @@ def max_pool(ctx: KernelContext, inputs, outputs) -> None:
     tap replaces it where strictly greater: ORT's scan order and tie rule, NaN included.
     """
     xp = ctx.xp
-    x, y = inputs[0], outputs[0]
-    ind = outputs[1] if len(outputs) > 1 else None
-    win = pool_window(ctx.attrs, x.shape, y.shape)
-    taps = list(win.live_taps())
-    lowest = np.finfo(y.dtype).min if y.dtype.kind == "f" else np.iinfo(y.dtype).min
-    full = [i for i, t in enumerate(taps) if t.spans == tuple((0, o) for o in win.out_dims)]
-    seeds = taps[:full[0] + 1] if full else taps
+    x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
     every = (slice(None), slice(None))
     if ind is None:
         y[...] = lowest
