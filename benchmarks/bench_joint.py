@@ -16,12 +16,18 @@ every node its time; transfers on one I/O worker at the swap store's measured ba
 prediction = compute + stalls, CPU prediction = compute + the I/O thread's CPU), the wall time of
 planning (joint: the whole strategy, every candidate and placement included) and the joint
 solver's status and gap.
-Measurement: every distinct fitting plan and the plain plan run in one process, one BLAS/torch
-thread, `--rounds` rounds, the plans' order rotated each round; each round runs `--steps` steps
-after one warm-up and keeps its fastest step (what the profile also keeps), in wall time and in
-this process's CPU time (the I/O worker's included, its waits not). Reported: the median over
-rounds (wall), the spread (max - min) / median over rounds, the median over rounds of the step /
-the plain step of the same round, the CPU-time median, and predicted / measured (wall, CPU).
+Measurement: every distinct fitting plan and the plain plan are written as plan files and
+measured in a fresh process (measure_apart: no state of the planning process; every plan is
+adopted as a plan file is, with every check), one BLAS/torch thread, `--rounds` rounds, the
+plans' order rotated each round; each round runs `--steps` steps after one warm-up and keeps its
+fastest step (what the profile also keeps), in wall time and in this process's CPU time (the I/O
+worker's included, its waits not). There, before the rounds, the cost model's profile of the
+plain step is taken again and every plan priced by it too ("re-taken"), so the prediction is
+judged apart from the load drift between planning and measuring. Reported: the median over
+rounds (wall), the spread (max - min) / median over rounds, the median over rounds of the step
+/ the plain step of the same round, the CPU-time median, predicted / measured (wall, CPU; both
+profiles) and, per budget, joint against the best single strategy **paired by round** (the two
+plans ran in the same round): better or worse only where every round says so.
 The swap store's rates are measured once per run (onnxplan.swap.pricing.store_rates(refresh=True):
 the executor's own store, O_DIRECT where possible) unless --bandwidth gives them.
 
@@ -35,10 +41,15 @@ Run: PYTHONPATH=. python benchmarks/bench_joint.py --models resnet18:4 transform
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from onnxplan.artifacts import build_artifacts
 from onnxplan.budget import STRATEGIES, ProfiledCosts
@@ -51,8 +62,9 @@ from onnxplan.executor.threads import set_blas_threads
 from onnxplan.ir.load import load_step
 from onnxplan.joint.fit import plan_joint
 from onnxplan.models import get_model
+from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
-from onnxplan.swap.pricing import store_rates
+from onnxplan.swap.pricing import StoreRates, planned_step, store_rates
 
 STRATEGY_NAMES = ("rotor", "swap", "joint", "joint-recompute")
 
@@ -139,7 +151,7 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
             fits = out.plan.peak_bytes <= budget
             key = None
             if fits:
-                key = str(hash((tuple(out.plan.order), out.plan.arena_bytes, out.plan.passes)))
+                key = hashlib.sha1(repr((out.plan.order, out.plan.arena_bytes, out.plan.passes)).encode()).hexdigest()[:12]
                 plans.setdefault(key, out.plan)
             rows.append({"model": label, "budget": budget, "strategy": strategy, "peak": out.plan.peak_bytes,
                          "fits": fits, **price(out), "plan_seconds": secs, "key": key, "gap": gap,
@@ -148,9 +160,21 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
     return rows, plans
 
 
-def measure(folder, plans: dict, rounds: int, steps: int) -> dict[str, dict]:
-    """key -> {"rounds": fastest step per round, "vs_plain": per round its step / plain's}."""
+def measure(folder, plans: dict, rounds: int, steps: int, rates=None) -> dict[str, dict]:
+    """key -> {"rounds": fastest wall step per round, "cpu": fastest CPU step per round,
+    "vs_plain": per round its step / plain's, "repriced": its price by a profile taken here}.
+    Every plan is adopted as a plan file is (onnxplan.executor.prepare.adopt_plan: every check a
+    fresh plan passes) before it runs. `rates`: the swap store's, for the re-pricing."""
+    graph = load_step(folder)
     preps = {k: Prepared(folder, adopt_plan(load_step(folder), p), p) for k, p in plans.items()}
+    # the cost model's profile taken again here, in the measuring process, right before its
+    # rounds: the same profile code, the plain step's nodes (not the plans measured)
+    times, note = ProfiledCosts(clock="cpu").times(step_before_inplace(graph, PlanOptions()))
+    repriced = {}
+    for k, prep in preps.items():
+        p = planned_step(prep.graph, prep.plan.order, prep.plan.swaps,
+                         lambda n, g=prep.graph: times.node_seconds(g, n), rates)
+        repriced[k] = {"predicted": p.seconds, "predicted_cpu": p.cpu_seconds, "note": note}
     keys = list(preps)
     got: dict[str, list[float]] = {k: [] for k in keys}
     cpu: dict[str, list[float]] = {k: [] for k in keys}
@@ -165,8 +189,50 @@ def measure(folder, plans: dict, rounds: int, steps: int) -> dict[str, dict]:
             got[k].append(min(res.step_seconds))
             cpu[k].append(min(b - a for a, b in zip(starts, starts[1:])))
         print(f"#   round {r + 1}/{rounds} measured ({os.getloadavg()[0]:.1f} load)", flush=True)
-    return {k: {"rounds": v, "cpu": cpu[k], "vs_plain": [a / b for a, b in zip(v, got["plain"])]}
-            for k, v in got.items()}
+    return {k: {"rounds": v, "cpu": cpu[k], "vs_plain": [a / b for a, b in zip(v, got["plain"])],
+                "repriced": repriced[k]} for k, v in got.items()}
+
+
+def measure_apart(spec: str, plans: dict, rounds: int, steps: int, rates) -> dict[str, dict]:
+    """measure() in a fresh process: the plans written as plan files, read back there (and
+    adopted: verified), so the rounds run without the planning process's state (its heap
+    after minutes of CP-SAT, every candidate's outcome held)."""
+    with tempfile.TemporaryDirectory(prefix="bench-joint-") as tmp:
+        for k, p in plans.items():
+            Path(tmp, f"{k}.plan.json").write_text(p.dumps())
+        out = Path(tmp, "measured.json")
+        cmd = [sys.executable, __file__, "--measure-plans", tmp, "--models", spec, "--rounds", str(rounds),
+               "--steps", str(steps), "--bandwidth", repr(rates.bandwidth), "--io-cpu", repr(rates.cpu_per_byte)]
+        subprocess.run(cmd, check=True)
+        return json.loads(out.read_text())
+
+
+def _measure_plans(folder_spec: str, tmp: str, rounds: int, steps: int, rates) -> None:
+    _, folder = model_folder(folder_spec)
+    plans = {p.name[: -len(".plan.json")]: Plan.load(p) for p in sorted(Path(tmp).glob("*.plan.json"))}
+    got = measure(folder, plans, rounds, steps, rates)
+    Path(tmp, "measured.json").write_text(json.dumps(got))
+
+
+def paired(at: dict, plain: dict) -> dict | None:
+    """Joint against the best single strategy (rotor or swap, the least median step / plain) of
+    one budget, round by round (the plans ran interleaved in the same rounds): the ratios
+    joint / best of each round, wall and CPU; None where joint or both singles miss."""
+    singles = [at[n] for n in ("rotor", "swap") if n in at and at[n]["fits"] and at[n].get("vs_plain")]
+    j = at.get("joint")
+    if not singles or j is None or not j["fits"] or not j.get("rounds"):
+        return None
+    best = min(singles, key=lambda r: r["vs_plain"])
+    wall = [a / b for a, b in zip(j["rounds"], best["rounds"])]
+    cpu = [a / b for a, b in zip(j["cpu_rounds"], best["cpu_rounds"])] if j.get("cpu_rounds") else []
+    return {"best": best["strategy"], "wall": wall, "cpu": cpu, "both_fit": len(singles) == 2}
+
+
+def _verdict(qs: list[float]) -> str:
+    """better / worse when every round says so (paired: the same round's two steps), else equal."""
+    if not qs:
+        return "-"
+    return "better" if max(qs) < 1 else "worse" if min(qs) > 1 else "equal"
 
 
 def _ms(x) -> str:
@@ -203,8 +269,8 @@ def summarize(rows: list[dict]) -> list[str]:
                 f"predicted {_ms(plain['predicted'])} ms)", "",
                 "each cell: wall step / plain (median over rounds) ±spread · CPU step / plain CPU step; "
                 "'-': the plan misses the budget", "",
-                "| budget MiB | rotor | swap | joint | joint-recompute | best single (wall) | joint / best: wall · CPU "
-                "| verdict |",
+                "| budget MiB | rotor | swap | joint | joint-recompute | best single (wall) | joint / best, paired by round: "
+                "wall · CPU, median [least, most] | verdict (every round) |",
                 "|---|---|---|---|---|---|---|---|"]
         budgets = sorted({r["budget"] for r in rs if r["strategy"] != "plain"})
         for b in budgets:
@@ -221,50 +287,42 @@ def summarize(rows: list[dict]) -> list[str]:
             singles = [at[n] for n in ("rotor", "swap") if n in at and at[n]["fits"] and at[n].get("vs_plain")]
             j = at.get("joint")
             best = min(singles, key=lambda r: r["vs_plain"]) if singles else None
+            pair = paired(at, plain)
             if j is None or not j["fits"] or j.get("vs_plain") is None:
                 verdict, ratio = ("none fits" if best is None else "joint misses"), "-"
             elif best is None:
                 verdict, ratio = "only joint fits", "-"
+            elif pair is None or not pair["wall"]:
+                verdict, ratio = "-", "-"
             else:
-                q = j["vs_plain"] / best["vs_plain"]
-                tol = max(j["spread"], best["spread"])
-                verdict = "better" if q < 1 - tol else ("worse" if q > 1 + tol else "equal within spread")
-                qc = j["cpu"] / min(r["cpu"] for r in singles)
-                ratio = f"{q:.2f} · {qc:.2f}"
-                verdict += f"; CPU {'better' if qc < 0.95 else 'worse' if qc > 1.05 else 'equal'}"
+                ratio = " · ".join(f"{statistics.median(q):.3f} [{min(q):.3f}, {max(q):.3f}]"
+                                   for q in (pair["wall"], pair["cpu"]) if q)
+                verdict = f"wall {_verdict(pair['wall'])}; CPU {_verdict(pair['cpu'])}"
+                verdict += "" if pair["both_fit"] else " (only " + best["strategy"] + " fits)"
             out.append(f"| {b / 2**20:.2f} | {cell('rotor')} | {cell('swap')} | {cell('joint')} | "
                        f"{cell('joint-recompute')} | {best['strategy'] if best else '-'} | {ratio} | {verdict} |")
         measured = [r for r in rs if r.get("measured") and r["predicted"]]
         if measured and plain.get("measured"):
-            for what, errs in (("wall", [r["predicted"] / r["measured"] - 1 for r in measured]),
-                               ("CPU", [r.get("predicted_cpu", r["predicted"]) / r["cpu"] - 1 for r in measured])):
-                out += ["", f"predicted / measured {what} - 1 over {len(measured)} rows: median "
-                        f"{statistics.median(errs):+.0%}, within 15% on {sum(abs(x) <= 0.15 for x in errs)}; worst "
-                        + ", ".join(f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
-                                    for x, r in sorted(zip(errs, measured), key=lambda xr: -abs(xr[0]))[:4])]
-            for name in ("rotor", "swap", "joint", "joint-recompute"):
-                errs = [r.get("predicted_cpu", r["predicted"]) / r["cpu"] - 1 for r in measured if r["strategy"] == name]
-                if errs:
-                    out.append(f"- {name}: predicted / CPU - 1 median {statistics.median(errs):+.0%}, "
-                               f"range {min(errs):+.0%} .. {max(errs):+.0%}")
-            # the profile's offset (taken under another load than the measurement) divided out:
-            # predicted step / predicted plain against measured step / measured plain
-            rel = [((r.get("predicted_cpu", r["predicted"]) / plain.get("predicted_cpu", plain["predicted"]))
-                    / (r["cpu"] / plain["cpu"]) - 1, r) for r in measured if r["strategy"] != "plain"]
-            relw = [((r["predicted"] / plain["predicted"]) / r["vs_plain"] - 1, r) for r in measured
-                    if r["strategy"] != "plain"]
-            for what, errs in (("CPU", rel), ("wall", relw)):
-                if errs:
-                    xs = [x for x, _ in errs]
-                    out.append(f"relative to the plain step ({what}): median {statistics.median(xs):+.0%}, within 15% on "
-                               f"{sum(abs(x) <= 0.15 for x in xs)} of {len(xs)}; worst " + ", ".join(
-                                   f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
-                                   for x, r in sorted(errs, key=lambda xr: -abs(xr[0]))[:3]))
-            for name in ("rotor", "swap", "joint", "joint-recompute"):
-                xs = [x for x, r in rel if r["strategy"] == name]
-                if xs:
-                    out.append(f"- {name}: relative CPU error median {statistics.median(xs):+.0%}, "
-                               f"range {min(xs):+.0%} .. {max(xs):+.0%}")
+            out += ["", "predicted / measured - 1 (within 15% on / rows; the worst three):", ""]
+            for label, key in (("the planning profile", ""), ("the profile re-taken in the measuring process", "re_")):
+                for what, meas in (("wall", "measured"), ("CPU", "cpu")):
+                    pk = key + ("predicted" if what == "wall" else "predicted_cpu")
+                    errs = [(r[pk] / r[meas] - 1, r) for r in measured if r.get(pk)]
+                    if errs:
+                        xs = [x for x, _ in errs]
+                        out.append(f"- {what}, {label}: median {statistics.median(xs):+.1%}, within 15% on "
+                                   f"{sum(abs(x) <= 0.15 for x in xs)} / {len(xs)}; worst " + ", ".join(
+                                       f"{r['strategy']} at {r['budget'] / 2**20:.2f} MiB {x:+.0%}"
+                                       for x, r in sorted(errs, key=lambda xr: -abs(xr[0]))[:3]))
+            wins = [paired({r["strategy"]: r for r in rs if r["budget"] == b2 and r["strategy"] != "plain"}, plain)
+                    for b2 in budgets]
+            both = [w for w in wins if w and w["both_fit"]]
+            out.append(f"- joint strictly better than the best single strategy in every round, where both fit: "
+                       f"wall {sum(_verdict(w['wall']) == 'better' for w in both)} / {len(both)}, CPU "
+                       f"{sum(_verdict(w['cpu']) == 'better' for w in both)} / {len(both)}; worse in every round: "
+                       f"wall {sum(_verdict(w['wall']) == 'worse' for w in wins if w)}, CPU "
+                       f"{sum(_verdict(w['cpu']) == 'worse' for w in wins if w)} of {sum(1 for w in wins if w)} "
+                       "budgets where joint and a single strategy fit")
         out.append("")
     return out
 
@@ -277,7 +335,9 @@ def main() -> None:
     ap.add_argument("--total", type=float, default=JOINT_SECONDS, help="the joint strategy's seconds per budget")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--bandwidth", type=float, default=None)
+    ap.add_argument("--bandwidth", type=float, default=None, help="the swap store's bytes/s (default: measured)")
+    ap.add_argument("--io-cpu", type=float, default=None, help="the swap store's CPU seconds per byte (with --bandwidth)")
+    ap.add_argument("--measure-plans", default=None, metavar="DIR", help=argparse.SUPPRESS)  # measure_apart's child
     ap.add_argument("--no-measure", action="store_true", help="plan and predict only")
     ap.add_argument("--json", default=None, help="append every row as a JSON line")
     ap.add_argument("-o", "--output", default=None)
@@ -290,6 +350,11 @@ def main() -> None:
         return
     set_blas_threads(1)
     rates = store_rates(override=args.bandwidth, refresh=not args.bandwidth)
+    if args.io_cpu is not None:
+        rates = StoreRates(rates.bandwidth, args.io_cpu)
+    if args.measure_plans:
+        _measure_plans(args.models[0], args.measure_plans, args.rounds, args.steps, rates)
+        return
     head = [(f"swap store bandwidth {rates.bandwidth / 1e9:.2f} GB/s, I/O CPU {rates.cpu_per_byte * 1e9:.2f} ns/B "
              f"({'given' if args.bandwidth else 'measured'}); "
              f"CP-SAT time limit {args.time_limit:.0f} s per round; {args.rounds} rounds x fastest of "
@@ -301,7 +366,7 @@ def main() -> None:
         label, folder = model_folder(spec)
         rows, plans = plan_model(label, folder, args, rates)
         if not args.no_measure:
-            got = measure(folder, plans, args.rounds, args.steps)
+            got = measure_apart(spec, plans, args.rounds, args.steps, rates)
             for r in rows:
                 if r["key"] in got:
                     g = got[r["key"]]
@@ -310,6 +375,9 @@ def main() -> None:
                     r["vs_plain"] = statistics.median(g["vs_plain"])
                     r["rounds"] = g["rounds"]
                     r["cpu"] = statistics.median(g["cpu"])
+                    r["cpu_rounds"] = g["cpu"]
+                    r["re_predicted"] = g["repriced"]["predicted"]
+                    r["re_predicted_cpu"] = g["repriced"]["predicted_cpu"]
         r_load = os.getloadavg()[0]
         for r in rows:
             r["load"] = r_load
