@@ -66,21 +66,36 @@ def test_a_planned_step_priced_where_the_executor_issues_and_waits():
 
 
 def test_the_joint_model_prices_on_the_same_worker(monkeypatch):
-    """The joint model's step_seconds is io_stalls over its segments: writes behind the
-    forward pass, a stage's page-ins behind the stage before (here on a hand-made problem)."""
+    """The joint model's step_seconds is io_stalls over its segments (each forward EO, then each
+    stage): a write issued after its buffer's last forward use and due where its memory is freed
+    (held_until + 1), a stage's page-ins behind the stage before, an early one from its issue
+    stage (here on a hand-made problem)."""
     from onnxplan.joint.problem import Decisions, step_seconds
 
-    prob = SimpleNamespace(stages=2, node_seconds=[0.5], forward_seconds=1.0, stage_seconds=[1.0, 1.0],
-                           step_seconds=3.0, buffers=[SimpleNamespace(nbytes=2), SimpleNamespace(nbytes=1)])
-    # writes of 2 + 1 B at 1 B/s behind a 1 s forward pass: 2 s exposed; the page-in of 1 B for
-    # stage 2 behind stage 1 (1 s + a 0.5 s recomputation): hidden
+    def buf(nbytes, held_until):
+        return SimpleNamespace(nbytes=nbytes, last_forward=0, held_until=held_until)
+
+    prob = SimpleNamespace(stages=3, node_seconds=[0.5], forward_seconds=1.0, forward_eo_seconds=[0.5, 0.5],
+                           stage_seconds=[1.0, 1.0, 1.0], step_seconds=4.0, buffers=[buf(2, 2), buf(1, 1)])
+    # at 1 B/s both writes start after EO 0 (t = 0.5) and are due at the forward pass's end
+    # (t = 1.0): done at 2.5 and 3.5, 2.5 s exposed; the page-in of buffer 1 for stage 2, issued
+    # as stage 1 starts, is done behind stage 1 (1 s + a 0.5 s recomputation): hidden
     d = Decisions(recompute=frozenset({(1, 0)}), keep=frozenset(), page_out=frozenset({0, 1}),
                   page_in=frozenset({(2, 1)}))
     secs, rec, stall = step_seconds(prob, d, 1.0)
-    assert (rec, stall) == (0.5, 2.0)
-    assert secs == pytest.approx(3.0 + 0.5 + 2.0 + 3 * TRANSFER_SECONDS)
+    assert (rec, stall) == (0.5, 2.5)
+    assert secs == pytest.approx(4.0 + 0.5 + 2.5 + 3 * TRANSFER_SECONDS)
+    # at 0.4 B/s: the write (2.5 s) is 2 s late at the forward's end, the page-in (2.5 s) 1.5 s
+    # late at stage 2
     d = Decisions(recompute=frozenset(), keep=frozenset(), page_out=frozenset({1}), page_in=frozenset({(2, 1)}))
-    assert step_seconds(prob, d, 0.4)[2] == pytest.approx(2.5 - 1.0 + 2.5 - 1.0)  # both late
+    assert step_seconds(prob, d, 0.4)[2] == pytest.approx(2.0 + 1.5)
+    # the same page-in for stage 3, one stage ahead (issued as stage 2 starts, t = 4): done at
+    # 6.5, due at 5: 1.5 s late; issued early, as stage 1 starts (t = 3): done at 5.5, 0.5 s late
+    d = Decisions(recompute=frozenset(), keep=frozenset(), page_out=frozenset({1}), page_in=frozenset({(3, 1)}))
+    assert step_seconds(prob, d, 0.4)[2] == pytest.approx(2.0 + 1.5)
+    early = Decisions(recompute=frozenset(), keep=frozenset(), page_out=frozenset({1}), page_in=frozenset({(3, 1)}),
+                      early=frozenset({(3, 1, 1)}))
+    assert step_seconds(prob, early, 0.4)[2] == pytest.approx(2.0 + 0.5)
 
 
 def test_the_store_bandwidth_is_measured_once_per_folder_and_can_be_given(tmp_path, monkeypatch):

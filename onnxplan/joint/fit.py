@@ -51,7 +51,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     base = replace(opts or PlanOptions(), swap="none", recompute="", budget=None)
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
-    prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None)
+    prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None,
+                         swap_bandwidth=swap_bandwidth)
     plain = plan_step(graph, base)
     if plain.plan.peak_bytes <= budget:  # nothing to decide (the model's fixed order may over-count it)
         sched = plain_schedule(prob, budget, swap_bandwidth)

@@ -1,8 +1,10 @@
-"""Warm starts for the joint model: no recomputation, and rotor's chain schedule mapped onto the stages."""
+"""Warm starts for the joint model: no recomputation, rotor's chain schedule mapped onto the stages,
+recompute-all, and greedy paging."""
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Mapping
 
 from onnxplan.checkpoint.chain import build_chain
@@ -11,9 +13,19 @@ from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, apply_schedule
 from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, original_name
-from onnxplan.joint.problem import Decisions, JointProblem, memory, minimal_keeps, recompute_stages
+from onnxplan.joint.problem import (
+    Decisions,
+    JointProblem,
+    early_issue,
+    memory,
+    minimal_keeps,
+    needs,
+    recompute_stages,
+    step_seconds,
+    violations,
+)
 
-__all__ = ["RotorColumns", "from_rewritten", "keep_all", "recompute_all", "rotor_hint"]
+__all__ = ["RotorColumns", "from_rewritten", "keep_all", "page_hint", "recompute_all", "rotor_hint"]
 
 
 def keep_all(prob: JointProblem) -> Decisions:
@@ -110,3 +122,53 @@ def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | Non
         else:
             bad = mid
     return cols.at(good)
+
+
+def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions | None = None,
+              deadline: float | None = None) -> Decisions:
+    """`base` (None: keep_all) with buffers paged, greedily, until the model's peak fits
+    `budget`: each round pages the swappable buffer (not recomputed in `base`) that removes the
+    most bytes over the budget (summed over the model's points) per predicted second, with its
+    page-ins issued early (problem.early_issue) or one stage ahead, whichever scores better; a
+    page-in at each stage that needs the buffer unless it is kept from the stage before. Stops
+    when it fits, when no paging removes anything, or at `deadline` (perf_counter seconds).
+    A warm start of paging for CP-SAT, which from rotor's or recompute-all's point rarely finds
+    a paging schedule in its time."""
+    d = base or keep_all(prob)
+
+    def excess(x: Decisions) -> int:
+        peak, fwd, stage = memory(prob, x)
+        return sum(max(0, prob.persistent + m - budget) for m in (*fwd, *stage))
+
+    recomputed = {b for t, n in d.recompute for b in prob.node_outputs[n]}
+    todo = [k for k, b in enumerate(prob.buffers) if b.swappable and k not in recomputed and k not in d.page_out]
+    need = needs(prob, d.recompute)
+    over, secs = excess(d), step_seconds(prob, d, bandwidth)[0]
+    while over > 0 and todo:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        best = None
+        for k in todo:
+            ins = [t for t in sorted(need[k]) if t >= 2 and t - 1 not in need[k]]
+            if not ins:
+                continue  # needed from stage 1 on without a break: kept, nothing to page
+            for early in (True, False):
+                lead = [(t, k, got[0]) for t in ins for got in [early_issue(prob, t, k, bandwidth)]
+                        if early and got is not None]
+                page_in = d.page_in | {(t, k) for t in ins}
+                trial = Decisions(d.recompute, minimal_keeps(prob, d.recompute, page_in), d.page_out | {k}, page_in,
+                                  d.early | frozenset(lead))
+                if violations(prob, trial):
+                    continue
+                gain = over - excess(trial)
+                if gain <= 0:
+                    continue
+                score = (step_seconds(prob, trial, bandwidth)[0] - secs) / gain
+                if best is None or score < best[0]:
+                    best = (score, k, trial)
+        if best is None:
+            break
+        _, k, d = best
+        todo.remove(k)
+        over, secs = excess(d), step_seconds(prob, d, bandwidth)[0]
+    return d

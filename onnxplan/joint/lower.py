@@ -163,7 +163,7 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
 
     A page-in of buffer b for stage t swaps the gap of b's buffer that ends at its first touch
     in stage t (stage t: its anchor and the recomputations right before it); the swap-in is
-    issued at the first EO of stage t-1, the swap-out completes one EO after the gap's start
+    issued at the first EO of stage t-1 (of its issue stage, when early), the swap-out completes one EO after the gap's start
     when it writes (the first gap), right after it otherwise."""
     prob = schedule.problem
     d = schedule.decisions
@@ -185,6 +185,9 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
     for e, s in enumerate(stage_of):
         first_eo.setdefault(s, e)
     out, missed = {}, []
+    issued = d.issued()
+    pos = {x: e for e, x in enumerate(order)}
+    n_fwd = sum(1 for x in order if phase[x] == "forward")
     for t, b in sorted(d.page_in):
         root = roots.get(prob.buffers[b].root, prob.buffers[b].root)
         group = model.groups.get(root)
@@ -198,7 +201,11 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
             continue
         first = not any(r == root for r, _ in out)
         release = min(gap.after + (2 if first else 1), gap.before)
-        issue = min(max(first_eo.get(t - 1, gap.before), release), gap.before)
+        if first:  # the write runs while the forward EOs up to held_until run (the backward: pending at its start)
+            held = prob.buffers[b].held_until
+            end = pos.get(prob.order[held], gap.before) + 1 if held < prob.n_forward else n_fwd
+            release = min(max(release, end), gap.before)
+        issue = min(max(first_eo.get(issued[t, b], gap.before), release), gap.before)
         out[root, gap.index] = Timing(release, issue)
     return out, missed
 

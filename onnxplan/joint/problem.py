@@ -24,7 +24,7 @@ stage, and the restored ones the anchor reads or that are kept into the next sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from onnxplan.checkpoint.chain import nondeterminism
 from onnxplan.checkpoint.costs import TimeModel
@@ -45,6 +45,8 @@ __all__ = [
     "JointProblem",
     "alive_at",
     "build_problem",
+    "early_issue",
+    "write_release",
     "consumers",
     "in_place",
     "least_bound_policy",
@@ -73,6 +75,14 @@ class Buffer:
     reads: frozenset[int]  # stages whose anchor reads it
     last_need: int  # last stage it is needed in (read, or an input of a recomputation)
     swappable: bool = False
+    # paged out: the last forward EO its memory is held while its write runs (n_forward: still
+    # pending when the backward starts), and the write's seconds no forward compute hides
+    release: int = -1  # -1: last_forward + 1
+    write_exposed: float = 0.0
+
+    @property
+    def held_until(self) -> int:
+        return self.last_forward + 1 if self.release < 0 else self.release
 
 
 @dataclass
@@ -95,6 +105,7 @@ class JointProblem:
     step_seconds: float  # the step without recomputation or swap, by the same costs
     stage_seconds: list[float] = field(default_factory=list)  # compute of each stage (no recompute)
     forward_seconds: float = 0.0
+    forward_eo_seconds: list[float] = field(default_factory=list)  # compute of each forward EO
     views: dict[str, list[str]] = field(default_factory=dict)  # forward node -> view nodes of its outputs
 
     @property
@@ -145,10 +156,13 @@ def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
 
 
 def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *, policy: str = "nntrainer",
-                  order: tuple[str, ...] | None = None, swap_min_bytes: int | None = None) -> JointProblem:
+                  order: tuple[str, ...] | None = None, swap_min_bytes: int | None = None,
+                  swap_bandwidth: float | None = None) -> JointProblem:
     """The problem for `graph` (after realize / interleave; no recompute, swap or in-place yet),
     in the order of `policy` (a heuristic order policy, or "auto": the one of least bound).
-    `swap_min_bytes`: decided buffers at least this large may be paged out (None: none)."""
+    `swap_min_bytes`: decided buffers at least this large may be paged out (None: none).
+    `swap_bandwidth`: the store's bytes/s, which sets how long a paged buffer's memory is held
+    while its write runs (write_release; None: one EO after its last forward use)."""
     g = graph
     post = in_place(g)
     if policy == "auto":
@@ -271,23 +285,67 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
         node_scratch=node_scratch, step_seconds=sum(sec.values()), views=views,
         forward_seconds=sum(sec[x] for x in fwd))
     prob.stage_seconds = [sum(sec[order[e]] for e in prob.stage_range(t)) for t in range(1, prob.stages + 1)]
+    prob.forward_eo_seconds = [sec[order[e]] for e in range(F)]
+    if swap_bandwidth:
+        prob.buffers = [replace(b, release=r, write_exposed=x) if b.swappable else b for b in prob.buffers
+                        for r, x in [write_release(prob, b, swap_bandwidth)]]
     return prob
+
+
+def write_release(prob: JointProblem, b: Buffer, bandwidth: float) -> tuple[int, float]:
+    """(the last forward EO b's memory is held, seconds exposed) of paging b out: its write is
+    issued after its last forward use and must be done before its memory is reused, so the
+    memory is held over the forward EOs whose compute hides the write (at least one EO);
+    n_forward when the forward pass ends first (pending into stage 1), with what is left."""
+    need = b.nbytes / bandwidth
+    done = 0.0
+    for e in range(b.last_forward + 1, prob.n_forward):
+        done += prob.forward_eo_seconds[e]
+        if done >= need:
+            return e, 0.0
+    return prob.n_forward, need - done
 
 
 @dataclass(frozen=True)
 class Decisions:
     """One point of the model: (stage, node) recomputed before the stage's anchor, (stage, buffer)
     kept in memory from the stage before, buffers written to the swap store after their last
-    forward use, (stage, buffer) paged in for the stage (issued one stage ahead)."""
+    forward use, (stage, buffer) paged in for the stage (issued one stage ahead, or earlier:
+    `early` holds (stage, buffer, issue stage) for a page-in issued at the start of an earlier
+    stage, so that the compute of the stages between hides its transfer)."""
 
     recompute: frozenset[tuple[int, int]] = frozenset()
     keep: frozenset[tuple[int, int]] = frozenset()
     page_out: frozenset[int] = frozenset()
     page_in: frozenset[tuple[int, int]] = frozenset()
+    early: frozenset[tuple[int, int, int]] = frozenset()
 
     def present(self, prob: JointProblem, t: int, b: int) -> bool:
         p = prob.buffers[b].producer
         return (t, b) in self.keep or (t, b) in self.page_in or (p >= 0 and (t, p) in self.recompute)
+
+    def issued(self) -> dict[tuple[int, int], int]:
+        """(stage, buffer) -> the stage at whose start each page-in is issued."""
+        out = {(t, b): t - 1 for t, b in self.page_in}
+        out.update(((t, b), s) for t, b, s in self.early)
+        return out
+
+
+def early_issue(prob: JointProblem, t: int, b: int, bandwidth: float) -> tuple[int, float] | None:
+    """(issue stage, seconds left unhidden) of an early page-in of buffer b for stage t: the
+    latest stage s <= t - 2 whose start leaves stages s .. t-1 (their compute, no recomputation)
+    at least b's transfer time at `bandwidth`; when none does, the earliest allowed (stage 1,
+    or the stage after the last one before t whose anchor reads b) with what stays exposed.
+    None when no stage before t - 1 is allowed (the one-stage prefetch is all there is)."""
+    buf = prob.buffers[b]
+    low = max([1] + [r + 1 for r in buf.reads if r < t])
+    need = buf.nbytes / bandwidth
+    window = prob.stage_seconds[t - 2] if t >= 2 else 0.0  # stage t-1's compute (the one-stage prefetch)
+    for s in range(t - 2, low - 1, -1):
+        window += prob.stage_seconds[s - 1]
+        if window >= need:
+            return s, 0.0
+    return (low, need - window) if low <= t - 2 else None
 
 
 def needs(prob: JointProblem, recompute) -> list[set[int]]:
@@ -336,6 +394,9 @@ def violations(prob: JointProblem, d: Decisions) -> list[str]:
     for t, b in d.page_in:
         if b not in d.page_out:
             bad.append(f"buffer {prob.buffers[b].root} paged in at stage {t} but never written")
+    for t, b, s in d.early:
+        if (t, b) not in d.page_in or not 1 <= s < t - 1:
+            bad.append(f"buffer {prob.buffers[b].root}: an early page-in for stage {t} issued at stage {s}")
     for t, n in d.recompute:
         if any(b in d.page_out for b in prob.node_outputs[n]):
             bad.append(f"node {prob.nodes[n]} recomputed although an output is paged")
@@ -352,15 +413,16 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
         for k, b in enumerate(B):
             if b.last_forward < e:
                 m += b.nbytes * ((1, k) in d.keep)
-            if b.last_forward + 1 == e:
+            if b.last_forward < e <= b.held_until:
                 m += b.nbytes * (k in d.page_out)
         fwd.append(m)
     stage = []
     readers = consumers(prob)
+    issued = d.issued()
     for t in range(1, prob.stages + 1):
-        ahead = sum(b.nbytes for k, b in enumerate(B) if (t + 1, k) in d.page_in)
+        ahead = sum(B[k].nbytes for (tt, k), s in issued.items() if s <= t < tt)
         if t == 1:
-            ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.last_forward + 1 >= F)
+            ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.held_until >= F)
         at_anchor = 0
         for k, b in enumerate(B):
             kept = (t, k) in d.keep
@@ -421,17 +483,27 @@ def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
     """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
     the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
-    the swap module's footing) on the model's segments (the forward pass, then each stage with
-    its recomputations): the page-outs are issued as the forward pass starts and due at its
-    end, a stage's page-ins issued as the stage before starts and due at its own start."""
+    the swap module's footing) on the model's segments (each forward EO, then each stage with
+    its recomputations): a page-out is issued after its buffer's last forward use and due where
+    its memory is freed (Buffer.held_until), a stage's page-ins issued as the stage before starts (an early one as its issue stage
+    starts) and due at its own start."""
     rec = [0.0] * (prob.stages + 1)
     for t, n in d.recompute:
         rec[t] += prob.node_seconds[n]
     stall = 0.0
     if bandwidth and (d.page_out or d.page_in):
-        segments = [prob.forward_seconds] + [prob.stage_seconds[t - 1] + rec[t] for t in range(1, prob.stages + 1)]
-        transfers = [Transfer(prob.buffers[b].nbytes, 0, 1, write=True) for b in sorted(d.page_out)]
-        transfers += [Transfer(prob.buffers[b].nbytes, max(0, t - 1), t) for t, b in sorted(d.page_in)]
+        B = prob.buffers
+        fwd = prob.forward_eo_seconds  # one segment per forward EO, then one per stage
+        if fwd:
+            transfers = [Transfer(B[b].nbytes, B[b].last_forward + 1, min(B[b].held_until + 1, len(fwd)), write=True)
+                         for b in sorted(d.page_out)]
+        else:  # a problem without per-EO seconds: the forward pass as one segment
+            fwd = [prob.forward_seconds]
+            transfers = [Transfer(B[b].nbytes, 0, 1, write=True) for b in sorted(d.page_out)]
+        F1 = len(fwd)  # boundary F1 - 1 + t: stage t starts
+        segments = fwd + [prob.stage_seconds[t - 1] + rec[t] for t in range(1, prob.stages + 1)]
+        transfers += [Transfer(prob.buffers[b].nbytes, F1 - 1 + max(0, s), F1 - 1 + t)
+                      for (t, b), s in sorted(d.issued().items())]
         transfers.sort(key=lambda tr: tr.issue)
         stall = sum(io_stalls(segments, transfers, bandwidth))
     handled = TRANSFER_SECONDS * (len(d.page_out) + len(d.page_in))

@@ -4,13 +4,16 @@ Variables, over the stages t = 1..T of a JointProblem (onnxplan.joint.problem):
   R[t,n]  recompute forward node n right before stage t's anchor (only deterministic nodes);
   S[t,b]  keep buffer b in memory from stage t-1 into t (S[1,b]: held past the forward pass);
   O[b]    write b to the swap store after its last forward use (swappable buffers, a bandwidth given);
-  I[t,b]  page b in for stage t, issued at the start of stage t-1 (one stage of lookahead).
-Present P[t,b] = S[t,b] + R[t,producer(b)] + I[t,b] <= 1. Constraints: an anchor's buffers are
+  I[t,b]  page b in for stage t, issued at the start of stage t-1 (one stage of lookahead);
+  E[t,b]  page b in for stage t, issued early: at the start of the latest stage s(t,b) <= t-2
+          whose compute up to stage t hides its transfer (problem.early_issue), held from there.
+Present P[t,b] = S[t,b] + R[t,producer(b)] + I[t,b] + E[t,b] <= 1. Constraints: an anchor's buffers are
 present; a recomputation's input buffers are present (recomputed earlier in the same stage
 counts); S[t+1,b] <= P[t,b]; I <= O; a paged buffer is never recomputed. Memory, in 64-byte
 units, with each EO's fixed bytes (scratch included):
   forward EO e: fixed + decided buffers between producer and last forward reader
-                + sum S[1,b] (buffers past their last forward reader) + O[b] one EO after it;
+                + sum S[1,b] (buffers past their last forward reader) + O[b] while its write
+                runs (the forward EOs after its last reader whose compute hides it, at least one);
   stage t, its anchor: max fixed over the stage + sum S[t,b] + the restored buffers the anchor reads
                 or that are kept into t+1 (Z[t,b] >= S[t+1,b] - S[t,b]) + I[t+1,b] (prefetch)
                 [+ writes still pending];
@@ -20,8 +23,9 @@ units, with each EO's fixed bytes (scratch included):
 Objective: extra seconds = sum R[t,n] * cost(n) + TRANSFER_SECONDS per page-out and page-in
 + exposed transfer time, where one I/O worker hides the writes behind the forward pass and
 stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
-bandwidth - compute_{t-1} (problem.step_seconds prices the same on onnxplan.swap.pricing's
-worker). Every solve of one call shares its time limit (a deadline for the whole call).
+bandwidth - compute_{t-1}; an early page-in costs what its window leaves exposed (the worker's
+other transfers not counted: problem.step_seconds prices every schedule returned on
+onnxplan.swap.pricing's worker, shared, and the rounds and the descent compare by it). Every solve of one call shares its time limit (a deadline for the whole call).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import keep_all, recompute_all, rotor_hint
+from onnxplan.joint.hints import keep_all, page_hint, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
     Decisions,
@@ -39,6 +43,7 @@ from onnxplan.joint.problem import (
     alive_at,
     build_problem,
     consumers,
+    early_issue,
     memory,
     minimal_keeps,
     recompute_stages,
@@ -95,7 +100,7 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
     (None: recompute only). `warm_start`: "auto" (the best of no recomputation and rotor's
     schedule for the budget), "none", "rotor", or Decisions."""
     prob = build_problem(graph, costs, policy=policy,
-                         swap_min_bytes=swap_min_bytes if swap_bandwidth else None)
+                         swap_min_bytes=swap_min_bytes if swap_bandwidth else None, swap_bandwidth=swap_bandwidth)
     return solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, warm_start, costs=costs, workers=workers,
                          deterministic_limit=deterministic_limit)
 
@@ -108,7 +113,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
 
     t0 = time.perf_counter()
     deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
-    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth)
+    # greedy paging gets at most a fifth of the call
+    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth, t0 + time_limit / 5)
     B, T, N = prob.buffers, prob.stages, len(prob.nodes)
     cap = (budget_bytes - prob.persistent) // BYTE_UNIT
     nb = [b.nbytes // BYTE_UNIT for b in B]
@@ -123,10 +129,21 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
     # a page-in is issued a stage ahead: none for stage 1 (keep what the first stage reads)
     I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
+    lead = {}  # (t, b) -> (issue stage, exposed seconds) of an early page-in
+    for t, b in I:
+        got = early_issue(prob, t, b, swap_bandwidth)
+        if got is not None:
+            lead[t, b] = got
+    E = {key: m.NewBoolVar(f"E{key[0]}_{key[1]}") for key in lead}
+    held: dict[int, list[tuple[int, int]]] = {}  # stage u -> early page-ins in flight or held there
+    for (t, b), (s, _) in lead.items():
+        for u in range(s, t):
+            held.setdefault(u, []).append((t, b))
 
     def present(t: int, b: int) -> list:
         p = B[b].producer
-        terms = [x for x in (S.get((t, b)), I.get((t, b)), R.get((t, p)) if p >= 0 else None) if x is not None]
+        terms = [x for x in (S.get((t, b)), I.get((t, b)), E.get((t, b)), R.get((t, p)) if p >= 0 else None)
+                 if x is not None]
         return terms
 
     for b in range(len(B)):
@@ -140,6 +157,8 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         if b in O:
             for t in range(2, B[b].last_need + 1):
                 m.AddImplication(I[t, b], O[b])
+                if (t, b) in E:
+                    m.AddImplication(E[t, b], O[b])
             p = B[b].producer
             if p >= 0:
                 for t in jit[p]:
@@ -151,15 +170,16 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     F = prob.n_forward
     for e in range(F):
         terms = [nb[k] * S[1, k] for k, b in enumerate(B) if b.last_forward < e]
-        terms += [nb[k] * O[k] for k, b in enumerate(B) if k in O and b.last_forward + 1 == e]
+        terms += [nb[k] * O[k] for k, b in enumerate(B) if k in O and b.last_forward < e <= b.held_until]
         base = prob.forward_base(e) // BYTE_UNIT
         if terms:
             m.Add(base + sum(terms) <= cap)
     readers = consumers(prob)
     for t in range(1, T + 1):
         ahead = [nb[k] * I[t + 1, k] for k in O if (t + 1, k) in I]
+        ahead += [nb[k] * E[tt, k] for tt, k in held.get(t, ())]
         if t == 1:
-            ahead += [nb[k] * O[k] for k in O if B[k].last_forward + 1 >= F]
+            ahead += [nb[k] * O[k] for k in O if B[k].held_until >= F]
         at_anchor = []
         restore_held = {}
         for k in range(len(B)):
@@ -193,9 +213,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
                         terms.append(nb[k] * x)
                     elif alive is None and held_for_anchor is not None:
                         terms.append(held_for_anchor)
-                if (t, k) in I:
+                for x in (I.get((t, k)), E.get((t, k))):
+                    if x is None:
+                        continue
                     if any(c >= n for c in readers[k]):
-                        terms.append(nb[k] * I[t, k])
+                        terms.append(nb[k] * x)
                     elif held_for_anchor is not None:
                         terms.append(held_for_anchor)
             base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
@@ -205,10 +227,14 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     handle = max(1, round(TRANSFER_SECONDS / TIME_UNIT))  # the executor's CPU per transfer (onnxplan.swap.pricing)
     objective = [cost[n] * r for (t, n), r in R.items()]
+    early_cost: dict[tuple[int, int], int] = {}
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
-        objective += [handle * O[k] for k in O] + [handle * I[key] for key in I]
+        objective += [(handle + round(B[k].write_exposed / TIME_UNIT)) * O[k] for k in O]
+        objective += [handle * I[key] for key in I]
+        early_cost = {key: handle + round(lead[key][1] / TIME_UNIT) for key in E}
+        objective += [early_cost[key] * x for key, x in E.items()]
         fst = m.NewIntVar(0, ub, "stall_fwd")
         m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
         objective.append(fst)
@@ -229,7 +255,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         if lb > 0:
             m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
-        weight = sum(cost) + handle * (len(O) + len(I)) + 1 + ((T + 1) * ub if O else 0)
+        weight = (sum(cost) + handle * (len(O) + len(I)) + sum(early_cost.values()) + 1 + ((T + 2) * ub if O else 0))
         m.Minimize(cap * weight + sum(objective))
     else:
         m.Minimize(sum(objective))
@@ -242,8 +268,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             m.AddHint(x, key in hint.keep)
         for key, x in O.items():
             m.AddHint(x, key in hint.page_out)
+        early = {(t, b) for t, b, _ in hint.early}
         for key, x in I.items():
-            m.AddHint(x, key in hint.page_in)
+            m.AddHint(x, key in hint.page_in and key not in early)
+        for key, x in E.items():
+            m.AddHint(x, key in early)
     limits = []
     if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
         limits.append(max(MIN_SOLVE_SECONDS, min(time_limit / 4, _left(deadline) / 2)))
@@ -260,9 +289,11 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     status = solver.Solve(m)
     name = solver.StatusName(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        early = frozenset((*k, lead[k][0]) for k, x in E.items() if solver.Value(x))
         d = Decisions(
             frozenset(k for k, x in R.items() if solver.Value(x)), frozenset(k for k, x in S.items() if solver.Value(x)),
-            frozenset(k for k, x in O.items() if solver.Value(x)), frozenset(k for k, x in I.items() if solver.Value(x)))
+            frozenset(k for k, x in O.items() if solver.Value(x)),
+            frozenset(k for k, x in I.items() if solver.Value(x)) | {(t, b) for t, b, _ in early}, early)
         obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
@@ -297,7 +328,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
-             f"{len(R) + len(S) + len(O) + len(I)} booleans; {name} in {solver.WallTime():.2f} s; "
+             f"{len(R) + len(S) + len(O) + len(I) + len(E)} booleans; {name} in {solver.WallTime():.2f} s; "
              f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
@@ -348,14 +379,15 @@ def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | No
             if not move <= d.recompute:
                 continue
             rec = d.recompute - move
-            trial = Decisions(rec, minimal_keeps(prob, rec, d.page_in), d.page_out, d.page_in)
+            trial = Decisions(rec, minimal_keeps(prob, rec, d.page_in), d.page_out, d.page_in, d.early)
             if not violations(prob, trial) and memory(prob, trial)[0] <= budget and \
                     step_seconds(prob, trial, bandwidth)[0] <= step_seconds(prob, d, bandwidth)[0]:
                 d, improved = trial, True
     return d
 
 
-def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -> tuple[Decisions | None, str]:
+def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth,
+                deadline: float | None = None) -> tuple[Decisions | None, str]:
     if isinstance(warm_start, Decisions):
         return warm_start, "given"
     if warm_start in (None, "", "off"):
@@ -367,6 +399,14 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth) -
         d = rotor_hint(prob, budget, costs)
         if d is not None:
             options.append(("rotor", d))
+    if warm_start == "auto" and bandwidth and any(b.swappable for b in prob.buffers):
+        options.append(("paging", page_hint(prob, budget, bandwidth, deadline=deadline)))
+        top = memory(prob, keep_all(prob))[0]
+        for frac in (0.5, 0.25):  # rotor's schedule for a looser budget, paging for the rest
+            d = rotor_hint(prob, int(budget + frac * (top - budget)), costs)
+            if d is not None and memory(prob, d)[0] > budget:
+                options.append((f"rotor at +{frac:.0%} of the gap, then paging",
+                                page_hint(prob, budget, bandwidth, base=d, deadline=deadline)))
     if not options:
         return None, "none"
     scored = [(memory(prob, d)[0] <= budget, step_seconds(prob, d, bandwidth)[0], memory(prob, d)[0], name, d)
