@@ -116,14 +116,21 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
               "swap": STRATEGIES["swap"](graph, plain.plan.persistent_bytes, profiled, None, opts),
               "joint": joint(plain.plan.persistent_bytes, rates.bandwidth)[0]}
     least = min(o.plan.peak_bytes for o in floors.values())
+    # below every strategy: what the largest working set holds while its node runs (swap's floor
+    # names it), a bound no recomputation or swap goes below
+    below = STRATEGIES["swap"](graph, 1, profiled, None, opts).swap
+    bound = below.floor if below is not None and below.floor is not None else None
     print(f"# {label}: plain {top / 2**20:.2f} MiB; floors "
           + ", ".join(f"{k} {o.plan.peak_bytes / 2**20:.2f}" for k, o in floors.items())
-          + f" MiB ({time.perf_counter() - t0:.0f} s)", flush=True)
+          + (f"; swap reaches {below.peak_bytes / 2**20:.2f}, {bound.describe()}" if bound else "")
+          + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
     n = max(2, args.budgets)
     budgets = [int(least + k * (top - least) / (n - 1)) for k in range(n)]
     plans = {"plain": plain.plan}
     rows = [{"model": label, "budget": top, "strategy": "plain", "peak": top, "fits": True,
-             **price(plain), "plan_seconds": 0.0, "key": "plain", "note": note}]
+             **price(plain), "plan_seconds": 0.0, "key": "plain", "note": note,
+             "floors": {k: o.plan.peak_bytes for k, o in floors.items()},
+             "bound": bound and {"bytes": bound.bound, "swap_reaches": below.peak_bytes, "text": bound.describe()}}]
     for budget in budgets:
         seen: dict = {}
         t0 = time.perf_counter()
@@ -266,7 +273,14 @@ def summarize(rows: list[dict]) -> list[str]:
     for model, rs in by_model.items():
         plain = next(r for r in rs if r["strategy"] == "plain")
         out += [f"**{model}** (plain: {plain['peak'] / 2**20:.2f} MiB, measured {_ms(plain.get('measured'))} ms, "
-                f"predicted {_ms(plain['predicted'])} ms)", "",
+                f"predicted {_ms(plain['predicted'])} ms)", ""]
+        if plain.get("bound"):
+            bd = plain["bound"]
+            out += [f"Least peaks (budget = the persistent bytes): " + ", ".join(
+                f"{k} {v / 2**20:.2f} MiB" for k, v in plain["floors"].items()) + f"; swap alone, asked for 1 B, "
+                f"reaches {bd['swap_reaches'] / 2**20:.2f} MiB against the bound {bd['bytes'] / 2**20:.2f} MiB "
+                f"({bd['text'].partition(': ')[2]})", ""]
+        out += [
                 "each cell: wall step / plain (median over rounds) ±spread · CPU step / plain CPU step; "
                 "'-': the plan misses the budget", "",
                 "| budget MiB | rotor | swap | joint | joint-recompute | best single (wall) | joint / best, paired by round: "

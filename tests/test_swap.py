@@ -15,7 +15,9 @@ from onnxplan.planning import BudgetNotMet, PlanOptions, pipeline_names, plan_st
 from onnxplan.swap import is_swap_node, rewrite_graph, swap_model, swap_totals, verify_swaps
 from onnxplan.swap.policies import Window
 from onnxplan.verify import PlanError
+from onnxplan.ir.load import load_step
 from tests.graphs import linear_chain, three_linear_step
+from tests.zoo_small import small_artifacts
 
 POLICIES = [("on-demand", {}), ("reduced", {}), ("proactive", {"lookahead": 1}),
             ("proactive", {"lookahead": 2}), ("window", {"window_bytes": 16384})]
@@ -169,6 +171,21 @@ def test_budget_below_floor_states_it(chain):
     assert not sw.fits and sw.floor is not None
     assert sw.floor.peak_bytes == res.plan.peak_bytes or sw.floor.peak_bytes <= res.plan.peak_bytes
     assert sw.floor.working_set > 0 and sw.floor.node in {n.name for n in res.graph.nodes}
+    # the floor's bound (what its node holds while it runs) is a lower bound of the plan, reached here
+    assert sw.floor.bound <= sw.floor.peak_bytes <= sw.floor.bound + 4096
+    assert "no recomputation or swap fits below" in sw.floor.describe()
+
+
+def test_the_floor_counts_the_nodes_scratch():
+    """Below the least swap reaches, the floor names the node, its touched bytes and its kernel's
+    scratch (nnt-conv2d's im2col columns set it) and the bound they make, which the floor reaches."""
+    folder = small_artifacts("nnt-conv2d")
+    g = load_step(folder)
+    with pytest.raises(BudgetNotMet) as miss:
+        plan_step(g, PlanOptions(swap="auto", budget=1024))
+    floor = miss.value.outcome.swap.floor
+    assert floor.scratch > 0 and floor.bound >= floor.working_set + floor.scratch
+    assert floor.bound <= floor.peak_bytes <= floor.bound + 64 * 16
 
 
 def test_plan_json_records_swaps_and_rebuilds(chain, outcomes):

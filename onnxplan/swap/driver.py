@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import OffsetPlan, best_heuristic_offsets, plan_offsets
 from onnxplan.offsets.buffers import ALIGNMENT
-from onnxplan.passes.lifetimes import Lifetimes, lifetimes
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX, Lifetimes, lifetimes
 from onnxplan.plan import PlannedSwap
 from onnxplan.sizes import format_bytes
 from onnxplan.swap.insert import build_order, decide_writes, rewrite_graph
@@ -34,10 +34,20 @@ class Floor:
     working_set: int  # bytes the node at the peak EO touches
     eo: int  # base EO of that node
     node: str
+    scratch: int = 0  # that node's scratch bytes (its kernel's working memory)
+    resident: int = 0  # persistent bytes that stay in memory (constants, state the runtime copies back)
+    resident_touched: int = 0  # of the working set, bytes of resident values (counted once)
+
+    @property
+    def bound(self) -> int:
+        """Bytes in memory while that node runs, whatever else is recomputed or swapped."""
+        return self.resident + self.working_set - self.resident_touched + self.scratch
 
     def describe(self) -> str:
         return (f"floor {format_bytes(self.peak_bytes)} ({self.peak_bytes} B): the largest single working set "
-                f"is at node {self.node!r} (EO {self.eo}, {format_bytes(self.working_set)} touched)")
+                f"is at node {self.node!r} (EO {self.eo}: {format_bytes(self.working_set)} touched + "
+                f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident; "
+                f"{format_bytes(self.bound)} while it runs, which no recomputation or swap avoids)")
 
 
 @dataclass
@@ -131,7 +141,11 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
     if not out.fits:  # stuck at the peak EO: swapping everything may still pack tighter
         every = realize_selection(g, model, select_all(model, policy), None, planner, budget)
         t = select_all(model, policy).peak_eo
-        floor = Floor(every.peak_bytes, model.working_set(t), t, model.order[t] if model.n else "")
+        node = model.order[t] if model.n else ""
+        scratch = next((b.padded for b in every.lifetimes.buffers if b.name == SCRATCH_PREFIX + node), 0)
+        stays = sum(b for _, root, b in model.entries[model.entry_start[t]:model.entry_start[t + 1]]
+                    if root in model.groups and model.groups[root].persistent and not model.groups[root].swappable)
+        floor = Floor(every.peak_bytes, model.working_set(t), t, node, scratch, every.lifetimes.persistent_bytes, stays)
         out = every if every.peak_bytes < out.peak_bytes else out
         out.floor = floor
     return out
