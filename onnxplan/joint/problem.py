@@ -336,11 +336,14 @@ def early_issue(prob: JointProblem, t: int, b: int, bandwidth: float) -> tuple[i
     latest stage s <= t - 2 whose start leaves stages s .. t-1 (their compute, no recomputation)
     at least b's transfer time at `bandwidth`; when none does, the earliest allowed (stage 1,
     or the stage after the last one before t whose anchor reads b) with what stays exposed.
-    None when no stage before t - 1 is allowed (the one-stage prefetch is all there is)."""
+    None when stage t-1 alone hides it or no stage before t - 1 is allowed (the one-stage
+    prefetch is all there is)."""
     buf = prob.buffers[b]
     low = max([1] + [r + 1 for r in buf.reads if r < t])
     need = buf.nbytes / bandwidth
     window = prob.stage_seconds[t - 2] if t >= 2 else 0.0  # stage t-1's compute (the one-stage prefetch)
+    if window >= need:
+        return None  # one stage ahead hides it
     for s in range(t - 2, low - 1, -1):
         window += prob.stage_seconds[s - 1]
         if window >= need:
