@@ -443,3 +443,112 @@ def test_the_joint_solves_keep_to_their_total_deadline():
     assert time.perf_counter() - t0 < 120  # generous: placement and rotor are outside CP-SAT's limits
     spent = sum(_limits(o) for name, o in seen.items() if name.startswith("joint") and o.plan.joint.rounds)
     assert spent <= 3.0 + slack * 2
+
+
+def test_an_early_page_in_is_issued_where_the_stages_before_hide_it():
+    """early_issue: the latest stage whose compute up to the need hides the transfer; where none
+    does, the earliest allowed with what stays exposed; none where stage t-1 alone hides it or no
+    earlier stage is allowed (the buffer is read there)."""
+    from types import SimpleNamespace
+
+    from onnxplan.joint.problem import early_issue
+
+    prob = SimpleNamespace(stage_seconds=[1.0, 1.0, 1.0, 1.0],
+                           buffers=[SimpleNamespace(nbytes=3, reads=frozenset({4})),
+                                    SimpleNamespace(nbytes=3, reads=frozenset({2, 4}))])
+    assert early_issue(prob, 4, 0, 1.0) == (1, 0.0)  # 3 s: stages 1, 2 and 3
+    assert early_issue(prob, 4, 0, 2.0) == (2, 0.0)  # 1.5 s: stages 2 and 3
+    assert early_issue(prob, 4, 0, 0.5) == (1, 3.0)  # 6 s: 3 s exposed from stage 1 on
+    assert early_issue(prob, 4, 0, 10.0) is None  # 0.3 s: stage 3 alone hides it
+    assert early_issue(prob, 4, 1, 1.0) is None  # read at stage 2: stage 3 is all there is
+
+
+def test_joint_early_page_ins_run_equals_plain():
+    """With a slow store the solver issues page-ins stages ahead (and holds each paged buffer
+    while its write runs): the model never under-counts the lowered order's live bytes, and
+    the plan, as a plan file, runs bit for bit as the plain plan."""
+    from onnxplan.executor.runner import run_plan
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.fit import plan_joint
+    from onnxplan.plan import Plan
+
+    folder = small_artifacts("transformer")
+    graph = load_step(folder)
+    plain = planning.plan_step(graph, OPTS)
+    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
+    costly = {n.name: 1e-3 for n in graph.nodes}
+    out, sched = plan_joint(graph, budget, OPTS, costs=costly, time_limit=60, deterministic_limit=DTIME, rounds=1,
+                            swap_bandwidth=1e7, swap_on_top=False)
+    d = sched.decisions
+    assert d.early and not violations(sched.problem, d)
+    assert any(s < t - 1 for t, _, s in d.early)
+    lt = lifetimes(out.graph, list(out.plan.order))
+    assert lt.persistent_bytes + max(live_bytes_by_eo(lt.buffers)) <= sched.estimate_bytes
+    # the lowering issues them early: the same page-ins one stage ahead wait longer (exact price)
+    from onnxplan.joint.lower import lower_swaps
+    from onnxplan.swap.pricing import StoreRates, planned_step
+
+    def stall(o):
+        return planned_step(o.graph, o.plan.order, o.plan.swaps, lambda n: costly.get(n.name, 0.0),
+                            StoreRates(1e7, 0.0)).stall
+
+    base_opts = replace(OPTS, swap="none", recompute="", budget=None)
+    late, _ = lower_swaps(planning.plan_step(graph, replace(base_opts, recompute=sched.code)),
+                          replace(sched, decisions=replace(d, early=frozenset())), base_opts.planner)
+    assert stall(out) < stall(late)
+    plan = Plan.from_json(json.loads(out.plan.dumps()))
+    base = run_plan(str(folder), OPTS, steps=3)
+    res = run_plan(str(folder), plan, steps=3)
+    assert res.losses == base.losses
+    for k, v in base.params.items():
+        assert np.array_equal(res.params[k], v), k
+
+
+def test_the_paging_warm_start_is_a_fitting_schedule_of_paging_alone():
+    """page_hint pages buffers (no recomputation) until the model fits, each a valid schedule;
+    a budget it cannot reach returns its best effort, still valid; the solver may start from it."""
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.hints import page_hint
+
+    prob = build_problem(_pre(load_step(small_artifacts("transformer"))), swap_min_bytes=1024, swap_bandwidth=1e9)
+    top = memory(prob, keep_all(prob))[0]
+    budget = top - (top - prob.persistent) // 20
+    d = page_hint(prob, budget, 1e9)
+    assert not violations(prob, d) and not d.recompute and d.page_out
+    assert memory(prob, d)[0] <= budget < top
+    least = page_hint(prob, prob.persistent, 1e9)
+    assert not violations(prob, least) and memory(prob, least)[0] < memory(prob, d)[0]
+    sched = solve_problem(prob, budget, 1e9, time_limit=60, deterministic_limit=DTIME)
+    assert sched.estimate_bytes <= budget
+    assert sched.predicted_seconds <= step_seconds(prob, d, 1e9)[0] + 1e-12
+
+
+def test_a_paged_buffer_is_held_while_its_write_runs():
+    """With a slow store a paged-out buffer's memory is held over the forward EOs whose compute
+    hides its write (Buffer.held_until): the model counts it there as if kept, not after; the
+    lowering frees it (its SwapOut) only after them."""
+    from onnxplan.ir.load import load_step
+    from onnxplan.joint.lower import lower_swaps
+    from onnxplan.joint.solve import JointSchedule
+
+    pre = _pre(load_step(small_artifacts("transformer")))
+    costs = {n.name: 1e-3 for n in pre.nodes}
+    prob = build_problem(pre, costs, swap_min_bytes=1024, swap_bandwidth=1e7)
+    k, b = next((k, b) for k, b in enumerate(prob.buffers)
+                if b.swappable and b.last_forward + 1 < b.held_until < prob.n_forward
+                and min(b.reads) >= 2 and 1 not in b.reads)
+    t = min(b.reads)
+    paged = Decisions(frozenset(), minimal_keeps(prob, (), {(t, k)}), frozenset({k}), frozenset({(t, k)}))
+    kept = keep_all(prob)
+    assert not violations(prob, paged)
+    _, fwd_paged, _ = memory(prob, paged)
+    _, fwd_kept, _ = memory(prob, kept)
+    for e in range(b.last_forward + 1, prob.n_forward):
+        assert fwd_paged[e] == fwd_kept[e] - (b.nbytes if e > b.held_until else 0), e
+    sched = JointSchedule(prob, paged, 1 << 40, memory(prob, paged)[0], 0.0, 0.0, 0.0, "GIVEN", 0.0, 0.0, "none")
+    out, missed = lower_swaps(planning.plan_step(load_step(small_artifacts("transformer")),
+                                                 replace(OPTS, recompute="")), sched, OPTS.planner)
+    assert not missed
+    order = list(out.plan.order)
+    swap_out = [i for i, x in enumerate(order) if x.startswith(f"swap-out:{b.root}:")]
+    assert len(swap_out) == 1 and swap_out[0] > order.index(prob.order[b.held_until])
