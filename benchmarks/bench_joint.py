@@ -104,7 +104,7 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
 
     def joint(budget, bw):
         return plan_joint(graph, budget, opts, costs=costs, swap_bandwidth=bw, time_limit=args.time_limit,
-                          swap_on_top=bw is not None, total_seconds=args.total)
+                          swap_on_top=bw is not None, total_seconds=args.total, io_cpu_per_byte=rates.cpu_per_byte)
 
     def price(out) -> dict:
         p = step_price(out, times, rates)

@@ -285,3 +285,26 @@ def test_zoo_swapped_runs_equal_unswapped(name, tmp_path):
             assert np.array_equal(got.params[k], base.params[k]), (name, policy, kw, k)
         assert got.swap is not None and got.swap["total"]["reads"] > 0
         assert list(tmp_path.iterdir()) == []
+
+
+def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(chain_case):
+    """While a runtime is open the interpreter lock changes hands every SWITCH_SECONDS (the
+    I/O worker is not kept waiting by the compute thread); the user's interval comes back when
+    the last open runtime closes."""
+    import sys
+
+    from onnxplan.executor import swap_io
+    from onnxplan.executor.runner import Executor
+    from onnxplan.planning import plan_step
+
+    g, params, batch = chain_case
+    before = sys.getswitchinterval()
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="proactive"))
+    a = Executor(res.graph, res.plan)
+    b = Executor(res.graph, res.plan)
+    assert sys.getswitchinterval() == pytest.approx(min(before, swap_io.SWITCH_SECONDS))
+    a.swap.close()
+    assert sys.getswitchinterval() == pytest.approx(min(before, swap_io.SWITCH_SECONDS))  # b is still open
+    b.swap.close()
+    b.swap.close()  # closing twice changes nothing
+    assert sys.getswitchinterval() == pytest.approx(before)

@@ -58,6 +58,10 @@ def test_a_planned_step_priced_where_the_executor_issues_and_waits():
     assert p.handling == pytest.approx(2 * TRANSFER_SECONDS) and p.io_cpu == pytest.approx(0.2)
     assert p.seconds == pytest.approx(5.0 + 2 * TRANSFER_SECONDS)
     assert p.cpu_seconds == pytest.approx(4.2 + 2 * TRANSFER_SECONDS)
+    # the I/O thread's CPU delays the compute stream where it waits for no transfer: at 2e-2 s
+    # per byte (4 s) it outweighs the 1 s stall
+    p = planned_step(graph, order, swaps, secs, StoreRates(100.0, 2e-2))
+    assert p.seconds == pytest.approx(4.0 + 4.0 + 2 * TRANSFER_SECONDS)
     graph, order, swaps, secs = _hand_step(0.5)  # the write is late at the SwapOut by 0.5 s
     p = planned_step(graph, order, swaps, secs, StoreRates(100.0, 0.0))
     assert p.stall == pytest.approx(0.5 + 1.0)

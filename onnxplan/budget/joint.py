@@ -53,7 +53,8 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     node_costs = times.measured or None
     cands: list[tuple[str, PlanOutcome]] = []
     paged, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=rates.bandwidth, time_limit=limit,
-                          total_seconds=max(MIN_ROUND_SECONDS, _left(t_end) * PAGING_SHARE))
+                          total_seconds=max(MIN_ROUND_SECONDS, _left(t_end) * PAGING_SHARE),
+                          io_cpu_per_byte=rates.cpu_per_byte)
     cands.append(("joint", paged))
     if paged.plan.joint.status != "PLAIN":  # the plain plan fits: nothing is faster
         for name in ("recompute", "swap"):

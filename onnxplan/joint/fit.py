@@ -31,7 +31,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
                time_limit: float = 10.0, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
                swap_on_top: bool = True, deterministic_limit: float | None = None,
-               total_seconds: float | None = None) -> tuple[PlanOutcome, JointSchedule]:
+               total_seconds: float | None = None, io_cpu_per_byte: float = 0.0) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
     ordered, placed and verified by plan_step with `opts` (its order, planner, passes; its
@@ -45,6 +45,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     its page-ins) when that lowers the peak. `total_seconds`: a deadline for all the rounds
     together (each CP-SAT round gets at most `time_limit` and what is left of it; no round
     starts with less than MIN_ROUND_SECONDS left): the best so far is returned when it hits.
+    `io_cpu_per_byte`: the I/O thread's CPU per byte moved (the store's measured rates), priced
+    as onnxplan.swap.pricing prices it.
     The outcome may miss the budget; the rounds (each with its CP-SAT limits), the model's
     estimate, the placed peak and what was done per buffer are in plan.joint."""
     t_end = None if total_seconds is None else time.perf_counter() + total_seconds
@@ -52,7 +54,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     names = [n for n in pipeline_names(base) if n not in ("inplace", "inplace-state")]
     pre, _ = run_pipeline(graph, names)
     prob = build_problem(pre, costs, policy=policy, swap_min_bytes=1024 if swap_bandwidth else None,
-                         swap_bandwidth=swap_bandwidth)
+                         swap_bandwidth=swap_bandwidth, io_cpu_per_byte=io_cpu_per_byte)
     plain = plan_step(graph, base)
     if plain.plan.peak_bytes <= budget:  # nothing to decide (the model's fixed order may over-count it)
         sched = plain_schedule(prob, budget, swap_bandwidth)
@@ -125,7 +127,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                 more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
             except BudgetNotMet as miss:
                 more = miss.outcome
-            secs = _price(more, costs, swap_bandwidth)
+            secs = _price(more, costs, swap_bandwidth, io_cpu_per_byte)
             tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
                           else more.plan.peak_bytes, more, base_sched, secs))
         miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
@@ -136,11 +138,12 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
 
 
-def _price(out: PlanOutcome, costs: Mapping[str, float] | None, swap_bandwidth: float | None) -> float:
+def _price(out: PlanOutcome, costs: Mapping[str, float] | None, swap_bandwidth: float | None,
+           io_cpu_per_byte: float = 0.0) -> float:
     """Predicted seconds of a placed outcome on the swap module's footing (onnxplan.swap.pricing):
     its nodes at `costs` (else the FLOP estimate), its swaps on one I/O worker at `swap_bandwidth`."""
     tm = TimeModel(measured=dict(costs or {}))
-    rates = StoreRates(swap_bandwidth, 0.0) if swap_bandwidth else None
+    rates = StoreRates(swap_bandwidth, io_cpu_per_byte) if swap_bandwidth else None
     return planned_step(out.graph, out.plan.order, out.plan.swaps, lambda n: tm.node_seconds(out.graph, n),
                         rates).seconds
 

@@ -106,6 +106,7 @@ class JointProblem:
     stage_seconds: list[float] = field(default_factory=list)  # compute of each stage (no recompute)
     forward_seconds: float = 0.0
     forward_eo_seconds: list[float] = field(default_factory=list)  # compute of each forward EO
+    io_cpu_per_byte: float = 0.0  # the I/O thread's CPU per byte moved (onnxplan.swap.pricing.StoreRates)
     views: dict[str, list[str]] = field(default_factory=dict)  # forward node -> view nodes of its outputs
 
     @property
@@ -157,12 +158,13 @@ def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
 
 def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *, policy: str = "nntrainer",
                   order: tuple[str, ...] | None = None, swap_min_bytes: int | None = None,
-                  swap_bandwidth: float | None = None) -> JointProblem:
+                  swap_bandwidth: float | None = None, io_cpu_per_byte: float = 0.0) -> JointProblem:
     """The problem for `graph` (after realize / interleave; no recompute, swap or in-place yet),
     in the order of `policy` (a heuristic order policy, or "auto": the one of least bound).
     `swap_min_bytes`: decided buffers at least this large may be paged out (None: none).
     `swap_bandwidth`: the store's bytes/s, which sets how long a paged buffer's memory is held
-    while its write runs (write_release; None: one EO after its last forward use)."""
+    while its write runs (write_release; None: one EO after its last forward use);
+    `io_cpu_per_byte`: the I/O thread's CPU per byte moved, priced as pricing.StepPrice does."""
     g = graph
     post = in_place(g)
     if policy == "auto":
@@ -286,6 +288,7 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
         forward_seconds=sum(sec[x] for x in fwd))
     prob.stage_seconds = [sum(sec[order[e]] for e in prob.stage_range(t)) for t in range(1, prob.stages + 1)]
     prob.forward_eo_seconds = [sec[order[e]] for e in range(F)]
+    prob.io_cpu_per_byte = io_cpu_per_byte
     if swap_bandwidth:
         prob.buffers = [replace(b, release=r, write_exposed=x) if b.swappable else b for b in prob.buffers
                         for r, x in [write_release(prob, b, swap_bandwidth)]]
@@ -485,7 +488,8 @@ def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[
 
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
     """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
-    the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
+    the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and the larger of
+    the I/O thread's CPU (prob.io_cpu_per_byte) and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
     the swap module's footing) on the model's segments (each forward EO, then each stage with
     its recomputations): a page-out is issued after its buffer's last forward use and due where
     its memory is freed (Buffer.held_until), a stage's page-ins issued as the stage before starts (an early one as its issue stage
@@ -510,6 +514,9 @@ def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = Non
         transfers.sort(key=lambda tr: tr.issue)
         stall = sum(io_stalls(segments, transfers, bandwidth))
     handled = TRANSFER_SECONDS * (len(d.page_out) + len(d.page_in))
+    if bandwidth:  # the I/O thread's CPU delays the compute stream where it waits for nothing (pricing.StepPrice)
+        moved = sum(prob.buffers[b].nbytes for b in d.page_out) + sum(prob.buffers[b].nbytes for _, b in d.page_in)
+        stall = max(stall, moved * getattr(prob, "io_cpu_per_byte", 0.0))
     return prob.step_seconds + sum(rec) + handled + stall, sum(rec), stall
 
 

@@ -21,7 +21,8 @@ units, with each EO's fixed bytes (scratch included):
                 restored buffers still held (made by n or before it and read by n or a later
                 node, else only if held for the anchor) + prefetch + scratch of n.
 Objective: extra seconds = sum R[t,n] * cost(n) + TRANSFER_SECONDS per page-out and page-in
-+ exposed transfer time, where one I/O worker hides the writes behind the forward pass and
++ the larger of the I/O thread's CPU (problem.io_cpu_per_byte per byte moved) and the exposed
+transfer time, where one I/O worker hides the writes behind the forward pass and
 stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
 bandwidth - compute_{t-1}; an early page-in costs what its window leaves exposed (the worker's
 other transfers not counted: problem.step_seconds prices every schedule returned on
@@ -93,14 +94,15 @@ class JointSchedule:
 def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
                 swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
                 policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 1,
-                deterministic_limit: float | None = None) -> JointSchedule:
+                deterministic_limit: float | None = None, io_cpu_per_byte: float = 0.0) -> JointSchedule:
     """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
     pass sees it) under `budget_bytes` (persistent bytes included). `costs`: seconds per node
     name (a profile; else the FLOP estimate). `swap_bandwidth`: bytes/s of the swap store
     (None: recompute only). `warm_start`: "auto" (the best of no recomputation and rotor's
     schedule for the budget), "none", "rotor", or Decisions."""
     prob = build_problem(graph, costs, policy=policy,
-                         swap_min_bytes=swap_min_bytes if swap_bandwidth else None, swap_bandwidth=swap_bandwidth)
+                         swap_min_bytes=swap_min_bytes if swap_bandwidth else None, swap_bandwidth=swap_bandwidth,
+                         io_cpu_per_byte=io_cpu_per_byte)
     return solve_problem(prob, budget_bytes, swap_bandwidth, time_limit, warm_start, costs=costs, workers=workers,
                          deterministic_limit=deterministic_limit)
 
@@ -228,6 +230,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     handle = max(1, round(TRANSFER_SECONDS / TIME_UNIT))  # the executor's CPU per transfer (onnxplan.swap.pricing)
     objective = [cost[n] * r for (t, n), r in R.items()]
     early_cost: dict[tuple[int, int], int] = {}
+    cpu: dict[int, int] = {}
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
@@ -237,7 +240,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         objective += [early_cost[key] * x for key, x in E.items()]
         fst = m.NewIntVar(0, ub, "stall_fwd")
         m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
-        objective.append(fst)
+        stalls = [fst]
         for t in range(1, T + 1):
             ins = [per[k] * I[t, k] for k in O if (t, k) in I]
             if not ins:
@@ -248,14 +251,22 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
                     cost[n] * R[t - 1, n] for n in range(N) if (t - 1, n) in R)
             st = m.NewIntVar(0, ub, f"stall{t}")
             m.Add(st >= sum(ins) - before)
-            objective.append(st)
+            stalls.append(st)
+        # exposed: the stalls, or the I/O thread's CPU where it is more (problem.step_seconds)
+        cpu = {k: round(B[k].nbytes * prob.io_cpu_per_byte / TIME_UNIT) for k in O}
+        exposed = m.NewIntVar(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
+        m.Add(exposed >= sum(stalls))
+        m.Add(exposed >= sum(cpu[k] * O[k] for k in O) + sum(cpu[k] * x for (t, k), x in I.items())
+              + sum(cpu[k] * x for (t, k), x in E.items()))
+        objective.append(exposed)
     lb = 0
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
         lb = int(relaxation_bound(prob, budget_bytes, cost, 2 * handle if O else None))
         if lb > 0:
             m.Add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
-        weight = (sum(cost) + handle * (len(O) + len(I)) + sum(early_cost.values()) + 1 + ((T + 2) * ub if O else 0))
+        weight = (sum(cost) + handle * (len(O) + len(I)) + sum(early_cost.values()) + 1
+                  + ((T + 2) * ub + 3 * sum(cpu.values()) if O else 0))
         m.Minimize(cap * weight + sum(objective))
     else:
         m.Minimize(sum(objective))

@@ -133,8 +133,12 @@ class StepPrice:
     """A planned step's predicted seconds: `compute` (every node but the swap nodes, once, in
     one stream), `handling` (TRANSFER_SECONDS per transfer, on the compute stream), `stall`
     (what the compute waits for late transfers), `io_cpu` (the I/O thread's CPU moving the
-    bytes, beside the compute stream). seconds: compute + handling + stall (wall);
-    cpu_seconds: compute + handling + io_cpu (the process's CPU time)."""
+    bytes). seconds (wall): compute + handling + the larger of stall and io_cpu: the I/O
+    thread's copies and system calls, under the one interpreter lock and on a machine of few
+    cores, delay the compute stream (measured: transformer b16's early-paging plans ran +6%
+    over the plain step where compute + handling + stall said +3% and their CPU +6%), except
+    while the compute stream waits for a transfer anyway; cpu_seconds: compute + handling +
+    io_cpu (the process's CPU time)."""
 
     compute: float
     stall: float
@@ -144,7 +148,7 @@ class StepPrice:
 
     @property
     def seconds(self) -> float:
-        return self.compute + self.handling + self.stall
+        return self.compute + self.handling + max(self.stall, self.io_cpu)
 
     @property
     def cpu_seconds(self) -> float:
