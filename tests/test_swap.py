@@ -173,7 +173,7 @@ def test_budget_below_floor_states_it(chain):
     assert sw.floor.working_set > 0 and sw.floor.node in {n.name for n in res.graph.nodes}
     # the floor's bound (what its node holds while it runs) is a lower bound of the plan, reached here
     assert sw.floor.bound <= sw.floor.peak_bytes <= sw.floor.bound + 4096
-    assert "no recomputation or swap fits below" in sw.floor.describe()
+    assert "which no recomputation or swap avoids" in sw.floor.describe()
 
 
 def test_the_floor_counts_the_nodes_scratch():
