@@ -36,6 +36,7 @@ written in PyTorch and exported with torch.onnx.export).
 Run: PYTHONPATH=. python benchmarks/bench_joint.py --models resnet18:4 transformer:16 gpt:16 densenet:8
      [--budgets 10] [--time-limit 10] [--total 60] [--rounds 3] [--steps 3] [--bandwidth B] [--no-measure]
      [--json reports/joint.json] [-o reports/joint-table.md]
+     PYTHONPATH=. python benchmarks/bench_joint.py --summarize ROWS.json [--rows]   # the tables again
 """
 
 from __future__ import annotations
@@ -331,6 +332,9 @@ def summarize(rows: list[dict]) -> list[str]:
             wins = [paired({r["strategy"]: r for r in rs if r["budget"] == b2 and r["strategy"] != "plain"}, plain)
                     for b2 in budgets]
             both = [w for w in wins if w and w["both_fit"]]
+            joint_secs = [r["plan_seconds"] for r in rs if r["strategy"] == "joint"]
+            out.append(f"- planning with the joint strategy (every candidate and placement): at most "
+                       f"{max(joint_secs):.1f} s per budget (median {statistics.median(joint_secs):.1f} s)")
             out.append(f"- joint strictly better than the best single strategy in every round, where both fit: "
                        f"wall {sum(_verdict(w['wall']) == 'better' for w in both)} / {len(both)}, CPU "
                        f"{sum(_verdict(w['cpu']) == 'better' for w in both)} / {len(both)}; worse in every round: "
@@ -357,10 +361,11 @@ def main() -> None:
     ap.add_argument("-o", "--output", default=None)
     ap.add_argument("--summarize", nargs="+", default=None, metavar="JSON",
                     help="print the summary tables of rows written by --json, and stop")
+    ap.add_argument("--rows", action="store_true", help="with --summarize: every row, as measured, instead")
     args = ap.parse_args()
     if args.summarize:
         rows = [json.loads(line) for path in args.summarize for line in open(path) if line.strip()]
-        print("\n".join(summarize(rows)))
+        print("\n".join([HEAD, "|" + "---|" * 13] + [_row(r) for r in rows] if args.rows else summarize(rows)))
         return
     set_blas_threads(1)
     rates = store_rates(override=args.bandwidth, refresh=not args.bandwidth)
