@@ -1,8 +1,9 @@
 """Benchmark: the joint solver against rotor (recompute on the chain) and swap-only, measured.
 
 Per model, at `--budgets` budgets evenly spaced from the least feasible one (the least planned
-peak any strategy reaches: rotor's least schedule, swap's floor, the joint model's least
-memory) up to the plain plan's peak, both included, four strategies are planned:
+peak any strategy reaches: rotor's least schedule, swap's floor (asked for 1 B: it evicts
+parameters and optimizer state too), the joint model's least memory) up to the plain plan's
+peak, both included, four strategies are planned:
   rotor            the budget layer's "recompute" strategy (rotor on the chain);
   swap             the budget layer's "swap" strategy (the swap module's own policy);
   joint            onnxplan.joint (recompute on the DAG and paging), at the swap store's bandwidth;
@@ -116,11 +117,12 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
     floors = {"rotor": STRATEGIES["recompute"](graph, plain.plan.persistent_bytes, profiled, None, opts),
               "swap": STRATEGIES["swap"](graph, plain.plan.persistent_bytes, profiled, None, opts),
               "joint": joint(plain.plan.persistent_bytes, rates.bandwidth)[0]}
-    least = min(o.plan.peak_bytes for o in floors.values())
     # below every strategy: what the largest working set holds while its node runs (swap's floor
-    # names it), a bound no recomputation or swap goes below
+    # names it), a bound no recomputation or swap goes below; swap, evicting parameters and
+    # optimizer state too, may reach below the persistent bytes
     below = STRATEGIES["swap"](graph, 1, profiled, None, opts).swap
     bound = below.floor if below is not None and below.floor is not None else None
+    least = min([o.plan.peak_bytes for o in floors.values()] + ([below.peak_bytes] if below is not None else []))
     print(f"# {label}: plain {top / 2**20:.2f} MiB; floors "
           + ", ".join(f"{k} {o.plan.peak_bytes / 2**20:.2f}" for k, o in floors.items())
           + (f"; swap reaches {below.peak_bytes / 2**20:.2f}, {bound.describe()}" if bound else "")
