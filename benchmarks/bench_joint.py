@@ -334,6 +334,16 @@ def summarize(rows: list[dict]) -> list[str]:
             wins = [paired({r["strategy"]: r for r in rs if r["budget"] == b2 and r["strategy"] != "plain"}, plain)
                     for b2 in budgets]
             both = [w for w in wins if w and w["both_fit"]]
+            dag = []
+            for b2 in budgets:
+                at2 = {r["strategy"]: r for r in rs if r["budget"] == b2}
+                a, c = at2.get("joint-recompute"), at2.get("rotor")
+                if a and c and a["fits"] and c["fits"] and a.get("rounds") and c.get("rounds") and a["key"] != c["key"]:
+                    q = [x / y for x, y in zip(a["rounds"], c["rounds"])]
+                    dag.append(f"{b2 / 2**20:.2f} MiB {statistics.median(q):.2f} [{min(q):.2f}, {max(q):.2f}]")
+            if dag:
+                out.append("- recompute on the DAG (joint-recompute) / rotor on the chain, same budget, paired by "
+                           "round (wall, median [least, most]): " + "; ".join(dag))
             joint_secs = [r["plan_seconds"] for r in rs if r["strategy"] == "joint"]
             out.append(f"- planning with the joint strategy (every candidate and placement): at most "
                        f"{max(joint_secs):.1f} s per budget (median {statistics.median(joint_secs):.1f} s)")
