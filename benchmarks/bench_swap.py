@@ -321,8 +321,8 @@ BUDGET_NOTES = [
      "here, against 146 for reduced with no budget); adaptive then gives the transfers lead: a simulated step "
      "(roofline node times, one FIFO I/O worker at the swap store's measured bandwidth) finds the transfer "
      "that stalls most, and its read is issued earlier or its write completed later, EO by EO, only where the "
-     "live bytes stay within the budget; repeated until nothing that stalls can move. The timings are placed by the heuristics and, where "
-     "they miss, the offset ILP, bisecting the target between the selection's own live bytes and the budget "
+     "live bytes stay within the budget; repeated until nothing that stalls can move. The timings are "
+     "placed by the heuristics and, where they miss, the offset ILP, bisecting the target between the selection's own live bytes and the budget "
      "(a longer lead packs worse), so adaptive's planned peak sits just under the budget."),
     ("- The swap file is opened with O_DIRECT (ext4 here): the bytes go through a 512 KiB bounce block "
      "straight to the device, with no page cache to fill, flush and drop. Measured alone (16 MiB): 3.9 ms of "

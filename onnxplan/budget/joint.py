@@ -7,7 +7,8 @@ the joint model without paging, rotor's schedule (the "recompute" strategy) and 
 module's policy (the "swap" strategy), prices every placed plan on one footing
 (budget.strategies.step_price: the profile's node times, transfers on one I/O worker at the
 swap store's measured bandwidth) and returns the fastest that fits (within TIE of it, the one
-of least predicted CPU; plan.joint.chosen and .candidates say which won and what was weighed). All of it within JOINT_SECONDS per budget.
+of least predicted CPU; plan.joint.chosen and .candidates say which won and what was weighed).
+All of it within JOINT_SECONDS per budget.
 
 Importing this module also registers the joint recompute code ("dag.") with the recompute pass
 (onnxplan.joint.lower), so any process that imports onnxplan replays joint plans."""

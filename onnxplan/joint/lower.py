@@ -163,8 +163,9 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
 
     A page-in of buffer b for stage t swaps the gap of b's buffer that ends at its first touch
     in stage t (stage t: its anchor and the recomputations right before it); the swap-in is
-    issued at the first EO of stage t-1 (of its issue stage, when early), the swap-out completes one EO after the gap's start
-    when it writes (the first gap), right after it otherwise."""
+    issued at the first EO of stage t-1 (of its issue stage, when early), the swap-out completes
+    one EO after the gap's start when it writes (the first gap: or after the forward EOs that
+    hide the write, Buffer.held_until), right after it otherwise."""
     prob = schedule.problem
     d = schedule.decisions
     if not d.page_in:

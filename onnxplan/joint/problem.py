@@ -489,11 +489,12 @@ def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
     """(predicted step seconds, recompute seconds, exposed transfer seconds): every node once,
     the recomputations, the executor's CPU per transfer (TRANSFER_SECONDS), and the larger of
-    the I/O thread's CPU (prob.io_cpu_per_byte) and what one I/O worker cannot hide (onnxplan.swap.pricing.io_stalls,
-    the swap module's footing) on the model's segments (each forward EO, then each stage with
-    its recomputations): a page-out is issued after its buffer's last forward use and due where
-    its memory is freed (Buffer.held_until), a stage's page-ins issued as the stage before starts (an early one as its issue stage
-    starts) and due at its own start."""
+    the I/O thread's CPU (prob.io_cpu_per_byte) and what one I/O worker cannot hide
+    (onnxplan.swap.pricing.io_stalls, the swap module's footing) on the model's segments (each
+    forward EO, then each stage with its recomputations): a page-out is issued after its
+    buffer's last forward use and due where its memory is freed (Buffer.held_until), a stage's
+    page-ins issued as the stage before starts (an early one as its issue stage starts) and due
+    at its own start."""
     rec = [0.0] * (prob.stages + 1)
     for t, n in d.recompute:
         rec[t] += prob.node_seconds[n]

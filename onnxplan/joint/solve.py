@@ -26,7 +26,8 @@ transfer time, where one I/O worker hides the writes behind the forward pass and
 stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
 bandwidth - compute_{t-1}; an early page-in costs what its window leaves exposed (the worker's
 other transfers not counted: problem.step_seconds prices every schedule returned on
-onnxplan.swap.pricing's worker, shared, and the rounds and the descent compare by it). Every solve of one call shares its time limit (a deadline for the whole call).
+onnxplan.swap.pricing's worker, shared, and the rounds and the descent compare by it). Every
+solve of one call shares its time limit (a deadline for the whole call).
 """
 
 from __future__ import annotations
