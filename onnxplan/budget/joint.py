@@ -102,7 +102,8 @@ def _borrowed(joint: JointRecord, out: PlanOutcome, name: str) -> JointRecord:
                        gap=None, estimate_bytes=joint.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
                        swap_bandwidth=joint.swap_bandwidth, stages=joint.stages, order_policy=joint.order_policy,
                        rounds=joint.rounds,
-                       notes=(f"the {name!r} strategy's plan is predicted faster than the joint schedule "
+                       notes=(f"the {name!r} strategy's plan wins over the joint schedule (predicted faster, or within "
+                              f"{TIE:.0%} and with less CPU) "
                               f"({joint.status}, {joint.recomputations} recomputations, placed peak "
                               f"{format_bytes(joint.placed_peak_bytes)})",))
 
