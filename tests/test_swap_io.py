@@ -297,7 +297,11 @@ def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(c
     from onnxplan.executor.runner import Executor
     from onnxplan.planning import plan_step
 
+    import gc
+
     g, params, batch = chain_case
+    gc.collect()  # the runtimes of earlier tests' executors (never closed) close when collected
+    assert not swap_io._switch_saved, "a swap runtime of an earlier test is still open"
     before = sys.getswitchinterval()
     res = plan_step(g, PlanOptions(planner="best-fit", swap="proactive"))
     a = Executor(res.graph, res.plan)
