@@ -80,7 +80,8 @@ def test_the_joint_model_prices_on_the_same_worker(monkeypatch):
         return SimpleNamespace(nbytes=nbytes, last_forward=0, held_until=held_until)
 
     prob = SimpleNamespace(stages=3, node_seconds=[0.5], forward_seconds=1.0, forward_eo_seconds=[0.5, 0.5],
-                           stage_seconds=[1.0, 1.0, 1.0], step_seconds=4.0, buffers=[buf(2, 2), buf(1, 1)])
+                           stage_seconds=[1.0, 1.0, 1.0], step_seconds=4.0, buffers=[buf(2, 2), buf(1, 1)],
+                           io_cpu_per_byte=0.0)
     # at 1 B/s both writes start after EO 0 (t = 0.5) and are due at the forward pass's end
     # (t = 1.0): done at 2.5 and 3.5, 2.5 s exposed; the page-in of buffer 1 for stage 2, issued
     # as stage 1 starts, is done behind stage 1 (1 s + a 0.5 s recomputation): hidden

@@ -72,17 +72,16 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     if seen is not None:
         seen.update((name, out) for name, out in cands)
     prices = [(name, out, step_price(out, times, rates)) for name, out in cands]
-    priced = [(name, out, p.seconds) for name, out, p in prices]
     fitting = [p for p in prices if p[1].plan.peak_bytes <= budget]
     if fitting:  # the fastest predicted; within TIE of it, the least CPU (see TIE)
         fastest = min(p[2].seconds for p in fitting)
         name, out, price = min((p for p in fitting if p[2].seconds <= fastest * (1 + TIE)),
                                key=lambda p: (p[2].cpu_seconds, p[2].seconds, p[1].plan.peak_bytes))
-        secs = price.seconds
     else:
-        name, out, secs = min(priced, key=lambda p: (p[1].plan.peak_bytes, p[2]))
+        name, out, price = min(prices, key=lambda p: (p[1].plan.peak_bytes, p[2].seconds))
+    secs = price.seconds
     weighed = tuple({"strategy": n, "peak_bytes": o.plan.peak_bytes, "fits": o.plan.peak_bytes <= budget,
-                     "predicted_step_seconds": s} for n, o, s in priced)
+                     "predicted_step_seconds": p.seconds} for n, o, p in prices)
     why = (f"{name} chosen: predicted {secs * 1e3:.2f} ms, peak {format_bytes(out.plan.peak_bytes)} for budget "
            f"{format_bytes(budget)} (weighed: " + ", ".join(
                f"{c['strategy']} {c['predicted_step_seconds'] * 1e3:.2f} ms" + ("" if c["fits"] else " misses")

@@ -99,10 +99,12 @@ class RotorColumns:
         return self._cache[col]
 
 
-def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | None) -> Decisions | None:
+def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | None,
+               cols: RotorColumns | None = None) -> Decisions | None:
     """rotor's fastest schedule whose joint-model peak fits `budget` (bisection over its table's
-    columns); its least-memory schedule when none does; None without a chain to recompute."""
-    cols = RotorColumns(prob, costs)
+    columns); its least-memory schedule when none does; None without a chain to recompute.
+    `cols`: rotor's table for prob, when the caller asks for several budgets (built here if None)."""
+    cols = cols or RotorColumns(prob, costs)
     if cols.lo is None:
         return None
 
@@ -152,23 +154,23 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
             ins = [t for t in sorted(need[k]) if t >= 2 and t - 1 not in need[k]]
             if not ins:
                 continue  # needed from stage 1 on without a break: kept, nothing to page
-            for early in (True, False):
-                lead = [(t, k, got[0]) for t in ins for got in [early_issue(prob, t, k, bandwidth)]
-                        if early and got is not None]
-                page_in = d.page_in | {(t, k) for t in ins}
-                trial = Decisions(d.recompute, minimal_keeps(prob, d.recompute, page_in), d.page_out | {k}, page_in,
-                                  d.early | frozenset(lead))
+            page_in = d.page_in | {(t, k) for t in ins}
+            keep = minimal_keeps(prob, d.recompute, page_in)
+            lead = frozenset((t, k, got[0]) for t in ins for got in [early_issue(prob, t, k, bandwidth)]
+                             if got is not None)
+            for early in ((lead, frozenset()) if lead else (frozenset(),)):  # issued early, or a stage ahead
+                trial = Decisions(d.recompute, keep, d.page_out | {k}, page_in, d.early | early)
                 if violations(prob, trial):
                     continue
-                gain = over - excess(trial)
-                if gain <= 0:
+                left = excess(trial)
+                if left >= over:
                     continue
-                score = (step_seconds(prob, trial, bandwidth)[0] - secs) / gain
+                trial_secs = step_seconds(prob, trial, bandwidth)[0]
+                score = (trial_secs - secs) / (over - left)
                 if best is None or score < best[0]:
-                    best = (score, k, trial)
+                    best = (score, k, trial, left, trial_secs)
         if best is None:
             break
-        _, k, d = best
+        _, k, d, over, secs = best
         todo.remove(k)
-        over, secs = excess(d), step_seconds(prob, d, bandwidth)[0]
     return d

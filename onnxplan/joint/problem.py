@@ -501,23 +501,18 @@ def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = Non
     stall = 0.0
     if bandwidth and (d.page_out or d.page_in):
         B = prob.buffers
-        fwd = prob.forward_eo_seconds  # one segment per forward EO, then one per stage
-        if fwd:
-            transfers = [Transfer(B[b].nbytes, B[b].last_forward + 1, min(B[b].held_until + 1, len(fwd)), write=True)
-                         for b in sorted(d.page_out)]
-        else:  # a problem without per-EO seconds: the forward pass as one segment
-            fwd = [prob.forward_seconds]
-            transfers = [Transfer(B[b].nbytes, 0, 1, write=True) for b in sorted(d.page_out)]
-        F1 = len(fwd)  # boundary F1 - 1 + t: stage t starts
-        segments = fwd + [prob.stage_seconds[t - 1] + rec[t] for t in range(1, prob.stages + 1)]
-        transfers += [Transfer(prob.buffers[b].nbytes, F1 - 1 + max(0, s), F1 - 1 + t)
+        # one segment per forward EO, then one per stage: stage t starts at boundary F - 1 + t
+        F = len(prob.forward_eo_seconds)
+        segments = prob.forward_eo_seconds + [prob.stage_seconds[t - 1] + rec[t] for t in range(1, prob.stages + 1)]
+        transfers = [Transfer(B[b].nbytes, B[b].last_forward + 1, min(B[b].held_until + 1, F), write=True)
+                     for b in sorted(d.page_out)]
+        transfers += [Transfer(B[b].nbytes, F - 1 + max(0, s), F - 1 + t)
                       for (t, b), s in sorted(d.issued().items())]
         transfers.sort(key=lambda tr: tr.issue)
-        stall = sum(io_stalls(segments, transfers, bandwidth))
+        # the I/O thread's CPU delays the compute stream where it waits for nothing (pricing.StepPrice)
+        moved = sum(tr.nbytes for tr in transfers)
+        stall = max(sum(io_stalls(segments, transfers, bandwidth)), moved * prob.io_cpu_per_byte)
     handled = TRANSFER_SECONDS * (len(d.page_out) + len(d.page_in))
-    if bandwidth:  # the I/O thread's CPU delays the compute stream where it waits for nothing (pricing.StepPrice)
-        moved = sum(prob.buffers[b].nbytes for b in d.page_out) + sum(prob.buffers[b].nbytes for _, b in d.page_in)
-        stall = max(stall, moved * getattr(prob, "io_cpu_per_byte", 0.0))
     return prob.step_seconds + sum(rec) + handled + stall, sum(rec), stall
 
 

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import keep_all, page_hint, recompute_all, rotor_hint
+from onnxplan.joint.hints import RotorColumns, keep_all, page_hint, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import (
     Decisions,
@@ -407,15 +407,16 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth,
     options = []
     if warm_start in ("auto", "none"):
         options.append(("no recomputation", keep_all(prob)))
-    if warm_start in ("auto", "rotor"):
-        d = rotor_hint(prob, budget, costs)
+    cols = RotorColumns(prob, costs) if warm_start in ("auto", "rotor") else None  # one table, every budget
+    if cols is not None:
+        d = rotor_hint(prob, budget, costs, cols)
         if d is not None:
             options.append(("rotor", d))
     if warm_start == "auto" and bandwidth and any(b.swappable for b in prob.buffers):
         options.append(("paging", page_hint(prob, budget, bandwidth, deadline=deadline)))
         top = memory(prob, keep_all(prob))[0]
         for frac in (0.5, 0.25):  # rotor's schedule for a looser budget, paging for the rest
-            d = rotor_hint(prob, int(budget + frac * (top - budget)), costs)
+            d = rotor_hint(prob, int(budget + frac * (top - budget)), costs, cols)
             if d is not None and memory(prob, d)[0] > budget:
                 options.append((f"rotor at +{frac:.0%} of the gap, then paging",
                                 page_hint(prob, budget, bandwidth, base=d, deadline=deadline)))
