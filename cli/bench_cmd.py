@@ -13,13 +13,14 @@ from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, 
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.results import dumps_results, rows_to_csv
-from onnxplan.cli.common import FREEZE_HELP, TRAIN_HELP, check_output, handle_errors, print_json, write_atomic
+from onnxplan.cli.common import FREEZE_HELP, THREADS_HELP, TRAIN_HELP, check_output, handle_errors, print_json, write_atomic
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.models import list_models
 from onnxplan.models.hf import is_hf_name
 from onnxplan.planning import check_time_limit
 from onnxplan.progress import Progress
 from onnxplan.report import markdown_summary, render_html
+from onnxplan.threads import resolve_threads
 from onnxplan.sizes import format_bytes, parse_size
 
 __all__ = ["bench_command"]
@@ -50,6 +51,9 @@ def bench_command(
     train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
     freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP + " The peers get the same count; "
+                                "every row records it (threads) and what each pool got (pool_threads, "
+                                "ort_threads, torch_threads)."),
     workers: int = typer.Option(None, "--workers",
                                 help="Run the rows on a Dask LocalCluster of N processes on this machine."),
     scheduler: str = typer.Option(None, "--scheduler",
@@ -70,7 +74,7 @@ def bench_command(
     """
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
                           budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze,
-                          workers, scheduler)
+                          workers, scheduler, threads)
 
 
 def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
@@ -102,7 +106,7 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
 
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None, workers=None,
-           scheduler=None) -> None:
+           scheduler=None, threads=None) -> None:
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
     if repeat < 1 or warmup < 0:
@@ -117,7 +121,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     names = _model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
-                         tuple(freeze or ()))
+                         tuple(freeze or ()), threads=resolve_threads(threads))
     doc = new_results(config.to_json())
     if out is not None and out.exists() and not fresh:
         old = load_results(out)  # a malformed file is exit 2, and it is left as it was

@@ -60,6 +60,9 @@ def model_request(model: str, batch: int | None, optimizer: str | None, loss: st
     return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
 
 
+THREADS_HELP = ("Threads for every pool of the process: numpy's BLAS, torch (intra-op; inter-op 1), "
+                "OpenMP and each ONNX Runtime session (default: every core this process may use). "
+                "README: Threads.")
 TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
 FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
 STRATEGY_HELP = ("With --budget, how to meet it: auto (default: the plain plan if it fits, else recompute or swap, "

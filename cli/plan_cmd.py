@@ -28,6 +28,7 @@ from onnxplan.errors import BudgetError
 from onnxplan.planning import PlanOptions, budget_miss
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
+from onnxplan.threads import resolve_threads
 
 __all__ = ["plan_command"]
 
@@ -55,6 +56,7 @@ def plan_command(
     train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
     freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     device: str = typer.Option("cpu", "--device", help="Where the step will run: cpu or cuda. The profile behind --checkpoint (and the recompute-or-swap choice) times our kernels there."),
+    threads: int = typer.Option(None, "--threads", help="The threads the run will use: the profile times our kernels at this count (default: every core this process may use)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the plan and a planners list)."),
 ) -> None:
     """Plan one training step: execution order and an offset for every transient buffer.
@@ -66,20 +68,22 @@ def plan_command(
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
                          batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
-                         device, train, freeze, split_grad, strategy)
+                         device, train, freeze, split_grad, strategy, threads)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto") -> None:
+          profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
+          threads=None) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     budget_bytes = memory.budget
     opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad)
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
+    resolve_threads(threads)  # a bad --threads: one line, exit 2, before any work
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)
     step = load_step_of(req)
-    res = solve(step, opts, memory, cost_model(profile, device))
+    res = solve(step, opts, memory, cost_model(profile, device, threads))
     plan, graph = res.plan, step.graph  # the plan names its model: `run --plan` finds it
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:

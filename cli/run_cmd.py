@@ -14,6 +14,7 @@ from onnxplan.budget import MemoryRequest, cost_model
 from onnxplan.cli.common import (
     FREEZE_HELP,
     STRATEGY_HELP,
+    THREADS_HELP,
     TRAIN_HELP,
     fail,
     handle_errors,
@@ -59,7 +60,7 @@ def run_command(
     lr: float = typer.Option(None, "--lr", help="Learning rate (default: ONNX Runtime's, 1e-3)."),
     verify: bool = typer.Option(False, "--verify", help="Compare every step with ONNX Runtime from the same state (exit 1 on mismatch): loss (relative error <= 1e-5), every gradient before the optimizer (relative norm error <= 3e-2, or 10x the tensor's one-ulp noise if larger), the optimizer's update on identical gradients (<= 1e-5 of the tensor's magnitude), BatchNorm running statistics (<= 1e-4, or 10x noise); random ops use ONNX Runtime's draws. A failure names the first value in execution order that differs, and its node. README: Verifying a run."),
     check_arena: bool = typer.Option(False, "--check-arena", help="Debug: poison dead buffers, check every read is inside its lifetime."),
-    threads: int = typer.Option(None, "--threads", help="BLAS threads (default: the BLAS library's own)."),
+    threads: int = typer.Option(None, "--threads", help=THREADS_HELP),
     measure: bool = typer.Option(True, "--measure/--no-measure", help="Measure the peak in a fresh subprocess (the probe)."),
     swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, adaptive, window (default: none, or auto with --budget)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
@@ -121,7 +122,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     with Progress("run") as progress:
         progress.update("checking the plan" if plan_file is not None else "planning")
         prep = prepare(req, how) if plan_file is not None else \
-            _prepare_planned(req, how, memory, cost_model(profile, device))
+            _prepare_planned(req, how, memory, cost_model(profile, device, threads))
         out = run_prepared(req, prep, steps=steps, warmup=warmup, seed=seed, lr=lr, check_arena=check_arena,
                            threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp,
                            tell=progress.update).to_json()

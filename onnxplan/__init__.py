@@ -6,12 +6,16 @@
     report = onnxplan.run(step, plan, steps=2, verify=True)
 """
 
-from onnxplan._version import __version__
-from onnxplan.api import Step, bench, load, plan, run, solve
-from onnxplan.budget import MemoryRequest
-from onnxplan.plan import Plan
-from onnxplan.planning import PlanOptions
-from onnxplan.run_report import RunReport
+from onnxplan import threads as _threads
+
+_threads.prepare_process()  # before anything loads an OpenMP runtime (torch): idle workers sleep
+
+from onnxplan._version import __version__  # noqa: E402
+from onnxplan.api import Step, bench, load, plan, run, solve  # noqa: E402
+from onnxplan.budget import MemoryRequest  # noqa: E402
+from onnxplan.plan import Plan  # noqa: E402
+from onnxplan.planning import PlanOptions  # noqa: E402
+from onnxplan.run_report import RunReport  # noqa: E402
 
 __all__ = ["MemoryRequest", "Plan", "PlanOptions", "RunReport", "Step", "__version__", "bench", "load", "plan", "run",
            "solve"]

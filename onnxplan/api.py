@@ -26,6 +26,7 @@ from onnxplan.resolve import (ModelRequest, check_content_hash, make_request, mo
                               resolve_artifacts)
 from onnxplan.run_report import RunReport, run_prepared
 from onnxplan.sizes import parse_size
+from onnxplan.threads import resolve_threads
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,17 +74,19 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
          interleave: bool = True, inplace: bool = True, time_limit: float | None = None,
          swap: str | None = None, lookahead: int = 1, window_bytes: str | int | None = None,
          checkpoint: str | None = None, profile: bool = False, device: str = "cpu",
-         split_grad: bool = False, strategy: str = "auto") -> Plan:
+         split_grad: bool = False, strategy: str = "auto", threads: int | None = None) -> Plan:
     """Plan `step` (the CLI's `plan` options; sizes as "256MiB" or bytes). Under a budget with
     no swap or checkpoint policy named, `strategy` meets it: "auto", recompute or swap chosen by
     predicted step time (`profile`: time our kernels on `device`, else a FLOP estimate); or one
     named: "recompute", "swap", "joint" (the joint CP-SAT solver, opt-in; plan.joint records
-    its schedule). A budget no plan reaches is a BudgetError (exit code 3) naming the smallest peak."""
+    its schedule). `threads`: what the run will use (the profile times our kernels at it; None:
+    every available core). A budget no plan reaches is a BudgetError (exit code 3) naming the
+    smallest peak."""
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: a UsageError now
     res = solve(step, PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad), memory,
-                cost_model(profile, device))
+                cost_model(profile, device, resolve_threads(threads)))
     if memory.budget is not None and res.plan.peak_bytes > memory.budget:
         raise BudgetError(budget_miss(res, memory.budget))
     return res.plan
@@ -113,8 +116,7 @@ def check_run_options(steps: int, warmup: int, lr: float | None, threads: int | 
         raise UsageError(f"invalid --steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
     if lr is not None and not lr > 0:
         raise UsageError(f"invalid --lr {lr}: must be positive")
-    if threads is not None and threads < 1:
-        raise UsageError(f"invalid --threads {threads}: must be >= 1")
+    resolve_threads(threads)
 
 
 def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1, seed: int = 0,
@@ -134,14 +136,15 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
           repeat: int = 3, warmup: int = 1, measure: bool = False, time_limit: float | None = None,
-          budget: str | int | None = None) -> "pd.DataFrame":
+          budget: str | int | None = None, threads: int | None = None) -> "pd.DataFrame":
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan
-    (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too."""
+    (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too; every
+    measurement at `threads` (onnxplan.threads; None: every available core)."""
     check_time_limit(time_limit)
     budgets = {} if budget is None else {"*": parse_size(budget) if isinstance(budget, str) else budget}
     config = BenchConfig(list(models), parse_strategies(strategies), batch, parse_peers(peers), repeat, warmup,
-                         measure, time_limit, budgets)
+                         measure, time_limit, budgets, threads=resolve_threads(threads))
     doc: dict[str, Any] = run_bench(config, new_results(config.to_json()), save=lambda d: None)
     import pandas as pd  # 0.3 s to import: on use, so that every CLI command does not pay it
 

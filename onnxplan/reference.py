@@ -17,6 +17,7 @@ from onnxplan.data import InputSpec, make_step_batch, read_input_specs, run_step
 from onnxplan.errors import ModelError
 from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.memprobe import mark_baseline
+from onnxplan.threads import ort_session_options, use_threads
 
 __all__ = [
     "ReferenceResult",
@@ -78,11 +79,14 @@ def artifact_paths(artifact_dir: str | Path, scratch_dir: str | Path) -> Artifac
 class _OrtTrainer:
     """One CheckpointState + Module + Optimizer; `step` runs forward, backward and the update."""
 
-    def __init__(self, paths: ArtifactPaths, learning_rate: float | None) -> None:
+    def __init__(self, paths: ArtifactPaths, learning_rate: float | None, *, beside_our_kernels: bool = True) -> None:
+        # the process's threads (onnxplan.threads); alone in a process (the peer) ORT's idle
+        # workers spin as by default, its fastest
+        opts = ort_session_options(beside_our_kernels=beside_our_kernels)
         try:
             self.state = ort_training.CheckpointState.load_checkpoint(os.fspath(paths.checkpoint))
             # No eval model: it builds a second session a training step never uses (~0.1 MiB).
-            self.module = ort_training.Module(os.fspath(paths.training_model), self.state)
+            self.module = ort_training.Module(os.fspath(paths.training_model), self.state, session_options=opts)
             self.optimizer = ort_training.Optimizer(os.fspath(paths.optimizer_model), self.module)
         except Exception as exc:  # pybind's Fail, InvalidProtobuf... share no base but Exception
             raise ModelError(f"{paths.training_model.parent}: {_ort_message(exc)}") from None
@@ -158,7 +162,7 @@ def run_reference(
                                step_seconds=timed["step_seconds"])
 
 
-def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0) -> dict:
+def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None) -> dict:
     """Memory-probe entry point (run in a child by onnxplan.memprobe): JSON-able losses and timings.
 
     Baseline: interpreter, torch and onnxruntime imported, step data generated; nothing of
@@ -169,8 +173,9 @@ def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0) -> dict:
     specs, batches = _step_batches(artifact_dir, steps, seed)
     with tempfile.TemporaryDirectory(prefix="onnxplan-ref-") as scratch:
         paths = artifact_paths(artifact_dir, scratch)
+        settings = use_threads(threads)
         mark_baseline()
-        trainer = _OrtTrainer(paths, None)
+        trainer = _OrtTrainer(paths, None, beside_our_kernels=False)
         trainer.check_feeds(specs)
-        return run_steps(trainer, batches)
+        return {**run_steps(trainer, batches), "threads": settings.as_dict()}
 

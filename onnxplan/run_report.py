@@ -16,10 +16,10 @@ from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, run_plan
 from onnxplan.executor.swap_account import swap_accounting
-from onnxplan.executor.threads import blas_threads
 from onnxplan.memprobe import ProbeError
 from onnxplan.plan import Plan
 from onnxplan.resolve import ModelRequest
+from onnxplan.threads import current as current_threads
 from onnxplan.verification.step_check import verify_run
 
 __all__ = ["RunFailed", "RunReport", "predicted_step", "run_prepared"]
@@ -61,7 +61,7 @@ class RunReport:
     verified: bool | None = None
     max_rel_diff: float | None = None
     worst: list[str] = field(default_factory=list)
-    blas_threads: int | None = None
+    threads: dict[str, Any] = field(default_factory=dict)  # what each thread pool got (onnxplan.threads)
     swap: dict[str, Any] | None = None  # swap accounting (onnxplan.executor.swap_account)
     predicted_step_seconds: float | None = None
     predicted_from: str = ""
@@ -109,7 +109,7 @@ def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: i
         planner=plan.planner, passes=list(plan.passes), loss=res.losses, step_seconds=res.step_seconds,
         median_step_seconds=res.median_step_seconds, arena_bytes=res.arena_bytes,
         persistent_bytes=res.persistent_bytes, state_region_bytes=res.state_region_bytes,
-        peak_bytes=res.peak_bytes, check_arena=check_arena, blas_threads=blas_threads(),
+        peak_bytes=res.peak_bytes, check_arena=check_arena, threads=current_threads().as_dict(),
         predicted_step_seconds=predicted, predicted_from=source, device=device_name(xp),
     )
     if res.swap is not None:  # accounting, and the latency of the same plan without swap

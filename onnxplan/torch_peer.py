@@ -17,6 +17,7 @@ from onnx import numpy_helper
 from onnxplan.data import make_step_batch, read_input_specs, read_metadata, run_steps
 from onnxplan.errors import UnsupportedOpError
 from onnxplan.memprobe import mark_baseline
+from onnxplan.threads import use_threads
 
 __all__ = [
     "TORCH_OPS",
@@ -328,9 +329,11 @@ def run_torch(artifact_dir: str | Path, steps: int = 3, seed: int = 0) -> dict[s
     return run_steps(TorchTrainer(model, meta), batches)
 
 
-def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0) -> dict:
+def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None) -> dict:
     """Memory-probe entry point: baseline after imports, step data and the ONNX file are loaded;
-    measured: parameters, gradients, optimizer state and the steps' activations."""
+    measured: parameters, gradients, optimizer state and the steps' activations. `threads`:
+    torch's pools as onnxplan.threads sizes ours (None: every available core)."""
     meta, batches, model = _setup(artifact_dir, steps, seed)
+    settings = use_threads(threads)
     mark_baseline()
-    return run_steps(TorchTrainer(model, meta), batches)
+    return {**run_steps(TorchTrainer(model, meta), batches), "threads": settings.as_dict()}

@@ -27,6 +27,16 @@ def _fixed_swap_bandwidth():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _thread_policy():
+    """Every pool sized by onnxplan.threads from the start ($ONNXPLAN_THREADS runs the suite at
+    that count: `ONNXPLAN_THREADS=1 python -m pytest tests/test_kernels_*.py`)."""
+    from onnxplan import threads
+
+    threads.use_threads(None)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_progress_lines():
     os.environ.setdefault("ONNXPLAN_PROGRESS", "off")
     yield

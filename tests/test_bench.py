@@ -94,16 +94,18 @@ def test_measured_columns_come_from_measure_run(tmp_path, monkeypatch):
 
     class FakeExecutor:
         @staticmethod
-        def measure_run(folder, plan, *, steps, warmup, seed):
-            assert steps == 3 and warmup == 1
-            return {"losses": [2.5, 2.4, 2.3], "step_seconds": [0.3, 0.1, 0.2]}, plan.peak_bytes + 1000
+        def measure_run(folder, plan, *, steps, warmup, seed, threads):
+            assert steps == 3 and warmup == 1 and threads == 1  # bench's --threads reaches the run
+            return ({"losses": [2.5, 2.4, 2.3], "step_seconds": [0.3, 0.1, 0.2], "threads": {"blas": 1}},
+                    plan.peak_bytes + 1000)
 
     monkeypatch.setattr(measure, "_executor", lambda: FakeExecutor)
     out = tmp_path / "r.json"
-    res = _bench("mlp", "--strategies", "auto", "--peers", "none", "--repeat", "3", "-o", str(out))
+    res = _bench("mlp", "--strategies", "auto", "--peers", "none", "--repeat", "3", "--threads", "1", "-o", str(out))
     assert res.exit_code == 0, res.output
     row = load_results(out)["rows"][0]
     assert row["measured_peak_bytes"] == row["planned_peak_bytes"] + 1000 and row["measured"] is True
+    assert row["threads"] == 1 and row["pool_threads"] == {"blas": 1}  # what each pool got, per row
     assert row["median_step_seconds"] == pytest.approx(0.2) and row["min_step_seconds"] == pytest.approx(0.1)
     assert row["max_step_seconds"] == pytest.approx(0.3) and row["first_loss"] == 2.5
 
@@ -168,7 +170,7 @@ def test_identical_plans_are_run_once(tmp_path, monkeypatch):
 
     class CountingExecutor:
         @staticmethod
-        def measure_run(folder, plan, *, steps, warmup, seed):
+        def measure_run(folder, plan, *, steps, warmup, seed, threads):
             calls.append(plan.planner)
             return {"losses": [1.0], "step_seconds": [0.1] * steps}, 1234
 

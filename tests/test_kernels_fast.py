@@ -127,8 +127,9 @@ from tests.kernel_harness import make_node
 
 # the guard's own check: a kernel with a tensor-sized temporary
 declare("PlantedAlloc", fn=lambda ctx, i, o: np.copyto(o[0], np.exp(i[0]) + 1))
+from onnxplan.threads import use_threads
 _torch.load()
-_torch.set_threads(1)
+use_threads(1)
 
 
 def status(key):
@@ -289,21 +290,6 @@ def test_no_hidden_tensor_sized_memory(measured, name):
 def test_the_guard_sees_a_planted_allocation(measured):
     got = measured["PlantedAlloc"]
     assert got["extra"] >= got["out_bytes"], got
-
-
-def test_threads_set_torchs_pool_with_blas():
-    """--threads (set_blas_threads) sizes torch's intra-op pool too, before or after it loads."""
-    from onnxplan.executor.threads import blas_threads, set_blas_threads
-
-    torch = _torch.load()
-    old_torch, old_blas = torch.get_num_threads(), blas_threads()
-    try:
-        set_blas_threads(1)
-        assert torch.get_num_threads() == 1
-    finally:
-        if old_blas:
-            set_blas_threads(old_blas)
-        torch.set_num_threads(old_torch)
 
 
 def test_the_depthwise_guards_run_tap_by_tap():

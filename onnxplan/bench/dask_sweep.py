@@ -103,7 +103,7 @@ def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | 
     row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
         with _timed_run_lock():
-            row.update(measure_plan(folder, plan, config.repeat, config.warmup))
+            row.update(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
         row["measured"] = row["measured_peak_bytes"] is not None
     return row, plan_entry(plan, strategy.name, meta.get("batch"))
 
@@ -112,7 +112,7 @@ def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = N
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
     folder = _model(config, model, folder)[0]
     with _timed_run_lock():
-        figures = measure_peer(peer, folder, config.repeat, config.warmup)
+        figures = measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count)
     return {**figures, "host": platform.node()}
 
 

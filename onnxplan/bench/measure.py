@@ -11,7 +11,7 @@ from onnxplan.bench.peers import step_stats
 __all__ = ["MEASURED_FIELDS", "executor_available", "measure_plan"]
 
 MEASURED_FIELDS = ("measured_peak_bytes", "median_step_seconds", "min_step_seconds", "max_step_seconds",
-                   "steps_timed", "first_loss", "measure_error")
+                   "steps_timed", "first_loss", "measure_error", "pool_threads")
 
 
 def _executor():
@@ -34,15 +34,19 @@ def _empty(error: str | None) -> dict[str, Any]:
     return out
 
 
-def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: int = 0) -> dict[str, Any]:
+def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: int = 0,
+                 threads: int | None = None) -> dict[str, Any]:
     """Measured peak (probe: peak RSS increase from just before the arena) and step latency of
-    `plan` run by onnxplan's executor: `warmup` untimed steps, then `repeat` timed ones. Never raises for a failed
-    run: the figures are null and measure_error says why (also when there is no executor)."""
+    `plan` run by onnxplan's executor: `warmup` untimed steps, then `repeat` timed ones, at
+    `threads` (onnxplan.threads; None: every available core; `pool_threads` records what each
+    pool got). Never raises for a failed run: the figures are null and measure_error says why
+    (also when there is no executor)."""
     executor = _executor()
     if executor is None:
         return _empty("onnxplan.executor is not available in this version")
     try:
-        res = executor.measure_run(Path(artifact_dir), plan, steps=repeat, warmup=warmup, seed=seed)
+        res = executor.measure_run(Path(artifact_dir), plan, steps=repeat, warmup=warmup, seed=seed,
+                                   threads=threads)
     except Exception as exc:  # noqa: BLE001 (a kernel or probe failure is a result of the row, not a crash)
         return _empty(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     peak = None
@@ -55,4 +59,5 @@ def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: i
     out.update(step_stats(seconds, 0))  # measure_run times only the steps after its warm-up
     out["measured_peak_bytes"] = peak if peak is not None else res.get("measured_peak_bytes")
     out["first_loss"] = losses[0]
+    out["pool_threads"] = res.get("threads")
     return out

@@ -37,21 +37,24 @@ def step_stats(seconds: list[float], warmup: int) -> dict[str, Any]:
 
 
 def measure_peer(peer: str, artifact_dir: Path, repeat: int, warmup: int = 1, seed: int = 0,
-                 timeout_s: float = 900.0) -> dict[str, Any]:
+                 timeout_s: float = 900.0, threads: int | None = None) -> dict[str, Any]:
     """One peer's peak RSS increase and step latency: warmup + repeat seeded steps in a fresh
-    interpreter. Never raises for a failed run: the figure is null and `error` says why."""
-    kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": warmup + repeat, "seed": seed}
+    interpreter, its pools sized for `threads` as ours are (onnxplan.threads; None: every
+    available core). Never raises for a failed run: the figure is null and `error` says why."""
+    kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": warmup + repeat, "seed": seed,
+              "threads": threads}
     try:
         probe = probe_peak(_TARGETS[peer], kwargs, timeout_s=timeout_s)
     except ProbeError as exc:
         return {"peak_bytes": None, **step_stats([], 0), "first_loss": None, "error": str(exc)[:300]}
     losses = probe.result.get("losses") or [None]
     return {"peak_bytes": probe.peak_increase_bytes, **step_stats(probe.result.get("step_seconds", []), warmup),
-            "first_loss": losses[0], "error": None, "probe_method": probe.method}
+            "first_loss": losses[0], "error": None, "probe_method": probe.method,
+            "threads": probe.result.get("threads")}
 
 
 def peer_row_fields(peer: str, figures: dict[str, Any] | None) -> dict[str, Any]:
     """A peer's figures as the row's flat columns (ort_peak_bytes, torch_median_step_seconds...)."""
     figures = figures or {}
     return {f"{peer}_{k}": figures.get(k) for k in ("peak_bytes", "median_step_seconds", "min_step_seconds",
-                                                    "max_step_seconds", "first_loss", "error")}
+                                                    "max_step_seconds", "first_loss", "error", "threads")}

@@ -46,6 +46,7 @@ ROW_FIELDS = (
     "ort_first_loss", "ort_error",
     "torch_peak_bytes", "torch_median_step_seconds", "torch_min_step_seconds", "torch_max_step_seconds",
     "torch_first_loss", "torch_error", "host",
+    "threads", "pool_threads", "ort_threads", "torch_threads",
 )
 _REQUIRED = ("model", "strategy", "planned_peak_bytes", "lower_bound_bytes")
 

@@ -21,6 +21,7 @@ from onnxplan.errors import OnnxplanError
 from onnxplan.ir.load import load_step
 from onnxplan.planning import plan_step
 from onnxplan.resolve import ModelRequest, resolve_artifacts
+from onnxplan.threads import resolve_threads
 
 __all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 
@@ -42,6 +43,7 @@ class BenchConfig:
     freeze: tuple[str, ...] = ()  # --freeze GLOB for every forward .onnx model
     # model -> its own batch / optimizer / loss / dims (the gate config, onnxplan/gate_config.py)
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    threads: int | None = None  # ours and the peers' (onnxplan.threads); None: every available core
 
     def request(self, model: str):
         """The ModelRequest that resolves `model`'s artifacts."""
@@ -54,10 +56,15 @@ class BenchConfig:
         return {"models": list(self.models), "strategies": [s.name for s in self.strategies],
                 "batch": self.batch, "peers": list(self.peers), "repeat": self.repeat,
                 "warmup": self.warmup, "measure": self.measure, "time_limit": self.time_limit,
-                "budgets": dict(self.budgets),
+                "budgets": dict(self.budgets), "threads": self.thread_count,
                 **({"train": list(self.train)} if self.train else {}),
                 **({"freeze": list(self.freeze)} if self.freeze else {}),
                 **({"model_options": dict(self.model_options)} if self.model_options else {})}
+
+    @property
+    def thread_count(self) -> int:
+        """The threads every measurement of this run gets (resolved: the cores when None)."""
+        return resolve_threads(self.threads)
 
     def budget(self, model: str) -> int | None:
         return self.budgets.get(model, self.budgets.get("*"))
@@ -73,7 +80,7 @@ def plan_entry(plan, strategy: str, batch: int | None) -> dict[str, Any]:
     }
 
 
-def _plan_row(model: str, meta: dict, strategy: Strategy, plan, budget: int | None) -> dict[str, Any]:
+def _plan_row(model: str, meta: dict, strategy: Strategy, plan, budget: int | None, threads: int) -> dict[str, Any]:
     row: dict[str, Any] = {k: None for k in ROW_FIELDS}
     row.update(
         model=model, batch=meta.get("batch"), optimizer=meta.get("optimizer"), loss=meta.get("loss"),
@@ -83,7 +90,7 @@ def _plan_row(model: str, meta: dict, strategy: Strategy, plan, budget: int | No
         lower_bound_bytes=plan.lower_bound_bytes, persistent_bytes=plan.persistent_bytes,
         arena_bytes=plan.arena_bytes, fragmentation=plan.fragmentation, solve_seconds=plan.solve_seconds,
         budget_bytes=budget, fits_budget=None if budget is None else plan.peak_bytes <= budget,
-        measured=False, steps_timed=0, host=platform.node(),
+        measured=False, steps_timed=0, host=platform.node(), threads=threads,
     )
     return row
 
@@ -104,16 +111,20 @@ def load_graph(folder, config: BenchConfig, model: str):
 def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
     """Plan one row: (the row, without measurement, and the plan)."""
     plan = plan_step(graph, strategy.options(config.time_limit)).plan
-    return _plan_row(model, meta, strategy, plan, config.budget(model)), plan
+    return _plan_row(model, meta, strategy, plan, config.budget(model), config.thread_count), plan
 
 
 def _row_done(row: dict | None, config: BenchConfig) -> bool:
-    return row is not None and (not config.measure or bool(row.get("measured")))
+    """A row kept from an earlier run: measured when measuring, at this run's thread count."""
+    if row is None:
+        return False
+    return not config.measure or (bool(row.get("measured")) and row.get("threads") == config.thread_count)
 
 
 def _peers_todo(doc: dict, key: str, config: BenchConfig) -> list[str]:
     have = doc["peers"].get(key, {})
-    return [p for p in config.peers if p not in have or have[p].get("error")]
+    return [p for p in config.peers if p not in have or have[p].get("error")
+            or (have[p].get("threads") or {}).get("threads") != config.thread_count]
 
 
 def count_tasks(config: BenchConfig) -> int:
@@ -160,7 +171,7 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
                     row.update({k: twin[k] for k in MEASURED_FIELDS}, measured_as=twin["strategy"])
                 else:
                     advance(f"{model} {strategy.name}: running", 0)
-                    row.update(measure_plan(folder, plan, config.repeat, config.warmup))
+                    row.update(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
                     if row["measured_peak_bytes"] is not None:
                         measured_plans[_fingerprint(plan)] = row
                 row["measured"] = row["measured_peak_bytes"] is not None
@@ -174,7 +185,7 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
         advance(f"{model}: peers", len(config.peers) - len(todo))
         for peer in todo:
             advance(f"{model}: {peer} (probe)", 0)
-            figures = measure_peer(peer, folder, config.repeat, config.warmup)
+            figures = measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count)
             doc["peers"].setdefault(pkey, {})[peer] = figures
             _fill_peers(doc, model, batch)
             save(doc)

@@ -38,11 +38,13 @@ class ProfiledCosts:
 
     device: str = "cpu"
     clock: str | None = None  # None: the profile's default (wall); "cpu" on shared machines
+    threads: int | None = None  # the threads the run will use (onnxplan.threads; None: every core)
 
     def times(self, graph: StepGraph, *, inplace: bool = True, order: str = "auto") -> tuple[TimeModel, str]:
-        return profile_times(graph, inplace=inplace, order=order, device=self.device, clock=self.clock)
+        return profile_times(graph, inplace=inplace, order=order, device=self.device, clock=self.clock,
+                             threads=self.threads)
 
 
-def cost_model(profile: bool, device: str = "cpu") -> CostModel:
-    """The cost model of the CLI's --profile/--no-profile and --device."""
-    return ProfiledCosts(device) if profile else FlopCosts()
+def cost_model(profile: bool, device: str = "cpu", threads: int | None = None) -> CostModel:
+    """The cost model of the CLI's --profile/--no-profile, --device and --threads."""
+    return ProfiledCosts(device, threads=threads) if profile else FlopCosts()

@@ -11,6 +11,8 @@ from onnxplan.memprobe import ProbeError, mark_baseline, probe_peak
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
 from onnxplan.resolve import ModelRequest
+from onnxplan.threads import current as current_threads
+from onnxplan.threads import use_threads
 
 __all__ = ["MeasureError", "blas_workspace_target", "measure_blas_workspace", "measure_run", "probe_target"]
 
@@ -42,14 +44,10 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
     if prep.plan.swaps:  # and the swap runtime's modules
         import onnxplan.executor.swap_io  # noqa: F401
         import onnxplan.swap.kernels  # noqa: F401
-    if threads is not None:
-        from onnxplan.executor.threads import set_blas_threads
-
-        set_blas_threads(threads)
     mark_baseline()
     ex, losses, seconds = execute(prep, batches, params, steps=steps, warmup=warmup,
-                                  learning_rate=learning_rate, check_arena=False)
-    return {"losses": losses, "step_seconds": seconds, "arena_bytes": prep.plan.arena_bytes,
+                                  learning_rate=learning_rate, check_arena=False, threads=threads)
+    return {"losses": losses, "step_seconds": seconds, "threads": current_threads().as_dict(), "arena_bytes": prep.plan.arena_bytes,
             "state_region_bytes": ex.layout.nbytes, "persistent_bytes": prep.plan.persistent_bytes,
             "peak_bytes": prep.plan.peak_bytes, "swap": ex.swap.summary() if ex.swap is not None else None}
 
@@ -63,7 +61,7 @@ def measure_run(folder_or_request: str | Path | ModelRequest, plan_options_or_pl
     The result holds losses, step_seconds, arena_bytes, state_region_bytes, persistent_bytes,
     peak_bytes (planned) and `probe` (baseline and peak RSS, method). The plan is made here
     (or given) and handed to the child as JSON on its stdin; the child re-checks it against the model.
-    `threads` sets the child's BLAS thread count (None: the library's default)."""
+    `threads` sizes the child's thread pools (onnxplan.threads; None: every available core)."""
     req = folder_or_request if isinstance(folder_or_request, ModelRequest) else ModelRequest(str(folder_or_request))
     prep = prepared or prepare(req, plan_options_or_plan)
     kwargs = {"folder": str(Path(prep.folder).resolve()), "plan_path": "-", "steps": steps,
@@ -87,10 +85,7 @@ def blas_workspace_target(n: int = 2048, threads: int | None = None) -> dict:
     add is the library's packing buffers (per thread) and thread stacks."""
     import numpy as np
 
-    if threads is not None:
-        from onnxplan.executor.threads import set_blas_threads
-
-        set_blas_threads(threads)
+    use_threads(threads)
     a = np.ones((n, n), np.float32)
     b = np.ones((n, n), np.float32)
     out = np.ones((n, n), np.float32)  # written: np.zeros' pages would be touched only later

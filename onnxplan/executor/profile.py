@@ -13,6 +13,7 @@ from onnxplan.errors import OnnxplanError
 from onnxplan.executor.runner import Executor
 from onnxplan.ir.graph import StepGraph
 from onnxplan.planning import PlanOptions, plan_step
+from onnxplan.threads import resolve_threads, use_threads
 
 __all__ = ["DEFAULT_CLOCK", "profile_times", "step_data"]
 
@@ -47,7 +48,7 @@ def _stand_in(graph: StepGraph, name: str) -> np.ndarray:
 
 
 def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, order: str = "auto",
-                  clock: str | None = None, device: str = "cpu") -> tuple[TimeModel, str]:
+                  clock: str | None = None, device: str = "cpu", threads: int | None = None) -> tuple[TimeModel, str]:
     """Plan `graph` (after realize / interleave) without recomputation as the step will be
     planned (`order`; best-fit offsets: kernel times depend on where their buffers lie and
     on the allocator's state, so the profiled plan should be the one that runs), run two
@@ -56,16 +57,19 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     they add up to the fastest whole step (the step's own costs spread over its nodes). `clock`:
     "wall", or "cpu" (this process's CPU time: robust on a shared machine with one BLAS
     thread). `device`: where the kernels run (cuda: CuPy, wall clock, the device synchronised
-    around every kernel). Returns (time model, note); a step our kernels cannot run falls back
-    to the FLOP estimate, and the note says why."""
+    around every kernel). `threads`: the thread count the run will use (onnxplan.threads; None:
+    every available core): the kernels are timed at it, and profiles are cached per graph
+    (its fingerprint) and thread count. Returns (time model, note); a step our kernels cannot
+    run falls back to the FLOP estimate, and the note says why."""
     xp = array_module(device)
     clock = "wall" if xp is not np else (clock or DEFAULT_CLOCK)  # a GPU's time is not this process's CPU
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
     order = "auto" if order == "ilp" else order
-    key = (graph.name, len(graph.nodes), sum(v.nbytes for v in graph.values.values()), inplace, steps, clock, order,
-           device)
+    n_threads = resolve_threads(threads)
+    key = (graph.fingerprint(), inplace, steps, clock, order, device, n_threads)
     if key in _CACHE:
         return _CACHE[key]
+    use_threads(n_threads)
     try:
         out = plan_step(graph, PlanOptions(order=order, planner="best-fit", inplace=inplace))
         ex = Executor(out.graph, out.plan, xp=xp)
@@ -96,7 +100,7 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
         measured[n.name] = 0.0
     total = sum(measured.values())
     _CACHE[key] = (TimeModel(measured=measured, source="profile"),
-                   f"profile ({clock} clock, {device}): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
+                   f"profile ({clock} clock, {device}, {n_threads} threads): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
     return _CACHE[key]
 
 

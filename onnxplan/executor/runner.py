@@ -22,6 +22,7 @@ from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
 from onnxplan.resolve import ModelRequest
+from onnxplan.threads import use_threads
 
 __all__ = [
     "DEFAULT_LEARNING_RATE",
@@ -341,13 +342,10 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
             threads: int | None = None, swap_dir: str | Path | None = None,
             on_step: Callable[[str], None] | None = None) -> tuple[Executor, list, list]:
     """Warm up on the initial state, restore it, run the measured steps: (executor, losses, seconds).
-    `threads` sets the BLAS thread count first (None: the library's default); `on_step(text)`
-    is told which step starts (progress)."""
+    `threads` sizes every thread pool of the process first (onnxplan.threads; None: every
+    available core); `on_step(text)` is told which step starts (progress)."""
     on_step = on_step or (lambda text: None)
-    if threads is not None:
-        from onnxplan.executor.threads import set_blas_threads
-
-        set_blas_threads(threads)
+    use_threads(threads, swapping=bool(prepared.plan.swaps))
     ex = Executor(prepared.graph, prepared.plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir)
     if learning_rate is not None:
         ex.learning_rate = float(learning_rate)
@@ -375,8 +373,8 @@ def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan:
 
     Step k feeds make_step_batch(seed, k), as the ONNX Runtime reference does. Warm-up steps
     run first on batches 0.., then the initial state is restored, so they never change the
-    losses or parameters reported. `prepared` skips loading and planning; `threads` sets the
-    BLAS thread count of this process; `xp` is the array module (numpy, or cupy: onnxplan.device)."""
+    losses or parameters reported. `prepared` skips loading and planning; `threads` sizes the
+    thread pools of this process (onnxplan.threads); `xp` is the array module (numpy, or cupy: onnxplan.device)."""
     if steps < 0 or warmup < 0:
         raise ModelError("steps and warmup must be >= 0")
     prep = prepared or prepare(folder_or_request, plan_options_or_plan)

@@ -15,36 +15,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ENABLED", "MIN_ELEMS", "aten", "load", "set_threads", "tensor", "usable"]
+from onnxplan import threads
+
+__all__ = ["ENABLED", "MIN_ELEMS", "aten", "load", "tensor", "usable"]
 
 ENABLED = os.environ.get("ONNXPLAN_TORCH_KERNELS", "1") != "0"
 MIN_ELEMS = 1  # measured (one thread): torch's gelu, erf, threshold_backward, softmax win at every size
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _torch: Any = None
-_threads: int | None = None  # set_threads before torch loads: applied when it does
 
 
 def load() -> Any:
-    """Import torch once (a read-only input view warns once per process: silenced, the kernels
-    never write their inputs)."""
+    """Import torch once, its pools sized by onnxplan.threads (a read-only input view warns
+    once per process: silenced, the kernels never write their inputs)."""
     global _torch
     if _torch is None:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         import torch
 
         _torch = torch
-        if _threads is not None:
-            torch.set_num_threads(_threads)
+        threads.torch_loaded(torch)  # its pools sized by the process's thread policy
     return _torch
-
-
-def set_threads(n: int) -> None:
-    """torch's intra-op thread count (--threads sets it with BLAS's): now if torch is loaded,
-    else when it loads (importing torch costs seconds; a model may never need it)."""
-    global _threads
-    _threads = int(n)
-    if _torch is not None:
-        _torch.set_num_threads(_threads)
 
 
 def usable(xp, out, *ins) -> bool:

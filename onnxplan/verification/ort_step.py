@@ -29,6 +29,7 @@ from onnxplan.errors import ModelError
 from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 from onnxplan.kernels.conv import window
+from onnxplan.threads import ort_session_options
 
 __all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep",
            "explicit_conv_grad_pads"]
@@ -56,7 +57,7 @@ class OrtStep:
 def _session(model: onnx.ModelProto):
     import onnxruntime
 
-    opts = onnxruntime.SessionOptions()
+    opts = ort_session_options()  # the process's threads; idle workers sleep between our kernels
     opts.log_severity_level = 3
     if model.ir_version > _MAX_IR_VERSION:
         model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR

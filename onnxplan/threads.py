@@ -1,0 +1,204 @@
+"""The thread policy of an onnxplan process: how many threads each pool gets, decided here only.
+
+A process that runs a training step holds several thread pools: the BLAS numpy loaded
+(OpenBLAS: our GEMMs), OpenMP (torch's intra-op pool: our kernels on torch operators, the
+PyTorch peer), torch's inter-op pool, ONNX Runtime's pools in every session onnxplan creates
+(verification, the ORT peer) and the swap I/O worker. Our executor runs one kernel at a time,
+so one pool works while the others idle; the step is fast at N threads only if an idle pool's
+workers sleep instead of spinning on the cores the working pool needs. Measured on 2 cores
+(transformer b16, one step): BLAS 1 + torch 1 thread 28 ms; BLAS 2 + torch 2 with OpenMP's
+default waiting 336 ms (an idle pool's workers spin: 3-4 runnable threads on 2 cores);
+the same with idle OpenMP workers asleep (OMP_WAIT_POLICY=PASSIVE) 23 ms.
+
+The policy, for `threads = N` (default: $ONNXPLAN_THREADS where set, else the cores this
+process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
+- BLAS and OpenMP (through threadpoolctl) and torch's intra-op pool: N each; they never
+  run at once (one kernel at a time), and idle OpenMP workers sleep: OMP_WAIT_POLICY=PASSIVE
+  is set before torch loads libgomp (prepare_process, called when onnxplan is imported).
+  Where libgomp was loaded before that (a program imported torch before onnxplan) its
+  workers spin, so torch's pool gets 1 thread and BLAS N (`note` says so).
+- torch's inter-op pool: 1 (nothing onnxplan runs uses inter-op parallelism).
+- ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
+  between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
+  0); a peer measured alone in its own process keeps ORT's default (spinning: its fastest).
+- With swaps in the plan, the swap I/O worker runs beside the kernels: the compute pools get
+  N - 1 (at least 1) and the worker the last core.
+
+`use_threads(n)` applies the policy to every pool this process has loaded (and to torch
+when it loads later) and returns what each pool got: `ThreadSettings`, which `run --json`
+and every bench row record.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ThreadSettings", "available_cores", "current", "ort_session_options", "prepare_process",
+           "resolve_threads", "use_threads"]
+
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+THREADS_ENV = "ONNXPLAN_THREADS"  # the default of --threads, where set
+_PASSIVE = "PASSIVE"
+_gomp_spins: bool | None = None  # libgomp loaded before prepare_process with its workers spinning
+_current: ThreadSettings | None = None
+
+
+def _libgomp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libgomp" in line or "libiomp" in line for line in f)
+    except OSError:
+        return "torch" in sys.modules
+
+
+def prepare_process() -> None:
+    """Before any OpenMP runtime loads: idle OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE,
+    unless the user set a policy). Records whether an OpenMP runtime was already loaded with
+    spinning workers (then torch gets one thread: see the module's docstring)."""
+    global _gomp_spins
+    if _gomp_spins is not None:
+        return
+    if not _libgomp_loaded():
+        os.environ.setdefault(WAIT_POLICY_ENV, _PASSIVE)
+    # loaded before us, the policy in force is whatever the environment said then
+    _gomp_spins = os.environ.get(WAIT_POLICY_ENV, "").upper() != _PASSIVE
+
+
+def _cgroup_cpus(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """The CPU quota of this process's cgroup (v2 `cpu.max`: "QUOTA PERIOD"), rounded up; None
+    when unlimited or unknown (a container's quota does not show in the affinity mask)."""
+    try:
+        with open(path) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, -(-int(quota) // int(period)))
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    return max(1, min(cores, quota) if quota else cores)
+
+
+def resolve_threads(threads: int | None) -> int:
+    """`--threads`: None means $ONNXPLAN_THREADS if set, else every core this process may use;
+    at least 1."""
+    from onnxplan.errors import UsageError
+
+    source = "--threads"
+    if threads is None:
+        env = os.environ.get(THREADS_ENV, "").strip()
+        if not env:
+            return available_cores()
+        source = THREADS_ENV
+        try:
+            threads = int(env)
+        except ValueError:
+            raise UsageError(f"invalid {THREADS_ENV}={env!r}: must be an integer >= 1") from None
+    if int(threads) < 1:
+        raise UsageError(f"invalid {source} {threads}: must be >= 1")
+    return int(threads)
+
+
+@dataclass(frozen=True)
+class ThreadSettings:
+    """What each pool of this process got (None: that library is not loaded here)."""
+
+    threads: int  # asked (--threads, or the cores available)
+    compute: int  # what the compute pools were given (threads, less the swap worker's core)
+    blas: int | None  # numpy's BLAS, as threadpoolctl reads it back
+    openmp: int | None  # the OpenMP runtime(s), as threadpoolctl reads them back
+    torch_intra: int | None
+    torch_interop: int | None
+    ort_intra: int
+    ort_inter: int
+    swap_io: int  # I/O worker threads (0 without swaps)
+    omp_wait_policy: str
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _pool_threads(api: str) -> int | None:
+    import threadpoolctl
+
+    got = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p.get("user_api") == api]
+    return max(got) if got else None
+
+
+def _configure_torch(torch: Any, n: int) -> tuple[int, int]:
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)  # allowed once, before any inter-op work
+    except RuntimeError:
+        pass  # already set (or already used): keep what it has
+    return torch.get_num_threads(), torch.get_num_interop_threads()
+
+
+def use_threads(threads: int | None = None, *, swapping: bool = False) -> ThreadSettings:
+    """Apply the policy for `threads` (None: every available core) to every pool loaded in
+    this process, and to torch when it loads later (onnxplan.kernels._torch.load). Returns
+    what each pool got."""
+    global _current
+    import threadpoolctl
+
+    prepare_process()
+    n = resolve_threads(threads)
+    compute = max(1, n - 1) if swapping and n > 1 else n
+    torch_n = 1 if _gomp_spins else compute
+    threadpoolctl.threadpool_limits(limits=compute, user_api="blas")
+    threadpoolctl.threadpool_limits(limits=torch_n, user_api="openmp")
+    torch_intra = torch_interop = None
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch_intra, torch_interop = _configure_torch(torch, torch_n)
+    note = ("an OpenMP runtime was loaded before onnxplan with spinning workers: torch gets 1 thread"
+            if _gomp_spins and compute > 1 else "")
+    _current = ThreadSettings(
+        threads=n, compute=compute, blas=_pool_threads("blas"), openmp=_pool_threads("openmp"),
+        torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
+        swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"), note=note)
+    return _current
+
+
+def current() -> ThreadSettings:
+    """The settings in force (the policy at every core if nothing applied it yet)."""
+    return _current if _current is not None else use_threads(None)
+
+
+def torch_loaded(torch: Any) -> None:
+    """Called by onnxplan.kernels._torch.load after importing torch: size its pools now."""
+    global _current
+    settings = current()
+    n = 1 if _gomp_spins else settings.compute
+    intra, interop = _configure_torch(torch, n)
+    _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
+                                 "openmp": _pool_threads("openmp")})
+
+
+def ort_session_options(options: Any = None, *, beside_our_kernels: bool = True) -> Any:
+    """onnxruntime.SessionOptions with the policy's threads: intra-op as our compute pools,
+    inter-op 1, sequential. `beside_our_kernels`: the session runs between our kernels in this
+    process (verification), so its idle workers must not spin."""
+    import onnxruntime
+
+    settings = current()
+    opts = options if options is not None else onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = settings.ort_intra
+    opts.inter_op_num_threads = settings.ort_inter
+    opts.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    if beside_our_kernels:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return opts

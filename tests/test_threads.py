@@ -1,0 +1,115 @@
+"""The process's thread policy (onnxplan.threads): every pool sized once, from one place, and what
+each got recorded; idle OpenMP workers sleep so that two pools never fight for the cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from onnxplan import threads
+from onnxplan.errors import UsageError
+
+
+@pytest.fixture
+def restore_threads():
+    before = threads.current().threads
+    yield
+    threads.use_threads(before)
+
+
+def _child(code: str, env: dict | None = None) -> dict:
+    """Run `code` in a fresh interpreter (it prints one JSON line); the environment without
+    OMP_WAIT_POLICY unless `env` sets it."""
+    child_env = {k: v for k, v in os.environ.items() if k != threads.WAIT_POLICY_ENV}
+    child_env.update(env or {})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_pool_gets_the_count_asked(restore_threads):
+    torch = pytest.importorskip("torch")
+    from onnxplan.kernels import _torch
+
+    _torch.load()
+    for n in (1, 2, 3):
+        got = threads.use_threads(n)
+        assert (got.threads, got.compute, got.torch_intra, got.ort_intra, got.ort_inter) == (n, n, n, n, 1)
+        assert torch.get_num_threads() == n and got.torch_interop == torch.get_num_interop_threads()
+        if got.blas is not None:  # read back from the library itself (threadpoolctl)
+            assert got.blas == n
+        if got.openmp is not None:
+            assert got.openmp == n
+        assert threads.current() == got
+
+
+def test_the_default_is_every_core_this_process_may_use(restore_threads, monkeypatch):
+    monkeypatch.delenv(threads.THREADS_ENV, raising=False)
+    assert 1 <= threads.available_cores() <= len(os.sched_getaffinity(0))
+    assert threads.use_threads(None).threads == threads.available_cores()
+    assert threads.resolve_threads(None) == threads.available_cores()
+    monkeypatch.setenv(threads.THREADS_ENV, "3")
+    assert threads.resolve_threads(None) == 3 and threads.resolve_threads(1) == 1
+    monkeypatch.setenv(threads.THREADS_ENV, "many")
+    with pytest.raises(UsageError, match="ONNXPLAN_THREADS"):
+        threads.resolve_threads(None)
+
+
+@pytest.mark.parametrize("text, cpus", [("max 100000", None), ("200000 100000", 2), ("150000 100000", 2),
+                                        ("50000 100000", 1), ("", None)])
+def test_a_cgroup_quota_caps_the_cores(tmp_path, text, cpus):
+    path = tmp_path / "cpu.max"
+    path.write_text(text)
+    assert threads._cgroup_cpus(str(path)) == cpus
+    assert threads._cgroup_cpus(str(tmp_path / "absent")) is None
+
+
+def test_a_swap_worker_takes_one_core_from_the_compute_pools(restore_threads):
+    got = threads.use_threads(3, swapping=True)
+    assert (got.threads, got.compute, got.swap_io, got.ort_intra) == (3, 2, 1, 2)
+    assert threads.use_threads(1, swapping=True).compute == 1  # never below one
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_a_count_below_one_is_a_usage_error(bad):
+    with pytest.raises(UsageError, match="--threads"):
+        threads.resolve_threads(bad)
+
+
+def test_ort_sessions_get_the_policy(restore_threads):
+    threads.use_threads(2)
+    beside = threads.ort_session_options()
+    assert (beside.intra_op_num_threads, beside.inter_op_num_threads) == (2, 1)
+    assert beside.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    alone = threads.ort_session_options(beside_our_kernels=False)
+    assert alone.intra_op_num_threads == 2
+    with pytest.raises(RuntimeError, match="allow_spinning"):  # not set: ORT's default, which spins
+        alone.get_session_config_entry("session.intra_op.allow_spinning")
+
+
+def test_importing_onnxplan_first_makes_idle_openmp_workers_sleep():
+    """Imported before torch, onnxplan sets OMP_WAIT_POLICY=PASSIVE, so torch gets every core."""
+    got = _child("import json, onnxplan, os, torch\n"
+                 "from onnxplan import threads\n"
+                 "s = threads.use_threads(2)\n"
+                 "print(json.dumps({'policy': os.environ.get('OMP_WAIT_POLICY'), 'torch': s.torch_intra, 'note': s.note}))")
+    assert got == {"policy": "PASSIVE", "torch": 2, "note": ""}
+
+
+def test_a_user_policy_is_kept():
+    got = _child("import json, onnxplan, os\nprint(json.dumps(os.environ.get('OMP_WAIT_POLICY')))",
+                 env={threads.WAIT_POLICY_ENV: "ACTIVE"})
+    assert got == "ACTIVE"
+
+
+def test_torch_loaded_first_with_spinning_workers_gets_one_thread():
+    """torch imported before onnxplan: its OpenMP workers spin when idle, so torch gets one thread
+    (BLAS every one asked), and the settings say why."""
+    got = _child("import json, torch, onnxplan\n"
+                 "from onnxplan import threads\n"
+                 "s = threads.use_threads(2)\n"
+                 "print(json.dumps({'torch': s.torch_intra, 'compute': s.compute, 'note': s.note}))")
+    assert got["torch"] == 1 and got["compute"] == 2 and "torch gets 1 thread" in got["note"]
