@@ -179,9 +179,9 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)  # the probe's children read it
-    from onnxplan.executor.threads import set_blas_threads
+    from onnxplan.threads import use_threads
 
-    set_blas_threads(args.threads)
+    use_threads(args.threads)
     rows = []
     for m in args.models:
         rows += bench_model(m, args.batch, not args.no_run, args.steps, args.planner, args.limits, args.rounds)

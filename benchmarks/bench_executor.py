@@ -91,10 +91,10 @@ def ort_probe(folder: Path, steps: int, warmup: int, threads: int | None) -> tup
 def profile_by_op(prep, steps: int = 2, threads: int | None = None) -> dict[str, float]:
     """Seconds per op type of one step (after `steps - 1` warm-up steps), in this process."""
     from onnxplan.executor.runner import Executor, initial_parameters, step_batches
-    from onnxplan.executor.threads import set_blas_threads
+    from onnxplan.threads import use_threads
 
     if threads is not None:
-        set_blas_threads(threads)
+        use_threads(threads)
     batches = step_batches(prep.folder, steps, 0)
     ex = Executor(prep.graph, prep.plan)
     ex.load_state(initial_parameters(prep.folder))

@@ -60,7 +60,7 @@ from onnxplan.budget.joint import JOINT_SECONDS
 from onnxplan.budget.strategies import step_price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
-from onnxplan.executor.threads import set_blas_threads
+from onnxplan.threads import use_threads
 from onnxplan.ir.load import load_step
 from onnxplan.joint.fit import plan_joint
 from onnxplan.models import get_model
@@ -379,7 +379,7 @@ def main() -> None:
         rows = [json.loads(line) for path in args.summarize for line in open(path) if line.strip()]
         print("\n".join([HEAD, "|" + "---|" * 13] + [_row(r) for r in rows] if args.rows else summarize(rows)))
         return
-    set_blas_threads(1)
+    use_threads(1)
     rates = store_rates(override=args.bandwidth, refresh=not args.bandwidth)
     if args.io_cpu is not None:
         rates = StoreRates(rates.bandwidth, args.io_cpu)

@@ -414,9 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                         "the plain plan and reduced, paired (--pairs rounds)")
     p.add_argument("--out", type=Path, default=Path("reports/swap-vgg16.md"))
     args = p.parse_args(argv)
-    from onnxplan.executor.threads import set_blas_threads
+    from onnxplan.threads import use_threads
 
-    set_blas_threads(args.threads)  # this process's runs (the paired steps, part 2)
+    use_threads(args.threads)  # this process's runs (the paired steps, part 2)
     if args.budget is not None:
         table = budget_table(args)
         text = budget_report(args, table)

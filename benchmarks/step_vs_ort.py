@@ -226,9 +226,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from onnxplan.executor.threads import set_blas_threads
+    from onnxplan.threads import use_threads
 
-    set_blas_threads(1)
+    use_threads(1)
     rows = []
     for item in args.models:
         name, _, b = item.partition(":")
@@ -250,14 +250,14 @@ def main() -> None:
 
 def _write(args, rows: list[dict], torch) -> str:
     """The report of `rows` so far, written to --out after every model (a long run keeps what it measured)."""
-    from onnxplan.executor.threads import blas_threads
+    from onnxplan.threads import current as current_threads
 
     load = os.getloadavg()
     head = [f"# CPU kernels: step time against ONNX Runtime and PyTorch ({date.today().isoformat()})", "",
             f"`python benchmarks/step_vs_ort.py {' '.join(args.models)} --rounds {args.rounds} "
             f"--steps {args.steps}{' --no-before' if args.no_before else ''}`"
             f" on {platform.processor() or platform.machine()}, {os.cpu_count()} cores; one thread each "
-            f"(OMP/MKL/OPENBLAS_NUM_THREADS=1, OpenBLAS threads {blas_threads()}, torch "
+            f"(OMP/MKL/OPENBLAS_NUM_THREADS=1, OpenBLAS threads {current_threads().blas}, torch "
             f"{torch.get_num_threads()}, ORT intra/inter-op 1); load average after the run "
             f"{load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} (a shared machine). All in one process, "
             f"interleaved: per round each implementation runs {args.steps} steps; medians over "
