@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from onnxplan.ir.attrs import attr_str, norm_axis  # one reading, shared with the shape rules
+from onnxplan.kernels import parallel
 
 __all__ = [
     "BLOCK_BYTES",
@@ -70,15 +71,22 @@ def blockwise(xp, fn: Callable[..., None], out, *ins) -> None:
     """Run fn(out_block, *in_blocks) over blocks of `out`; inputs are broadcast to out's shape.
 
     Each block reads its inputs before writing the same positions of `out`, so `out` may be
-    the very memory of any input of out's shape; temporaries that fn makes are block-sized.
+    the very memory of any input of out's shape; temporaries that fn makes are block-sized (one
+    block per compute thread at a time: runs of blocks are split across them, kernels.parallel).
     """
     shape = out.shape
     views = [x if not hasattr(x, "shape") or x.shape == shape else xp.broadcast_to(x, shape) for x in ins]
     if out.size <= block_elems(out.dtype, xp):  # one block: the arrays themselves
         fn(out, *views)
         return
-    for b in blocks(shape, block_elems(out.dtype, xp)):
-        fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views))
+    cuts = list(blocks(shape, block_elems(out.dtype, xp)))
+
+    def run(part: list) -> Callable[[], None]:
+        return lambda: [fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views)) for b in part]
+
+    # large arrays: runs of blocks on the compute threads (each thread's temporaries block-sized)
+    parts = parallel.parts_for(out.size, xp)
+    parallel.run([run(cuts[lo:hi]) for lo, hi in parallel.bounds(len(cuts), parts)])
 
 
 def sum_along(xp, fn: Callable[..., Any], arrays3: Sequence, acc) -> None:

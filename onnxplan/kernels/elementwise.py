@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp
+from onnxplan.kernels import _torch, _xp, parallel
 from onnxplan.kernels.registry import declare, kernel
 
 __all__: list[str] = []
@@ -35,7 +35,7 @@ def _bind_torch(make):
 # ---- plain ufuncs -----------------------------------------------------------------------------
 def _unary(ufunc_name: str):
     def fn(ctx, inputs, outputs):
-        getattr(ctx.xp, ufunc_name)(inputs[0], out=outputs[0])
+        parallel.ufunc(ctx.xp, ufunc_name, outputs[0], inputs[0])
 
     return fn
 
@@ -49,7 +49,7 @@ declare("IsNaN", fn=_unary("isnan"))  # bool output: never in the float input's 
 
 def _binary(ufunc_name: str):
     def fn(ctx, inputs, outputs):
-        getattr(ctx.xp, ufunc_name)(inputs[0], inputs[1], out=outputs[0])
+        parallel.ufunc(ctx.xp, ufunc_name, outputs[0], inputs[0], inputs[1])
 
     return fn
 
@@ -81,7 +81,7 @@ def div(ctx, inputs, outputs):
 @kernel("Pow", overwrites=BINARY)
 def pow_(ctx, inputs, outputs):
     """Y = X ** E; an integer base with a float exponent truncates, as ORT's cast back to T."""
-    ctx.xp.power(inputs[0], inputs[1], out=outputs[0], casting="unsafe")
+    parallel.ufunc(ctx.xp, "power", outputs[0], inputs[0], inputs[1], casting="unsafe")
 
 
 def _variadic_order(xs: list, out, name: str) -> list:

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from onnxplan.ir.graph import Node
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _xp, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
@@ -42,11 +42,6 @@ def _chunk_scratch(copies: int, param_inputs: slice):
         return copies * min(numel, CHUNK) * max(s.itemsize for s in specs)
 
     return rule
-
-
-def _chunks(numel: int):
-    for start in range(0, numel, CHUNK):
-        yield slice(start, min(start + CHUNK, numel))
 
 
 def _flat(a):
@@ -177,20 +172,39 @@ def _adamw_chunk(xp, c: dict, pc, gc, mc, vc, pco, mo, vo, t1, t2) -> None:
         pco -= t1
 
 
-def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2) -> list[tuple]:
-    """Per CHUNK of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2 the scratch."""
-    flats = [_flat(a) for a in (p, g, m, v, p_out, m_out, v_out)]
-    pieces = []
-    for sl in _chunks(flats[0].size):
-        n = sl.stop - sl.start
-        pieces.append((*(a[sl] for a in flats), s1[:n], s2[:n]))
-    return pieces
+def _parts(arrays: list, scratch: list, xp=np) -> list[list[tuple]]:
+    """One parameter's elementwise update cut for the compute threads (kernels.parallel): per
+    part, a contiguous range of the flat `arrays`, in chunks of the part's own slice of each
+    `scratch` array; each chunk is (*array views, *scratch views). One part on one thread."""
+    flats = [_flat(a) for a in arrays]
+    numel = flats[0].size
+    parts = parallel.parts_for(numel, xp)
+    width = max(1, min(t.size for t in scratch) // parts)
+    out = []
+    for k, (lo, hi) in enumerate(parallel.bounds(numel, parts)):
+        temps = [t[k * width:(k + 1) * width] for t in scratch]
+        out.append([(*(a[i:min(i + width, hi)] for a in flats), *(t[:min(i + width, hi) - i] for t in temps))
+                    for i in range(lo, hi, width)])
+    return out
+
+
+def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list[tuple]]:
+    """Per part and chunk of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2
+    the scratch (the two CHUNK-long halves, shared out among the parts)."""
+    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp)
+
+
+def _adamw_parts(xp, c: dict, parts: list[list[tuple]]) -> None:
+    def one(pieces):
+        return lambda: [_adamw_chunk(xp, c, *piece) for piece in pieces]
+
+    parallel.run([one(pieces) for pieces in parts])
 
 
 def _adamw_one(xp, c: dict, p, g, m, v, p_out, m_out, v_out, s1, s2) -> None:
-    """One parameter, CHUNK elements at a time; outputs may be the state inputs themselves."""
-    for piece in _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2):
-        _adamw_chunk(xp, c, *piece)
+    """One parameter, in chunks of the scratch, split across the compute threads; outputs may
+    be the state inputs themselves."""
+    _adamw_parts(xp, c, _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp))
 
 
 def _scratch_pair(ctx: KernelContext, dtype) -> tuple:
@@ -230,9 +244,7 @@ def _bind_adamw_update(ctx: KernelContext, inputs: list, outputs: list):
     pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)
 
     def run(ctx, inputs, outputs):
-        c = _adamw_constant_arrays(key, float(lr[0]), int(step[0]))
-        for piece in pieces:
-            _adamw_chunk(np, c, *piece)
+        _adamw_parts(np, _adamw_constant_arrays(key, float(lr[0]), int(step[0])), pieces)
 
     return run
 
@@ -249,18 +261,25 @@ def adamw_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
 
 # ---- SGD ---------------------------------------------------------------------------------
 
-def _sgd_pieces(p, g, p_out, s) -> list[tuple]:
-    """Per CHUNK of one parameter: (g, p, p', t) flat views, t the scratch."""
-    p, g, p_out = _flat(p), _flat(g), _flat(p_out)
-    return [(g[sl], p[sl], p_out[sl], s[:sl.stop - sl.start]) for sl in _chunks(p.size)]
+def _sgd_pieces(p, g, p_out, s, xp=np) -> list[list[tuple]]:
+    """Per part and chunk of one parameter: (g, p, p', t) flat views, t the scratch."""
+    return _parts([g, p, p_out], [s], xp)
+
+
+def _sgd_parts(xp, neg_lr, parts: list[list[tuple]]) -> None:
+    """w' = w + (-lr g), as ORT's SGDOptimizerV2 computes it, each part on its own thread."""
+    def one(pieces):
+        def go():
+            for gc, pc, pco, t in pieces:
+                xp.multiply(gc, neg_lr, out=t)
+                xp.add(pc, t, out=pco)
+        return go
+
+    parallel.run([one(pieces) for pieces in parts])
 
 
 def _sgd_one(xp, lr, p, g, p_out, s) -> None:
-    """w' = w + (-lr g), as ORT's SGDOptimizerV2 computes it."""
-    neg_lr = -lr
-    for gc, pc, pco, t in _sgd_pieces(p, g, p_out, s):
-        xp.multiply(gc, neg_lr, out=t)
-        xp.add(pc, t, out=pco)
+    _sgd_parts(xp, -lr, _sgd_pieces(p, g, p_out, s, xp))
 
 
 def _scratch_one(ctx: KernelContext, dtype):
@@ -289,10 +308,7 @@ def _bind_sgd_update(ctx: KernelContext, inputs: list, outputs: list):
     pieces = _sgd_pieces(inputs[1], inputs[2], outputs[0], _scratch_one(ctx, inputs[1].dtype))
 
     def run(ctx, inputs, outputs):
-        neg_lr = -np.float32(lr[0])
-        for gc, pc, pco, t in pieces:
-            np.multiply(gc, neg_lr, out=t)
-            np.add(pc, t, out=pco)
+        _sgd_parts(np, -np.float32(lr[0]), pieces)
 
     return run
 

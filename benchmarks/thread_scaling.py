@@ -1,0 +1,181 @@
+"""Thread scaling: onnxplan's training step against ONNX Runtime's and PyTorch eager's, at one thread
+and at every core, each run as a user gets it (a fresh process, the default plan).
+
+Per model: the default plan (`onnxplan plan MODEL`) is made once; then, round by round and
+thread count by thread count, three fresh processes run `--steps` timed steps after one warm-up
+step: ours (the plan in the executor, `onnxplan.executor.measure_run`), ONNX Runtime training and
+PyTorch eager (the bench peers, `onnxplan.bench.peers.measure_peer`), every pool of each process
+sized by onnxplan.threads for that count (ORT intra-op N / inter-op 1, torch N / 1, BLAS and
+OpenMP N). A cell is the median over rounds of each round's median step; `spread` is the largest
+relative distance of a round from that median. "default" is ours with no --threads: every core
+this process may use (what `onnxplan run` does).
+
+Usage: python benchmarks/thread_scaling.py [MODEL[:BATCH] ...] [--corpus] [--threads 1,2]
+           [--rounds 3] [--steps 5] [--out reports/threads.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+
+import onnxplan
+from onnxplan.bench.peers import measure_peer
+from onnxplan.executor.measure import measure_run
+from onnxplan.executor.prepare import Prepared, adopt_plan
+from onnxplan.threads import available_cores
+
+ZOO = ["mlp:64", "transformer:16", "gpt:16", "resnet18:16", "vgg16:16"]
+README_JOB = ["mlp", "nnt-conv2d", "transformer"]  # the README's main job, at their own batches
+CORPUS = ["hf-resnet@bench", "hf-mobilenet-v2@bench", "hf-efficientnet@bench", "hf-regnet@bench",
+          "hf-convnext@bench", "hf-vit@bench", "hf-swin@bench", "hf-bert@bench", "hf-distilbert@bench",
+          "hf-albert@bench", "hf-roberta@bench", "hf-gpt2@bench", "hf-llama@bench", "hf-t5-encoder@bench"]
+RUNNERS = ("ours", "ort", "torch")
+
+
+def _median_of_rounds(values: list[float]) -> tuple[float | None, float | None]:
+    """(median over rounds, largest relative distance of a round from it)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    mid = statistics.median(values)
+    return mid, max(abs(v - mid) / mid for v in values)
+
+
+def _ours(step, prep: Prepared, steps: int, threads: int) -> tuple[float | None, dict | None, str | None]:
+    try:
+        res, _ = measure_run(step.request, None, steps=steps, warmup=1, prepared=prep, threads=threads)
+    except Exception as exc:  # noqa: BLE001 - a failed run is a cell of the table
+        return None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return statistics.median(res["step_seconds"]), res.get("threads"), None
+
+
+def bench_model(item: str, counts: list[int], rounds: int, steps: int) -> dict:
+    name, _, b = item.partition(":")
+    step = onnxplan.load(name, batch=int(b) if b else None)
+    plan = onnxplan.plan(step)
+    prep = Prepared(step.folder, adopt_plan(step.graph, plan), plan)
+    samples: dict[tuple[str, int], list[float | None]] = {}
+    pools: dict[str, dict] = {}
+    errors: list[str] = []
+    for _ in range(rounds):
+        for n in counts:
+            sec, got, err = _ours(step, prep, steps, n)
+            samples.setdefault(("ours", n), []).append(sec)
+            pools[f"ours@{n}"] = got
+            errors += [f"ours@{n}: {err}"] if err else []
+            for peer in ("ort", "torch"):
+                fig = measure_peer(peer, step.folder, steps, warmup=1, threads=n)
+                samples.setdefault((peer, n), []).append(fig["median_step_seconds"])
+                pools[f"{peer}@{n}"] = fig.get("threads")
+                errors += [f"{peer}@{n}: {fig['error']}"] if fig.get("error") else []
+    cells = {f"{r}@{n}": _median_of_rounds(samples[(r, n)]) for r in RUNNERS for n in counts}
+    return {"model": item, "batch": step.request.batch, "peak_bytes": plan.peak_bytes,
+            "ms": {k: (v[0] * 1e3 if v[0] is not None else None) for k, v in cells.items()},
+            "spread": {k: v[1] for k, v in cells.items()}, "pools": pools, "errors": sorted(set(errors))}
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _fmt(x, spec=".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows: list[dict], counts: list[int]) -> list[str]:
+    lo, hi = counts[0], counts[-1]
+    head = ["model"] + [f"{r} {n}t ms" for n in counts for r in RUNNERS] + \
+        [f"ours/ORT {n}t" for n in counts] + [f"ours/torch {n}t" for n in counts] + [f"ours {hi}t / ours {lo}t"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ms = r["ms"]
+        cells = [r["model"]]
+        cells += [f"{_fmt(ms[f'{x}@{n}'])} (±{_fmt(100 * (r['spread'][f'{x}@{n}'] or 0), '.0f')}%)"
+                  for n in counts for x in RUNNERS]
+        cells += [_fmt(_ratio(ms[f"ours@{n}"], ms[f"ort@{n}"]), ".2f") for n in counts]
+        cells += [_fmt(_ratio(ms[f"ours@{n}"], ms[f"torch@{n}"]), ".2f") for n in counts]
+        cells += [_fmt(_ratio(ms[f"ours@{hi}"], ms[f"ours@{lo}"]), ".2f")]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def summary(rows: list[dict], counts: list[int], label: str) -> list[str]:
+    out = []
+    for n in counts:
+        ratios = [x for x in (_ratio(r["ms"][f"ours@{n}"], r["ms"][f"ort@{n}"]) for r in rows) if x is not None]
+        if ratios:
+            out.append(f"- {label}, {n} thread(s): median ours/ORT **{statistics.median(ratios):.2f}** "
+                       f"over {len(ratios)} models (best {min(ratios):.2f}, worst {max(ratios):.2f})")
+    return out
+
+
+def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[float]) -> str:
+    load = os.getloadavg()
+    lines = [f"# Thread scaling: ours, ONNX Runtime and PyTorch at {' and '.join(map(str, counts))} threads "
+             f"({date.today().isoformat()})", "",
+             f"`python benchmarks/thread_scaling.py {' '.join(args.models)}{' --corpus' if args.corpus else ''} "
+             f"--threads {args.threads} --rounds {args.rounds} --steps {args.steps}` on "
+             f"{platform.processor() or platform.machine()}, {available_cores()} cores available; load average "
+             f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
+             "a fresh process per run (the default plan for ours), 1 warm-up + "
+             f"{args.steps} timed steps, the median over {args.rounds} rounds of each round's median step "
+             "(± the largest distance of a round from it). Pools per process (onnxplan.threads): BLAS, "
+             "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, idle OpenMP "
+             "workers asleep (OMP_WAIT_POLICY=PASSIVE); the ORT peer keeps ORT's own spinning "
+             "(it is alone in its process).", ""]
+    for label, rows in groups.items():
+        if not rows:
+            continue
+        lines += [f"## {label}", "", *table(rows, counts), "", *summary(rows, counts, label), ""]
+        errs = [f"- {r['model']}: {e}" for r in rows for e in r["errors"]]
+        lines += (["Errors:", *errs, ""] if errs else [])
+    if any(groups.values()):
+        first = next(r for rows in groups.values() for r in rows)
+        lines += ["What each pool got (first model, as each process read it back):", "", "```",
+                  json.dumps(first["pools"], indent=1, sort_keys=True), "```", ""]
+    text = "\n".join(lines)
+    if args.out:
+        args.out.write_text(text)
+        args.out.with_suffix(".json").write_text(json.dumps(groups, indent=1))
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="*", help=f"MODEL[:BATCH] (default: {' '.join(ZOO)})")
+    ap.add_argument("--readme-job", action="store_true", help=f"also the README main job's models ({', '.join(README_JOB)})")
+    ap.add_argument("--corpus", action="store_true", help="also the real-architecture corpus at bench scale")
+    ap.add_argument("--threads", default=f"1,{available_cores()}", help="thread counts, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    args.models = args.models or ZOO
+    counts = sorted({int(x) for x in args.threads.split(",")})
+    groups: dict[str, list[dict]] = {"zoo": [], "README main job": [], "corpus at bench scale": []}
+    plan = [("zoo", m) for m in args.models] + [("README main job", m) for m in README_JOB if args.readme_job] + \
+        [("corpus at bench scale", m) for m in CORPUS if args.corpus]
+    started = list(os.getloadavg())
+    for label, item in plan:
+        t0 = time.perf_counter()
+        try:
+            row = bench_model(item, counts, args.rounds, args.steps)
+        except Exception as exc:  # noqa: BLE001 - one model's failure (an export) should not cost the others
+            print(f"{item}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        groups[label].append(row)
+        print(f"{item}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in row["ms"].items())
+              + f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+        write(args, groups, counts, started)
+    print(write(args, groups, counts, started))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""One kernel's work split across the process's compute threads (onnxplan.threads).
+
+numpy's ufuncs run on the calling thread; BLAS and torch's operators have pools of their own.
+A numpy kernel that is large enough is cut here into `parts` independent pieces (rows of its
+output, ranges of a flat array), the first run on the calling thread and the others on a small
+pool of worker threads (numpy releases the interpreter lock inside its loops). Pieces write
+disjoint parts of the output and read the inputs at the positions they write, so a kernel that
+overwrites its input (in place) stays exact, and every element gets the arithmetic it gets on
+one thread: the same bits at any thread count. Pieces allocate nothing: a kernel that needs
+scratch gives each piece its own slice of the scratch it declared (see kernels/optimizer.py).
+
+The pool's idle workers wait on a queue (asleep, not spinning), so they never take a core from
+BLAS or torch; it is sized to the compute threads less the calling one, anew when that changes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from onnxplan import threads
+
+__all__ = ["MIN_ELEMS", "parts_for", "rows", "run", "ufunc"]
+
+# Elements per piece below which splitting does not pay (a hand-off to a worker costs ~20-50 us;
+# a float32 ufunc pass over 128K elements ~30-60 us). $ONNXPLAN_PARALLEL_MIN_ELEMS lowers it to
+# run the kernel tests' small arrays through the split paths.
+MIN_ELEMS = int(os.environ.get("ONNXPLAN_PARALLEL_MIN_ELEMS", 1 << 17))
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_workers = 0
+
+
+def parts_for(numel: int, xp=np, min_elems: int | None = None) -> int:
+    """How many pieces a host kernel over `numel` elements is cut into: the compute threads,
+    fewer when the pieces would be smaller than `min_elems` (MIN_ELEMS); 1 on a GPU."""
+    min_elems = max(1, MIN_ELEMS if min_elems is None else min_elems)
+    if xp is not np or numel < 2 * min_elems:
+        return 1
+    return max(1, min(threads.current().compute, numel // min_elems))
+
+
+def _workers(n: int) -> ThreadPoolExecutor:
+    global _pool, _pool_workers
+    with _lock:
+        if _pool is None or _pool_workers != n:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool, _pool_workers = ThreadPoolExecutor(n, thread_name_prefix="onnxplan-kernel"), n
+        return _pool
+
+
+def run(tasks: Sequence[Callable[[], None]]) -> None:
+    """Run every task, the first on this thread and the others on the pool; return when all
+    are done (the first failure is raised, after all have finished)."""
+    if len(tasks) <= 1:
+        for task in tasks:
+            task()
+        return
+    pool = _workers(len(tasks) - 1)
+    futures = [pool.submit(task) for task in tasks[1:]]
+    error: BaseException | None = None
+    try:
+        tasks[0]()
+    except BaseException as exc:  # noqa: BLE001 - re-raised once the others are done
+        error = exc
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:  # noqa: BLE001
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous (lo, hi) ranges covering range(n), as equal as can be."""
+    return [(n * k // parts, n * (k + 1) // parts) for k in range(parts)]
+
+
+def rows(out, fn: Callable[..., None], *ins, xp=np, min_elems: int | None = None) -> None:
+    """fn(out_rows, *in_rows) over pieces of out's first axis; inputs of another shape are
+    broadcast to out's (scalars passed as they are). One piece when out is small or has too
+    few rows."""
+    parts = parts_for(out.size, xp, min_elems) if out.ndim else 1
+    parts = min(parts, out.shape[0]) if out.ndim else 1
+    if parts <= 1:
+        fn(out, *ins)
+        return
+    views = [x if not hasattr(x, "shape") or x.shape == out.shape else xp.broadcast_to(x, out.shape) for x in ins]
+
+    def piece(lo: int, hi: int) -> Callable[[], None]:
+        return lambda: fn(out[lo:hi], *(v[lo:hi] if hasattr(v, "shape") else v for v in views))
+
+    run([piece(lo, hi) for lo, hi in bounds(out.shape[0], parts)])
+
+
+def ufunc(xp, name: str, out, *ins, **kwargs) -> None:
+    """xp.<name>(*ins, out=out, **kwargs), cut into pieces of out's rows when it is large."""
+    op = getattr(xp, name)
+    rows(out, lambda o, *xs: op(*xs, out=o, **kwargs), *ins, xp=xp)

@@ -1,0 +1,101 @@
+"""Kernels split across the compute threads (onnxplan.kernels.parallel): the same bits as on one
+thread, the declared scratch only, every element written once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxplan import threads
+from onnxplan.kernels import _xp, parallel
+from onnxplan.ir.graph import Node
+from tests.kernel_harness import RNG, call_kernel
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Pieces of at least 64 elements, 3 compute threads: the small arrays below are split."""
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    before = threads.current().threads
+    threads.use_threads(3)
+    yield
+    threads.use_threads(before)
+
+
+def test_pieces_cover_every_row_once(split):
+    assert parallel.bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert parallel.parts_for(64 * 10) == 3 and parallel.parts_for(100) == 1
+    assert parallel.parts_for(10 ** 6, xp=object()) == 1  # not numpy: never split
+    out = np.zeros((7, 40), np.int64)
+    seen = []
+    parallel.rows(out, lambda o: (seen.append(o.shape[0]), o.__iadd__(1)))
+    assert sorted(seen) == [2, 2, 3] and (out == 1).all()
+
+
+def test_a_failing_piece_raises_after_all_finish(split):
+    done = []
+
+    def boom():
+        raise ValueError("piece 2")
+
+    with pytest.raises(ValueError, match="piece 2"):
+        parallel.run([lambda: done.append(1), boom, lambda: done.append(3)])
+    assert sorted(done) == [1, 3]
+
+
+@pytest.mark.parametrize("name", ["add", "multiply", "power"])
+def test_a_split_ufunc_is_bitwise_the_whole_one(split, name):
+    a = RNG.standard_normal((33, 17)).astype(np.float32)
+    b = np.abs(RNG.standard_normal((1, 17))).astype(np.float32) if name == "power" else \
+        RNG.standard_normal((33, 17)).astype(np.float32)
+    a = np.abs(a) if name == "power" else a
+    want = getattr(np, name)(a, b)
+    got = np.empty_like(want)
+    parallel.ufunc(np, name, got, a, b)
+    np.testing.assert_array_equal(got, want)
+    parallel.ufunc(np, name, a, a, b)  # in place: each piece reads the rows it writes
+    np.testing.assert_array_equal(a, want)
+
+
+def test_blockwise_split_matches_and_may_overwrite(split):
+    x = RNG.standard_normal((5, 4000)).astype(np.float32)
+    want = np.tanh(x) * 2
+    _xp.blockwise(np, lambda o, v: np.multiply(np.tanh(v), 2, out=o), x, x)
+    np.testing.assert_array_equal(x, want)
+
+
+@pytest.mark.parametrize("op", ["AdamWUpdate", "SGDUpdate"])
+@pytest.mark.parametrize("numel", [70_001, 300_000])
+def test_the_optimizer_split_is_bitwise_the_one_thread_update(op, numel, monkeypatch):
+    """A parameter's update at 3 threads (real piece sizes) equals the one-thread update bit for
+    bit; each part's temporaries are its own slice of the declared scratch (shared slices would
+    race and differ), which the harness gives exactly."""
+    p = RNG.standard_normal(numel).astype(np.float32)
+    g = RNG.standard_normal(numel).astype(np.float32)
+    m = (RNG.standard_normal(numel) * 0.1).astype(np.float32)
+    v = (np.abs(RNG.standard_normal(numel)) * 0.1).astype(np.float32)
+    lr, step = np.array([1e-3], np.float32), np.array([3], np.int64)
+    if op == "AdamWUpdate":
+        ins, names, outs = [lr, step, p, g, m, v], ["lr", "s", "p", "g", "m", "v"], ["p1", "m1", "v1"]
+        attrs = {"weight_decay": 0.01, "adam_mode": 1}
+    else:
+        ins, names, outs, attrs = [lr, p, g], ["lr", "p", "g"], ["p1"], {}
+    node = Node("u", op, "onnxplan", names, outs, attrs)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 1 << 14)  # 3 parts, each in several chunks of its scratch
+
+    def run(n: int) -> list[np.ndarray]:
+        threads.use_threads(n)
+        got = [np.full_like(p, np.nan) for _ in outs]
+        call_kernel(node, [a.copy() for a in ins], got)
+        return got
+
+    before = threads.current().threads
+    try:
+        one = run(1)
+        assert parallel.parts_for(numel) == 1
+        three = run(3)
+        assert parallel.parts_for(numel) == 3
+    finally:
+        threads.use_threads(before)
+    for a, b in zip(one, three):
+        np.testing.assert_array_equal(a, b)
