@@ -312,3 +312,59 @@ def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(c
     b.swap.close()
     b.swap.close()  # closing twice changes nothing
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def _calls_in_a_thread(calls, guard_seconds: float = 60.0) -> list:
+    """Run `calls` one after the other in a thread, each one's exception (or None) kept; the
+    join's timeout only guards against a hang (the test then fails instead of blocking)."""
+    import threading
+
+    outcome: list = []
+
+    def body():
+        for call in calls:
+            try:
+                call()
+                outcome.append(None)
+            except Exception as exc:  # noqa: BLE001 - inspected by the test
+                outcome.append(exc)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(guard_seconds)
+    assert not t.is_alive(), f"a wait hung on the swap worker after {len(outcome)} calls"
+    return outcome
+
+
+@pytest.mark.parametrize("method, nth", [("write", 3), ("read", 2), ("settle", 2)])
+def test_a_failed_transfer_or_flush_fails_every_later_wait(chain_case, monkeypatch, method, nth):
+    """The store fails on its Nth write, read or settle (the flush of the written pages, run
+    when the worker is idle at the end of a step): the step that waits for it raises the store's
+    error in one line, and so does every later wait (the next steps, reading the state back),
+    chained to the worker's exception. Before, a failed write or read failed only its own wait:
+    the next step ran on, reading a slot the failed write never filled."""
+    g, params, batch = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    ex = Executor(res.graph, res.plan)
+    ex.load_state(params)
+    injected = OSError(5, "Input/output error")
+    original, count = getattr(SwapStore, method), []
+
+    def failing(self, *args, **kw):
+        count.append(1)
+        if len(count) == nth:
+            raise injected
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(SwapStore, method, failing)
+    outcome = _calls_in_a_thread([lambda: ex.step(batch)] * 4 + [ex.parameters])
+    assert len(count) >= nth, "the failure was never injected"
+    first = next(k for k, exc in enumerate(outcome) if exc is not None)
+    assert first < 4, outcome
+    for exc in outcome[first:]:
+        assert isinstance(exc, SwapIOError), repr(exc)
+        assert "Input/output error" in str(exc) and "\n" not in str(exc)
+        assert exc.__cause__ is injected
+    for exc in outcome[first + 1:]:
+        assert "refused" in str(exc)
+    ex.swap.close()

@@ -54,7 +54,12 @@ class Job:
     eo: int
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    failed: str = ""  # what failed, when error is set: this job, or the earlier failure that refused it
     seconds: float = 0.0
+
+    @property
+    def what(self) -> str:
+        return "settling the written pages" if self.kind == "settle" else f"{self.kind} of {self.slot!r}"
 
 
 def _host(view: Any) -> tuple[np.ndarray, Any]:
@@ -74,9 +79,11 @@ class SwapWorker(threading.Thread):
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.busy_seconds = 0.0
         self.cpu_seconds = 0.0  # the worker thread's own CPU time (copies, flushes): what competes with kernels
-        # the first failure of a settle (write-back, page drop): every later job fails with it,
-        # so no wait blocks on a worker that can no longer vouch for the file
+        # the first failure of a transfer or a settle (write-back, page drop) and what failed:
+        # every later job fails with it, so no wait blocks on a worker that can no longer vouch
+        # for the file, and no step runs on the bytes of a transfer that did not happen
         self.failure: BaseException | None = None
+        self.failed = ""
 
     def put(self, job: Job) -> Job:
         self.jobs.put(job)
@@ -95,7 +102,7 @@ class SwapWorker(threading.Thread):
             if job.kind == "settle":
                 self._settle()
             if job.kind == "settle" or self.failure is not None:
-                job.error = self.failure
+                job.error, job.failed = self.failure, self.failed
                 job.done.set()
                 continue
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -107,8 +114,9 @@ class SwapWorker(threading.Thread):
                     self.store.read(job.slot, host, settle=False)
                     if back is not None:
                         back(host)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                job.error = exc
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, and to every later job
+                job.error, job.failed = exc, job.what
+                self.failure, self.failed = exc, job.what
             job.seconds = time.perf_counter() - t0
             self.busy_seconds += job.seconds
             self.cpu_seconds += time.thread_time() - c0
@@ -121,7 +129,7 @@ class SwapWorker(threading.Thread):
         try:
             self.store.settle(until)
         except BaseException as exc:  # noqa: BLE001 - handed to every later job
-            self.failure = exc
+            self.failure, self.failed = exc, "the write-back of the written pages"
         self.busy_seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
 
@@ -301,20 +309,34 @@ class SwapRuntime:
                     break
             self.stats.stalls += 1
             self.stats.stall_seconds += time.perf_counter() - t0
-        if isinstance(job.error, OnnxplanError):
-            raise job.error
+        if job.error is None:
+            return
+        if job.failed in ("", job.what):  # this job failed
+            if isinstance(job.error, OnnxplanError):
+                raise job.error
+            what = job.what
+        else:  # refused after an earlier failure: a new error naming both, chained to the worker's
+            what = f"{job.failed}; the {job.what} after it is refused"
+            if isinstance(job.error, OnnxplanError):  # the store's own line (SwapIOError): keep its words
+                raise SwapIOError(f"{job.error}; the {job.what} after it is refused") from job.error
         if isinstance(job.error, OSError):
-            raise _io_error(job.error, self.store.folder, f"{job.kind} of {job.slot!r}") from job.error
-        if job.error is not None:
-            raise RuntimeError(f"swap {job.kind} of {job.slot!r} failed: {job.error}") from job.error
+            raise _io_error(job.error, self.store.folder, what) from job.error
+        raise RuntimeError(f"swap {what} failed: {job.error}") from job.error
 
     # ---- steps and state ---------------------------------------------------------------
     def end_step(self) -> None:
-        """Every transfer of the step is done (the plan consumed them all); roll the stats."""
-        for job in [*self.pending_reads.values(), *self.pending_writes.values()]:
-            self._wait(job)
+        """Every transfer of the step is done (the plan consumed them all); roll the stats. A
+        failed transfer raises, after the pending jobs are dropped and the stats rolled."""
+        pending = [*self.pending_reads.values(), *self.pending_writes.values()]
         self.pending_reads.clear()
         self.pending_writes.clear()
+        try:
+            for job in pending:
+                self._wait(job)
+        finally:
+            self._roll_stats()
+
+    def _roll_stats(self) -> None:
         self.stats.io_seconds = self.worker.busy_seconds - self._busy
         self._busy = self.worker.busy_seconds
         self.stats.io_cpu_seconds = self.worker.cpu_seconds - self._cpu
