@@ -159,30 +159,48 @@ class SwapStats:
 # 5 ms): the I/O worker takes the interpreter lock back after each system call of a transfer,
 # and with the default a compute thread running Python code between kernels kept it waiting
 # (transformer b16, a paging plan moving 13 MB a step: the worker's busy time 10.4-12.9 ms ->
-# 6.7-7.2 ms a step, its stalls 1.2-2.4 -> 0.5-0.8 ms at 0.2 ms). The previous value comes back
-# when the last open runtime closes.
+# 6.7-7.2 ms a step, its stalls 1.2-2.4 -> 0.5-0.8 ms at 0.2 ms). The interval is the whole
+# interpreter's (CPython has no per-thread one), so it is held, not set: every open runtime holds
+# it (counted, under a lock: runtimes may open and close on several threads), the first hold
+# saves the interval and lowers it (never raises it), and the last release, at close (also when
+# a step failed, when closing fails, or when the runtime is collected unclosed), puts the saved
+# value back, unless someone else set another interval meanwhile: theirs stays.
 SWITCH_SECONDS = 2e-4
-_switch_saved: list[float] = []  # the interval before the first open runtime; one entry per open runtime
+_switch_lock = threading.Lock()
+_switch_holds = 0  # open runtimes
+_switch_saved = 0.0  # the interval before the first hold
+_switch_ours = 0.0  # the interval the first hold set (as the interpreter reports it back)
 
 
 def _switch_begin() -> None:
-    _switch_saved.append(sys.getswitchinterval())
-    sys.setswitchinterval(min(_switch_saved[0], SWITCH_SECONDS))
+    global _switch_holds, _switch_saved, _switch_ours
+    with _switch_lock:
+        if _switch_holds == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, SWITCH_SECONDS))
+            _switch_ours = sys.getswitchinterval()
+        _switch_holds += 1
 
 
 def _switch_end() -> None:
-    if _switch_saved:
-        first = _switch_saved[0]
-        _switch_saved.pop()
-        if not _switch_saved:
-            sys.setswitchinterval(first)
+    global _switch_holds
+    with _switch_lock:
+        if _switch_holds == 0:
+            return
+        _switch_holds -= 1
+        if _switch_holds == 0 and sys.getswitchinterval() == _switch_ours:
+            sys.setswitchinterval(_switch_saved)
 
 
 def _shutdown(worker: SwapWorker, store: SwapStore) -> None:
-    if worker.is_alive():
-        worker.stop()
-    store.close()
-    _switch_end()
+    try:
+        if worker.is_alive():
+            worker.stop()
+    finally:
+        try:
+            store.close()
+        finally:
+            _switch_end()
 
 
 class SwapRuntime:
