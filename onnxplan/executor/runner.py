@@ -74,6 +74,8 @@ class Executor:
         self.state = Arena(self.layout.nbytes, xp)
         self.binding = bind(graph, plan, self.arena, self.state, self.layout)
         self.swap = None  # onnxplan.swap: a file-backed store and its I/O worker (opened last, below)
+        if plan.swaps:
+            from onnxplan.executor.swap_io import SwapRuntime  # it declares the swap nodes' kernels, looked up below
         arrays = self.binding.arrays
         nodes = {n.name: n for n in graph.nodes}
         self.calls: list[_Call] = []
@@ -102,8 +104,6 @@ class Executor:
         self.classes = state_values(graph)
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
         if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
-            from onnxplan.executor.swap_io import SwapRuntime
-
             self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
             self.swap.attach(self.calls)
 

@@ -84,6 +84,7 @@ class SwapWorker(threading.Thread):
         # for the file, and no step runs on the bytes of a transfer that did not happen
         self.failure: BaseException | None = None
         self.failed = ""
+        self.bytes_moved = 0  # by the transfers done: with busy_seconds, the store's bandwidth as this run saw it
 
     def put(self, job: Job) -> Job:
         self.jobs.put(job)
@@ -114,6 +115,7 @@ class SwapWorker(threading.Thread):
                     self.store.read(job.slot, host, settle=False)
                     if back is not None:
                         back(host)
+                self.bytes_moved += host.size
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, and to every later job
                 job.error, job.failed = exc, job.what
                 self.failure, self.failed = exc, job.what
@@ -230,6 +232,7 @@ class SwapRuntime:
             if s.wraps:
                 self.state[s.value] = (s.vclass, graph.values[s.value].spec)
         self.store = SwapStore({s.value: s.bytes for s in plan.swaps}, folder)
+        self.folder = None if folder is None else str(folder)  # as asked (None: the default folder)
         self.worker = SwapWorker(self.store)
         self.worker.start()
         _switch_begin()
@@ -398,4 +401,15 @@ class SwapRuntime:
                 "store_folder": self.store.folder, "cache": self.store.cache_policy}
 
     def close(self) -> None:
+        """Stop the worker, close the store (its file goes), give the switch interval back; then
+        the store's kept bandwidth estimate learns from this runtime's own transfers
+        (onnxplan.swap.pricing.record_transfers), unless one failed. A runtime collected unclosed
+        records nothing."""
+        if not self._finalizer.alive:
+            return
         self._finalizer()
+        w = self.worker
+        if w.failure is None and w.bytes_moved:
+            from onnxplan.swap.pricing import record_transfers
+
+            record_transfers(self.folder, w.bytes_moved, w.busy_seconds, w.cpu_seconds)
