@@ -59,7 +59,7 @@ class Job:
 
     @property
     def what(self) -> str:
-        return "settling the written pages" if self.kind == "settle" else f"{self.kind} of {self.slot!r}"
+        return "settle of the written pages" if self.kind == "settle" else f"{self.kind} of {self.slot!r}"
 
 
 def _host(view: Any) -> tuple[np.ndarray, Any]:
