@@ -28,6 +28,7 @@ from onnxplan.errors import BudgetError
 from onnxplan.planning import PlanOptions, budget_miss
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
+from onnxplan.swap.store import check_swap_dir
 from onnxplan.threads import resolve_threads
 
 __all__ = ["plan_command"]
@@ -45,6 +46,7 @@ def plan_command(
     swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, adaptive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
+    swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder the swap file will be in (run --swap-dir): swap transfers are priced at that store's bandwidth (default: the temporary folder run uses)."),
     profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
     strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
@@ -68,16 +70,17 @@ def plan_command(
     """
     handle_errors(_plan)(model, budget, order, planner, interleave, inplace, time_limit, out,
                          batch, dim, optimizer, loss, json_out, swap, lookahead, window_bytes, checkpoint, profile,
-                         device, train, freeze, split_grad, strategy, threads)
+                         device, train, freeze, split_grad, strategy, threads, swap_dir)
 
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
           profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
-          threads=None) -> None:
+          threads=None, swap_dir=None) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     budget_bytes = memory.budget
-    opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad)
+    opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad,
+                       swap_dir=check_swap_dir(swap_dir))
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     resolve_threads(threads)  # a bad --threads: one line, exit 2, before any work
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)

@@ -30,6 +30,7 @@ from onnxplan.planning import PlanOptions, check_time_limit
 from onnxplan.progress import Progress
 from onnxplan.run_report import run_prepared
 from onnxplan.sizes import format_bytes
+from onnxplan.swap.store import check_swap_dir
 from onnxplan.verification.report import describe_verification
 
 __all__ = ["run_command"]
@@ -104,8 +105,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     req = model_request(model or "", batch, optimizer, loss, dim, *select_args)
     swap, lookahead, window_bytes, budget, swap_dir = swap_args
     checkpoint, profile, strategy = checkpoint_args
-    if swap_dir is not None and not Path(swap_dir).is_dir():
-        raise UsageError(f"--swap-dir {swap_dir}: no such folder")
+    swap_dir = check_swap_dir(swap_dir)
     if plan_file is not None:
         if (swap is not None or window_bytes is not None or budget is not None or lookahead != 1 or checkpoint
                 or strategy != "auto"):
@@ -117,7 +117,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
         how = Plan.load(plan_file)
         req = plan_request(how, req, model is None)
     else:
-        how = PlanOptions(**plan_opts)
+        how = PlanOptions(**plan_opts, swap_dir=swap_dir)  # priced for the store it runs with
         memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     with Progress("run") as progress:
         progress.update("checking the plan" if plan_file is not None else "planning")

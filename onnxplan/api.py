@@ -26,6 +26,7 @@ from onnxplan.resolve import (ModelRequest, check_content_hash, make_request, mo
                               resolve_artifacts)
 from onnxplan.run_report import RunReport, run_prepared
 from onnxplan.sizes import parse_size
+from onnxplan.swap.store import check_swap_dir
 from onnxplan.threads import resolve_threads
 
 if TYPE_CHECKING:
@@ -74,19 +75,22 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
          interleave: bool = True, inplace: bool = True, time_limit: float | None = None,
          swap: str | None = None, lookahead: int = 1, window_bytes: str | int | None = None,
          checkpoint: str | None = None, profile: bool = False, device: str = "cpu",
-         split_grad: bool = False, strategy: str = "auto", threads: int | None = None) -> Plan:
+         split_grad: bool = False, strategy: str = "auto", threads: int | None = None,
+         swap_dir: str | Path | None = None) -> Plan:
     """Plan `step` (the CLI's `plan` options; sizes as "256MiB" or bytes). Under a budget with
     no swap or checkpoint policy named, `strategy` meets it: "auto", recompute or swap chosen by
     predicted step time (`profile`: time our kernels on `device`, else a FLOP estimate); or one
     named: "recompute", "swap", "joint" (the joint CP-SAT solver, opt-in; plan.joint records
     its schedule). `threads`: what the run will use (the profile times our kernels at it; None:
-    every available core). A budget no plan reaches is a BudgetError (exit code 3) naming the
-    smallest peak."""
+    every available core). `swap_dir`: the folder the swap file will be in (run's `swap_dir`):
+    swap transfers are priced at that store's bandwidth (plan.swap.store records it). A budget
+    no plan reaches is a BudgetError (exit code 3) naming the smallest peak."""
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     check_time_limit(time_limit)
     array_module(device)  # an unknown device, or cuda without a GPU: a UsageError now
-    res = solve(step, PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad), memory,
-                cost_model(profile, device, resolve_threads(threads)))
+    opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad,
+                       swap_dir=check_swap_dir(swap_dir))
+    res = solve(step, opts, memory, cost_model(profile, device, resolve_threads(threads)))
     if memory.budget is not None and res.plan.peak_bytes > memory.budget:
         raise BudgetError(budget_miss(res, memory.budget))
     return res.plan

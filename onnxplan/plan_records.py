@@ -74,6 +74,9 @@ class SwapRecord:
     transfers: int = 0
     bytes_out: int = 0
     bytes_in: int = 0
+    # the swap store the transfers were priced for (onnxplan.swap.pricing.StoreRates.record):
+    # folder (None: the default), store, bandwidth, cpu_per_byte, source; None: no swaps
+    store: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -54,6 +54,8 @@ class PlanOptions:
     budget: int | None = None  # the peak must fit (else BudgetNotMet); swap: evict until it does
     recompute: str = ""  # a recompute schedule (chosen by onnxplan.budget; replayed by name)
     split_grad: bool = False  # split ConvGrad into its dW and dX halves (passes/split_grad.py)
+    swap_dir: str | None = None  # the folder the swap file will be in (run --swap-dir; None: the default):
+    # transfers are priced with that store's rates (onnxplan.swap.pricing.store_rates)
 
     def __post_init__(self) -> None:
         check_time_limit(self.time_limit)
@@ -288,14 +290,18 @@ def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions) -> SwapOutcome | Non
     if opts.swap not in SWAP_CHOICES:
         raise UsageError(f"unknown swap policy {opts.swap!r}; known: {', '.join(SWAP_CHOICES)}")
     return plan_swaps(g, order, lt, swap=opts.swap, budget=opts.budget, lookahead=opts.lookahead,
-                      window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.solver_seconds)
+                      window_bytes=opts.window_bytes, planner=opts.planner, time_limit=opts.solver_seconds,
+                      swap_dir=opts.swap_dir)
 
 
 def _swap_record(swap: SwapOutcome | None, opts: PlanOptions) -> SwapRecord:
     if swap is None:
         return SwapRecord("none", opts.swap)
+    from onnxplan.swap.pricing import store_rates
+
+    store = store_rates(opts.swap_dir).record() if swap.swaps else None  # what its transfers are priced at
     return SwapRecord(requested=opts.swap, described=swap.policy, budget=opts.budget,
-                      **swap.options, **swap_totals(swap.swaps))
+                      **swap.options, **swap_totals(swap.swaps), store=store)
 
 
 def planned_buffers(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[PlannedBuffer, ...]:

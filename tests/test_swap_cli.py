@@ -70,3 +70,23 @@ def test_bad_swap_options_exit_2(mlp, args, needle):
     r = _plan(str(mlp), *args)
     assert r.exit_code == 2, r.stdout
     assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_swap_dir_prices_for_that_folder_and_the_plan_file_says_so(mlp, tmp_path):
+    """plan --swap-dir X records the store its transfers were priced for (folder, bandwidth,
+    where the bandwidth came from: here $ONNXPLAN_SWAP_BANDWIDTH); the plan file loads and runs
+    with it; a missing folder is one line, exit 2."""
+    from tests.cli_asserts import assert_one_line_error
+
+    folder = tmp_path / "swapdir"
+    folder.mkdir()
+    out = tmp_path / "plan.json"
+    r = _plan(str(mlp), "--swap", "reduced", "--swap-dir", str(folder), "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    store = json.loads(out.read_text())["swap"]["store"]
+    assert store["folder"] == str(folder) and store["source"] == "override" and store["bandwidth"] == 2.5e8
+    assert Plan.load(out).swap.store == store
+    r = runner.invoke(app, ["run", "--plan", str(out), "--steps", "1", "--warmup", "0", "--swap-dir", str(folder)])
+    assert r.exit_code == 0, r.stderr
+    assert_one_line_error(_plan(str(mlp), "--swap", "reduced", "--swap-dir", str(tmp_path / "missing")), 2,
+                          "no such folder")

@@ -301,7 +301,7 @@ def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(c
 
     g, params, batch = chain_case
     gc.collect()  # the runtimes of earlier tests' executors (never closed) close when collected
-    assert not swap_io._switch_saved, "a swap runtime of an earlier test is still open"
+    assert swap_io._switch_holds == 0, "a swap runtime of an earlier test is still open"
     before = sys.getswitchinterval()
     res = plan_step(g, PlanOptions(planner="best-fit", swap="proactive"))
     a = Executor(res.graph, res.plan)
@@ -312,3 +312,130 @@ def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(c
     b.swap.close()
     b.swap.close()  # closing twice changes nothing
     assert sys.getswitchinterval() == pytest.approx(before)
+
+
+def _calls_in_a_thread(calls, guard_seconds: float = 60.0) -> list:
+    """Run `calls` one after the other in a thread, each one's exception (or None) kept; the
+    join's timeout only guards against a hang (the test then fails instead of blocking)."""
+    import threading
+
+    outcome: list = []
+
+    def body():
+        for call in calls:
+            try:
+                call()
+                outcome.append(None)
+            except Exception as exc:  # noqa: BLE001 - inspected by the test
+                outcome.append(exc)
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(guard_seconds)
+    assert not t.is_alive(), f"a wait hung on the swap worker after {len(outcome)} calls"
+    return outcome
+
+
+@pytest.mark.parametrize("method, nth", [("write", 3), ("read", 2), ("settle", 2)])
+def test_a_failed_transfer_or_flush_fails_every_later_wait(chain_case, monkeypatch, method, nth):
+    """The store fails on its Nth write, read or settle (the flush of the written pages, run
+    when the worker is idle at the end of a step): the step that waits for it raises the store's
+    error in one line, and so does every later wait (the next steps, reading the state back),
+    chained to the worker's exception. Before, a failed write or read failed only its own wait:
+    the next step ran on, reading a slot the failed write never filled."""
+    g, params, batch = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    ex = Executor(res.graph, res.plan)
+    ex.load_state(params)
+    injected = OSError(5, "Input/output error")
+    original, count = getattr(SwapStore, method), []
+
+    def failing(self, *args, **kw):
+        count.append(1)
+        if len(count) == nth:
+            raise injected
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(SwapStore, method, failing)
+    outcome = _calls_in_a_thread([lambda: ex.step(batch)] * 4 + [ex.parameters])
+    assert len(count) >= nth, "the failure was never injected"
+    first = next(k for k, exc in enumerate(outcome) if exc is not None)
+    assert first < 4, outcome
+    for exc in outcome[first:]:
+        assert isinstance(exc, SwapIOError), repr(exc)
+        assert "Input/output error" in str(exc) and "\n" not in str(exc)
+        assert exc.__cause__ is injected
+    for exc in outcome[first + 1:]:
+        assert "refused" in str(exc)
+    ex.swap.close()
+
+
+@pytest.fixture
+def switch_interval():
+    """The interval before the test (no runtime of an earlier test still open), put back after it."""
+    import gc
+
+    from onnxplan.executor import swap_io
+
+    gc.collect()  # the runtimes of earlier tests' executors (never closed) close when collected
+    assert swap_io._switch_holds == 0, "a swap runtime of an earlier test is still open"
+    before = sys.getswitchinterval()
+    yield before
+    sys.setswitchinterval(before)
+
+
+def test_the_interval_comes_back_when_closing_fails_after_a_failed_step(chain_case, monkeypatch, switch_interval):
+    """A step fails on the swap file, then closing the runtime fails too (the file cannot be
+    closed): the interval comes back all the same. Before, a failing close skipped the restore."""
+    from onnxplan.executor import swap_io
+
+    g, params, batch = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    ex = Executor(res.graph, res.plan)
+    ex.load_state(params)
+
+    def broken(self, *args, **kw):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(SwapStore, "write", broken)
+    with pytest.raises(SwapIOError):
+        ex.step(batch)
+    monkeypatch.setattr(SwapStore, "close", broken)
+    with pytest.raises(OSError):
+        ex.swap.close()
+    monkeypatch.undo()
+    assert sys.getswitchinterval() == switch_interval and swap_io._switch_holds == 0
+
+
+def test_an_interval_set_while_a_runtime_is_open_is_left_alone(chain_case, switch_interval):
+    """Someone else sets the interval while runtimes are open: closing them does not put the
+    one saved before them back over it. Before, the last close overwrote it."""
+    from onnxplan.executor import swap_io
+
+    g, _, _ = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    a, b = Executor(res.graph, res.plan), Executor(res.graph, res.plan)
+    theirs = 2 * switch_interval + 1e-3
+    sys.setswitchinterval(theirs)
+    a.swap.close()
+    b.swap.close()
+    assert sys.getswitchinterval() == pytest.approx(theirs) and swap_io._switch_holds == 0
+
+
+def test_an_executor_failing_to_build_leaves_no_runtime_open(chain_case, monkeypatch, switch_interval):
+    """The executor opens its swap runtime last: a constructor that fails before (a node without
+    a kernel) leaves the interval as it was, even while its error is held (a REPL keeps the last
+    one). Before, the runtime opened first stayed open with the error's frames."""
+    from onnxplan.executor import runner, swap_io
+
+    g, _, _ = chain_case
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+
+    def missing(node, opset):
+        raise UnsupportedOpError(f"no kernel for {node.op_type}")
+
+    monkeypatch.setattr(runner, "find_kernel", missing)
+    with pytest.raises(UnsupportedOpError) as held:
+        Executor(res.graph, res.plan)
+    assert held.value is not None
+    assert swap_io._switch_holds == 0 and sys.getswitchinterval() == switch_interval

@@ -103,8 +103,22 @@ def test_the_joint_model_prices_on_the_same_worker(monkeypatch):
     assert step_seconds(prob, early, 0.4)[2] == pytest.approx(2.0 + 0.5)
 
 
-def test_the_store_bandwidth_is_measured_once_per_folder_and_can_be_given(tmp_path, monkeypatch):
-    """Measured on the executor's own store in that folder, cached (per folder), refreshed on
+def _two_devices(monkeypatch, *others) -> None:
+    """Folders `others` (and what is inside them) kept as if on another device than the rest."""
+    import os
+
+    real = pricing.store_key
+
+    def key(folder):
+        path = os.path.realpath(folder) if folder is not None else ""
+        hit = next((str(o) for o in others if path == os.path.realpath(o) or path.startswith(os.path.realpath(o) + "/")), None)
+        return f"other device {hit}" if hit else real(folder)
+
+    monkeypatch.setattr(pricing, "store_key", key)
+
+
+def test_the_store_bandwidth_is_measured_once_per_store_and_can_be_given(tmp_path, monkeypatch):
+    """Measured on the executor's own store in that folder, kept per store (the device), refreshed on
     request; $ONNXPLAN_SWAP_BANDWIDTH or an explicit value overrides it; a bad value is a
     one-line usage error."""
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
@@ -121,7 +135,9 @@ def test_the_store_bandwidth_is_measured_once_per_folder_and_can_be_given(tmp_pa
     b.mkdir()
     assert pricing.store_bandwidth(a) == 1e9 + 1
     assert pricing.store_bandwidth(a) == 1e9 + 1 and len(calls) == 1  # cached
-    assert pricing.store_bandwidth(b) == 1e9 + 2  # another folder: its own measurement
+    assert pricing.store_bandwidth(b) == 1e9 + 1 and len(calls) == 1  # the same file system: the same store
+    _two_devices(monkeypatch, b)
+    assert pricing.store_bandwidth(b) == 1e9 + 2  # another device: its own measurement
     assert pricing.store_bandwidth(a, refresh=True) == 1e9 + 3
     assert pricing.store_bandwidth(a, override=5e8) == 5e8 and len(calls) == 3
     monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, "2e8")
@@ -145,3 +161,150 @@ def test_a_split_conv_gradient_costs_half_its_profiled_fused_node():
     tm = TimeModel(measured={"conv_grad": 2e-3})
     for name, op in (("conv_grad/dX", "ConvGradInput"), ("conv_grad/dW", "ConvGrad")):
         assert tm.node_seconds(None, SimpleNamespace(name=name, op_type=op)) == pytest.approx(1e-3)
+
+
+# ---- the moving estimate: the runtime's own transfers --------------------------------------------
+
+def test_the_moving_estimate_weighs_seconds_per_byte():
+    """Weight w on the new observation, kept on seconds per byte (a transfer's time), and on
+    CPU per byte: 100 B/s then 200 B/s at w = 0.25 -> 1 / (0.75/100 + 0.25/200) = 114.29 B/s."""
+    got = pricing.moving_estimate(StoreRates(100.0, 1e-9), 200.0, 3e-9, weight=0.25)
+    assert got.bandwidth == pytest.approx(1 / (0.75 / 100 + 0.25 / 200))
+    assert got.cpu_per_byte == pytest.approx(0.75 * 1e-9 + 0.25 * 3e-9)
+    assert pricing.moving_estimate(StoreRates(100.0, 0.0), 100.0, 0.0).bandwidth == pytest.approx(100.0)
+    assert pricing.ESTIMATE_WEIGHT == 0.25
+
+
+def test_runs_move_the_kept_estimate_of_their_store(tmp_path, monkeypatch):
+    """The first run's transfers set a store's estimate; each later run moves it by
+    ESTIMATE_WEIGHT; a run moving too few bytes is not counted; pricing reads the estimate
+    (source "estimate"), without measuring."""
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    monkeypatch.setattr(pricing, "measure_store", lambda *a, **k: pytest.fail("measured"))
+    big = pricing.MIN_OBSERVED_BYTES
+    assert pricing.record_transfers(tmp_path, big - 1, 1.0, 0.1) is None
+    first = pricing.record_transfers(tmp_path, big, 0.01, 0.001)
+    assert first.bandwidth == pytest.approx(big / 0.01) and first.cpu_per_byte == pytest.approx(0.001 / big)
+    second = pricing.record_transfers(tmp_path, big, 0.02, 0.001)
+    assert second.bandwidth == pytest.approx(pricing.moving_estimate(first, big / 0.02, 0.001 / big).bandwidth)
+    rates = pricing.store_rates(tmp_path)
+    assert rates.bandwidth == pytest.approx(second.bandwidth) and rates.source == "estimate"
+    assert rates.store == pricing.store_key(tmp_path) and rates.folder == str(tmp_path)
+    import json
+
+    entry = json.loads((tmp_path / "cache" / pricing.CACHE_NAME).read_text())[pricing.store_key(tmp_path)]
+    assert entry["runs"] == 2
+
+
+_RECORDER = """
+import sys
+from onnxplan.swap import pricing
+for k in range(int(sys.argv[2])):
+    pricing.record_transfers(sys.argv[1], pricing.MIN_OBSERVED_BYTES, 0.01 * (1 + k % 3), 0.001)
+"""
+
+
+def test_concurrent_processes_update_the_estimate_without_losing_or_corrupting_it(tmp_path):
+    """Four processes record five runs each into one cache at once: the file stays whole JSON
+    (written to a temporary file, renamed over it) and keeps all twenty runs (updated under a
+    lock); no temporary file is left."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ONNXPLAN_CACHE": str(tmp_path / "cache")}
+    env.pop(pricing.SWAP_BANDWIDTH_ENV, None)
+    procs = [subprocess.Popen([sys.executable, "-c", _RECORDER, str(tmp_path), "5"], env=env) for _ in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0] * 4
+    cache = json.loads((tmp_path / "cache" / pricing.CACHE_NAME).read_text())
+    assert cache[pricing.store_key(tmp_path)]["runs"] == 20
+    assert sorted(f.name for f in (tmp_path / "cache").iterdir()) == [pricing.CACHE_NAME, pricing.CACHE_NAME + ".lock"]
+
+
+def test_a_failed_write_of_the_cache_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    first = pricing.record_transfers(tmp_path, pricing.MIN_OBSERVED_BYTES, 0.01, 0.001)
+    path = tmp_path / "cache" / pricing.CACHE_NAME
+    before = path.read_text()
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    pricing.record_transfers(tmp_path, pricing.MIN_OBSERVED_BYTES, 0.05, 0.001)
+    monkeypatch.undo()
+    assert path.read_text() == before
+    assert sorted(f.name for f in path.parent.iterdir()) == [pricing.CACHE_NAME, pricing.CACHE_NAME + ".lock"]
+    assert first is not None
+
+
+def test_a_swapped_run_updates_its_stores_estimate(tmp_path, monkeypatch):
+    """Closing a swap runtime records its own transfers (bytes moved, the I/O worker's busy
+    seconds) into the estimate of the store its --swap-dir lives on."""
+    import json
+
+    import numpy as np
+
+    from onnxplan.executor.runner import Executor
+    from onnxplan.planning import PlanOptions, plan_step
+    from tests.graphs import linear_chain
+
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(pricing, "MIN_OBSERVED_BYTES", 1)  # the chain moves a few KiB a step
+    g = linear_chain()
+    rng = np.random.default_rng(0)
+    params = {f"W{i}": (rng.standard_normal((32, 32)) * 0.3).astype(np.float32) for i in range(5)}
+    batch = {"x": rng.standard_normal((32, 32)).astype(np.float32), "labels": rng.integers(0, 32, 32)}
+    res = plan_step(g, PlanOptions(planner="best-fit", swap="reduced"))
+    folder = tmp_path / "swap"
+    folder.mkdir()
+    ex = Executor(res.graph, res.plan, swap_dir=folder)
+    ex.load_state(params)
+    for _ in range(2):
+        ex.step(batch)
+    moved = sum(s["bytes_in"] + s["bytes_out"] for s in ex.swap.summary()["steps"])
+    busy = ex.swap.worker
+    ex.swap.close()
+    entry = json.loads((tmp_path / "cache" / pricing.CACHE_NAME).read_text())[pricing.store_key(folder)]
+    assert entry["runs"] == 1 and entry["last_run"]["bytes"] == busy.bytes_moved == moved
+    assert entry["bandwidth"] == pytest.approx(moved / busy.busy_seconds)
+    assert entry["folder"] == str(folder)
+
+
+def test_a_plan_is_priced_for_the_swap_dir_it_will_run_with(tmp_path, monkeypatch):
+    """Two folders on two stores of different bandwidths: a plan for --swap-dir X is priced at
+    X's (adaptive's simulated stalls, the plan's record), not at the default folder's."""
+    from onnxplan.planning import PlanOptions, plan_step
+    from tests.graphs import linear_chain
+
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    fast, slow = tmp_path / "fast", tmp_path / "slow"
+    fast.mkdir()
+    slow.mkdir()
+    _two_devices(monkeypatch, fast, slow)
+    measured = []
+
+    def fake(folder=None, nbytes=pricing.PROBE_BYTES, repeats=pricing.PROBE_REPEATS):
+        measured.append(None if folder is None else str(folder))
+        return StoreRates({str(fast): 4e9, str(slow): 2e6}.get(str(folder), 1e8), 1e-10)
+
+    monkeypatch.setattr(pricing, "measure_store", fake)
+    from onnxplan.swap import adaptive
+
+    seen = []
+    real = adaptive.store_bandwidth
+    monkeypatch.setattr(adaptive, "store_bandwidth", lambda folder=None: seen.append(folder) or real(folder))
+    g = linear_chain()
+    plain = plan_step(g, PlanOptions(planner="best-fit")).plan
+    for folder, bandwidth in ((fast, 4e9), (slow, 2e6)):
+        opts = PlanOptions(planner="best-fit", swap="adaptive", budget=plain.peak_bytes - 1, swap_dir=str(folder))
+        plan = plan_step(g, opts).plan
+        assert plan.swaps and plan.swap.store["folder"] == str(folder)
+        assert plan.swap.store["bandwidth"] == bandwidth and plan.swap.store["source"] == "measured"
+        assert seen[-1] == str(folder)
+    assert measured == [str(fast), str(slow)]  # never the default folder

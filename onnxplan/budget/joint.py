@@ -55,7 +55,7 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     t_end = time.perf_counter() + total_seconds
     times, note = costs.times(step_before_inplace(graph, base), inplace=base.inplace, order=base.order)
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    rates = rates or store_rates()
+    rates = rates or store_rates(base.swap_dir)
     node_costs = times.measured or None
     cands: list[tuple[str, PlanOutcome]] = []
     paged, _ = plan_joint(graph, budget, base, costs=node_costs, swap_bandwidth=rates.bandwidth, time_limit=limit,
@@ -90,6 +90,8 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     record = replace(record, time_source=note, chosen=name, candidates=weighed, predicted_step_seconds=secs,
                      notes=(*record.notes, why))
     out.plan = replace(out.plan, joint=record)
+    if out.plan.swaps and out.plan.swap.store is None:  # the joint schedule's page-ins: priced at `rates`
+        out.plan = replace(out.plan, swap=replace(out.plan.swap, store=rates.record()))
     return out
 
 

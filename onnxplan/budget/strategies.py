@@ -70,10 +70,12 @@ def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | N
 def step_price(outcome: PlanOutcome, times: TimeModel | None = None, rates: StoreRates | None = None) -> StepPrice:
     """The predicted step of a planned outcome (onnxplan.swap.pricing.planned_step): every node
     but the swap nodes once, in one stream (a recomputed copy costs its original), and its
-    swaps' transfers on one I/O worker at the swap store's measured rates (`rates`; None:
-    store_rates()), the compute waiting only for the late ones."""
+    swaps' transfers on one I/O worker at the swap store's rates (`rates`; None: the rates the
+    plan records, SwapRecord.store), the compute waiting only for the late ones."""
     tm = times or TimeModel()
     g = outcome.graph
+    if rates is None and outcome.plan.swap.store is not None:
+        rates = StoreRates.of_record(outcome.plan.swap.store)
     return planned_step(g, outcome.plan.order, outcome.plan.swaps, lambda n: tm.node_seconds(g, n), rates)
 
 

@@ -74,11 +74,9 @@ class Executor:
         self.arena = Arena(plan.arena_bytes, xp)
         self.state = Arena(self.layout.nbytes, xp)
         self.binding = bind(graph, plan, self.arena, self.state, self.layout)
-        self.swap = None  # onnxplan.swap: a file-backed store and its I/O worker
+        self.swap = None  # onnxplan.swap: a file-backed store and its I/O worker (opened last, below)
         if plan.swaps:
-            from onnxplan.executor.swap_io import SwapRuntime
-
-            self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
+            from onnxplan.executor.swap_io import SwapRuntime  # it declares the swap nodes' kernels, looked up below
         arrays = self.binding.arrays
         nodes = {n.name: n for n in graph.nodes}
         self.calls: list[_Call] = []
@@ -99,8 +97,6 @@ class Executor:
             fn = bound_kernel(decl, ctx, ins, outs)
             fn = fn if wrap is None else wrap(node, fn)
             self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, [])))
-        if self.swap is not None:
-            self.swap.attach(self.calls)
         self.eo = {name: t for t, name in enumerate(plan.order)}
         self.feeds = [v for v in graph.inputs if v != LEARNING_RATE]
         self.loss = arrays[graph.loss]
@@ -108,6 +104,9 @@ class Executor:
         self.steps_done = 0
         self.classes = state_values(graph)
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
+        if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
+            self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
+            self.swap.attach(self.calls)
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None,

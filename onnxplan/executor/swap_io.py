@@ -54,7 +54,12 @@ class Job:
     eo: int
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    failed: str = ""  # what failed, when error is set: this job, or the earlier failure that refused it
     seconds: float = 0.0
+
+    @property
+    def what(self) -> str:
+        return "settle of the written pages" if self.kind == "settle" else f"{self.kind} of {self.slot!r}"
 
 
 def _host(view: Any) -> tuple[np.ndarray, Any]:
@@ -74,9 +79,12 @@ class SwapWorker(threading.Thread):
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.busy_seconds = 0.0
         self.cpu_seconds = 0.0  # the worker thread's own CPU time (copies, flushes): what competes with kernels
-        # the first failure of a settle (write-back, page drop): every later job fails with it,
-        # so no wait blocks on a worker that can no longer vouch for the file
+        # the first failure of a transfer or a settle (write-back, page drop) and what failed:
+        # every later job fails with it, so no wait blocks on a worker that can no longer vouch
+        # for the file, and no step runs on the bytes of a transfer that did not happen
         self.failure: BaseException | None = None
+        self.failed = ""
+        self.bytes_moved = 0  # by the transfers done: with busy_seconds, the store's bandwidth as this run saw it
 
     def put(self, job: Job) -> Job:
         self.jobs.put(job)
@@ -95,7 +103,7 @@ class SwapWorker(threading.Thread):
             if job.kind == "settle":
                 self._settle()
             if job.kind == "settle" or self.failure is not None:
-                job.error = self.failure
+                job.error, job.failed = self.failure, self.failed
                 job.done.set()
                 continue
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -107,8 +115,10 @@ class SwapWorker(threading.Thread):
                     self.store.read(job.slot, host, settle=False)
                     if back is not None:
                         back(host)
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-                job.error = exc
+                self.bytes_moved += host.size
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, and to every later job
+                job.error, job.failed = exc, job.what
+                self.failure, self.failed = exc, job.what
             job.seconds = time.perf_counter() - t0
             self.busy_seconds += job.seconds
             self.cpu_seconds += time.thread_time() - c0
@@ -121,7 +131,7 @@ class SwapWorker(threading.Thread):
         try:
             self.store.settle(until)
         except BaseException as exc:  # noqa: BLE001 - handed to every later job
-            self.failure = exc
+            self.failure, self.failed = exc, "the write-back of the written pages"
         self.busy_seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
 
@@ -151,30 +161,48 @@ class SwapStats:
 # 5 ms): the I/O worker takes the interpreter lock back after each system call of a transfer,
 # and with the default a compute thread running Python code between kernels kept it waiting
 # (transformer b16, a paging plan moving 13 MB a step: the worker's busy time 10.4-12.9 ms ->
-# 6.7-7.2 ms a step, its stalls 1.2-2.4 -> 0.5-0.8 ms at 0.2 ms). The previous value comes back
-# when the last open runtime closes.
+# 6.7-7.2 ms a step, its stalls 1.2-2.4 -> 0.5-0.8 ms at 0.2 ms). The interval is the whole
+# interpreter's (CPython has no per-thread one), so it is held, not set: every open runtime holds
+# it (counted, under a lock: runtimes may open and close on several threads), the first hold
+# saves the interval and lowers it (never raises it), and the last release, at close (also when
+# a step failed, when closing fails, or when the runtime is collected unclosed), puts the saved
+# value back, unless someone else set another interval meanwhile: theirs stays.
 SWITCH_SECONDS = 2e-4
-_switch_saved: list[float] = []  # the interval before the first open runtime; one entry per open runtime
+_switch_lock = threading.Lock()
+_switch_holds = 0  # open runtimes
+_switch_saved = 0.0  # the interval before the first hold
+_switch_ours = 0.0  # the interval the first hold set (as the interpreter reports it back)
 
 
 def _switch_begin() -> None:
-    _switch_saved.append(sys.getswitchinterval())
-    sys.setswitchinterval(min(_switch_saved[0], SWITCH_SECONDS))
+    global _switch_holds, _switch_saved, _switch_ours
+    with _switch_lock:
+        if _switch_holds == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, SWITCH_SECONDS))
+            _switch_ours = sys.getswitchinterval()
+        _switch_holds += 1
 
 
 def _switch_end() -> None:
-    if _switch_saved:
-        first = _switch_saved[0]
-        _switch_saved.pop()
-        if not _switch_saved:
-            sys.setswitchinterval(first)
+    global _switch_holds
+    with _switch_lock:
+        if _switch_holds == 0:
+            return
+        _switch_holds -= 1
+        if _switch_holds == 0 and sys.getswitchinterval() == _switch_ours:
+            sys.setswitchinterval(_switch_saved)
 
 
 def _shutdown(worker: SwapWorker, store: SwapStore) -> None:
-    if worker.is_alive():
-        worker.stop()
-    store.close()
-    _switch_end()
+    try:
+        if worker.is_alive():
+            worker.stop()
+    finally:
+        try:
+            store.close()
+        finally:
+            _switch_end()
 
 
 class SwapRuntime:
@@ -204,6 +232,7 @@ class SwapRuntime:
             if s.wraps:
                 self.state[s.value] = (s.vclass, graph.values[s.value].spec)
         self.store = SwapStore({s.value: s.bytes for s in plan.swaps}, folder)
+        self.folder = None if folder is None else str(folder)  # as asked (None: the default folder)
         self.worker = SwapWorker(self.store)
         self.worker.start()
         _switch_begin()
@@ -301,20 +330,34 @@ class SwapRuntime:
                     break
             self.stats.stalls += 1
             self.stats.stall_seconds += time.perf_counter() - t0
-        if isinstance(job.error, OnnxplanError):
-            raise job.error
+        if job.error is None:
+            return
+        if job.failed in ("", job.what):  # this job failed
+            if isinstance(job.error, OnnxplanError):
+                raise job.error
+            what = job.what
+        else:  # refused after an earlier failure: a new error naming both, chained to the worker's
+            what = f"{job.failed}; the {job.what} after it is refused"
+            if isinstance(job.error, OnnxplanError):  # the store's own line (SwapIOError): keep its words
+                raise SwapIOError(f"{job.error}; the {job.what} after it is refused") from job.error
         if isinstance(job.error, OSError):
-            raise _io_error(job.error, self.store.folder, f"{job.kind} of {job.slot!r}") from job.error
-        if job.error is not None:
-            raise RuntimeError(f"swap {job.kind} of {job.slot!r} failed: {job.error}") from job.error
+            raise _io_error(job.error, self.store.folder, what) from job.error
+        raise RuntimeError(f"swap {what} failed: {job.error}") from job.error
 
     # ---- steps and state ---------------------------------------------------------------
     def end_step(self) -> None:
-        """Every transfer of the step is done (the plan consumed them all); roll the stats."""
-        for job in [*self.pending_reads.values(), *self.pending_writes.values()]:
-            self._wait(job)
+        """Every transfer of the step is done (the plan consumed them all); roll the stats. A
+        failed transfer raises, after the pending jobs are dropped and the stats rolled."""
+        pending = [*self.pending_reads.values(), *self.pending_writes.values()]
         self.pending_reads.clear()
         self.pending_writes.clear()
+        try:
+            for job in pending:
+                self._wait(job)
+        finally:
+            self._roll_stats()
+
+    def _roll_stats(self) -> None:
         self.stats.io_seconds = self.worker.busy_seconds - self._busy
         self._busy = self.worker.busy_seconds
         self.stats.io_cpu_seconds = self.worker.cpu_seconds - self._cpu
@@ -358,4 +401,15 @@ class SwapRuntime:
                 "store_folder": self.store.folder, "cache": self.store.cache_policy}
 
     def close(self) -> None:
+        """Stop the worker, close the store (its file goes), give the switch interval back; then
+        the store's kept bandwidth estimate learns from this runtime's own transfers
+        (onnxplan.swap.pricing.record_transfers), unless one failed. A runtime collected unclosed
+        records nothing."""
+        if not self._finalizer.alive:
+            return
         self._finalizer()
+        w = self.worker
+        if w.failure is None and w.bytes_moved:
+            from onnxplan.swap.pricing import record_transfers
+
+            record_transfers(self.folder, w.bytes_moved, w.busy_seconds, w.cpu_seconds)

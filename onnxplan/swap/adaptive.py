@@ -66,8 +66,9 @@ class Adaptive(SwapPolicy):
     name = "adaptive"
     spends_slack = True
 
-    def __init__(self, bandwidth: float | None = None) -> None:
-        self.bandwidth = bandwidth  # bytes/s of the swap store; None: onnxplan.swap.pricing.store_bandwidth()
+    def __init__(self, bandwidth: float | None = None, swap_dir: str | None = None) -> None:
+        self.bandwidth = bandwidth  # bytes/s of the swap store; None: onnxplan.swap.pricing.store_bandwidth(swap_dir)
+        self.swap_dir = swap_dir
 
     def timing(self, model: SwapModel, gap: Gap) -> Timing:
         return just_in_time(model, gap)
@@ -81,7 +82,7 @@ class Adaptive(SwapPolicy):
         seconds = np.array([times.node_seconds(model.graph, nodes[name]) for name in model.order])
         writes = {d.gap: d.write for d in decide_writes(model, list(timings), timings, self.clean_drops)}
         room = target - resident - profile  # free bytes at each base EO
-        bandwidth = self.bandwidth or store_bandwidth()
+        bandwidth = self.bandwidth or store_bandwidth(self.swap_dir)
         out = dict(timings)
         blocked: set[tuple[Gap, str]] = set()
         for _ in range(MAX_MOVES):

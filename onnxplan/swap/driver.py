@@ -178,15 +178,17 @@ def _spend_slack(g: StepGraph, model: SwapModel, sel: Selection, fitting: SwapOu
 
 def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | None = None,
                lookahead: int = 1, window_bytes: int | None = None, planner: str = "auto",
-               min_bytes: int = SWAP_MIN_BYTES, time_limit: float = 10.0) -> SwapOutcome | None:
+               min_bytes: int = SWAP_MIN_BYTES, time_limit: float = 10.0,
+               swap_dir: str | None = None) -> SwapOutcome | None:
     """Swap planning over a swap-free order (see onnxplan.swap). `swap` is a policy name, or
     "auto": none when order and planner alone reach `budget` (or there is none), else the first
-    of AUTO_POLICIES whose plan fits (the last tried when none does). Returns None for no swap."""
+    of AUTO_POLICIES whose plan fits (the last tried when none does). Returns None for no swap.
+    `swap_dir`: the folder the swap file will be in (the store a policy prices transfers at)."""
     if swap == "none":
         return None
     model = swap_model(g, order, lt, min_bytes)
     if swap != "auto":
-        return _run(g, model, make_policy(swap, lookahead, window_bytes), budget, planner, time_limit)
+        return _run(g, model, make_policy(swap, lookahead, window_bytes, swap_dir), budget, planner, time_limit)
     if budget is None:
         return None
     alone = _alone(lt.buffers, planner, budget, lt.persistent_bytes, time_limit)
@@ -195,7 +197,7 @@ def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | N
     tried = []
     out = None
     for name in AUTO_POLICIES:
-        out = _run(g, model, make_policy(name, lookahead, window_bytes), budget, planner, time_limit)
+        out = _run(g, model, make_policy(name, lookahead, window_bytes, swap_dir), budget, planner, time_limit)
         tried.append(f"{out.policy} {format_bytes(out.peak_bytes)}")
         if out.fits:
             break

@@ -220,8 +220,10 @@ class Window(SwapPolicy):
 SWAP_POLICIES = ("on-demand", "reduced", "proactive", "adaptive", "window")
 
 
-def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None) -> SwapPolicy:
-    """The policy called `name` (one of SWAP_POLICIES)."""
+def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None,
+                swap_dir: str | None = None) -> SwapPolicy:
+    """The policy called `name` (one of SWAP_POLICIES); `swap_dir`: the folder of the store a
+    policy that prices transfers (adaptive) prices them at (None: the default folder)."""
     if name == "on-demand":
         return OnDemand()
     if name == "reduced":
@@ -231,7 +233,7 @@ def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None) 
     if name == "adaptive":
         from onnxplan.swap.adaptive import Adaptive  # it simulates the swap-out writes of onnxplan.swap.insert
 
-        return Adaptive()
+        return Adaptive(swap_dir=swap_dir)
     if name == "window":
         return Window(window_bytes)
     raise UsageError(f"unknown swap policy {name!r}; known: none, auto, {', '.join(SWAP_POLICIES)}")

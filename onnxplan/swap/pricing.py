@@ -4,8 +4,11 @@ adaptive policy and the joint model:
 - **the bandwidth of the swap store itself** (onnxplan.swap.store.SwapStore, O_DIRECT
   where the file system allows it): a slot written (flushed, dropped from the page cache, as
   the store settles it) and read back, timed; bytes/s of the round trip (2 x bytes / (write
-  seconds + read seconds)). Measured once per store folder and cached next to the artifact
-  cache (<cache>/swap-bandwidth.json); $ONNXPLAN_SWAP_BANDWIDTH (bytes/s) or an explicit
+  seconds + read seconds)). Kept per store (the device the folder lives on, store_key) next to
+  the artifact cache (<cache>/swap-bandwidth.json): measured once, then moved by every swapped
+  run's own transfers (record_transfers: an exponentially weighted estimate, ESTIMATE_WEIGHT);
+  a plan is priced for the folder it will run with (PlanOptions.swap_dir, `--swap-dir`) and
+  records the rates (SwapRecord.store); $ONNXPLAN_SWAP_BANDWIDTH (bytes/s) or an explicit
   value overrides it (tests, reproducible plans);
 - **one I/O worker** running the transfers first in, first out, as the executor's swap
   runtime does: a write is issued after the buffer's last use and must be done where its
@@ -25,19 +28,24 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 __all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
-           "measure_store", "measure_store_bandwidth", "StepPrice", "plan_transfers", "planned_step", "store_bandwidth",
-           "store_rates", "transfer_seconds"]
+           "measure_store", "measure_store_bandwidth", "moving_estimate", "StepPrice", "plan_transfers", "planned_step",
+           "record_transfers", "store_bandwidth", "store_key", "store_rates", "transfer_seconds"]
 
 SWAP_BANDWIDTH_ENV = "ONNXPLAN_SWAP_BANDWIDTH"
 PROBE_BYTES = 16 << 20  # bytes the measurement moves each way, per round trip
 PROBE_REPEATS = 5
 CACHE_NAME = "swap-bandwidth.json"
+# the kept estimate of a store moves this far towards each run's own transfers (record_transfers):
+# a run counts a quarter, the last ~4 runs most (the store's bandwidth moved 2x within an hour
+# on a shared disk; a single slow run moves the estimate by at most a quarter of its time)
+ESTIMATE_WEIGHT = 0.25
+MIN_OBSERVED_BYTES = 4 << 20  # a run moving less is not counted: its time is per-job overhead
 COPY_BANDWIDTH = 5e9  # bytes/s of the bounce-block copy (onnxplan.checkpoint.costs.CPU_NUMPY's memory bandwidth)
 CALL_SECONDS = 2e-5  # one pwrite/preadv of a bounce block (system call, O_DIRECT setup)
 # CPU of the executor per transfer beyond moving its bytes (the job, the worker's wake-up and the
@@ -177,10 +185,26 @@ def planned_step(graph, order: Sequence[str], swaps, node_seconds: Callable, rat
 @dataclass(frozen=True)
 class StoreRates:
     """The swap store as measured: bytes/s of a transfer, CPU seconds per byte moved (the I/O
-    thread's: the bounce-block copy and the system calls)."""
+    thread's: the bounce-block copy and the system calls); for the rates store_rates gives, the
+    folder they are for (None: the default folder), the store they were kept under (store_key)
+    and where they come from: "override" ($ONNXPLAN_SWAP_BANDWIDTH or a value given),
+    "measured" (the probe, measure_store) or "estimate" (the moving estimate, record_transfers)."""
 
     bandwidth: float
     cpu_per_byte: float
+    folder: str | None = None
+    store: str = ""
+    source: str = ""
+
+    def record(self) -> dict:
+        """What a plan records of the rates it was priced with (SwapRecord.store)."""
+        return {"folder": self.folder, "store": self.store, "bandwidth": self.bandwidth,
+                "cpu_per_byte": self.cpu_per_byte, "source": self.source}
+
+    @classmethod
+    def of_record(cls, d: dict) -> StoreRates:
+        return cls(float(d["bandwidth"]), float(d["cpu_per_byte"]), d.get("folder"), d.get("store", ""),
+                   d.get("source", ""))
 
 
 def measure_store(folder: str | Path | None = None, nbytes: int = PROBE_BYTES, repeats: int = PROBE_REPEATS) -> StoreRates:
@@ -213,12 +237,18 @@ def measure_store_bandwidth(folder: str | Path | None = None, nbytes: int = PROB
     return measure_store(folder, nbytes).bandwidth
 
 
-def _store_key(folder: str | Path | None) -> str:
-    if folder is None:
-        from onnxplan.swap.store import default_parent
+def store_key(folder: str | Path | None) -> str:
+    """The key the rates of the store in `folder` (None: the executor's default folder) are kept
+    under: the device its file system lives on (every folder of one file system shares a disk
+    and its rates), with the file-system type; the resolved folder where it cannot be stat'ed."""
+    from onnxplan.swap.store import default_parent, fs_type
 
-        folder = default_parent()
-    return os.path.realpath(folder)
+    path = os.path.realpath(default_parent() if folder is None else folder)
+    try:
+        dev = os.stat(path).st_dev
+    except OSError:
+        return path
+    return f"dev {os.major(dev)}:{os.minor(dev)} {fs_type(path) or '?'}"
 
 
 def _cache_path() -> Path:
@@ -227,12 +257,100 @@ def _cache_path() -> Path:
     return default_cache_dir() / CACHE_NAME
 
 
+def _read_cache(path: Path) -> dict:
+    with contextlib.suppress(OSError, ValueError):
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict):
+            return cached
+    return {}
+
+
+def _cached_rates(entry) -> StoreRates | None:
+    if isinstance(entry, dict):
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            rates = StoreRates(float(entry["bandwidth"]), float(entry["cpu_per_byte"]))
+            if rates.bandwidth > 0 and rates.cpu_per_byte >= 0:
+                return rates
+    return None
+
+
+@contextlib.contextmanager
+def _locked_cache():
+    """The cache file's contents to update under an exclusive lock (a lock file beside it):
+    concurrent processes update one after the other, none loses another's update; the file is
+    replaced by a complete new one (a temporary file renamed over it), so no reader ever sees a
+    half-written file. Nothing is written when the folder cannot be (a read-only cache)."""
+    import tempfile
+
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")
+    except OSError:
+        yield {}
+        return
+    with lock:
+        with contextlib.suppress(ImportError, OSError):
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _read_cache(path)
+        yield cached
+        with contextlib.suppress(OSError):
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(cached, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, path)
+            except OSError:
+                os.unlink(tmp)
+                raise
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def moving_estimate(old: StoreRates, bandwidth: float, cpu_per_byte: float, weight: float = ESTIMATE_WEIGHT) -> StoreRates:
+    """`old` moved towards an observation (`bandwidth` bytes/s, `cpu_per_byte`) by `weight`:
+    exponentially weighted on seconds per byte (what a transfer's time is proportional to, so
+    the estimate of a transfer's time is the weighted mean of the observed times), and on CPU
+    seconds per byte."""
+    seconds_per_byte = (1 - weight) / old.bandwidth + weight / bandwidth
+    return StoreRates(1 / seconds_per_byte, (1 - weight) * old.cpu_per_byte + weight * cpu_per_byte)
+
+
+def record_transfers(folder: str | Path | None, nbytes: int, seconds: float, cpu_seconds: float) -> StoreRates | None:
+    """A swap runtime's own transfers through the store in `folder` (None: the default folder):
+    `nbytes` moved (written and read) in `seconds` of the I/O worker's busy time (its write-backs
+    included, as the probe's round trips include them) and `cpu_seconds` of its CPU. Moves the
+    kept estimate of that store (store_key) by ESTIMATE_WEIGHT towards them (the first
+    observation of a store is its estimate) and returns it; runs moving less than
+    MIN_OBSERVED_BYTES are not counted (None): their time is the jobs' overhead, not the disk's."""
+    if nbytes < MIN_OBSERVED_BYTES or not seconds > 0:
+        return None
+    seen = StoreRates(nbytes / seconds, max(cpu_seconds, 0.0) / nbytes)
+    key = store_key(folder)
+    with _locked_cache() as cached:
+        entry = cached.get(key)
+        old = _cached_rates(entry)
+        rates = seen if old is None else moving_estimate(old, seen.bandwidth, seen.cpu_per_byte)
+        runs = (entry.get("runs", 0) if isinstance(entry, dict) and isinstance(entry.get("runs", 0), int) else 0) + 1
+        cached[key] = {**(entry if isinstance(entry, dict) else {}), "bandwidth": rates.bandwidth,
+                       "cpu_per_byte": rates.cpu_per_byte, "folder": str(folder or ""), "runs": runs,
+                       "updated": _now(), "last_run": {"bytes": nbytes, "seconds": seconds,
+                                                       "bandwidth": seen.bandwidth}}
+    return rates
+
+
 def store_rates(folder: str | Path | None = None, *, override: float | None = None,
                 refresh: bool = False) -> StoreRates:
     """The swap store in `folder` (None: the executor's default folder): the bandwidth
     `override` if given, else $ONNXPLAN_SWAP_BANDWIDTH (bytes/s), both with the modelled CPU
-    cost (io_cpu_seconds); else the cached measurement of that folder, else measured now
-    (measure_store) and cached. `refresh`: measure again."""
+    cost (io_cpu_seconds); else the kept estimate of that folder's store (store_key: measured
+    once, then moved by every swapped run's own transfers, record_transfers), else measured now
+    (measure_store) and kept. `refresh`: measure again (the measurement becomes the estimate)."""
+    folder = None if folder is None else str(folder)
     if override is None:
         env = os.environ.get(SWAP_BANDWIDTH_ENV, "").strip()
         if env:
@@ -247,28 +365,18 @@ def store_rates(folder: str | Path | None = None, *, override: float | None = No
     if override is not None:
         if not override > 0:
             raise ValueError(f"swap bandwidth must be > 0 bytes/s, got {override}")
-        return StoreRates(float(override), io_cpu_seconds(PROBE_BYTES) / PROBE_BYTES)
-    key = _store_key(folder)
-    path = _cache_path()
-    cached: dict = {}
-    with contextlib.suppress(OSError, ValueError):
-        cached = json.loads(path.read_text())
-    got = cached.get(key) if isinstance(cached, dict) else None
-    if not refresh and isinstance(got, dict):
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            rates = StoreRates(float(got["bandwidth"]), float(got["cpu_per_byte"]))
-            if rates.bandwidth > 0 and rates.cpu_per_byte >= 0:
-                return rates
+        return StoreRates(float(override), io_cpu_seconds(PROBE_BYTES) / PROBE_BYTES, folder, "", "override")
+    key = store_key(folder)
+    entry = _read_cache(_cache_path()).get(key)
+    rates = None if refresh else _cached_rates(entry)
+    if rates is not None:
+        source = "estimate" if isinstance(entry, dict) and entry.get("runs") else "measured"
+        return replace(rates, folder=folder, store=key, source=source)
     rates = measure_store(folder)
-    cached = cached if isinstance(cached, dict) else {}
-    cached[key] = {"bandwidth": rates.bandwidth, "cpu_per_byte": rates.cpu_per_byte,
-                   "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cached, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    return rates
+    with _locked_cache() as cached:
+        cached[key] = {"bandwidth": rates.bandwidth, "cpu_per_byte": rates.cpu_per_byte, "folder": str(folder or ""),
+                       "measured": _now()}
+    return replace(rates, folder=folder, store=key, source="measured")
 
 
 def store_bandwidth(folder: str | Path | None = None, *, override: float | None = None,

@@ -18,7 +18,7 @@ import numpy as np
 
 from onnxplan.errors import OnnxplanError, UsageError
 
-__all__ = ["DIRECT_CHUNK", "SwapIOError", "SwapStore", "default_parent", "fs_type"]
+__all__ = ["DIRECT_CHUNK", "SwapIOError", "SwapStore", "check_swap_dir", "default_parent", "fs_type"]
 
 PAGE = 4096
 DIRECT_CHUNK = 512 << 10  # O_DIRECT transfers go through a bounce block this large (its RSS)
@@ -76,6 +76,15 @@ def default_parent() -> str:
     return tmp
 
 
+def check_swap_dir(folder: str | Path | None) -> str | None:
+    """A --swap-dir as a string (None: not given), or UsageError (exit 2) if it is no folder."""
+    if folder is None:
+        return None
+    if not Path(folder).is_dir():
+        raise UsageError(f"--swap-dir {folder}: no such folder")
+    return str(folder)
+
+
 class SwapIOError(OnnxplanError):
     """The swap file cannot be written or read: no room on --swap-dir (ENOSPC, a quota) or an
     I/O error. Exit 2: the folder is unusable; pick another with --swap-dir."""
@@ -92,8 +101,7 @@ class SwapStore:
     """Slots of bytes in one unlinked file. `slots`: slot name -> bytes."""
 
     def __init__(self, slots: dict[str, int], folder: str | Path | None = None, *, drop_cache: bool = True) -> None:
-        if folder is not None and not Path(folder).is_dir():
-            raise UsageError(f"--swap-dir {folder}: no such folder")
+        check_swap_dir(folder)
         own = folder is None
         where = Path(tempfile.mkdtemp(prefix="onnxplan-swap-", dir=default_parent())) if own else Path(folder)
         try:
