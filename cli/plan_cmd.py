@@ -24,8 +24,7 @@ from onnxplan.cli.common import (
     write_atomic,
 )
 from onnxplan.device import array_module
-from onnxplan.errors import BudgetError
-from onnxplan.planning import PlanOptions, budget_miss
+from onnxplan.planning import PlanOptions, require_budget
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
 
@@ -98,8 +97,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         print_json(d)
     else:
         _print_table(res, budget_bytes, parameter_report(graph))
-    if not fits:
-        raise BudgetError(budget_miss(res, budget_bytes))
+    require_budget(res, budget_bytes)
 
 
 def _print_swaps(con, res) -> None:
