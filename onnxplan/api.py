@@ -18,7 +18,7 @@ from onnxplan.bench.peers import parse_peers
 from onnxplan.budget import CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
 from onnxplan.errors import UsageError
-from onnxplan.executor.prepare import Prepared, adopt_plan, load_request
+from onnxplan.executor.prepare import Prepared, adopt_plan, check_plan_record, load_request
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, PlanOutcome, check_time_limit, require_budget
@@ -30,7 +30,7 @@ from onnxplan.sizes import parse_size
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Step", "bench", "check_run_options", "load", "load_step_of", "plan", "plan_request", "run", "solve"]
+__all__ = ["Step", "bench", "check_run_options", "load", "load_plan", "load_step_of", "plan", "plan_request", "run", "solve"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,19 @@ def plan_request(plan: Plan, req: ModelRequest, no_model: bool) -> ModelRequest:
     if not overridden:  # else the graph's fingerprint tells
         check_content_hash(plan.source, resolve_artifacts(req))
     return req
+
+
+def load_plan(path: str | Path) -> tuple[Plan, StepGraph]:
+    """A plan file re-verified in full against the model it names, as `run --plan` does (a
+    file that fails any check a fresh plan passes is a ModelError, exit 2): the plan and its
+    rewritten step graph."""
+    plan = Plan.load(path)
+    check_plan_record(plan)
+    if not plan.source:
+        raise UsageError(f"{path}: this plan file names no model (made by an older onnxplan), so it cannot be "
+                         "verified; plan again with `onnxplan plan MODEL -o plan.json`")
+    step = load_step_of(plan_request(plan, make_request(""), True))
+    return plan, adopt_plan(step.graph, plan)
 
 
 def check_run_options(steps: int, warmup: int, lr: float | None, threads: int | None) -> None:
