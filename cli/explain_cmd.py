@@ -14,6 +14,7 @@ from rich.table import Table
 from onnxplan.api import load_plan
 from onnxplan.cli.common import handle_errors, print_json
 from onnxplan.plan import Plan
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
 
@@ -38,7 +39,9 @@ def explain_command(
 
 
 def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
-    plan, graph = load_plan(plan_file)  # re-verified in full against its model, as run --plan does
+    with Progress("explain") as progress:
+        progress.update(f"verifying {plan_file} against its model")
+        plan, graph = load_plan(plan_file)  # re-verified in full against its model, as run --plan does
     info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
     splits = [n.name for n in graph.nodes if n.op_type == "ConvGradInput" and n.domain == "onnxplan"]
     if json_out:

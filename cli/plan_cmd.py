@@ -25,6 +25,7 @@ from onnxplan.cli.common import (
 )
 from onnxplan.device import array_module
 from onnxplan.planning import PlanOptions, require_budget
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
 
@@ -77,8 +78,13 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
     array_module(device)  # an unknown device, or cuda without a GPU: one line, exit 2
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)
-    step = load_step_of(req)
-    res = solve(step, opts, memory, cost_model(profile, device))
+    with Progress("plan") as progress:  # a budget can take a minute: lines in CI logs, a bar on a terminal
+        progress.update(f"loading {model}")
+        step = load_step_of(req)
+        progress.update(f"planning {step.name}" + (f" for the budget {format_bytes(budget_bytes)}"
+                                                   if budget_bytes is not None else ""))
+        res = solve(step, opts, memory, cost_model(profile, device))
+        progress.finish(f"planned, peak {format_bytes(res.plan.peak_bytes)}")
     plan, graph = res.plan, step.graph  # the plan names its model: `run --plan` finds it
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:
