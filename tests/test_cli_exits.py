@@ -227,6 +227,19 @@ def test_plan_shows_progress_in_logs(monkeypatch):
 
 # -- the floor message --------------------------------------------------------------------------
 
+def test_floor_line_names_the_bound_not_the_peak_of_swapping_everything():
+    """vgg16's `smallest peak 41.50 MiB ... floor 43.66 MiB`: the offset planners beat the peak of
+    swapping everything (Floor.peak_bytes), so only the working set's bound is a floor."""
+    from onnxplan.sizes import format_bytes
+    from onnxplan.swap.driver import Floor
+
+    mib = 1 << 20
+    f = Floor(peak_bytes=45_780_000, working_set=40 * mib, eo=7, node="conv3/ConvGrad", scratch=mib, resident=2 * mib)
+    line = f.describe()
+    assert line.startswith(f"floor {format_bytes(f.bound)} ({f.bound} B): the largest single working set")
+    assert str(f.peak_bytes) not in line and format_bytes(f.peak_bytes) not in line
+
+
 def test_floor_message_states_a_true_bound():
     """`smallest peak 41.50 MiB ... floor 43.66 MiB`: the floor printed was the peak of swapping
     everything, not a bound. Now the floor is the largest working set, never above a reached peak."""
