@@ -142,7 +142,7 @@ def validate_results(doc: Any, source: str) -> dict[str, Any]:
                 raise ModelError(f"{source}: rows[{i}].{k} is null; every row has a plan, so it must be a number")
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ModelError(f"{source}: rows[{i}].{k} is {v!r}, not a number or null")
-            if v is not None and not (0 if k in _POSITIVE else -1) < v < float("inf"):
+            if v is not None and not ((v > 0 if k in _POSITIVE else v >= 0) and v < float("inf")):
                 raise ModelError(f"{source}: rows[{i}] ({row['model']}, {row['strategy']}) has {k} {v!r}: not a "
                                  f"possible value ({'positive' if k in _POSITIVE else 'non-negative'} and finite); "
                                  "is the file corrupt or edited?")
