@@ -83,8 +83,8 @@ def _measure(folder, preps: dict, steps: int, rounds: int) -> dict:
 def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limits: int,
                 rounds: int) -> list[dict]:
     from onnxplan.budget import predicted_step_seconds
-    from onnxplan.executor.profile import profile_times
     from onnxplan.executor.prepare import Prepared
+    from onnxplan.executor.profile import profile_times
     from onnxplan.passes._infra import run_pipeline
     from onnxplan.planning import PlanOptions
     from onnxplan.resolve import ModelRequest, load_model, resolve_artifacts

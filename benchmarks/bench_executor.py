@@ -28,8 +28,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-from onnxplan.executor.measure import measure_blas_workspace, measure_run
 from onnxplan.budget import MemoryRequest, plan_for_budget
+from onnxplan.executor.measure import measure_blas_workspace, measure_run
 from onnxplan.executor.prepare import Prepared, load_request, prepare
 from onnxplan.memprobe import probe_peak
 from onnxplan.models import get_model, list_models

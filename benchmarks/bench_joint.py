@@ -60,13 +60,13 @@ from onnxplan.budget.joint import JOINT_SECONDS
 from onnxplan.budget.strategies import step_price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
-from onnxplan.threads import use_threads
 from onnxplan.ir.load import load_step
 from onnxplan.joint.fit import plan_joint
 from onnxplan.models import get_model
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.swap.pricing import StoreRates, planned_step, store_rates
+from onnxplan.threads import use_threads
 
 STRATEGY_NAMES = ("rotor", "swap", "joint", "joint-recompute")
 

@@ -13,15 +13,23 @@ from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, 
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.results import dumps_results, rows_to_csv
-from onnxplan.cli.common import FREEZE_HELP, THREADS_HELP, TRAIN_HELP, check_output, handle_errors, print_json, write_atomic
+from onnxplan.cli.common import (
+    FREEZE_HELP,
+    THREADS_HELP,
+    TRAIN_HELP,
+    check_output,
+    handle_errors,
+    print_json,
+    write_atomic,
+)
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.models import list_models
 from onnxplan.models.hf import is_hf_name
 from onnxplan.planning import check_time_limit
 from onnxplan.progress import Progress
 from onnxplan.report import markdown_summary, render_html
-from onnxplan.threads import resolve_threads
 from onnxplan.sizes import format_bytes, parse_size
+from onnxplan.threads import resolve_threads
 
 __all__ = ["bench_command"]
 

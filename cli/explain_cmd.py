@@ -4,16 +4,19 @@ for a joint plan (--strategy joint), per value: kept, recomputed, swapped, and t
 from __future__ import annotations
 
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from onnxplan.api import load_plan
 from onnxplan.cli.common import handle_errors, print_json
-from onnxplan.executor.prepare import check_plan_record
 from onnxplan.plan import Plan
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
+from onnxplan.swap import swap_totals
 
 __all__ = ["explain_command"]
 
@@ -28,18 +31,24 @@ def explain_command(
     nothing), how often its forward runs, which values are recomputed and the extra compute.
     A plan of the joint solver (--strategy joint): per value it decided, the stages it is kept
     into, recomputed in (by which node: its copies NODE@rcK), swapped out and in (the EOs of
-    the plan's swap nodes), and the predicted extra time of each choice.
-    Exit 0; 2 when the file is missing or not a plan."""
+    the plan's swap nodes), and the predicted extra time of each choice. Every plan: its swaps
+    (value, bytes, class, out and in EO) and the ConvGrads split-grad split. The plan is
+    re-verified in full against the model it names first, as `run --plan` does.
+    Exit 0; 2 when the file is missing, not a plan, or fails verification."""
     handle_errors(_explain)(plan_file, names, json_out)
 
 
 def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
-    plan = Plan.load(plan_file)
-    check_plan_record(plan)  # (run --plan re-verifies it in full against its model)
+    with Progress("explain") as progress:
+        progress.update(f"verifying {plan_file} against its model")
+        plan, graph = load_plan(plan_file)  # re-verified in full against its model, as run --plan does
     info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
+    splits = [n.name for n in graph.nodes if n.op_type == "ConvGradInput" and n.domain == "onnxplan"]
     if json_out:
         print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info,
-                    "joint": plan.joint.to_json() if plan.joint is not None else None})
+                    "joint": plan.joint.to_json() if plan.joint is not None else None,
+                    "swap": plan.swap.to_json(), "swaps": [asdict(sw) for sw in plan.swaps],
+                    "split_grad": [name.removesuffix("/dX") for name in splits]})
         return
     con = Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100), highlight=False)
     if plan.joint is not None:
@@ -47,8 +56,33 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
         return
     if not info:
         con.print(f"[bold]{plan.model}[/]: no recomputation in this plan (planned peak "
-                  f"{format_bytes(plan.peak_bytes)}); plan with --checkpoint sqrt|chen|rotor to trade compute for memory")
+                  f"{format_bytes(plan.peak_bytes)})" + ("" if plan.swaps or splits else
+                  "; plan with --checkpoint sqrt|chen|rotor to trade compute for memory"))
+    else:
+        _explain_checkpoint(con, plan, info, names)
+    _explain_swaps(con, plan)
+    if splits:
+        con.print(f"split-grad: {len(splits)} ConvGrad node(s) split into a dW half (reads X) and a dX half "
+                  f"(does not), so X can die before dX is made" + (
+                      ": " + ", ".join(n.removesuffix("/dX") for n in splits) if names else " (--names lists them)"))
+
+
+def _explain_swaps(con: Console, plan: Plan) -> None:
+    """Every swap of the plan: the value, its bytes and class, and the EOs it leaves and comes back."""
+    if not plan.swaps:
         return
+    t = swap_totals(plan.swaps)
+    con.print(f"swap {plan.swap.described or plan.swap.policy}: {t['swaps']} swaps ({t['transfers']} transfers), "
+              f"{format_bytes(t['bytes_out'])} out, {format_bytes(t['bytes_in'])} in per step")
+    table = Table("value", "bytes", "class", "out EO -> in EO", "written", "next use")
+    for sw in plan.swaps:
+        table.add_row(sw.value, format_bytes(sw.bytes), sw.vclass,
+                      f"{sw.out_eo} -> {sw.in_eo}" + (" (across steps)" if sw.wraps else ""),
+                      "yes" if sw.write else "no (the store holds it)", sw.next_use or "-")
+    con.print(table)
+
+
+def _explain_checkpoint(con: Console, plan: Plan, info: dict, names: bool) -> None:
     stages = info["stages"]
     budget = info.get("budget_bytes")
     rerun = [s for s in stages if s["runs"] > 1]

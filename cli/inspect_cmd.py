@@ -17,6 +17,7 @@ from onnxplan.cli.common import (
     parameter_report,
     print_json,
 )
+from onnxplan.progress import Progress
 from onnxplan.resolve import load_model
 from onnxplan.sizes import format_bytes
 
@@ -61,7 +62,10 @@ def inspect_command(
 
 
 def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=None) -> None:
-    graph = load_model(model_request(model, batch, optimizer, loss, dim, train, freeze))
+    req = model_request(model, batch, optimizer, loss, dim, train, freeze)
+    with Progress("inspect") as progress:  # building artifacts (an export, ORT's generation) takes a while
+        progress.update(f"loading {model}")
+        graph = load_model(req)
     s = inspect_summary(graph)
     if json_out:
         print_json(s)

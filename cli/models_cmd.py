@@ -14,6 +14,7 @@ from onnxplan.cli.core import OnnxplanCommand
 from onnxplan.errors import UsageError
 from onnxplan.models import get_model, hf, list_models
 from onnxplan.models.hf import PREFIX, require_spec
+from onnxplan.progress import Progress
 from onnxplan.resolve import resolve_artifacts
 
 __all__ = ["models_app"]
@@ -82,7 +83,9 @@ def build_command(
     req = model_request(name, batch, optimizer, loss, None)
     if out is not None and out.exists() and not out.is_dir():
         raise UsageError(f"{out}: exists and is not a folder")
-    folder = resolve_artifacts(req)
+    with Progress("models build") as progress:  # an export and ORT's generation: seconds to minutes
+        progress.update(f"building {name}")
+        folder = resolve_artifacts(req)
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,8 @@ from onnxplan.cli.common import (
     write_atomic,
 )
 from onnxplan.device import array_module
-from onnxplan.errors import BudgetError
-from onnxplan.planning import PlanOptions, budget_miss
+from onnxplan.planning import PlanOptions, require_budget
+from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
 from onnxplan.swap.store import check_swap_dir
@@ -85,8 +85,13 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
     resolve_threads(threads)  # a bad --threads: one line, exit 2, before any work
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     check_output(out)
-    step = load_step_of(req)
-    res = solve(step, opts, memory, cost_model(profile, device, threads))
+    with Progress("plan") as progress:  # a budget can take a minute: lines in CI logs, a bar on a terminal
+        progress.update(f"loading {model}")
+        step = load_step_of(req)
+        progress.update(f"planning {step.name}" + (f" for the budget {format_bytes(budget_bytes)}"
+                                                   if budget_bytes is not None else ""))
+        res = solve(step, opts, memory, cost_model(profile, device, threads))
+        progress.finish(f"planned, peak {format_bytes(res.plan.peak_bytes)}")
     plan, graph = res.plan, step.graph  # the plan names its model: `run --plan` finds it
     fits = budget_bytes is None or plan.peak_bytes <= budget_bytes
     if out is not None:
@@ -105,8 +110,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         print_json(d)
     else:
         _print_table(res, budget_bytes, parameter_report(graph))
-    if not fits:
-        raise BudgetError(budget_miss(res, budget_bytes))
+    require_budget(res, budget_bytes)
 
 
 def _print_swaps(con, res) -> None:

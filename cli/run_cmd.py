@@ -22,11 +22,11 @@ from onnxplan.cli.common import (
     print_json,
 )
 from onnxplan.device import array_module
-from onnxplan.errors import EXIT_FAILURE, UsageError
+from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.executor.swap_account import describe_accounting
 from onnxplan.plan import Plan
-from onnxplan.planning import PlanOptions, check_time_limit
+from onnxplan.planning import PlanOptions, check_time_limit, require_budget
 from onnxplan.progress import Progress
 from onnxplan.run_report import run_prepared
 from onnxplan.sizes import format_bytes
@@ -83,7 +83,9 @@ def run_command(
     before the arena is allocated; no subprocess). With --plan, MODEL is optional: the plan
     file names its model; the plan is re-verified in full against it. Exit 0 ok, 1 mismatch
     with ONNX Runtime (--verify) or an arena check failed, 2 bad input (model, plan file,
-    options), 3 the run does not fit the memory available (checked before allocating).
+    options), 3 the run does not fit the memory available (checked before allocating), the plan
+    misses --budget (not run), or the measured peak exceeds --budget by more than the runtime's
+    fixed overhead (README: exit codes).
     """
     plan_opts = {"order": order, "planner": planner, "interleave": interleave, "inplace": inplace,
                  "time_limit": time_limit, "split_grad": split_grad}
@@ -125,7 +127,7 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
             _prepare_planned(req, how, memory, cost_model(profile, device, threads))
         out = run_prepared(req, prep, steps=steps, warmup=warmup, seed=seed, lr=lr, check_arena=check_arena,
                            threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp,
-                           tell=progress.update).to_json()
+                           tell=progress.update, budget=None if plan_file is not None else memory.budget).to_json()
         progress.finish("done")
     if json_out:
         print_json(out)
@@ -134,12 +136,15 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
     if out["verified"] is False:
         first = out["worst"][0] if out["worst"] else "?"
         fail(f"the run differs from ONNX Runtime beyond tolerance: {first}", EXIT_FAILURE)
+    if out.get("budget_check") and not out["budget_check"]["fits"]:
+        fail(out["budget_check"]["line"], EXIT_BUDGET)
 
 
 def _prepare_planned(req, opts, memory, costs):
     """Load and plan as `onnxplan plan` does (onnxplan.budget decides what the budget needs)."""
     step = load_step_of(req)
     res = solve(step, opts, memory, costs)
+    require_budget(res, memory.budget)  # as `plan`: a plan that misses the budget is exit 3, not run
     return Prepared(step.folder, res.graph, res.plan)
 
 
@@ -174,6 +179,8 @@ def _print(out: dict) -> None:
                       "granularity (4 KiB per touched page), Python objects for the views, and what "
                       "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
                       "pages of the arena never touched by a live buffer are not counted")
+    if out.get("budget_check") and out["budget_check"]["fits"] and out["budget_check"]["line"]:
+        con.print(out["budget_check"]["line"])
     if out.get("swap") is not None:
         for line in describe_accounting(out["swap"]):
             con.print(line)

@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from onnxplan.errors import UsageError
+from onnxplan.errors import ModelError, UsageError
 
 __all__ = ["ModelSpec", "InputSpec", "ForwardModel", "LOSSES", "OPTIMIZERS", "labels_for_output"]
 
@@ -111,9 +111,14 @@ def labels_for_output(shape: tuple[int, ...], loss: str) -> InputSpec:
 
     ce: int64 class ids [N] in [0, C) for an [N, C] output (the ORT block drops the last
     dim, and SoftmaxCrossEntropyLoss reads classes from dim 1, so only rank 2 works);
-    mse: float32 in [0, 1) with the output's shape.
+    mse: float32 in [0, 1) with the output's shape. A scalar output (a model that computes its
+    own loss) is refused for either: ModelError.
     """
     shape = tuple(int(d) for d in shape)
+    if not shape:  # a loss on top of a loss would train something else than the model says
+        raise ModelError("the model's output is a scalar: it already ends in its loss (e.g. an exported "
+                         "CrossEntropyLoss), and onnxplan adds the loss itself (--loss ce or mse); export the "
+                         "model without its loss, its logits or predictions as the only output")
     if loss == "ce":
         if len(shape) != 2:
             raise UsageError(f"loss 'ce' needs an [N, classes] output, got shape {list(shape)}; use mse")

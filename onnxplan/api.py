@@ -17,13 +17,19 @@ from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
 from onnxplan.bench.peers import parse_peers
 from onnxplan.budget import CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
-from onnxplan.errors import BudgetError, UsageError
-from onnxplan.executor.prepare import Prepared, adopt_plan, load_request
+from onnxplan.errors import UsageError
+from onnxplan.executor.prepare import Prepared, adopt_plan, check_plan_record, load_request
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
-from onnxplan.planning import PlanOptions, PlanOutcome, budget_miss, check_time_limit
-from onnxplan.resolve import (ModelRequest, check_content_hash, make_request, model_reference, request_from_reference,
-                              resolve_artifacts)
+from onnxplan.planning import PlanOptions, PlanOutcome, check_time_limit, require_budget
+from onnxplan.resolve import (
+    ModelRequest,
+    check_content_hash,
+    make_request,
+    model_reference,
+    request_from_reference,
+    resolve_artifacts,
+)
 from onnxplan.run_report import RunReport, run_prepared
 from onnxplan.sizes import parse_size
 from onnxplan.swap.store import check_swap_dir
@@ -32,7 +38,7 @@ from onnxplan.threads import resolve_threads
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Step", "bench", "check_run_options", "load", "load_step_of", "plan", "plan_request", "run", "solve"]
+__all__ = ["Step", "bench", "check_run_options", "load", "load_plan", "load_step_of", "plan", "plan_request", "run", "solve"]
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,7 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
     opts = PlanOptions(order, planner, interleave, inplace, time_limit, split_grad=split_grad,
                        swap_dir=check_swap_dir(swap_dir))
     res = solve(step, opts, memory, cost_model(profile, device, resolve_threads(threads)))
-    if memory.budget is not None and res.plan.peak_bytes > memory.budget:
-        raise BudgetError(budget_miss(res, memory.budget))
+    require_budget(res, memory.budget)
     return res.plan
 
 
@@ -114,6 +119,19 @@ def plan_request(plan: Plan, req: ModelRequest, no_model: bool) -> ModelRequest:
     return req
 
 
+def load_plan(path: str | Path) -> tuple[Plan, StepGraph]:
+    """A plan file re-verified in full against the model it names, as `run --plan` does (a
+    file that fails any check a fresh plan passes is a ModelError, exit 2): the plan and its
+    rewritten step graph."""
+    plan = Plan.load(path)
+    check_plan_record(plan)
+    if not plan.source:
+        raise UsageError(f"{path}: this plan file names no model (made by an older onnxplan), so it cannot be "
+                         "verified; plan again with `onnxplan plan MODEL -o plan.json`")
+    step = load_step_of(plan_request(plan, make_request(""), True))
+    return plan, adopt_plan(step.graph, plan)
+
+
 def check_run_options(steps: int, warmup: int, lr: float | None, threads: int | None) -> None:
     """The run options a run needs valid before any work (UsageError, exit 2)."""
     if steps < 1 or warmup < 0:
@@ -125,17 +143,21 @@ def check_run_options(steps: int, warmup: int, lr: float | None, threads: int | 
 
 def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1, seed: int = 0,
         lr: float | None = None, verify: bool = False, check_arena: bool = False, threads: int | None = None,
-        measure: bool = False, swap_dir: str | Path | None = None, device: str = "cpu") -> RunReport:
+        measure: bool = False, swap_dir: str | Path | None = None, device: str = "cpu",
+        budget: str | int | None = None) -> RunReport:
     """Run `plan` (default: the step planned with the default options) in one arena: `steps` seeded training steps after
     `warmup`. The plan is verified against the step first (a plan for another graph is a
     ModelError). `verify`: compare every step with ONNX Runtime from the same state
-    (report.verified); `measure`: the peak in a fresh process (or on the device)."""
+    (report.verified); `measure`: the peak in a fresh process (or on the device), held against
+    `budget` when given (report.budget_check: the plan must fit it, and the measured peak less
+    the runtime's fixed overhead, run_report.RUNTIME_OVERHEAD_BYTES)."""
     check_run_options(steps, warmup, lr, threads)
     xp = array_module(device)
     plan = plan if plan is not None else solve(step).plan
     prep = Prepared(step.folder, adopt_plan(step.graph, plan), plan)
     return run_prepared(step.request, prep, steps=steps, warmup=warmup, seed=seed, lr=lr, check_arena=check_arena,
-                        threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp)
+                        threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp,
+                        budget=parse_size(budget) if isinstance(budget, str) else budget)
 
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",

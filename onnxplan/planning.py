@@ -21,7 +21,7 @@ from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
 from onnxplan.verify import verify_offsets
 
-__all__ = ["BudgetNotMet", "PlanOptions", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
+__all__ = ["BudgetNotMet", "PlanOptions", "require_budget", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
 
 HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
@@ -284,6 +284,13 @@ def budget_miss(outcome: PlanOutcome, budget: int) -> str:
     if sw is not None and sw.floor is not None:
         return f"{head} even swapping everything ({sw.policy}); {sw.floor.describe()}"
     return f"{head} by order {plan.order_policy} + planner {plan.planner}"
+
+
+def require_budget(outcome: PlanOutcome, budget: int | None) -> None:
+    """BudgetError (exit 3) naming the smallest peak when `outcome`'s plan misses `budget`
+    (None: no budget). `plan` and `run` both end here: a plan that misses never runs."""
+    if budget is not None and outcome.plan.peak_bytes > budget:
+        raise BudgetError(budget_miss(outcome, budget))
 
 
 def _plan_swaps(g: StepGraph, order, lt, opts: PlanOptions) -> SwapOutcome | None:

@@ -47,6 +47,10 @@ def make_request(model: str | Path, batch: int | None = None, optimizer: str | N
         raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
     if loss is not None and loss not in ("ce", "mse"):
         raise UsageError(f"invalid --loss '{loss}': expected ce or mse")
+    dims = tuple(dims)
+    for name, value in dims:  # zero: a step of no elements (README: exit codes)
+        if not 0 < value <= MAX_BYTES:
+            raise UsageError(f"invalid --dim {name}={value}: must be a positive integer, at most 2**53")
     for option, globs in (("--train", train), ("--freeze", freeze)):
         if any(not g for g in globs or []):
             raise UsageError(f"invalid {option} '': expected a glob over initializer names, e.g. 'fc.*'")

@@ -19,12 +19,20 @@ from onnxplan.executor.swap_account import swap_accounting
 from onnxplan.memprobe import ProbeError
 from onnxplan.plan import Plan
 from onnxplan.resolve import ModelRequest
+from onnxplan.sizes import format_bytes
 from onnxplan.threads import current as current_threads
 from onnxplan.verification.step_check import verify_run
 
-__all__ = ["RunFailed", "RunReport", "predicted_step", "run_prepared"]
+__all__ = ["RUNTIME_OVERHEAD_BYTES", "RunFailed", "RunReport", "budget_check", "predicted_step", "run_prepared"]
 
-OPTIONAL = ("measurement", "verification", "ort_loss")  # keys of to_json only when present
+# What a measured peak may exceed the plan by without a tensor outside it (README: Concepts,
+# Executor): on the CPU the interpreter's and BLAS's working memory (1-9 MiB on the zoo) plus
+# torch's runtime, touched on its first op (~8.7 MiB); on a GPU, live CuPy arrays are counted,
+# within 1.5 MiB of the plan on every zoo model (reports/cuda.md). A measured peak is held
+# against a budget less this allowance (budget_check).
+RUNTIME_OVERHEAD_BYTES = {"cpu": 18 << 20, "cuda": 2 << 20}
+
+OPTIONAL = ("measurement", "verification", "ort_loss", "budget_check")  # keys of to_json only when present
 
 
 class RunFailed(OnnxplanError):
@@ -69,6 +77,7 @@ class RunReport:
     measurement: dict[str, Any] | None = None  # how the peak was measured
     verification: dict[str, Any] | None = None  # per step checks (onnxplan.verification)
     ort_loss: list[float] | None = None
+    budget_check: dict[str, Any] | None = None  # the measured peak against the budget (budget_check)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -92,10 +101,11 @@ def predicted_step(plan: Plan) -> tuple[float | None, str]:
 def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: int = 1, seed: int = 0,
                  lr: float | None = None, check_arena: bool = False, threads: int | None = None,
                  measure: bool = False, verify: bool = False, swap_dir=None, xp: Any = np,
-                 tell: Callable[[str], None] = lambda text: None) -> RunReport:
+                 tell: Callable[[str], None] = lambda text: None, budget: int | None = None) -> RunReport:
     """Run `prep` (a plan adopted or made for `req`'s step): `steps` seeded steps after `warmup`;
-    with `measure` the peak (a fresh process on the CPU, CuPy's pool on a GPU); with `verify`
-    every step against ONNX Runtime from the same state. `tell(text)` reports progress."""
+    with `measure` the peak (a fresh process on the CPU, CuPy's pool on a GPU), held against
+    `budget` (report.budget_check); with `verify` every step against ONNX Runtime from the same
+    state. `tell(text)` reports progress."""
     counted = DevicePeak(xp) if xp is not np and measure else contextlib.nullcontext()
     with counted as device_peak:  # on a GPU the run itself is measured (None on the CPU)
         res = run_plan(req, None, steps=steps, warmup=warmup, seed=seed, check_arena=check_arena,
@@ -132,6 +142,9 @@ def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: i
         out.measurement = {"method": child["probe"]["method"],
                            "median_step_seconds_in_probe": _median(child["step_seconds"]),
                            "state_alignment_bytes": alignment}
+    if budget is not None and out.measured_peak_bytes is not None:
+        out.budget_check = budget_check(out.peak_bytes, out.measured_peak_bytes, budget,
+                                        RUNTIME_OVERHEAD_BYTES["cpu" if xp is np else "cuda"])
     if verify:
         tell("verifying against ONNX Runtime")
         ver = verify_run(prep, steps=steps, seed=seed, learning_rate=lr, xp=xp, swap_dir=swap_dir,
@@ -141,6 +154,28 @@ def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: i
         out.verification, out.ort_loss = ver.as_dict(), [s.ort_loss for s in ver.steps]
         out.worst = [] if ver.ok else [ver.summary()]
     return out
+
+
+def budget_check(planned: int, measured: int, budget: int, overhead: int) -> dict[str, Any]:
+    """A measured peak against the budget asked: `fits` unless the plan misses it or the measured
+    peak less the runtime's fixed `overhead` (RUNTIME_OVERHEAD_BYTES) exceeds it (something
+    outside the plan grew with the step); `line` says so, or that the measured peak is over the
+    budget by no more than that overhead (None when it is within the budget)."""
+    over = measured - budget
+    fits = planned <= budget and measured - overhead <= budget
+    line = None
+    if planned > budget:
+        line = (f"the run misses the budget {format_bytes(budget)}: planned peak {format_bytes(planned)} "
+                f"({planned} B), measured {format_bytes(measured)}")
+    elif not fits:
+        line = (f"the run misses the budget {format_bytes(budget)}: measured peak {format_bytes(measured)} "
+                f"({measured} B) is {format_bytes(over)} over it, more than the runtime's fixed overhead "
+                f"({format_bytes(overhead)}: interpreter, BLAS, torch); planned peak {format_bytes(planned)}")
+    elif over > 0:
+        line = (f"measured peak {format_bytes(measured)} is {format_bytes(over)} over the budget "
+                f"{format_bytes(budget)}, within the runtime's fixed overhead ({format_bytes(overhead)}: "
+                f"interpreter, BLAS, torch); the plan ({format_bytes(planned)}) fits")
+    return {"budget_bytes": budget, "overhead_bytes": overhead, "fits": fits, "line": line}
 
 
 def _measured(out: RunReport, peak: int) -> None:

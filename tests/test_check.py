@@ -108,7 +108,7 @@ def test_unusable_inputs_exit_2(files, tmp_path):
     assert _check(str(tmp_path / "nope.json"), "--baseline", good).exit_code == 2
     assert _check(good, "--baseline", good, "--tolerance", "lots").exit_code == 2
     assert _check(good, "--baseline", good, "--metric", "speed").exit_code == 2
-    other = files("other.json", [_row("gpt", "auto", 5)])
+    other = files("other.json", [_row("gpt", "auto", 5_000)])  # a possible row (lower bound = peak - 100)
     res = _check(other, "--baseline", good)
     assert res.exit_code == 2 and "share no row" in res.output
     planned_only = files("planned.json", [_row("mlp", "auto", 1_000_000)])

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from onnxplan import threads
-from onnxplan.kernels import _xp, parallel
 from onnxplan.ir.graph import Node
+from onnxplan.kernels import _xp, parallel
 from tests.kernel_harness import RNG, call_kernel
 
 

@@ -291,13 +291,12 @@ def test_an_open_swap_runtime_switches_threads_often_and_restores_the_interval(c
     """While a runtime is open the interpreter lock changes hands every SWITCH_SECONDS (the
     I/O worker is not kept waiting by the compute thread); the user's interval comes back when
     the last open runtime closes."""
+    import gc
     import sys
 
     from onnxplan.executor import swap_io
     from onnxplan.executor.runner import Executor
     from onnxplan.planning import plan_step
-
-    import gc
 
     g, params, batch = chain_case
     gc.collect()  # the runtimes of earlier tests' executors (never closed) close when collected

@@ -115,6 +115,10 @@ def peer_key(model: str, batch: int | None) -> str:
     return f"{model}|{batch}"
 
 
+# A plan holds at least one parameter, a step takes time: 0 is as impossible there as a negative.
+_POSITIVE = ("planned_peak_bytes", "median_step_seconds")
+
+
 def validate_results(doc: Any, source: str) -> dict[str, Any]:
     """Check the shape of a results document; ModelError (exit 2) naming what is wrong."""
     if not isinstance(doc, dict):
@@ -139,6 +143,10 @@ def validate_results(doc: Any, source: str) -> dict[str, Any]:
                 raise ModelError(f"{source}: rows[{i}].{k} is null; every row has a plan, so it must be a number")
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ModelError(f"{source}: rows[{i}].{k} is {v!r}, not a number or null")
+            if v is not None and not ((v > 0 if k in _POSITIVE else v >= 0) and v < float("inf")):
+                raise ModelError(f"{source}: rows[{i}] ({row['model']}, {row['strategy']}) has {k} {v!r}: not a "
+                                 f"possible value ({'positive' if k in _POSITIVE else 'non-negative'} and finite); "
+                                 "is the file corrupt or edited?")
     for section in ("plans", "peers"):
         if not isinstance(doc.setdefault(section, {}), dict):
             raise ModelError(f"{source}: '{section}' is not an object")

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
-from onnxplan.budget.costs import CostModel, FlopCosts
+from onnxplan.budget.costs import CostModel, FlopCosts, ProfiledCosts
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
 from onnxplan.passes.split_grad import splittable
@@ -94,9 +94,9 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
     recorded in plan.strategy."""
     budget = opts.budget
     plain = attempt(graph, replace(opts, swap="none", recompute=""))
-    times = None
+    times, time_note = None, ""
     if budget is None or plain.plan.peak_bytes > budget:
-        times, _ = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
+        times, time_note = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
     rows = [("none", plain, predicted_step_seconds(plain, times))]
     if budget is None or plain.plan.peak_bytes <= budget:
         why = "the plan fits without recomputation or swap"
@@ -116,6 +116,8 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FlopCosts
         name, out, secs = min(rows, key=lambda r: (r[1].plan.peak_bytes, r[2]))
         why = (f"{name}: no strategy reaches {format_bytes(budget)}; the smallest peak is "
                f"{format_bytes(out.plan.peak_bytes)} ({name})")
+    if isinstance(costs, ProfiledCosts) and times.source != "profile":  # asked for a profile, got none: say why
+        out.pass_notes.append(f"step times: {time_note}")
     return _record(out, name, why, rows, budget), why
 
 

@@ -72,6 +72,9 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     use_threads(n_threads)
     try:
         out = plan_step(graph, PlanOptions(order=order, planner="best-fit", inplace=inplace))
+        skip = _no_room(out.plan.peak_bytes + sum(graph.values[i].nbytes for i in graph.inputs), xp)
+        if skip:  # never allocate what does not fit: the plan may be exactly what makes it fit
+            return TimeModel(), f"profile skipped ({skip}); FLOP estimate used"
         ex = Executor(out.graph, out.plan, xp=xp)
         params = {p: np.asarray(graph.initializers[p]) if p in graph.initializers else _stand_in(graph, p)
                   for p in ex.classes["parameter"]}
@@ -90,7 +93,7 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
             ex.step(batch)  # the same step untimed inside: what a step costs in full
             sync()
             whole.append(tick() - t0)
-    except (OnnxplanError, KeyError, ValueError, RuntimeError) as exc:
+    except (OnnxplanError, KeyError, ValueError, RuntimeError, MemoryError) as exc:
         return TimeModel(), f"profile failed ({type(exc).__name__}: {exc}); FLOP estimate used"
     measured = {name: min(ts) for name, ts in samples.items()}  # the fastest: others share the machine
     # the step's own costs (feeding, the loop, write-backs) spread over the nodes in proportion
@@ -102,6 +105,19 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     _CACHE[key] = (TimeModel(measured=measured, source="profile"),
                    f"profile ({clock} clock, {device}, {n_threads} threads): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
     return _CACHE[key]
+
+
+def _no_room(need: int, xp) -> str:
+    """Why a profile run of `need` bytes (its plain plan and step data) cannot run here: more
+    than the memory available (host: MemAvailable or the cgroup's room; GPU: its free memory);
+    "" when it fits or availability is unknown."""
+    from onnxplan.hostmem import available_bytes
+    from onnxplan.sizes import format_bytes
+
+    room = available_bytes() if xp is np else int(xp.cuda.Device().mem_info[0])
+    if room is None or need <= room:
+        return ""
+    return f"the plain step needs {format_bytes(need)}, more than the {format_bytes(room)} available"
 
 
 _CACHE: dict[tuple, tuple[TimeModel, str]] = {}  # one profile per graph and process

@@ -76,7 +76,9 @@ class Executor:
         self.binding = bind(graph, plan, self.arena, self.state, self.layout)
         self.swap = None  # onnxplan.swap: a file-backed store and its I/O worker (opened last, below)
         if plan.swaps:
-            from onnxplan.executor.swap_io import SwapRuntime  # it declares the swap nodes' kernels, looked up below
+            from onnxplan.executor.swap_io import (
+                SwapRuntime,  # it declares the swap nodes' kernels, looked up below
+            )
         arrays = self.binding.arrays
         nodes = {n.name: n for n in graph.nodes}
         self.calls: list[_Call] = []

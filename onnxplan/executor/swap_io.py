@@ -38,11 +38,10 @@ from typing import Any, Callable
 import numpy as np
 
 import onnxplan.swap.kernels  # noqa: F401  (declares the swap nodes' kernels)
-from onnxplan.swap.store import (  # noqa: F401  (the store, re-exported for the runtime's users)
-    DIRECT_CHUNK, PAGE, SETTLE_CHUNK, SwapIOError, SwapStore, _io_error, fs_type)
 from onnxplan.errors import ModelError, OnnxplanError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
+from onnxplan.swap.store import DIRECT_CHUNK, PAGE, SETTLE_CHUNK, SwapIOError, SwapStore, _io_error, fs_type  # noqa: F401  (the store, re-exported for the runtime's users)
 
 __all__ = ["SwapIOError", "SwapRuntime", "SwapStats", "SwapStore", "SwapWorker", "fs_type"]
 

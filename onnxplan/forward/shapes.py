@@ -65,7 +65,16 @@ def _fixed_batch(inputs: list[onnx.ValueInfoProto]) -> int | None:
 
 
 def _infer(model: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
-    return onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
+    """onnx's shape inference; a graph it refuses even when not strict (a node missing a required
+    input, an op of a domain the model imports no opset for) is malformed: a ModelError (exit 2)
+    with onnx's reason."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        if strict:
+            raise
+        raise ModelError(f"malformed model: onnx shape inference refuses it ({_first_inference_error(str(exc))})") \
+            from None
 
 
 _FOLD_LIMIT = 1 << 16  # elements: shape arithmetic, never weights

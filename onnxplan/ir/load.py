@@ -78,6 +78,9 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
         if d.HasField("dim_value"):
             if d.dim_value < 0:
                 raise ModelError(f"input '{vi.name}' has a negative dimension {d.dim_value} (axis {axis})")
+            if d.dim_value == 0:  # a step of no samples trains nothing (and ORT's kernels divide by it)
+                raise ModelError(f"input '{vi.name}' has a zero-sized dimension (axis {axis}): a step with no "
+                                 "elements trains nothing; export it with a positive size or a dynamic axis")
             shape.append(d.dim_value)
             continue
         name = d.dim_param or "?"

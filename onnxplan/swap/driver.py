@@ -44,10 +44,13 @@ class Floor:
         return self.resident + self.working_set - self.resident_touched + self.scratch
 
     def describe(self) -> str:
-        return (f"floor {format_bytes(self.peak_bytes)} ({self.peak_bytes} B): the largest single working set "
-                f"is at node {self.node!r} (EO {self.eo}: {format_bytes(self.working_set)} touched + "
-                f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident; "
-                f"{format_bytes(self.bound)} while it runs, which no recomputation or swap avoids)")
+        """The line of a budget below the floor: the bound (never the peak of swapping everything,
+        which the offset planners can beat: a floor above the smallest peak reached would
+        contradict it)."""
+        return (f"floor {format_bytes(self.bound)} ({self.bound} B): the largest single working set is at node "
+                f"{self.node!r} (EO {self.eo}: {format_bytes(self.working_set)} touched + "
+                f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident), in memory while "
+                f"it runs, which no recomputation or swap avoids")
 
 
 @dataclass

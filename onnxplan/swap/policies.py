@@ -231,7 +231,9 @@ def make_policy(name: str, lookahead: int = 1, window_bytes: int | None = None,
     if name == "proactive":
         return Proactive(lookahead)
     if name == "adaptive":
-        from onnxplan.swap.adaptive import Adaptive  # it simulates the swap-out writes of onnxplan.swap.insert
+        from onnxplan.swap.adaptive import (
+            Adaptive,  # it simulates the swap-out writes of onnxplan.swap.insert
+        )
 
         return Adaptive(swap_dir=swap_dir)
     if name == "window":
