@@ -488,14 +488,22 @@ TAPS_MIN_ELEMS = 1 << 15  # outputs (Y, dY) from which a depthwise conv runs tap
 TAPS_MIN_WIDTH = 8  # output rows from which the taps run on NCHW views (else on channels-last copies)
 
 
-def _by_taps(x_shape, w_shape, y_shape, group: int) -> bool:
+def _by_taps(x_shape, w_shape, y_shape, group: int, torch: bool | None = None) -> bool:
     """A depthwise conv with enough outputs that one call per kernel position over the whole
     batch (a multiply-add of views, no columns: torch's addcmul_, ~5-10 us a call with its views)
     beats copying T columns of the output (measured: a strided conv onto 9600 outputs is 3x slower
     tap by tap). Maps with short rows (< TAPS_MIN_WIDTH: 6x6, 3x3) take the taps on channels-last
-    copies, on torch only (numpy's per-tap calls over them lose to the columns)."""
+    copies, on torch only (numpy's per-tap calls over them lose to the columns). torch: whether
+    torch's kernels are on (None: as this process runs them, ONNXPLAN_TORCH_KERNELS)."""
+    torch = _torch.ENABLED if torch is None else torch
     return (_depthwise(x_shape, w_shape, group) and prod(y_shape) >= TAPS_MIN_ELEMS
-            and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or _torch.ENABLED))
+            and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or torch))
+
+
+def _taps_choices(x_shape, w_shape, y_shape, group: int) -> set[bool]:
+    """The values _by_taps may take when the plan runs: a plan is made in one process and may run
+    in another with torch's kernels off (or on), so a scratch rule covers every path it may take."""
+    return {_by_taps(x_shape, w_shape, y_shape, group, torch) for torch in (False, True)}
 
 
 @dataclass(frozen=True)
@@ -736,10 +744,12 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
-    if not win.pointwise and _by_taps(x.shape, w.shape, y.shape, group):
-        return _taps_layout(win, x.shape, y.shape, x.itemsize).nbytes
-    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
-                   _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
+    choices = {False} if win.pointwise else _taps_choices(x.shape, w.shape, y.shape, group)
+    taps = _taps_layout(win, x.shape, y.shape, x.itemsize).nbytes if True in choices else 0
+    if False not in choices:
+        return taps
+    return max(taps, _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
+                             _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes)
 
 
 def _bind_conv(ctx: KernelContext, inputs, outputs):
@@ -1020,8 +1030,10 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     group = int(node.attrs.get("group", 1))
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
-    if (need_dx or need_dw) and _by_taps(x.shape, w.shape, dy.shape, group):
-        return _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes
+    choices = _taps_choices(x.shape, w.shape, dy.shape, group) if need_dx or need_dw else {False}
+    taps = _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes if True in choices else 0
+    if False not in choices:
+        return taps
     flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx and flip is None else None
     sizes = [0 if plan is None else plan.nbytes, 0 if flip is None else flip.nbytes]
@@ -1032,7 +1044,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     if need_dw or need_dx:
         sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, need_dw,
                              _one_copy(win, x.shape, w.shape, dy.shape, group) if need_dw else None).nbytes)
-    return max(sizes)
+    return max(taps, *sizes)
 
 
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
