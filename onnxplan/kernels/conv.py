@@ -7,6 +7,7 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 from math import prod
+from typing import Any, Callable
 
 import numpy as np
 
@@ -388,21 +389,32 @@ def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int
     return Layout(n, rows_out, nb, band, 0, rows, acc, src, offset + src_bytes)
 
 
+# Per-node memos (_conv_window, _as_conv) hold at most this many entries each, the oldest evicted first.
+NODE_MEMO_ENTRIES = 4096
 _WINDOWS: dict[tuple, tuple[dict, Window]] = {}
+_AS_CONV: dict[tuple, tuple[dict, Node]] = {}
+
+
+def _node_memo(memo: dict, node_attrs: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """make(), remembered in `memo` per attribute dict (by identity: a node's attributes do not
+    change once it runs) and `key`; the entry holds the dict, so its id is not reused while the
+    entry lives. At most NODE_MEMO_ENTRIES entries, the oldest evicted first."""
+    key = (id(node_attrs), *key)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is node_attrs:
+        return hit[1]
+    value = make()
+    while len(memo) >= NODE_MEMO_ENTRIES:
+        del memo[next(iter(memo))]
+    memo[key] = (node_attrs, value)
+    return value
 
 
 def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
-    """window() of a conv node, remembered per attribute dict and shapes (a node's attributes do
-    not change once it runs; a step calls the same nodes again, and window() costs ~6 us)."""
-    key = (id(node_attrs), tuple(x_shape), tuple(w_shape), tuple(y_shape))
-    hit = _WINDOWS.get(key)
-    if hit is not None and hit[0] is node_attrs:
-        return hit[1]
-    win = window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
-    if len(_WINDOWS) >= 4096:
-        _WINDOWS.clear()
-    _WINDOWS[key] = (node_attrs, win)  # holds the dict: its id is not reused while the entry lives
-    return win
+    """window() of a conv node, remembered per attribute dict and shapes (a step calls the same
+    nodes again, and window() costs ~6 us)."""
+    return _node_memo(_WINDOWS, node_attrs, (tuple(x_shape), tuple(w_shape), tuple(y_shape)),
+                      lambda: window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:]))
 
 
 def _depthwise(x_shape, w_shape, group: int) -> bool:
@@ -1151,10 +1163,17 @@ def transpose_pads(attrs, x_dims, kernel_shape) -> tuple[list[int], list[int]]:
 
 
 def _as_conv(node, x_dims, kernel_shape) -> Node:
-    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads)."""
-    begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
-    attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
-    return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads); the
+    same Node for the same node and shapes, so the Conv's own memos (_conv_window) hit on every
+    later call instead of taking one entry per call."""
+
+    def make() -> Node:
+        begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
+        attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
+        return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+
+    return _node_memo(_AS_CONV, node.attrs, (node.name, tuple(node.inputs), tuple(node.outputs),
+                                             tuple(x_dims), tuple(kernel_shape)), make)
 
 
 def conv_transpose_scratch(node, in_specs, out_specs) -> int:
