@@ -104,7 +104,8 @@ def test_cast_to_float8_saturates_as_the_reference(to, saturate, source):
 
     from tests.kernel_harness import RNG, one_node_model, run_kernel
 
-    x = (RNG.standard_normal(70_000) * np.exp(RNG.uniform(-12, 12, 70_000))).astype(source)
+    with np.errstate(over="ignore"):  # float16 overflows to inf: more out-of-range values
+        x = (RNG.standard_normal(70_000) * np.exp(RNG.uniform(-12, 12, 70_000))).astype(source)
     x[:6] = [np.inf, -np.inf, np.nan, 0.0, 1e4, -3e4]
     modes = ["up", "down", "nearest"] if to == "FLOAT8E8M0" else ["up"]
     for mode in modes:
