@@ -132,17 +132,18 @@ def ref_run(op: str, inputs: list, outs=1, attrs: dict | None = None) -> list[np
 
 
 # ---- our kernels -------------------------------------------------------------------------------
-def call_kernel(node: Node, inputs: list, outputs: list) -> None:
+def call_kernel(node: Node, inputs: list, outputs: list, random=None) -> None:
     """Call the registered kernel as the executor does: specs from the arrays (None for an omitted
     one), the declared scratch exactly, poisoned with 0xFF bytes so it must be written first, and
     the kernel bound to these arrays first (its bind rule's specialisation, where it has one).
-    KERNEL_PATH = "plain" calls the unbound fn instead (tests comparing the two paths)."""
+    KERNEL_PATH = "plain" calls the unbound fn instead (tests comparing the two paths).
+    random: the Randomness random ops draw from (None: the kernels' seeded default)."""
     spec = lambda a: None if a is None else TensorSpec(a.dtype, a.shape)
     in_specs, out_specs = [spec(a) for a in inputs], [spec(a) for a in outputs]
     nbytes = scratch_bytes(node, in_specs, out_specs)
     scratch = XP.full(nbytes, 0xFF, dtype=np.uint8) if nbytes else None
     if XP is np:
-        ctx = KernelContext(np, node, in_specs, out_specs, scratch)
+        ctx = KernelContext(np, node, in_specs, out_specs, scratch, random)
         decl = find_kernel(node)
         fn = decl.fn if KERNEL_PATH == "plain" else bound_kernel(decl, ctx, inputs, outputs)
         fn(ctx, inputs, outputs)
@@ -159,7 +160,7 @@ def call_kernel(node: Node, inputs: list, outputs: list) -> None:
         return device[id(a)][1]
 
     d_in, d_out = [up(a) for a in inputs], [up(a) for a in outputs]
-    find_kernel(node).fn(KernelContext(XP, node, in_specs, out_specs, scratch), d_in, d_out)
+    find_kernel(node).fn(KernelContext(XP, node, in_specs, out_specs, scratch, random), d_in, d_out)
     for host, dev in device.values():
         if host.flags.writeable:
             host[...] = dev.get()

@@ -551,3 +551,61 @@ def test_im2col_by_rows_matches_brute_force(x_shape, kernel, attrs):
         src = np.full(x_shape[0] * x_shape[1] * math.prod(conv_module._extent(sub)), np.nan, np.float32)
         conv_module.im2col(np, sub, x, col, src if conv_module._reads_padding(sub) else None)
         np.testing.assert_array_equal(col, expected[..., b0:b1, :])
+
+
+# ---- a plan made with torch's kernels on runs with them off ----------------------------------------
+def _depthwise_step(n: int, c: int, side: int):
+    """x -> depthwise 3x3 Conv -> sum of squares, its ConvGrad (dW) and an SGD update: short rows
+    (side < TAPS_MIN_WIDTH) with enough outputs that the Conv runs tap by tap only with torch on."""
+    from onnxplan.ir.graph import ValueClass
+    from tests.graphs import GraphBuilder
+
+    b = GraphBuilder("depthwise")
+    b.value("x", (n, c, side, side), ValueClass.INPUT)
+    b.value("W", (c, 1, 3, 3), ValueClass.PARAMETER, trainable=True)
+    attrs = {"group": c, "pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    b.node("Conv", ["x", "W"], ["y"], **attrs)
+    b.node("ReduceSumSquare", ["y"], ["loss"], [()], keepdims=0)
+    b.g.outputs.append("loss")
+    b.g.loss = "loss"
+    b.const("two", np.array([2.0], np.float32))
+    b.node("Scale", ["y", "two"], ["dy"], domain=MS, phase="backward", vclass=ValueClass.TEMPORARY)
+    b.node("ConvGrad", ["dy", "x", "W"], ["", "dW"], [None, (c, 1, 3, 3)], domain=MS, phase="backward",
+           vclass=ValueClass.GRADIENT, **attrs)
+    b.value("W.updated", (c, 1, 3, 3), ValueClass.PARAMETER, trainable=True)
+    b.value("lr", (1,), ValueClass.INPUT)
+    b.node("SGDOptimizerV2", ["lr", "W", "dW"], ["flag", "W.updated"], [(1,), (c, 1, 3, 3)], domain=MS,
+           phase="optimizer", vclass=ValueClass.TEMPORARY, num_params=1)
+    from onnxplan.ir.tensor import TensorSpec
+
+    b.g.values["flag"].spec = TensorSpec("bool", (1,))
+    b.g.outputs.append("W.updated")
+    b.g.optimizer = {"type": "SGD", "params": ["W"], "grads": ["dW"]}
+    return b.g
+
+
+@pytest.mark.parametrize("plan_torch", [True, False])
+def test_depthwise_plan_runs_with_torch_kernels_switched(monkeypatch, plan_torch):
+    """ONNXPLAN_TORCH_KERNELS decides whether a short-row depthwise conv runs tap by tap (its scratch
+    is the taps layout) or by columns (more scratch); it is read by the process that runs the plan,
+    which need not be the one that made it. The declared scratch covers both paths: a plan made
+    with torch on (off) runs with it off (on) inside its arena, checked, and its first loss is the
+    reference evaluator's."""
+    from onnxplan.executor.runner import Executor
+    from onnxplan.kernels import _torch
+    from onnxplan.planning import PlanOptions, plan_step
+
+    rng = np.random.default_rng(41)
+    shape, w_shape = (64, 32, 6, 6), (32, 1, 3, 3)
+    assert conv_module._by_taps(shape, w_shape, shape, 32, True)
+    assert not conv_module._by_taps(shape, w_shape, shape, 32, False)
+    w, x = randn(rng, *w_shape, scale=0.3), randn(rng, *shape)
+    monkeypatch.setattr(_torch, "ENABLED", plan_torch)
+    res = plan_step(_depthwise_step(*shape[:3]), PlanOptions("given", "best-fit"))
+    monkeypatch.setattr(_torch, "ENABLED", not plan_torch)
+    ex = Executor(res.graph, res.plan, check_arena=True)
+    ex.load_state({"W": w})
+    losses = [ex.step({"x": x, "lr": np.array([1e-6], np.float32)}) for _ in range(2)]
+    (y,) = ref_run("Conv", [x, w], 1, {"group": 32, "pads": [1, 1, 1, 1], "kernel_shape": [3, 3]})
+    np.testing.assert_allclose(losses[0], np.sum(y.astype(np.float64) ** 2), rtol=1e-5)
+    assert losses[1] < losses[0]

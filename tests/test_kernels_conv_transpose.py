@@ -113,3 +113,31 @@ def test_conv_transpose_shape_rule_matches_ort(x_shape, w_shape, attrs):
     known = {"x": TensorSpec("float32", x_shape), "w": TensorSpec("float32", w_shape)}
     specs, _ = infer_shapes([node], known, {}, {"": 17})
     assert specs["y"].shape == y.shape
+
+
+def test_conv_transpose_memos_stay_bounded(monkeypatch):
+    """A ConvTranspose runs as the Conv it is the adjoint of: the same node called again adds no
+    memo entry (each call used to make a new Conv node, hence one more window entry per call), and
+    ever new nodes keep each memo within NODE_MEMO_ENTRIES, oldest evicted first. Every call still
+    matches the reference evaluator."""
+    from onnxplan.kernels import conv as conv_module
+    from tests.kernel_harness import make_node
+
+    rng = np.random.default_rng(31)
+    x_shape, w_shape, attrs = CASES[1]
+    x, w = randn(rng, *x_shape), randn(rng, *w_shape)
+    (want,) = ref_run("ConvTranspose", [x, w], 1, attrs)
+    monkeypatch.setattr(conv_module, "_WINDOWS", {})
+    monkeypatch.setattr(conv_module, "_AS_CONV", {})
+    node = make_node("ConvTranspose", [x, w], 1, attrs)
+    for _ in range(5):
+        (got,) = run_kernel("ConvTranspose", [x, w], [want], node=node)
+        assert_sums_close(got, want)
+    assert len(conv_module._WINDOWS) == 1 and len(conv_module._AS_CONV) == 1
+    monkeypatch.setattr(conv_module, "NODE_MEMO_ENTRIES", 3)
+    for _ in range(6):
+        (got,) = run_kernel("ConvTranspose", [x, w], [want], node=make_node("ConvTranspose", [x, w], 1, attrs))
+        assert_sums_close(got, want)
+        assert len(conv_module._WINDOWS) <= 3 and len(conv_module._AS_CONV) <= 3
+    (got,) = run_kernel("ConvTranspose", [x, w], [want], node=node)  # evicted, made again
+    assert_sums_close(got, want)

@@ -90,3 +90,29 @@ def test_onnx_gelu_at_opset_20(approximate):
     find_kernel(ours, 20).fn(KernelContext(np, ours, [], []), [x], [got])
     for want in wants:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("to", ["FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT8E8M0"])
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("source", ["float32", "float16"])
+def test_cast_to_float8_saturates_as_the_reference(to, saturate, source):
+    """saturate=1 (the default) clamps to the type's largest finite value (+-inf too), saturate=0
+    gives NaN (inf for E5M2) out of range; E8M0 rounds its exponent by round_mode. Against the ONNX
+    reference evaluator (onnx.numpy_helper's conversions), in blocks larger than one kernel block."""
+    from onnx import TensorProto
+    from onnx.reference import ReferenceEvaluator
+
+    from tests.kernel_harness import RNG, one_node_model, run_kernel
+
+    with np.errstate(over="ignore"):  # float16 overflows to inf: more out-of-range values
+        x = (RNG.standard_normal(70_000) * np.exp(RNG.uniform(-12, 12, 70_000))).astype(source)
+    x[:6] = [np.inf, -np.inf, np.nan, 0.0, 1e4, -3e4]
+    modes = ["up", "down", "nearest"] if to == "FLOAT8E8M0" else ["up"]
+    for mode in modes:
+        attrs = {"to": getattr(TensorProto, to), "saturate": saturate, "round_mode": mode}
+        model, feeds = one_node_model("Cast", [x], 1, attrs)
+        model.opset_import[0].version = 25
+        (want,) = ReferenceEvaluator(model).run(None, feeds)
+        (got,) = run_kernel("Cast", [x], [want], attrs)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))

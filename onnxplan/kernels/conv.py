@@ -7,6 +7,7 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 from math import prod
+from typing import Any, Callable
 
 import numpy as np
 
@@ -388,21 +389,32 @@ def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int
     return Layout(n, rows_out, nb, band, 0, rows, acc, src, offset + src_bytes)
 
 
+# Per-node memos (_conv_window, _as_conv) hold at most this many entries each, the oldest evicted first.
+NODE_MEMO_ENTRIES = 4096
 _WINDOWS: dict[tuple, tuple[dict, Window]] = {}
+_AS_CONV: dict[tuple, tuple[dict, Node]] = {}
+
+
+def _node_memo(memo: dict, node_attrs: dict, key: tuple, make: Callable[[], Any]) -> Any:
+    """make(), remembered in `memo` per attribute dict (by identity: a node's attributes do not
+    change once it runs) and `key`; the entry holds the dict, so its id is not reused while the
+    entry lives. At most NODE_MEMO_ENTRIES entries, the oldest evicted first."""
+    key = (id(node_attrs), *key)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is node_attrs:
+        return hit[1]
+    value = make()
+    while len(memo) >= NODE_MEMO_ENTRIES:
+        del memo[next(iter(memo))]
+    memo[key] = (node_attrs, value)
+    return value
 
 
 def _conv_window(node_attrs, x_shape, w_shape, y_shape) -> Window:
-    """window() of a conv node, remembered per attribute dict and shapes (a node's attributes do
-    not change once it runs; a step calls the same nodes again, and window() costs ~6 us)."""
-    key = (id(node_attrs), tuple(x_shape), tuple(w_shape), tuple(y_shape))
-    hit = _WINDOWS.get(key)
-    if hit is not None and hit[0] is node_attrs:
-        return hit[1]
-    win = window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:])
-    if len(_WINDOWS) >= 4096:
-        _WINDOWS.clear()
-    _WINDOWS[key] = (node_attrs, win)  # holds the dict: its id is not reused while the entry lives
-    return win
+    """window() of a conv node, remembered per attribute dict and shapes (a step calls the same
+    nodes again, and window() costs ~6 us)."""
+    return _node_memo(_WINDOWS, node_attrs, (tuple(x_shape), tuple(w_shape), tuple(y_shape)),
+                      lambda: window(node_attrs, x_shape[2:], y_shape[2:], w_shape[2:]))
 
 
 def _depthwise(x_shape, w_shape, group: int) -> bool:
@@ -488,14 +500,22 @@ TAPS_MIN_ELEMS = 1 << 15  # outputs (Y, dY) from which a depthwise conv runs tap
 TAPS_MIN_WIDTH = 8  # output rows from which the taps run on NCHW views (else on channels-last copies)
 
 
-def _by_taps(x_shape, w_shape, y_shape, group: int) -> bool:
+def _by_taps(x_shape, w_shape, y_shape, group: int, torch: bool | None = None) -> bool:
     """A depthwise conv with enough outputs that one call per kernel position over the whole
     batch (a multiply-add of views, no columns: torch's addcmul_, ~5-10 us a call with its views)
     beats copying T columns of the output (measured: a strided conv onto 9600 outputs is 3x slower
     tap by tap). Maps with short rows (< TAPS_MIN_WIDTH: 6x6, 3x3) take the taps on channels-last
-    copies, on torch only (numpy's per-tap calls over them lose to the columns)."""
+    copies, on torch only (numpy's per-tap calls over them lose to the columns). torch: whether
+    torch's kernels are on (None: as this process runs them, ONNXPLAN_TORCH_KERNELS)."""
+    torch = _torch.ENABLED if torch is None else torch
     return (_depthwise(x_shape, w_shape, group) and prod(y_shape) >= TAPS_MIN_ELEMS
-            and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or _torch.ENABLED))
+            and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or torch))
+
+
+def _taps_choices(x_shape, w_shape, y_shape, group: int) -> set[bool]:
+    """The values _by_taps may take when the plan runs: a plan is made in one process and may run
+    in another with torch's kernels off (or on), so a scratch rule covers every path it may take."""
+    return {_by_taps(x_shape, w_shape, y_shape, group, torch) for torch in (False, True)}
 
 
 @dataclass(frozen=True)
@@ -736,10 +756,12 @@ def conv_scratch(node, in_specs, out_specs) -> int:
     x, w, y = in_specs[0], in_specs[1], out_specs[0]
     win = _conv_window(node.attrs, x.shape, w.shape, y.shape)
     group = int(node.attrs.get("group", 1))
-    if not win.pointwise and _by_taps(x.shape, w.shape, y.shape, group):
-        return _taps_layout(win, x.shape, y.shape, x.itemsize).nbytes
-    return _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
-                   _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes
+    choices = {False} if win.pointwise else _taps_choices(x.shape, w.shape, y.shape, group)
+    taps = _taps_layout(win, x.shape, y.shape, x.itemsize).nbytes if True in choices else 0
+    if False not in choices:
+        return taps
+    return max(taps, _layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, not win.pointwise, False,
+                             _one_copy(win, x.shape, w.shape, y.shape, group)).nbytes)
 
 
 def _bind_conv(ctx: KernelContext, inputs, outputs):
@@ -1020,8 +1042,10 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     group = int(node.attrs.get("group", 1))
     need_dx = need_dx and not win.pointwise
     need_dw = need_dw and not _direct_dw(x.shape, prod(dy.shape[2:]), win.pointwise)
-    if (need_dx or need_dw) and _by_taps(x.shape, w.shape, dy.shape, group):
-        return _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes
+    choices = _taps_choices(x.shape, w.shape, dy.shape, group) if need_dx or need_dw else {False}
+    taps = _taps_layout(win, x.shape, dy.shape, x.itemsize).nbytes if True in choices else 0
+    if False not in choices:
+        return taps
     flip = _flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx else None
     plan = _dx_plan(x.shape, w.shape, dy.shape, win, group, x.itemsize) if need_dx and flip is None else None
     sizes = [0 if plan is None else plan.nbytes, 0 if flip is None else flip.nbytes]
@@ -1032,7 +1056,7 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     if need_dw or need_dx:
         sizes.append(_layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, need_dw,
                              _one_copy(win, x.shape, w.shape, dy.shape, group) if need_dw else None).nbytes)
-    return max(sizes)
+    return max(taps, *sizes)
 
 
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
@@ -1139,10 +1163,17 @@ def transpose_pads(attrs, x_dims, kernel_shape) -> tuple[list[int], list[int]]:
 
 
 def _as_conv(node, x_dims, kernel_shape) -> Node:
-    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads)."""
-    begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
-    attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
-    return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+    """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads); the
+    same Node for the same node and shapes, so the Conv's own memos (_conv_window) hit on every
+    later call instead of taking one entry per call."""
+
+    def make() -> Node:
+        begin, end = transpose_pads(node.attrs, x_dims, kernel_shape)
+        attrs = {k: v for k, v in node.attrs.items() if k in ("strides", "dilations", "group")}
+        return Node(node.name, "Conv", "", node.inputs, node.outputs, {**attrs, "pads": begin + end})
+
+    return _node_memo(_AS_CONV, node.attrs, (node.name, tuple(node.inputs), tuple(node.outputs),
+                                             tuple(x_dims), tuple(kernel_shape)), make)
 
 
 def conv_transpose_scratch(node, in_specs, out_specs) -> int:

@@ -517,11 +517,6 @@ def is_inf(ctx, inputs, outputs):
         out.fill(False)
 
 
-@kernel("CastLike")
-def cast_like(ctx, inputs, outputs):
-    ctx.xp.copyto(outputs[0], inputs[0], casting="unsafe")
-
-
 def _act(block_of):
     """A blockwise activation: block_of(xp, attrs, x) returns the block's result (a temporary)."""
     def fn(ctx, inputs, outputs):

@@ -161,7 +161,9 @@ def max_pool(ctx: KernelContext, inputs, outputs) -> None:
     """Y = max over each window; Indices (ORT's layout) = flat index into X of the first maximum.
 
     Every output first takes its first in-bounds tap (copies, last tap first), then each later
-    tap replaces it where strictly greater: ORT's scan order and tie rule, NaN included.
+    tap replaces it where strictly greater: ORT's scan order and tie rule, NaN included. ceil_mode
+    follows ONNX Runtime 1.19 (a window wholly in the right padding is kept: the lowest value), not
+    ONNX (which drops it); one that starts past the input and its padding is refused at plan time.
     """
     xp = ctx.xp
     x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
@@ -328,7 +330,11 @@ def average_pool(ctx: KernelContext, inputs, outputs) -> None:
     ORT picks (see _mlas_path): generic scans the window row-major; vector sums each column of
     the window (all axes but the last) first, then the columns left to right.
 
-    count is the kernel size with count_include_pad, else the in-bounds positions.
+    count is the kernel size with count_include_pad, else the in-bounds positions. With ceil_mode
+    this follows ONNX Runtime 1.19, not ONNX (whose reference and PyTorch count only the positions
+    inside the padded input, and drop a window that starts in the right padding): the step runs
+    ORT's AveragePoolGrad and is verified against ORT (tests/conformance.py ORT_FOLLOWED). A window
+    that starts past the input and its padding is refused at plan time.
     """
     xp = ctx.xp
     x, y = inputs[0], outputs[0]

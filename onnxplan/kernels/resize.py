@@ -24,6 +24,10 @@ def _linear_taps(coord: np.ndarray, n_in: int):
 @kernel("Resize")
 @kernel("Upsample")
 def resize(ctx, inputs, outputs):
+    """Nearest or n-linear resize of the unresized-leading-axes slabs. align_corners follows ONNX
+    Runtime 1.19 (and PyTorch): x_in = x_out * (in - 1) / (out - 1) with the integer output length,
+    where ONNX's reference divides by in * scale - 1 (they differ when in * scale is not an integer;
+    tests/conformance.py ORT_FOLLOWED checks it against ORT)."""
     xp, x, out = ctx.xp, inputs[0], outputs[0]
 
     def value(i):

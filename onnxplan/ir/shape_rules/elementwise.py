@@ -78,11 +78,19 @@ def _where(node, specs, consts):
     return outputs(node, TensorSpec(x.dtype, broadcast(node, c.shape, x.shape, y.shape)))
 
 
+def _round_mode(node) -> None:
+    mode = attr_str(node, "round_mode", "up")
+    if mode not in ("up", "down", "nearest"):
+        raise fail(f"{node.op_type} round_mode {mode!r} is not supported (up, down and nearest are)")
+
+
 @shape_rule("Cast")
 def _cast(node, specs, consts):
+    _round_mode(node)
     return outputs(node, need(node, specs, 0).with_dtype(dtype_of_onnx(attr(node, "to"))))
 
 
 @shape_rule("CastLike")
 def _cast_like(node, specs, consts):
+    _round_mode(node)
     return outputs(node, need(node, specs, 0).with_dtype(need(node, specs, 1).dtype))

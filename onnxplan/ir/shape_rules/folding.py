@@ -90,7 +90,13 @@ def _fold_where(node, vals, specs, outs):
 
 @_folds("Cast", "CastLike")
 def _fold_cast(node, vals, specs, outs):
-    return [vals[0]]  # the engine casts every folded value to its output spec
+    """The Cast kernel's rules (float8 saturation, E8M0 rounding) on the folded value."""
+    from onnxplan.kernels.tensor_ops import cast_attrs, cast_into
+
+    x = np.asarray(vals[0])
+    out = np.empty(x.shape, np.dtype(outs[0].dtype))
+    cast_into(np, x, out, *cast_attrs(node.attrs))
+    return [out]
 
 
 @_folds("Constant")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import shape_rule
 from onnxplan.ir.shape_rules._common import MS, attr, broadcast, fail, need, outputs
@@ -116,6 +118,9 @@ def einsum_terms(node: Node, equation: str, shapes: Sequence[Sequence[int]]) -> 
 @shape_rule("Einsum")
 def _einsum(node, specs, consts):
     present = [need(node, specs, i) for i in range(len(node.inputs)) if node.inputs[i]]
+    for spec in present:  # numpy's (and CuPy's) einsum computes only numpy's own dtypes
+        if np.dtype(spec.dtype).isbuiltin != 1:
+            raise fail(f"Einsum on {np.dtype(spec.dtype).name} is not supported (numpy's einsum has no such dtype)")
     equation = attr(node, "equation")
     equation = equation.decode() if isinstance(equation, bytes) else str(equation)
     _, out, sizes = einsum_terms(node, equation, [s.shape for s in present])

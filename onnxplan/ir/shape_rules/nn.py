@@ -138,7 +138,16 @@ def _conv_transpose(node, specs, consts):
 @shape_rule("LpPool")
 def _pool(node, specs, consts):
     x = need(node, specs, 0)
-    dims = window_out_dims(node, x.shape[2:], _kernel(node, None), bool(attr(node, "ceil_mode", 0)))
+    kernel = _kernel(node, None)
+    dims = window_out_dims(node, x.shape[2:], kernel, bool(attr(node, "ceil_mode", 0)))
+    if attr(node, "ceil_mode", 0) and attr_str(node, "auto_pad", "NOTSET") == "NOTSET":
+        n = len(dims)
+        _, strides, _, pads = _window_params(node, n, kernel)
+        for i, (d, size) in enumerate(zip(dims, x.shape[2:])):
+            if (d - 1) * strides[i] - pads[i] >= size + pads[n + i]:
+                # ONNX drops such a window; ONNX Runtime 1.19 keeps it and reads outside the input
+                raise fail(f"{node.op_type} with ceil_mode=1 whose last window (axis {i + 2}) starts past "
+                           f"the input and its padding is not supported")
     y = x.with_shape(x.shape[:2] + tuple(dims))
     return outputs(node, y, TensorSpec("int64", y.shape))  # MaxPool's second output: Indices
 

@@ -220,7 +220,10 @@ def _reshape(node, specs, consts):
 @shape_rule("Flatten")
 def _flatten(node, specs, consts):
     x = need(node, specs, 0)
-    axis = norm_axis(node, attr(node, "axis", 1), x.rank + 1)
+    axis = int(attr(node, "axis", 1))  # in [-r, r]; a negative axis counts from r
+    if not -x.rank <= axis <= x.rank:
+        raise fail(f"Flatten axis {axis} is out of range for rank {x.rank}")
+    axis += x.rank if axis < 0 else 0
     return outputs(node, x.with_shape((prod(x.shape[:axis]), prod(x.shape[axis:]))))
 
 
