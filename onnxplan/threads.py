@@ -124,6 +124,7 @@ class ThreadSettings:
     ort_inter: int
     swap_io: int  # I/O worker threads (0 without swaps)
     omp_wait_policy: str
+    blas_library: str = ""  # e.g. "openblas 0.3.31 SkylakeX pthreads" (the kernel it dispatched to)
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -135,6 +136,14 @@ def _pool_threads(api: str) -> int | None:
 
     got = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p.get("user_api") == api]
     return max(got) if got else None
+
+
+def _blas_library() -> str:
+    import threadpoolctl
+
+    return "; ".join(" ".join(str(p.get(k) or "") for k in ("internal_api", "version", "architecture",
+                                                           "threading_layer")).strip()
+                     for p in threadpoolctl.threadpool_info() if p.get("user_api") == "blas")
 
 
 def _configure_torch(torch: Any, n: int) -> tuple[int, int]:
@@ -168,7 +177,8 @@ def use_threads(threads: int | None = None, *, swapping: bool = False) -> Thread
     _current = ThreadSettings(
         threads=n, compute=compute, blas=_pool_threads("blas"), openmp=_pool_threads("openmp"),
         torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
-        swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"), note=note)
+        swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"),
+        blas_library=_blas_library(), note=note)
     return _current
 
 
