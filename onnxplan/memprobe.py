@@ -184,19 +184,21 @@ def probe_peak(
     target: str,
     kwargs: dict | None = None,
     timeout_s: float = 600.0,
-    env: dict[str, str] | None = None,
+    env: dict[str, str | None] | None = None,
     stdin: str | None = None,
 ) -> ProbeResult:
     """Run `target` ("pkg.module:function" or "path/file.py:function") in a fresh interpreter.
 
     The child imports the target's module, marks the baseline, calls function(**kwargs)
     (which may call mark_baseline() again just before its session) and reports the peak
-    RSS increase over the baseline plus the function's JSON-able dict result. `stdin` is
+    RSS increase over the baseline plus the function's JSON-able dict result. `env` adds to
+    (a None value: removes from) this process's environment for the child. `stdin` is
     fed to the child's standard input (large inputs: no temporary file). The child dies
     with this process (a parent-death signal), so a killed parent leaves nothing running.
     """
     command = [sys.executable, "-m", "onnxplan.memprobe", target, json.dumps(kwargs or {})]
-    child_env = {**os.environ, **(env or {}), _PARENT_ENV: str(os.getpid())}
+    child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}  # None: unset
+    child_env[_PARENT_ENV] = str(os.getpid())
     try:
         proc = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s, env=child_env,

@@ -36,14 +36,17 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ThreadSettings", "available_cores", "current", "ort_session_options", "prepare_process",
-           "resolve_threads", "use_threads"]
+__all__ = ["ThreadSettings", "available_cores", "current", "ort_session_options", "peer_environment",
+           "prepare_process", "resolve_threads", "use_threads"]
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+KEEP_OPENMP_ENV = "ONNXPLAN_KEEP_OPENMP_WAIT"  # "1": leave OpenMP's waiting as it is (a peer's process)
 THREADS_ENV = "ONNXPLAN_THREADS"  # the default of --threads, where set
 _PASSIVE = "PASSIVE"
 _gomp_spins: bool | None = None  # libgomp loaded before prepare_process with its workers spinning
+_we_set_policy = False  # OMP_WAIT_POLICY=PASSIVE is ours, not the user's
 _current: ThreadSettings | None = None
+_torch_alone = False
 
 
 def _libgomp_loaded() -> bool:
@@ -61,8 +64,10 @@ def prepare_process() -> None:
     global _gomp_spins
     if _gomp_spins is not None:
         return
-    if not _libgomp_loaded():
-        os.environ.setdefault(WAIT_POLICY_ENV, _PASSIVE)
+    global _we_set_policy
+    if not _libgomp_loaded() and os.environ.get(KEEP_OPENMP_ENV) != "1" and WAIT_POLICY_ENV not in os.environ:
+        os.environ[WAIT_POLICY_ENV] = _PASSIVE
+        _we_set_policy = True
     # loaded before us, the policy in force is whatever the environment said then
     _gomp_spins = os.environ.get(WAIT_POLICY_ENV, "").upper() != _PASSIVE
 
@@ -155,17 +160,19 @@ def _configure_torch(torch: Any, n: int) -> tuple[int, int]:
     return torch.get_num_threads(), torch.get_num_interop_threads()
 
 
-def use_threads(threads: int | None = None, *, swapping: bool = False) -> ThreadSettings:
+def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alone: bool = False) -> ThreadSettings:
     """Apply the policy for `threads` (None: every available core) to every pool loaded in
     this process, and to torch when it loads later (onnxplan.kernels._torch.load). Returns
-    what each pool got."""
-    global _current
+    what each pool got. `torch_alone`: torch's pool is the only one that works here (the
+    PyTorch peer), so it gets every thread even where its idle workers spin."""
+    global _current, _torch_alone
     import threadpoolctl
 
     prepare_process()
+    _torch_alone = torch_alone
     n = resolve_threads(threads)
     compute = max(1, n - 1) if swapping and n > 1 else n
-    torch_n = 1 if _gomp_spins else compute
+    torch_n = 1 if _gomp_spins and not torch_alone else compute
     threadpoolctl.threadpool_limits(limits=compute, user_api="blas")
     threadpoolctl.threadpool_limits(limits=torch_n, user_api="openmp")
     torch_intra = torch_interop = None
@@ -173,7 +180,7 @@ def use_threads(threads: int | None = None, *, swapping: bool = False) -> Thread
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch_intra, torch_interop = _configure_torch(torch, torch_n)
     note = ("an OpenMP runtime was loaded before onnxplan with spinning workers: torch gets 1 thread"
-            if _gomp_spins and compute > 1 else "")
+            if _gomp_spins and compute > 1 and not torch_alone else "")
     _current = ThreadSettings(
         threads=n, compute=compute, blas=_pool_threads("blas"), openmp=_pool_threads("openmp"),
         torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
@@ -191,10 +198,16 @@ def torch_loaded(torch: Any) -> None:
     """Called by onnxplan.kernels._torch.load after importing torch: size its pools now."""
     global _current
     settings = current()
-    n = 1 if _gomp_spins else settings.compute
+    n = 1 if _gomp_spins and not _torch_alone else settings.compute
     intra, interop = _configure_torch(torch, n)
     _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
                                  "openmp": _pool_threads("openmp")})
+
+
+def peer_environment() -> dict[str, str | None]:
+    """The environment changes for a peer's process (onnxplan.memprobe's `env`): OpenMP waits
+    as it does for a user of that library (the policy onnxplan set for itself removed)."""
+    return {WAIT_POLICY_ENV: None, KEEP_OPENMP_ENV: "1"} if _we_set_policy else {}
 
 
 def ort_session_options(options: Any = None, *, beside_our_kernels: bool = True) -> Any:

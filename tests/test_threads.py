@@ -113,3 +113,29 @@ def test_torch_loaded_first_with_spinning_workers_gets_one_thread():
                  "s = threads.use_threads(2)\n"
                  "print(json.dumps({'torch': s.torch_intra, 'compute': s.compute, 'note': s.note}))")
     assert got["torch"] == 1 and got["compute"] == 2 and "torch gets 1 thread" in got["note"]
+
+
+def test_a_peer_process_waits_as_its_library_does():
+    """The PyTorch peer runs as a PyTorch user's process: OpenMP's own waiting (onnxplan's
+    PASSIVE removed), and torch keeps every thread since nothing else works beside it."""
+    code = ("import json, os, onnxplan, torch\n"
+            "from onnxplan import threads\n"
+            "s = threads.use_threads(2, torch_alone=True)\n"
+            "print(json.dumps({'policy': os.environ.get('OMP_WAIT_POLICY'), 'torch': s.torch_intra, 'note': s.note}))")
+    # what bench hands the peer's probe when onnxplan set the policy itself
+    env = {threads.KEEP_OPENMP_ENV: "1"}
+    got = _child(code, env)
+    assert got == {"policy": None, "torch": 2, "note": ""}
+    assert threads.peer_environment() in ({}, {threads.WAIT_POLICY_ENV: None, threads.KEEP_OPENMP_ENV: "1"})
+
+
+def test_probe_env_none_removes_a_variable(monkeypatch):
+    from onnxplan.memprobe import probe_peak
+
+    monkeypatch.setenv("ONNXPLAN_TEST_VAR", "x")
+    res = probe_peak("tests.test_threads:_env_target", {}, env={"ONNXPLAN_TEST_VAR": None, "ONNXPLAN_OTHER": "y"})
+    assert res.result == {"var": None, "other": "y"}
+
+
+def _env_target() -> dict:
+    return {"var": os.environ.get("ONNXPLAN_TEST_VAR"), "other": os.environ.get("ONNXPLAN_OTHER")}

@@ -8,6 +8,7 @@ from typing import Any
 
 from onnxplan.errors import UsageError
 from onnxplan.memprobe import ProbeError, probe_peak
+from onnxplan.threads import peer_environment
 
 __all__ = ["PEERS", "measure_peer", "parse_peers", "peer_row_fields", "step_stats"]
 
@@ -40,11 +41,11 @@ def measure_peer(peer: str, artifact_dir: Path, repeat: int, warmup: int = 1, se
                  timeout_s: float = 900.0, threads: int | None = None) -> dict[str, Any]:
     """One peer's peak RSS increase and step latency: warmup + repeat seeded steps in a fresh
     interpreter, its pools sized for `threads` as ours are (onnxplan.threads; None: every
-    available core). Never raises for a failed run: the figure is null and `error` says why."""
+    available core), OpenMP waiting as for a user of that library (no policy of onnxplan's). Never raises for a failed run: the figure is null and `error` says why."""
     kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": warmup + repeat, "seed": seed,
               "threads": threads}
     try:
-        probe = probe_peak(_TARGETS[peer], kwargs, timeout_s=timeout_s)
+        probe = probe_peak(_TARGETS[peer], kwargs, timeout_s=timeout_s, env=peer_environment())
     except ProbeError as exc:
         return {"peak_bytes": None, **step_stats([], 0), "first_loss": None, "error": str(exc)[:300]}
     losses = probe.result.get("losses") or [None]
