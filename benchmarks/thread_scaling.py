@@ -121,11 +121,12 @@ def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[
     lines = [f"# Thread scaling: ours, ONNX Runtime and PyTorch at {' and '.join(map(str, counts))} threads "
              f"({date.today().isoformat()})", "",
              f"`python benchmarks/thread_scaling.py {' '.join(args.models)}{' --corpus' if args.corpus else ''} "
-             f"--threads {args.threads} --rounds {args.rounds} --steps {args.steps}` on "
+             f"--threads {args.threads} --rounds {args.rounds}"
+             f"{f' --corpus-rounds {args.corpus_rounds}' if args.corpus_rounds else ''} --steps {args.steps}` on "
              f"{platform.processor() or platform.machine()}, {available_cores()} cores available; load average "
              f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
              "a fresh process per run (the default plan for ours), 1 warm-up + "
-             f"{args.steps} timed steps, the median over {args.rounds} rounds of each round's median step "
+             f"{args.steps} timed steps, the median over the rounds of each round's median step "
              "(± the largest distance of a round from it). Pools per process (onnxplan.threads): BLAS, "
              "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, idle OpenMP "
              "workers asleep (OMP_WAIT_POLICY=PASSIVE); the ORT peer keeps ORT's own spinning "
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--corpus", action="store_true", help="also the real-architecture corpus at bench scale")
     ap.add_argument("--threads", default=f"1,{available_cores()}", help="thread counts, comma-separated")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--corpus-rounds", type=int, default=None, help="rounds for the corpus (default: --rounds)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -166,7 +168,8 @@ def main() -> None:
     for label, item in plan:
         t0 = time.perf_counter()
         try:
-            row = bench_model(item, counts, args.rounds, args.steps)
+            rounds = args.corpus_rounds if label.startswith("corpus") and args.corpus_rounds else args.rounds
+            row = bench_model(item, counts, rounds, args.steps)
         except Exception as exc:  # noqa: BLE001 - one model's failure (an export) should not cost the others
             print(f"{item}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue
