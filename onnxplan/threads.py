@@ -21,6 +21,11 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
 - ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
   between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
   0); a peer measured alone in its own process keeps ORT's default (spinning: its fastest).
+- The PyTorch peer, alone in its process, runs as a PyTorch user's process: OpenMP's own
+  waiting (peer_environment removes the policy onnxplan set; passive waiting made its
+  transformer step 47 ms instead of 27) and torch at N (`torch_alone`).
+- onnxplan's own kernel workers (kernels/parallel.py): N - 1 beside the calling thread,
+  asleep on a queue when idle.
 - With swaps in the plan, the swap I/O worker runs beside the kernels: the compute pools get
   N - 1 (at least 1) and the worker the last core.
 
@@ -61,10 +66,9 @@ def prepare_process() -> None:
     """Before any OpenMP runtime loads: idle OpenMP workers sleep (OMP_WAIT_POLICY=PASSIVE,
     unless the user set a policy). Records whether an OpenMP runtime was already loaded with
     spinning workers (then torch gets one thread: see the module's docstring)."""
-    global _gomp_spins
+    global _gomp_spins, _we_set_policy
     if _gomp_spins is not None:
         return
-    global _we_set_policy
     if not _libgomp_loaded() and os.environ.get(KEEP_OPENMP_ENV) != "1" and WAIT_POLICY_ENV not in os.environ:
         os.environ[WAIT_POLICY_ENV] = _PASSIVE
         _we_set_policy = True
