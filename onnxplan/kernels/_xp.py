@@ -85,7 +85,7 @@ def blockwise(xp, fn: Callable[..., None], out, *ins) -> None:
         return lambda: [fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views)) for b in part]
 
     # large arrays: runs of blocks on the compute threads (each thread's temporaries block-sized)
-    parts = parallel.parts_for(out.size, xp)
+    parts = parallel.parts_for(out.size, xp, passes=4)  # block functions take several passes
     parallel.run([run(cuts[lo:hi]) for lo, hi in parallel.bounds(len(cuts), parts)])
 
 

@@ -16,6 +16,7 @@ __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
 MS = "com.microsoft"
 OURS = "onnxplan"
 CHUNK = 1 << 16  # elements per pass: the optimizer's temporaries live in 2 x CHUNK scratch
+ADAMW_PASSES = 12  # ufunc passes per element of one AdamW chunk (kernels.parallel splits by it)
 
 
 def optimizer_overwrites(first_param: int):
@@ -172,13 +173,13 @@ def _adamw_chunk(xp, c: dict, pc, gc, mc, vc, pco, mo, vo, t1, t2) -> None:
         pco -= t1
 
 
-def _parts(arrays: list, scratch: list, xp=np) -> list[list[tuple]]:
+def _parts(arrays: list, scratch: list, xp=np, passes: int = 1) -> list[list[tuple]]:
     """One parameter's elementwise update cut for the compute threads (kernels.parallel): per
     part, a contiguous range of the flat `arrays`, in chunks of the part's own slice of each
     `scratch` array; each chunk is (*array views, *scratch views). One part on one thread."""
     flats = [_flat(a) for a in arrays]
     numel = flats[0].size
-    parts = parallel.parts_for(numel, xp)
+    parts = parallel.parts_for(numel, xp, passes=passes)
     width = max(1, min(t.size for t in scratch) // parts)
     out = []
     for k, (lo, hi) in enumerate(parallel.bounds(numel, parts)):
@@ -191,7 +192,7 @@ def _parts(arrays: list, scratch: list, xp=np) -> list[list[tuple]]:
 def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list[tuple]]:
     """Per part and chunk of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2
     the scratch (the two CHUNK-long halves, shared out among the parts)."""
-    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp)
+    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp, passes=ADAMW_PASSES)
 
 
 def _adamw_parts(xp, c: dict, parts: list[list[tuple]]) -> None:
@@ -263,7 +264,7 @@ def adamw_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
 
 def _sgd_pieces(p, g, p_out, s, xp=np) -> list[list[tuple]]:
     """Per part and chunk of one parameter: (g, p, p', t) flat views, t the scratch."""
-    return _parts([g, p, p_out], [s], xp)
+    return _parts([g, p, p_out], [s], xp, passes=2)
 
 
 def _sgd_parts(xp, neg_lr, parts: list[list[tuple]]) -> None:

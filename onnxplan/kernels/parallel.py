@@ -26,19 +26,23 @@ from onnxplan import threads
 
 __all__ = ["MIN_ELEMS", "parts_for", "rows", "run", "ufunc"]
 
-# Elements per piece below which splitting does not pay (a hand-off to a worker costs ~20-50 us;
-# a float32 ufunc pass over 128K elements ~30-60 us). $ONNXPLAN_PARALLEL_MIN_ELEMS lowers it to
-# run the kernel tests' small arrays through the split paths.
-MIN_ELEMS = int(os.environ.get("ONNXPLAN_PARALLEL_MIN_ELEMS", 1 << 17))
+# Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
+# pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
+# thread and 0.071 ms in two pieces (the hand-off and the wake-up of a sleeping worker), over 1M
+# the same, over 4M 0.72x. A kernel of `passes` passes per element (the optimizer's ~12) splits
+# from MIN_ELEMS / passes. $ONNXPLAN_PARALLEL_MIN_ELEMS lowers it (the kernel tests' small
+# arrays through the split paths).
+MIN_ELEMS = int(os.environ.get("ONNXPLAN_PARALLEL_MIN_ELEMS", 1 << 20))
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
 
 
-def parts_for(numel: int, xp=np, min_elems: int | None = None) -> int:
+def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) -> int:
     """How many pieces a host kernel over `numel` elements is cut into: the compute threads,
-    fewer when the pieces would be smaller than `min_elems` (MIN_ELEMS); 1 on a GPU."""
-    min_elems = max(1, MIN_ELEMS if min_elems is None else min_elems)
+    fewer when the pieces would be smaller than `min_elems` (MIN_ELEMS / `passes`, the kernel's
+    passes over each element); 1 on a GPU."""
+    min_elems = max(1, (MIN_ELEMS if min_elems is None else min_elems) // max(1, passes))
     if xp is not np or numel < 2 * min_elems:
         return 1
     return max(1, min(threads.current().compute, numel // min_elems))
