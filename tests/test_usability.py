@@ -89,3 +89,31 @@ def test_text_lines_are_not_broken_at_the_terminal_width():
     assert re.fullmatch(r"persistent \S+ MiB \+ arena \S+ MiB = peak \S+ MiB", lines[-1]), lines[-1]
     table = [line for line in lines if line[:1] in "┏┃┡│└"]
     assert table and all(len(line) <= 40 for line in table)
+
+
+def _dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_ci_runs_the_readmes_test_command_with_the_pins():
+    """.ci/run runs the README's test command byte for byte, and it installs the versions of
+    constraints.txt: every package pinned exactly, every dependency of pyproject.toml among them."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("Install and run the tests")[1].split("```bash\n")[1].split("\n```")[0]
+    venv, activate, command = block.split(" && ", 2)
+    assert (venv, activate) == ("python3 -m venv .venv", ". .venv/bin/activate")
+    assert command in (ROOT / ".ci/run").read_text().splitlines()
+    assert command.startswith("pip install -c constraints.txt -e '.[test]' && ")
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = re.fullmatch(r"([A-Za-z0-9._-]+)==([\w.+!-]+)", line.strip()).groups()
+            assert _dist(name) not in pins, name
+            pins[_dist(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    for req in wanted:
+        assert _dist(re.match(r"[A-Za-z0-9._-]+", req).group()) in pins, req
+    assert pins["torch"] == "2.13.0" and pins["onnxruntime-training-cpu"] == "1.19.2"
