@@ -91,13 +91,11 @@ def test_text_lines_are_not_broken_at_the_terminal_width():
     assert table and all(len(line) <= 40 for line in table)
 
 
-def _dist(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def test_ci_runs_the_readmes_test_command_with_the_pins():
     """.ci/run runs the README's test command byte for byte, and it installs the versions of
-    constraints.txt: every package pinned exactly, every dependency of pyproject.toml among them."""
+    constraints.txt: every package pinned exactly, every dependency of pyproject.toml among them
+    (read as tools/try_newest.py reads them)."""
+    import importlib.util
     import tomllib
 
     readme = (ROOT / "README.md").read_text()
@@ -106,14 +104,16 @@ def test_ci_runs_the_readmes_test_command_with_the_pins():
     assert (venv, activate) == ("python3 -m venv .venv", ". .venv/bin/activate")
     assert command in (ROOT / ".ci/run").read_text().splitlines()
     assert command.startswith("pip install -c constraints.txt -e '.[test]' && ")
-    pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, version = re.fullmatch(r"([A-Za-z0-9._-]+)==([\w.+!-]+)", line.strip()).groups()
-            assert _dist(name) not in pins, name
-            pins[_dist(name)] = version
+    spec = importlib.util.spec_from_file_location("try_newest", ROOT / "tools/try_newest.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = (ROOT / "constraints.txt").read_text()
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[\w.+!-]+", line) for line in lines)
+    pins = {k: v for k, (_, v) in tool.read_pins(text).items()}
+    assert len(pins) == len(lines)  # no package twice
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
-    for req in wanted:
-        assert _dist(re.match(r"[A-Za-z0-9._-]+", req).group()) in pins, req
+    for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+        assert tool._dist(re.match(r"[A-Za-z0-9._-]+", req).group()) in pins, req
     assert pins["torch"] == "2.13.0" and pins["onnxruntime-training-cpu"] == "1.19.2"
+    assert tool._same("2.13.0", "2.13.0+cpu") and not tool._same("2.13.0", "2.13.1")
