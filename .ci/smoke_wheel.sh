@@ -2,8 +2,9 @@
 # The wheel as a user gets it: build it from this checkout's files (a clean copy, so no stale
 # build/ output gets in), install it NOT editable into a fresh virtual environment, and run
 # every command once on a tiny model from outside the source tree (so nothing is imported
-# from the checkout). Usage: .ci/smoke_wheel.sh (installs the dependencies too, from pip's
-# cache: minutes), or SMOKE_DEPS_FROM=VENV .ci/smoke_wheel.sh (takes them from VENV: .ci/run).
+# from the checkout). Usage: .ci/smoke_wheel.sh (installs the dependencies too, at the versions of
+# constraints.txt, from pip's cache: minutes), or SMOKE_DEPS_FROM=VENV .ci/smoke_wheel.sh (takes
+# them from VENV: .ci/run).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d)"
@@ -29,7 +30,7 @@ if [ -n "${SMOKE_DEPS_FROM:-}" ]; then
   # the wheel's own requirements are met (other packages' complaints are not this test's)
   if pip_in check 2>&1 | grep '^onnxplan '; then exit 1; fi
 else
-  pip_in install -q "$WORK"/dist/onnxplan-*.whl
+  pip_in install -q -c "$ROOT/constraints.txt" "$WORK"/dist/onnxplan-*.whl
 fi
 cd "$WORK"
 rm -rf "$WORK/src"  # nothing left to import from but the installed wheel

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
@@ -18,6 +16,7 @@ from onnxplan.cli.common import (
     THREADS_HELP,
     TRAIN_HELP,
     check_output,
+    console,
     handle_errors,
     print_json,
     write_atomic,
@@ -184,7 +183,7 @@ _COLUMNS = (  # header, row key, format; a column shows only when some row has a
 
 
 def _print_table(rows: list[dict]) -> None:
-    con = Console(width=max(shutil.get_terminal_size((200, 24)).columns, 200))
+    con = console(200, 200)
     cols = [c for c in _COLUMNS if any(r.get(c[1]) is not None for r in rows)]
     t = Table()
     t.add_column("model", no_wrap=True)

@@ -6,11 +6,9 @@ budgets (exit 3 when no plan of a model fits its budget).
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
@@ -18,7 +16,7 @@ from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.results import dumps_results
 from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
 from onnxplan.cli.bench_cmd import _model_names
-from onnxplan.cli.common import check_output, handle_errors, write_atomic
+from onnxplan.cli.common import check_output, console, handle_errors, write_atomic
 from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
 from onnxplan.gate_config import find_gate_config, load_gate_config
 from onnxplan.progress import Progress
@@ -152,7 +150,7 @@ def _compare(new: dict, results: str, baseline: Path, tolerance, metric, allow_m
         typer.echo(f"onnxplan: wrote the baseline {baseline} ({len(new['rows'])} rows)")
         return False
     res = compare(new, load_results(baseline), metric, tol)
-    con = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 160))
+    con = console(160, 160)
     summary = (f"{metric}: {res.compared} rows compared (tolerance {res.tolerance:.2%}): "
                f"{len(res.regressions)} worse, {len(res.improvements)} better, {len(res.unchanged)} unchanged")
     if res.not_comparable:

@@ -5,19 +5,39 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import typer
+from rich.console import Console
 
 from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.ir.graph import ValueClass
 from onnxplan.resolve import ModelRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
-__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail"]
+__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail", "console"]
+
+
+class _Console(Console):
+    """Text is printed unbroken (soft wrap: the terminal wraps it, no newline is inserted);
+    tables and other renderables are laid out to the width as usual."""
+
+    def print(self, *objects: Any, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        if soft_wrap is None:
+            soft_wrap = all(isinstance(o, str) for o in objects)
+        super().print(*objects, soft_wrap=soft_wrap, **kwargs)
+
+
+def console(fallback: int, least: int = 0, **kwargs: Any) -> Console:
+    """The commands' rich console: as wide as the terminal (`fallback` columns where there is
+    none), at least `least`. Tables fit that width; a line of text is never broken: a long line,
+    a long path in it, stays one line for the terminal to wrap, so whoever reads the output (a
+    test, a script, a user copying a path) gets it whole at any width."""
+    return _Console(width=max(shutil.get_terminal_size((fallback, 24)).columns, least), **kwargs)
 
 
 def fail(message: str, code: int) -> None:

@@ -3,7 +3,6 @@ for a joint plan (--strategy joint), per value: kept, recomputed, swapped, and t
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onnxplan.api import load_plan
-from onnxplan.cli.common import handle_errors, print_json
+from onnxplan.cli.common import console, handle_errors, print_json
 from onnxplan.plan import Plan
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -50,7 +49,7 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
                     "swap": plan.swap.to_json(), "swaps": [asdict(sw) for sw in plan.swaps],
                     "split_grad": [name.removesuffix("/dX") for name in splits]})
         return
-    con = Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100), highlight=False)
+    con = console(140, 100, highlight=False)
     if plan.joint is not None:
         _explain_joint(con, plan, names)
         return

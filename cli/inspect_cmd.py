@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from onnxplan.cli.common import (
     FREEZE_HELP,
     TRAIN_HELP,
+    console,
     handle_errors,
     model_request,
     parameter_lines,
@@ -70,7 +69,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=No
     if json_out:
         print_json(s)
         return
-    con = Console(width=shutil.get_terminal_size((120, 24)).columns)
+    con = console(120)
     con.print(f"[bold]{s['model']}[/]: {s['nodes']} nodes ({s['phases']['forward']} forward, "
               f"{s['phases']['backward']} backward, {s['phases']['optimizer']} optimizer), "
               f"{s['values']} values, optimizer {s['optimizer']}")

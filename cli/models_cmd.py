@@ -6,10 +6,9 @@ import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from onnxplan.cli.common import handle_errors, model_request, print_json
+from onnxplan.cli.common import console, handle_errors, model_request, print_json
 from onnxplan.cli.core import OnnxplanCommand
 from onnxplan.errors import UsageError
 from onnxplan.models import get_model, hf, list_models
@@ -52,7 +51,7 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     table = Table("model", "batch", "loss", "optimizer", "description")
     for r in rows:
         table.add_row(r["name"], str(r["batch"]), r["loss"], r["optimizer"], r["description"])
-    Console(width=shutil.get_terminal_size((120, 24)).columns).print(table)
+    console(120).print(table)
 
 
 @models_app.command("build", cls=OnnxplanCommand)

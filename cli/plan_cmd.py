@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from onnxplan.api import load_step_of, solve
@@ -16,6 +14,7 @@ from onnxplan.cli.common import (
     STRATEGY_HELP,
     TRAIN_HELP,
     check_output,
+    console,
     handle_errors,
     model_request,
     parameter_lines,
@@ -131,7 +130,7 @@ def _print_swaps(con, res) -> None:
 
 def _print_table(res, budget_bytes, params: dict | None = None) -> None:
     plan = res.plan
-    con = Console(width=shutil.get_terminal_size((120, 24)).columns)
+    con = console(120)
     if params and (params["rewrites"] or params["frozen"]):
         for line in parameter_lines(params):
             con.print(line, highlight=False, markup=False)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from onnxplan.api import check_run_options, load_step_of, plan_request, solve
@@ -16,6 +14,7 @@ from onnxplan.cli.common import (
     STRATEGY_HELP,
     THREADS_HELP,
     TRAIN_HELP,
+    console,
     fail,
     handle_errors,
     model_request,
@@ -149,7 +148,7 @@ def _prepare_planned(req, opts, memory, costs):
 
 
 def _print(out: dict) -> None:
-    con = Console(width=shutil.get_terminal_size((120, 24)).columns, highlight=False)
+    con = console(120, highlight=False)
     con.print(f"[bold]{out['model']}[/]: order {out['order_policy']} + planner {out['planner']}, passes "
               f"{' -> '.join(out['passes'])}; {out['steps']} step(s) after {out['warmup']} warm-up, "
               f"seed {out['seed']}, lr {out['learning_rate']:g}" + (", arena checked" if out["check_arena"] else ""))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -274,8 +277,25 @@ def loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     raise ValueError(f"unknown loss {kind!r}")
 
 
+def _import_dynamo_without_litter() -> None:
+    """Import torch._dynamo (a torch optimizer's first param group imports it) without leaving an
+    empty $TMPDIR/torchinductor_<user> behind: the import creates torch's inductor cache folder and
+    sets TORCHINDUCTOR_CACHE_DIR, though the peer compiles nothing. Here the import gets a scratch
+    folder, removed after, and the environment is left as it was; a cache folder the user chose
+    (TORCHINDUCTOR_CACHE_DIR) is used as torch would."""
+    if "torch._dynamo" in sys.modules or "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxplan-inductor-") as scratch:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+        try:
+            import torch._dynamo  # noqa: F401
+        finally:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
 def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
     """The optimizer equivalent to the artifacts': AdamW (eps 1e-6, no weight decay) or SGD, lr 1e-3."""
+    _import_dynamo_without_litter()
     if kind == "adamw":
         return torch.optim.AdamW(params, lr=_LR, **_ADAMW)
     if kind == "sgd":

@@ -50,3 +50,21 @@ def _own_random_stream(request):
     if harness is not None:
         harness.reseed(request.node.nodeid)
     yield
+
+
+def pytest_addoption(parser):
+    parser.addoption("--test-order", default="file", metavar="ORDER",
+                     help="file (default), reverse, or shuffle:SEED: run the collected tests in that order "
+                          "(a test that passes only in file order depends on another test's state)")
+
+
+def pytest_collection_modifyitems(config, items):
+    order = config.getoption("--test-order")
+    if order == "reverse":
+        items.reverse()
+    elif order.startswith("shuffle:") and order[len("shuffle:"):].isdigit():
+        import random
+
+        random.Random(int(order[len("shuffle:"):])).shuffle(items)
+    elif order != "file":
+        raise pytest.UsageError(f"--test-order: expected file, reverse or shuffle:SEED, got {order!r}")

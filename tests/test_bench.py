@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onnxplan.bench import ROW_FIELDS, load_results
-from onnxplan.bench.strategies import DEFAULT_STRATEGIES, parse_strategies, parse_strategy
+from onnxplan.bench.strategies import DEFAULT_STRATEGIES, Strategy, parse_strategies, parse_strategy
 from onnxplan.cli.app import app
 from onnxplan.errors import UsageError
 
@@ -149,7 +149,8 @@ def test_malformed_existing_output_is_left_alone(tmp_path):
 
 
 def test_strategy_names():
-    assert parse_strategy("auto") == parse_strategy("auto")
+    assert parse_strategy("auto") == Strategy("auto", "auto", "auto", True, True)
+    assert parse_strategy(" auto ").name == "auto"
     s = parse_strategy("nntrainer+sort/no-interleave")
     assert (s.order, s.planner, s.interleave, s.inplace) == ("nntrainer", "sort", False, True)
     s = parse_strategy("no-inplace")

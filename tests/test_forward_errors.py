@@ -52,9 +52,21 @@ def _fails(path: Path, needle: str) -> str:
     (("my.ops", "Foo"), 17, "unknown custom op my.ops::Foo (node /features/3/act)"),
     (("", "Relu"), 30, "ai.onnx opset 30 is newer than any this onnxplan knows"),
 ])
-def test_untrainable_forward_model_is_one_line(act, opset, needle, tmp_path):
+def test_untrainable_forward_model_is_one_line(act, opset, needle, tmp_path, monkeypatch):
+    """onnxplan refuses these itself, before onnxruntime-training builds anything: no build runs,
+    nothing is cached, and the second command fails the same way (as fast: there is no build to
+    skip). The ORT build failures onnxplan cannot foresee are cached: the test below."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ONNXPLAN_CACHE", str(cache))
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("generate_artifacts called for a model onnxplan refuses itself")
+
+    monkeypatch.setattr(art, "_run_generate_artifacts", no_build)
     path = _forward(tmp_path / "net.onnx", act, opset)
-    assert _fails(path, needle) == _fails(path, needle)
+    first = _fails(path, needle)
+    assert _fails(path, needle) == first
+    assert not cache.exists() or not os.listdir(cache), os.listdir(cache)
 
 
 def test_ort_build_failure_is_cached(tmp_path, monkeypatch):

@@ -444,9 +444,8 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
 
 def test_the_joint_solves_keep_to_their_total_deadline():
     """Under a total deadline every CP-SAT limit of every round fits in it (each round's limit
-    at most the per-round time limit), plan_joint's and the strategy's alike (both variants)."""
-    import time
-
+    at most the per-round time limit), plan_joint's and the strategy's alike (both variants).
+    The limits given to CP-SAT are checked, not the wall clock (machines are noisy)."""
     from onnxplan.budget import FlopCosts
     from onnxplan.budget.joint import plan_joint_strategy
     from onnxplan.ir.load import load_step
@@ -464,11 +463,10 @@ def test_the_joint_solves_keep_to_their_total_deadline():
     slack = MIN_SOLVE_SECONDS * 3 * len(rounds)  # a solve past its deadline still gets this much
     assert _limits(out) <= 2.0 + slack
     seen = {}
-    t0 = time.perf_counter()
     plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=3.0, rates=StoreRates(2.5e8, 1e-10),
                         seen=seen)
-    assert time.perf_counter() - t0 < 120  # generous: placement and rotor are outside CP-SAT's limits
-    spent = sum(_limits(o) for name, o in seen.items() if name.startswith("joint") and o.plan.joint.rounds)
+    assert seen["joint"].plan.joint.rounds  # solved (joint-recompute only where time was left for it)
+    spent = sum(_limits(o) for name, o in seen.items() if name.startswith("joint"))
     assert spent <= 3.0 + slack * 2
 
 

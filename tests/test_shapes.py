@@ -473,7 +473,17 @@ def test_split_training_takes_its_split_from_a_large_concat_training():
     assert specs["a2"] == known["a"] and specs["b2"] == known["b"]
 
 
-def test_every_unsupported_op_is_listed_in_one_line():
+@pytest.fixture
+def test_rules(monkeypatch):
+    """Rules a test registers for its own test.domain ops are gone after it (the registry is
+    global: tests/test_kernel_coverage.py checks every registered op has a kernel)."""
+    from onnxplan.ir import shape_rules
+
+    for op in ("TestNewOp", "TestOnlyOp"):
+        monkeypatch.setitem(shape_rules._REGISTRY, ("test.domain", op), [])
+
+
+def test_every_unsupported_op_is_listed_in_one_line(test_rules):
     nodes = [Node("a", "Foo", MS, ["x"], ["y"]), Node("b", "Relu", "", ["y"], ["z"]),
              Node("c", "Bar", "", ["z"], ["w"]), Node("d", "Foo", MS, ["w"], ["v"])]
     with pytest.raises(UnsupportedOpError) as err:
@@ -481,8 +491,7 @@ def test_every_unsupported_op_is_listed_in_one_line():
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("no shape rule for op com.microsoft.Foo")
     assert msg == "no shape rule for op com.microsoft.Foo (nodes 'a', 'd'), op Bar (node 'c')"
-    if not rule_versions("test.domain", "TestNewOp"):
-        shape_rule("TestNewOp", "test.domain", since=5)(lambda node, specs, consts: list(specs))
+    shape_rule("TestNewOp", "test.domain", since=5)(lambda node, specs, consts: list(specs))
     with pytest.raises(UnsupportedOpError, match=r"^no shape rule for op test.domain.TestNewOp at opset 3 \(node 'n'\)$"):
         infer_shapes([Node("n", "TestNewOp", "test.domain", ["x"], ["y"])], {"x": TensorSpec("float32", (1,))}, {},
                      {"test.domain": 3})
@@ -499,16 +508,15 @@ def test_unknown_input_and_wrong_order_are_clear_errors():
                      {"x": TensorSpec("float32", (6,)), "t": TensorSpec("int64", (2,))}, {}, OPSETS)
 
 
-def test_rules_are_registered_by_opset_range():
+def test_rules_are_registered_by_opset_range(test_rules):
     def old(node, specs, consts):
         return [specs[0]]
 
     def new(node, specs, consts):
         return [specs[0].with_dtype("float64")]
 
-    if not rule_versions("test.domain", "TestOnlyOp"):
-        shape_rule("TestOnlyOp", "test.domain", since=1, until=12)(old)
-        shape_rule("TestOnlyOp", "test.domain", since=13)(new)
+    shape_rule("TestOnlyOp", "test.domain", since=1, until=12)(old)
+    shape_rule("TestOnlyOp", "test.domain", since=13)(new)
     assert rule_versions("test.domain", "TestOnlyOp") == [(1, 12), (13, None)]
     node, x = Node("t", "TestOnlyOp", "test.domain", ["x"], ["y"]), {"x": TensorSpec("float32", (2,))}
     assert infer_shapes([node], x, {}, {"test.domain": 12})[0]["y"].dtype == "float32"

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import pytest
@@ -44,6 +49,28 @@ def test_optimizer_matches_the_artifacts_defaults():
     adamw = make_optimizer("adamw", p)
     assert adamw.defaults["lr"] == 1e-3 and adamw.defaults["eps"] == 1e-6 and adamw.defaults["weight_decay"] == 0
     assert make_optimizer("sgd", p).defaults["lr"] == 1e-3
+
+
+@pytest.mark.parametrize("user_cache", [False, True])
+def test_a_torch_step_leaves_nothing_in_tmpdir(tmp_path, user_cache):
+    """A torch optimizer imports torch._dynamo, whose import made an empty
+    $TMPDIR/torchinductor_<user> in every bench with the torch peer; a fresh process (this one has
+    imported torch._dynamo already) trains two steps under a TMPDIR of its own."""
+    folder = small_artifacts("mlp")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env["TMPDIR"] = str(tmp)
+    if user_cache:  # a cache folder the user chose is torch's to use and stays set
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    code = ("import json, os, sys; from onnxplan.torch_peer import run_torch; "
+            f"run_torch({str(folder)!r}, steps=2); "
+            "print(json.dumps(['torch._dynamo' in sys.modules, os.environ.get('TORCHINDUCTOR_CACHE_DIR')]))")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    dynamo, cache_dir = json.loads(res.stdout.splitlines()[-1])
+    assert dynamo  # the import that made the folder did run
+    assert os.listdir(tmp) == []
+    assert cache_dir == (str(tmp_path / "inductor") if user_cache else None)
 
 
 def test_unknown_op_is_refused_in_one_line():
