@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from onnxplan.api import load_plan
 from onnxplan.cli.common import console, handle_errors, print_json
@@ -73,7 +73,7 @@ def _explain_swaps(con: Console, plan: Plan) -> None:
     t = swap_totals(plan.swaps)
     con.print(f"swap {plan.swap.described or plan.swap.policy}: {t['swaps']} swaps ({t['transfers']} transfers), "
               f"{format_bytes(t['bytes_out'])} out, {format_bytes(t['bytes_in'])} in per step")
-    table = Table("value", "bytes", "class", "out EO -> in EO", "written", "next use")
+    table = Table(Column("value", overflow="fold"), "bytes", "class", "out EO -> in EO", "written", "next use")
     for sw in plan.swaps:
         table.add_row(sw.value, format_bytes(sw.bytes), sw.vclass,
                       f"{sw.out_eo} -> {sw.in_eo}" + (" (across steps)" if sw.wraps else ""),

@@ -26,8 +26,9 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   transformer step 47 ms instead of 27) and torch at N (`torch_alone`).
 - onnxplan's own kernel workers (kernels/parallel.py): N - 1 beside the calling thread,
   asleep on a queue when idle.
-- With swaps in the plan, the swap I/O worker runs beside the kernels: the compute pools get
-  N - 1 (at least 1) and the worker the last core.
+- With swaps in the plan the swap I/O worker runs beside the kernels, mostly waiting on the
+  disk; the compute pools keep N, so a swapped run computes the same bits as the plain run at
+  the same N (results depend on the thread count: torch's and BLAS's sums split by thread).
 
 `use_threads(n)` applies the policy to every pool this process has loaded (and to torch
 when it loads later) and returns what each pool got: `ThreadSettings`, which `run --json`
@@ -124,7 +125,7 @@ class ThreadSettings:
     """What each pool of this process got (None: that library is not loaded here)."""
 
     threads: int  # asked (--threads, or the cores available)
-    compute: int  # what the compute pools were given (threads, less the swap worker's core)
+    compute: int  # what the compute pools were given
     blas: int | None  # numpy's BLAS, as threadpoolctl reads it back
     openmp: int | None  # the OpenMP runtime(s), as threadpoolctl reads them back
     torch_intra: int | None
@@ -175,7 +176,7 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
     prepare_process()
     _torch_alone = torch_alone
     n = resolve_threads(threads)
-    compute = max(1, n - 1) if swapping and n > 1 else n
+    compute = n  # the swap worker mostly waits on the disk: the pools keep every thread (docstring)
     torch_n = 1 if _gomp_spins and not torch_alone else compute
     threadpoolctl.threadpool_limits(limits=compute, user_api="blas")
     threadpoolctl.threadpool_limits(limits=torch_n, user_api="openmp")

@@ -164,7 +164,7 @@ def test_scalar_output_is_refused(loss, tmp_path):
 def test_explain_shows_swaps_and_refuses_a_tampered_plan(tmp_path):
     path = tmp_path / "plan.json"
     assert _invoke("plan", "mlp", "--budget", "3.8MiB", "--swap", "on-demand", "-o", str(path)).exit_code == 0
-    r = _invoke("explain", str(path))
+    r = runner.invoke(app, ["explain", str(path)], env={"COLUMNS": "200"})  # room for the table's names
     assert r.exit_code == 0, (r.stdout, r.stderr)
     swaps = json.loads(path.read_text())["swaps"]
     assert swaps and f"swap on-demand: {len(swaps)} swaps" in r.stdout

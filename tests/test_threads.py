@@ -67,10 +67,12 @@ def test_a_cgroup_quota_caps_the_cores(tmp_path, text, cpus):
     assert threads._cgroup_cpus(str(tmp_path / "absent")) is None
 
 
-def test_a_swap_worker_takes_one_core_from_the_compute_pools(restore_threads):
+def test_a_swapped_run_keeps_every_thread_and_records_its_worker(restore_threads):
+    """The compute pools keep N with swaps (a swapped run computes the plain run's bits at the
+    same N); the I/O worker is recorded."""
     got = threads.use_threads(3, swapping=True)
-    assert (got.threads, got.compute, got.swap_io, got.ort_intra) == (3, 2, 1, 2)
-    assert threads.use_threads(1, swapping=True).compute == 1  # never below one
+    assert (got.threads, got.compute, got.swap_io, got.ort_intra) == (3, 3, 1, 3)
+    assert threads.use_threads(3).swap_io == 0
 
 
 @pytest.mark.parametrize("bad", [0, -2])
