@@ -90,5 +90,5 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
         "constants": len(sel.constants),
         "rebatched": list(shapes.rebatched) if shapes.rebatched else None,
     }
-    return ForwardModel(name, model, sel.trained, sel.frozen, specs, labels_for_output(shapes.output, loss),
+    return ForwardModel(name, model, sel.trained, sel.frozen, specs, labels_for_output(shapes.output, loss, specs),
                         loss, prep=prep)
