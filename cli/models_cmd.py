@@ -62,7 +62,7 @@ def build_command(
                                "bench scale."),
     batch: int = typer.Option(None, "--batch", help="Batch size (default: the model's)."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (default: the model's)."),
-    loss: str = typer.Option(None, "--loss", help="ce or mse (default: the model's)."),
+    loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the model's)."),
     out: Path = typer.Option(None, "-o", "--out", help="Copy the artifacts into this folder."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:

@@ -51,7 +51,7 @@ def run_command(
     batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
     dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
-    loss: str = typer.Option(None, "--loss", help="ce or mse (zoo / forward .onnx)."),
+    loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the zoo model's; ce for a forward .onnx)."),
     train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
     freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
     steps: int = typer.Option(3, "--steps", help="Training steps to run and report."),

@@ -146,6 +146,6 @@ class GraphBuilder:
             trainable=list(self.trainable),
             frozen=list(self.frozen),
             inputs=list(self.input_specs),
-            labels=labels_for_output(shape, loss),
+            labels=labels_for_output(shape, loss, self.input_specs),
             loss=loss,
         )

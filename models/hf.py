@@ -91,7 +91,8 @@ class HFSpec:
     builder and the bench scale's sizes in words.
 
     `inputs` is "image" (float pixel_values [N, 3, image, image]) or "tokens" (int64
-    input_ids [N, seq] in [0, vocab)); `builder(scale)` returns the wrapped torch module.
+    input_ids [N, seq] in [0, vocab)); `builder(scale)` returns the wrapped torch module;
+    `loss` is the loss it trains with unless --loss says otherwise.
     """
 
     arch: str
@@ -100,6 +101,7 @@ class HFSpec:
     builder: Callable[[Scale], object]
     bench_description: str
     scale: Scale = TINY
+    loss: str = "ce"
 
     @property
     def default_batch(self) -> int:
@@ -278,6 +280,14 @@ def _gpt2(s: Scale):
     return _logits_module(t.GPT2ForSequenceClassification(cfg))
 
 
+def _gpt2_lm(s: Scale):
+    t = _tf()
+    cfg = t.GPT2Config(vocab_size=s.vocab, n_positions=s.positions, n_embd=s.hidden, n_layer=s.layers,
+                       n_head=s.heads, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=0,
+                       eos_token_id=0, use_cache=False, attn_implementation=ATTENTION)
+    return _logits_module(t.GPT2LMHeadModel(cfg), with_mask=True)
+
+
 def _llama(s: Scale):
     t = _tf()
     cfg = t.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
@@ -323,6 +333,8 @@ _SPECS: dict[str, HFSpec] = {
                "tokens", _roberta, f"RoBERTa classifier, {_TEXT}"),
         HFSpec("gpt2", "GPT-2 sequence classifier (causal mask, last-token pooling), d32, seq 16",
                "tokens", _gpt2, f"GPT-2 sequence classifier, {_TEXT}"),
+        HFSpec("gpt2-lm", "GPT-2 causal LM (LM head tied to the token embedding), d32, seq 16; [N, S, vocab]",
+               "tokens", _gpt2_lm, f"GPT-2 causal LM, {_TEXT}; [N, S, vocab]", loss="causal-lm"),
         HFSpec("llama", "LLaMA causal LM (rotary, RMSNorm, SiLU gate, GQA), d32, seq 16; [N*S, vocab]",
                "tokens", _llama, f"LLaMA causal LM (GQA 4/2), {_TEXT}; [N*S, vocab]"),
         HFSpec("t5-encoder", "T5 encoder (relative position buckets, RMSNorm) + mean-pool head, d32",

@@ -70,7 +70,7 @@ def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
         "loss": fm.loss,
         "optimizer": optimizer,
         "inputs": [spec.to_dict() for spec in fm.inputs],
-        "labels": fm.labels.to_dict(),
+        "labels": None if fm.labels is None else fm.labels.to_dict(),  # causal-lm: the token ids
         "trainable": list(fm.trainable),
         "frozen": list(fm.frozen),
         **({"forward": fm.prep} if fm.prep is not None else {}),
@@ -123,9 +123,10 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     from onnxruntime.training import artifacts
 
     from onnxplan.forward.ort_errors import log_errors, ort_cause
+    from onnxplan.losses import loss_block
 
     onnxruntime.set_default_logger_severity(3)
-    loss = {"ce": artifacts.LossType.CrossEntropyLoss, "mse": artifacts.LossType.MSELoss}[fm.loss]
+    loss = loss_block(fm)
     optim = {"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer]
     with quiet_fds() as log_path:
         try:

@@ -11,22 +11,29 @@ from onnxplan.errors import ModelError
 from onnxplan.ir.metadata import METADATA_FILE, read_metadata
 from onnxplan.models import InputSpec  # the zoo's spec: one definition of how data is drawn
 
-__all__ = ["InputSpec", "METADATA_FILE", "read_metadata", "read_input_specs", "make_step_batch", "run_steps"]
+__all__ = ["InputSpec", "METADATA_FILE", "read_metadata", "read_input_specs", "step_specs", "make_step_batch",
+           "run_steps"]
 
-def read_input_specs(artifact_dir: str | Path) -> tuple[list[InputSpec], InputSpec]:
-    """The model inputs and the labels of an artifact folder, from its onnxplan.json."""
+def read_input_specs(artifact_dir: str | Path) -> tuple[list[InputSpec], InputSpec | None]:
+    """The model inputs and the labels of an artifact folder, from its onnxplan.json (labels
+    None: the loss takes its labels from the inputs, causal-lm)."""
     meta = read_metadata(artifact_dir)
     try:
         inputs = [InputSpec.from_dict(row) for row in meta["inputs"]]
-        labels = InputSpec.from_dict(meta["labels"])
+        labels = None if meta["labels"] is None else InputSpec.from_dict(meta["labels"])
     except (KeyError, TypeError, ValueError) as exc:
         path = Path(artifact_dir) / METADATA_FILE
         raise ModelError(f"{path}: bad input spec ({type(exc).__name__}: {exc})") from None
     return inputs, labels
 
 
+def step_specs(inputs: list[InputSpec], labels: InputSpec | None) -> list[InputSpec]:
+    """Every array a step is fed: the inputs, then the labels where the loss has its own."""
+    return [*inputs, *([labels] if labels is not None else [])]
+
+
 def make_step_batch(
-    inputs: list[InputSpec], labels: InputSpec, seed: int, step: int
+    inputs: list[InputSpec], labels: InputSpec | None, seed: int, step: int
 ) -> dict[str, np.ndarray]:
     """The arrays of one step, by name; a pure function of (seed, step, spec).
 
@@ -35,7 +42,7 @@ def make_step_batch(
     [low, high) in the spec's dtype, integers low..high-1).
     """
     batch: dict[str, np.ndarray] = {}
-    for spec in [*inputs, labels]:
+    for spec in step_specs(inputs, labels):
         if spec.name in batch:
             raise ModelError(f"input {spec.name!r} is listed twice")
         rng = np.random.default_rng([int(seed), int(step), zlib.crc32(spec.name.encode())])

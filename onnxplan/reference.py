@@ -13,7 +13,7 @@ import onnx
 import onnxruntime
 from onnxruntime.training import api as ort_training  # imports torch
 
-from onnxplan.data import InputSpec, make_step_batch, read_input_specs, run_steps
+from onnxplan.data import InputSpec, make_step_batch, read_input_specs, run_steps, step_specs
 from onnxplan.errors import ModelError
 from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.memprobe import mark_baseline
@@ -126,7 +126,7 @@ def _ort_message(exc: Exception) -> str:
 def _step_batches(artifact_dir: str | Path, steps: int, seed: int) -> tuple[list, list]:
     inputs, labels = read_input_specs(artifact_dir)
     batches = [make_step_batch(inputs, labels, seed, step) for step in range(steps)]
-    return [*inputs, labels], batches
+    return step_specs(inputs, labels), batches
 
 
 def run_reference(

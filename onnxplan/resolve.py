@@ -31,7 +31,7 @@ class ModelRequest:
     model: str
     batch: int | None = None
     optimizer: str | None = None  # adamw | sgd (zoo default when None)
-    loss: str | None = None  # ce | mse (zoo default when None)
+    loss: str | None = None  # ce | mse | causal-lm (zoo default when None)
     dims: tuple[tuple[str, int], ...] = ()
     train: tuple[str, ...] = ()  # --train GLOB: forward .onnx only
     freeze: tuple[str, ...] = ()  # --freeze GLOB: forward .onnx only
@@ -45,8 +45,10 @@ def make_request(model: str | Path, batch: int | None = None, optimizer: str | N
         raise UsageError(f"invalid --batch {batch}: must be a positive integer, at most 2**53")
     if optimizer is not None and optimizer not in ("adamw", "sgd"):
         raise UsageError(f"invalid --optimizer '{optimizer}': expected adamw or sgd")
-    if loss is not None and loss not in ("ce", "mse"):
-        raise UsageError(f"invalid --loss '{loss}': expected ce or mse")
+    from onnxplan.models._spec import LOSSES
+
+    if loss is not None and loss not in LOSSES:
+        raise UsageError(f"invalid --loss '{loss}': expected {', '.join(LOSSES)}")
     dims = tuple(dims)
     for name, value in dims:  # zero: a step of no elements (README: exit codes)
         if not 0 < value <= MAX_BYTES:
@@ -64,10 +66,12 @@ def _looks_like_path(text: str) -> bool:
 def resolve_artifacts(req: ModelRequest) -> Path:
     """The artifact folder for a request, building artifacts into the cache when needed."""
     path = Path(req.model)
-    from onnxplan.models.hf import export_forward, is_hf_name
+    from onnxplan.models.hf import export_forward, is_hf_name, require_spec
 
+    default_loss = "ce"  # a forward .onnx
     if is_hf_name(req.model) and not path.exists():  # the corpus: a user's export, as a user's file
         path = export_forward(req.model, batch=req.batch)
+        default_loss = require_spec(req.model)[0].loss
     if (req.train or req.freeze) and not path.is_file():
         raise UsageError("--train/--freeze choose parameters of a forward .onnx model; "
                          f"'{req.model}' is not one")
@@ -86,7 +90,7 @@ def resolve_artifacts(req: ModelRequest) -> Path:
 
         return generate_from_onnx(
             path, model=forward, batch=req.batch, dims=dict(req.dims),
-            optimizer=req.optimizer or "adamw", loss=req.loss or "ce",
+            optimizer=req.optimizer or "adamw", loss=req.loss or default_loss,
             train=list(req.train), freeze=list(req.freeze),
         )
     from onnxplan.models import build_forward, build_recipe, list_models

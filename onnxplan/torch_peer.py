@@ -269,9 +269,16 @@ class OnnxModule(torch.nn.Module):
 
 
 def loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """onnxruntime-training's losses: CrossEntropyLoss and MSELoss, both mean-reduced."""
+    """The artifacts' losses (onnxplan.losses), mean-reduced: CrossEntropyLoss (a [B, S, C] output
+    per token), causal-lm (labels: the token ids, shifted by one) and MSELoss."""
+    from onnxplan.losses import IGNORE_INDEX
+
     if kind == "ce":
-        return lambda out, labels: F.cross_entropy(out, labels)
+        return lambda out, labels: F.cross_entropy(out.reshape(-1, out.shape[-1]), labels.reshape(-1),
+                                                   ignore_index=IGNORE_INDEX)
+    if kind == "causal-lm":
+        return lambda out, ids: F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1),
+                                                ignore_index=IGNORE_INDEX)
     if kind == "mse":
         return lambda out, target: F.mse_loss(out, target)
     raise ValueError(f"unknown loss {kind!r}")
@@ -317,7 +324,15 @@ class TorchTrainer:
         self.loss = loss_fn(meta["loss"])
         self.optimizer = make_optimizer(meta["optimizer"], [p for p in self.module.parameters()])
         self.input_names = [spec["name"] for spec in meta["inputs"]]
-        self.label_name = meta["labels"]["name"]
+        if meta["labels"] is not None:
+            self.label_name = meta["labels"]["name"]
+        else:  # causal-lm: the token ids (onnxplan.models._spec.token_ids)
+            from onnxplan.data import InputSpec
+            from onnxplan.models._spec import token_ids
+
+            out = model.graph.output[0].type.tensor_type.shape.dim
+            self.label_name = token_ids([InputSpec.from_dict(row) for row in meta["inputs"]],
+                                        tuple(d.dim_value for d in out)).name
 
     def step(self, batch: dict[str, np.ndarray]) -> tuple[float, float]:
         """One training step (forward, loss, backward, update); returns (loss, seconds)."""

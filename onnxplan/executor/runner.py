@@ -316,14 +316,14 @@ def check_fits(prepared: Prepared, count: int, on_host: bool = True) -> None:
     """Refuse (BudgetError, exit 3) a run whose arena and state (when on the host), initial
     parameters and `count` steps of data do not fit in the memory available, before any of
     it is allocated."""
-    from onnxplan.data import read_input_specs
+    from onnxplan.data import read_input_specs, step_specs
     from onnxplan.hostmem import require_memory
 
     inputs, labels = read_input_specs(prepared.folder)
     plan = prepared.plan
     need = {"arena": plan.arena_bytes if on_host else 0, "state": plan.persistent_bytes if on_host else 0,
             "initial parameters": plan.persistent_bytes,
-            "step data": count * sum(spec.nbytes for spec in [*inputs, labels])}
+            "step data": count * sum(spec.nbytes for spec in step_specs(inputs, labels))}
     require_memory(need, f"running {plan.model}")
 
 

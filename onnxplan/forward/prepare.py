@@ -33,15 +33,28 @@ __all__ = ["FORWARD_PREP_VERSION", "prepare_forward"]
 FORWARD_PREP_VERSION = 3
 
 
+# ops that pass an integer input's values on unchanged (GPT-2 reshapes its ids before the lookup)
+_VALUE_PRESERVING = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "Expand"})
+
+
 def _int_input_high(model: onnx.ModelProto, name: str) -> int:
-    """Upper bound for an integer input: the table size if it indexes a Gather, else 1."""
+    """Upper bound for an integer input: the table size if it indexes a Gather (directly or through
+    ops that keep its values: _VALUE_PRESERVING), else 1."""
     tables = {t.name: t.dims for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            table = tables.get(node.input[0])
-            if table:
-                return int(table[axis])
+    names, seen = [name], set()
+    while names:
+        value = names.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        for node in model.graph.node:
+            if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == value:
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+                table = tables.get(node.input[0])
+                if table:
+                    return int(table[axis])
+            elif node.op_type in _VALUE_PRESERVING and node.input and node.input[0] == value:
+                names.extend(o for o in node.output if o)
     return 1
 
 
@@ -90,5 +103,5 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
         "constants": len(sel.constants),
         "rebatched": list(shapes.rebatched) if shapes.rebatched else None,
     }
-    return ForwardModel(name, model, sel.trained, sel.frozen, specs, labels_for_output(shapes.output, loss),
+    return ForwardModel(name, model, sel.trained, sel.frozen, specs, labels_for_output(shapes.output, loss, specs),
                         loss, prep=prep)
