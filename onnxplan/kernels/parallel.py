@@ -50,11 +50,11 @@ def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) 
 
 def _workers(need: int) -> ThreadPoolExecutor:
     """The pool, with at least `need` workers: sized to the compute threads less the calling
-    one, made anew only when that grows (pieces of fewer tasks leave workers asleep)."""
+    one, made anew when that count changes (pieces of fewer tasks leave workers asleep)."""
     global _pool, _pool_workers
     n = max(need, threads.current().compute - 1)
     with _lock:
-        if _pool is None or _pool_workers < need or _pool_workers != n:
+        if _pool is None or _pool_workers != n:
             if _pool is not None:
                 _pool.shutdown(wait=False)
             _pool, _pool_workers = ThreadPoolExecutor(n, thread_name_prefix="onnxplan-kernel"), n
