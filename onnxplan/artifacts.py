@@ -290,10 +290,29 @@ def recipe_artifacts(recipe: Mapping, make: Callable[[], ForwardModel], optimize
 
 # -- a user's own forward model ----------------------------------------------------------------
 
+# protobuf refuses a message over 2 GiB: the most a forward model with its weights inline may
+# hold (content_hash serialises it; onnxruntime-training's generate_artifacts loads every weight)
+MAX_FORWARD_BYTES = (1 << 31) - 1
+
+
 def _load_forward(forward_path: Path) -> onnx.ModelProto:
     from onnxplan.ir.onnx_files import load_onnx
 
-    return load_onnx(forward_path)
+    return load_onnx(forward_path, weights=False)
+
+
+def _check_forward_size(model: onnx.ModelProto, forward_path: Path) -> None:
+    """Refuse, before any weight is read, a forward model too large to build artifacts for."""
+    from onnxplan.ir.onnx_files import external_bytes
+    from onnxplan.sizes import format_bytes
+
+    total = model.ByteSize() + external_bytes(model)
+    if total > MAX_FORWARD_BYTES:
+        raise ModelError(
+            f"{forward_path}: the model with its weights holds {format_bytes(total)}, over the "
+            f"{format_bytes(MAX_FORWARD_BYTES + 1)} onnxplan can build a training step for: "
+            f"onnxruntime-training's generate_artifacts needs every weight's value in memory "
+            f"(and a checkpoint of them), so the step of a forward model this large is not planned")
 
 
 def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
@@ -308,7 +327,9 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     optional outputs completed, exporter quirks normalised, ops without a gradient
     decomposed, dynamic axes fixed from `dims` / `batch`, a fixed batch re-batched); its
     report is the metadata's "forward" entry. `model`, when given, is `forward_path`
-    already loaded (it is not modified). Returns the artifact directory, as build_artifacts does.
+    already loaded (it is not modified; its large external tensors may still be references:
+    load_onnx(weights=False)). The model is prepared from shapes alone; its weights are read
+    only for onnxruntime-training, and one over MAX_FORWARD_BYTES is refused before (exit 2). Returns the artifact directory, as build_artifacts does.
     """
     from onnxplan.forward import prepare_forward
 
@@ -320,5 +341,9 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     if len(model.graph.output) != 1:
         raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
                          f"input); it has {len(model.graph.output)}")
+    _check_forward_size(model, forward_path)
     fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
+    from onnxplan.ir.onnx_files import load_weights
+
+    load_weights(fm.model, forward_path.parent, forward_path)  # prepared from shapes; ORT needs values
     return build_artifacts(fm, out_dir, optimizer=optimizer, cache_dir=cache_dir)
