@@ -4,6 +4,8 @@ too large for that is refused with one line before any weight is read (issue 26)
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ from onnxplan.artifacts import generate_from_onnx
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.forward import prepare_forward
-from onnxplan.ir.onnx_files import SMALL_TENSOR, external_bytes, load_onnx
+from onnxplan.ir.onnx_files import SMALL_TENSOR, external_bytes, load_onnx, load_weights
 from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
@@ -106,6 +108,58 @@ def test_artifacts_read_the_weights_as_before(tmp_path, request):
     other = _model(_seed(request) + 1)  # other weights, same shapes: another entry
     c = generate_from_onnx(_save_external(other, tmp_path / "other"), "mse", optimizer="sgd")
     assert c != a
+
+
+def _serialized_hash(fm, optimizer: str) -> str:
+    """The content hash as protobuf's own serialiser gives it: the whole model, weights inline."""
+    h = hashlib.sha256(fm.model.SerializeToString())
+    meta = artifacts._meta_without_hash(fm, optimizer)
+    meta["onnxruntime"] = artifacts._ort_version()
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("weights", ["external", "inline"])
+def test_hash_streams_the_serialisation(tmp_path, request, weights):
+    """The content hash of a model whose weights are still on disk equals sha256 of protobuf's
+    serialisation of the same model with them loaded; with a weight's file one byte short it
+    fails with one line."""
+    original = _model(_seed(request))
+    original.graph.doc_string = "after the initializers"  # a graph field past field 5
+    original.doc_string = "after the graph"  # a model field past field 7
+    original.graph.initializer[0].doc_string = "after raw_data"  # a tensor field past field 9
+    path = _save_external(original, tmp_path)
+    model = load_onnx(path, weights=weights == "inline")
+    fm = prepare_forward(model, "ext", "mse")
+    fm.weights_dir = path.parent
+    streamed = artifacts.content_hash(fm, "sgd")
+    load_weights(fm.model, path.parent, path)
+    assert not external_bytes(fm.model)
+    assert streamed == _serialized_hash(fm, "sgd") == artifacts.content_hash(fm, "sgd")
+    big = _big_file(path)
+    big.write_bytes(big.read_bytes()[:-1])
+    shapes_only = prepare_forward(load_onnx(path, weights=False), "ext", "mse")
+    shapes_only.weights_dir = path.parent
+    with pytest.raises(ModelError, match="cannot read external data"):
+        artifacts.content_hash(shapes_only, "sgd")
+
+
+def test_cache_hit_reads_no_weight(tmp_path, request, monkeypatch):
+    """Built once; then the weight's bytes are only streamed through the hash, never loaded:
+    the same entry comes back with load_weights failing if called."""
+    path = _save_external(_model(_seed(request)), tmp_path)
+    first = generate_from_onnx(path, "mse", optimizer="sgd")
+    real = onnx.external_data_helper._read_external_data_bytes  # what load_weights reads with
+
+    def guarded(tensor, base_dir):
+        assert tensor.name != BIG, "weight loaded on a cache hit"
+        return real(tensor, base_dir)
+
+    monkeypatch.setattr(onnx.external_data_helper, "_read_external_data_bytes", guarded)
+    assert generate_from_onnx(path, "mse", optimizer="sgd") == first
+    (first / "checkpoint").unlink()  # a miss: now the build reads it, and the guard fires
+    with pytest.raises(AssertionError, match="weight loaded on a cache hit"):
+        generate_from_onnx(path, "mse", optimizer="sgd")
 
 
 def test_too_large_refused_before_reading(tmp_path, request, monkeypatch):
