@@ -370,8 +370,8 @@ def recipe_artifacts(recipe: Mapping, make: Callable[[], ForwardModel], optimize
 
 # -- a user's own forward model ----------------------------------------------------------------
 
-# protobuf refuses a message over 2 GiB: the most a forward model with its weights inline may
-# hold (content_hash serialises it; onnxruntime-training's generate_artifacts loads every weight)
+# protobuf refuses a message over 2 GiB, and onnxruntime-training's generate_artifacts takes the
+# model as one in memory, every weight's value inline (it raises for a larger one and wants a path)
 MAX_FORWARD_BYTES = (1 << 31) - 1
 
 
@@ -391,8 +391,8 @@ def _check_forward_size(model: onnx.ModelProto, forward_path: Path) -> None:
         raise ModelError(
             f"{forward_path}: the model with its weights holds {format_bytes(total)}, over the "
             f"{format_bytes(MAX_FORWARD_BYTES + 1)} onnxplan can build a training step for: "
-            f"onnxruntime-training's generate_artifacts needs every weight's value in memory "
-            f"(and a checkpoint of them), so the step of a forward model this large is not planned")
+            f"onnxruntime-training's generate_artifacts needs every weight's value in memory, "
+            f"in one protobuf (at most 2 GiB), to build the training graph and its checkpoint")
 
 
 def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",

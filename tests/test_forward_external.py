@@ -174,7 +174,7 @@ def test_too_large_refused_before_reading(tmp_path, request, monkeypatch):
     big.write_bytes(b"")
     for command in ("inspect", "plan"):
         result = runner.invoke(app, [command, str(path), "--optimizer", "sgd", "--loss", "mse"])
-        assert_one_line_error(result, 2, "generate_artifacts needs every weight's value in memory")
+        assert_one_line_error(result, 2, "generate_artifacts needs every weight's value in memory, in one protobuf")
     monkeypatch.setattr(artifacts, "MAX_FORWARD_BYTES", size)
     result = runner.invoke(app, ["inspect", str(path), "--optimizer", "sgd", "--loss", "mse"])
     assert_one_line_error(result, 2, "cannot read external data")  # now it reads them: the file is empty
