@@ -181,3 +181,15 @@ def test_too_large_refused_before_reading(tmp_path, request, monkeypatch):
     big.write_bytes(data)
     result = runner.invoke(app, ["inspect", str(path), "--optimizer", "sgd", "--loss", "mse"])
     assert result.exit_code == 0, result.stderr
+
+
+def test_opset_conversion_keeps_the_reference(tmp_path, request):
+    """A dynamo-style export (opset 18) is converted to 17 with its weight still on disk."""
+    model = _model(_seed(request))
+    model.opset_import[0].version = 18
+    path = _save_external(model, tmp_path)
+    _big_file(path).write_bytes(b"")
+    fm = prepare_forward(load_onnx(path, weights=False), "ext", "mse")
+    assert "converted ai.onnx opset 18 to 17" in fm.prep["rewrites"]
+    w = next(t for t in fm.model.graph.initializer if t.name == BIG)
+    assert w.data_location == TensorProto.EXTERNAL and list(w.dims) == [256, 512]
