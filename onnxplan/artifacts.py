@@ -114,10 +114,10 @@ def _hash_model(h, model: onnx.ModelProto, weights_dir: Path | None) -> None:
     instead of holding the whole serialisation: a large model is hashed in little memory."""
     from onnxplan.ir.onnx_files import external_chunks, tensor_bytes
 
-    tensors = []  # (inline bytes | (before, after, length, tensor))
+    tensors = []  # inline TensorProto | (before, after, length, tensor)
     for t in model.graph.initializer:
         if t.data_location != onnx.TensorProto.EXTERNAL:
-            tensors.append(t.SerializeToString())
+            tensors.append(t)  # serialised one at a time below: never the whole model at once
             continue
         if weights_dir is None:
             raise ModelError(f"initializer '{t.name}' has external data but no folder to read it from")
@@ -125,8 +125,8 @@ def _hash_model(h, model: onnx.ModelProto, weights_dir: Path | None) -> None:
         tensors.append((before, after, tensor_bytes(t), t))
 
     def size(item) -> int:
-        if isinstance(item, bytes):
-            return len(item)
+        if isinstance(item, onnx.TensorProto):
+            return item.ByteSize()
         before, after, n, _ = item
         return len(before) + 1 + len(_varint(n)) + n + len(after)
 
@@ -138,8 +138,8 @@ def _hash_model(h, model: onnx.ModelProto, weights_dir: Path | None) -> None:
     h.update(g_before)
     for item in tensors:
         h.update(bytes([_INITIALIZER << 3 | 2]) + _varint(size(item)))
-        if isinstance(item, bytes):
-            h.update(item)
+        if isinstance(item, onnx.TensorProto):
+            h.update(item.SerializeToString())
             continue
         before, after, n, t = item
         h.update(before)
