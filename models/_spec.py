@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -85,6 +86,10 @@ class ForwardModel:
     loss: str
     # forward .onnx files only: what onnxplan.forward.prepare_forward rewrote and chose
     prep: dict | None = None
+    # forward .onnx files only: the folder its large initializers' external data lives in, where
+    # `model` still holds them as references (onnxplan.ir.onnx_files.load_onnx(weights=False));
+    # None: every value is in `model`
+    weights_dir: Path | None = None
 
     @property
     def parameter_count(self) -> int:

@@ -77,11 +77,86 @@ def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
     }
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _parts(msg, number: int, skip: tuple[int, ...] = ()) -> tuple[bytes, bytes]:
+    """`msg` serialised without field `number` (nor `skip`), split where that field would go:
+    protobuf writes known fields in field-number order."""
+    before, after = type(msg)(), type(msg)()
+    for field, value in msg.ListFields():
+        if field.number == number or field.number in skip:
+            continue
+        dest = before if field.number < number else after
+        repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(dest, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dest, field.name).CopyFrom(value)
+        else:
+            setattr(dest, field.name, value)
+    return before.SerializeToString(), after.SerializeToString()
+
+
+_RAW_DATA, _INITIALIZER, _GRAPH = 9, 5, 7  # TensorProto.raw_data, GraphProto.initializer, ModelProto.graph
+_EXTERNAL_FIELDS = (13, 14)  # TensorProto.external_data, data_location
+
+
+def _hash_model(h, model: onnx.ModelProto, weights_dir: Path | None) -> None:
+    """Feed `h` the bytes model.SerializeToString() would give with every external initializer
+    loaded inline (as load_weights leaves it), streaming each one's data from `weights_dir`
+    instead of holding the whole serialisation: a large model is hashed in little memory."""
+    from onnxplan.ir.onnx_files import external_chunks, tensor_bytes
+
+    tensors = []  # inline TensorProto | (before, after, length, tensor)
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            tensors.append(t)  # serialised one at a time below: never the whole model at once
+            continue
+        if weights_dir is None:
+            raise ModelError(f"initializer '{t.name}' has external data but no folder to read it from")
+        before, after = _parts(t, _RAW_DATA, _EXTERNAL_FIELDS)
+        tensors.append((before, after, tensor_bytes(t), t))
+
+    def size(item) -> int:
+        if isinstance(item, onnx.TensorProto):
+            return item.ByteSize()
+        before, after, n, _ = item
+        return len(before) + 1 + len(_varint(n)) + n + len(after)
+
+    g_before, g_after = _parts(model.graph, _INITIALIZER)
+    m_before, m_after = _parts(model, _GRAPH)
+    graph_len = len(g_before) + len(g_after) + sum(1 + len(_varint(size(x))) + size(x) for x in tensors)
+    h.update(m_before)
+    h.update(bytes([_GRAPH << 3 | 2]) + _varint(graph_len))
+    h.update(g_before)
+    for item in tensors:
+        h.update(bytes([_INITIALIZER << 3 | 2]) + _varint(size(item)))
+        if isinstance(item, onnx.TensorProto):
+            h.update(item.SerializeToString())
+            continue
+        before, after, n, t = item
+        h.update(before)
+        h.update(bytes([_RAW_DATA << 3 | 2]) + _varint(n))
+        for chunk in external_chunks(t, weights_dir, weights_dir):
+            h.update(chunk)
+        h.update(after)
+    h.update(g_after)
+    h.update(m_after)
+
+
 def content_hash(fm: ForwardModel, optimizer: str) -> str:
-    """sha256 of the forward model bytes, the metadata (loss, optimizer, specs, parameter
+    """sha256 of the forward model bytes (its weights inline: external data streamed from
+    fm.weights_dir, never held whole), the metadata (loss, optimizer, specs, parameter
     lists) and the onnxruntime version: equal hashes mean interchangeable artifacts."""
     h = hashlib.sha256()
-    h.update(fm.model.SerializeToString())
+    _hash_model(h, fm.model, fm.weights_dir)
     meta = _meta_without_hash(fm, optimizer)
     meta["onnxruntime"] = _ort_version()
     h.update(json.dumps(meta, sort_keys=True).encode())
@@ -207,6 +282,11 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
     failed = root / f"{digest}{FAILED_SUFFIX}"
     if failed.is_file():  # the same build failed before: fail fast with the same line
         raise ArtifactBuildError(failed.read_text().strip())
+    if fm.weights_dir is not None:  # a cache miss: onnxruntime-training needs every weight's value
+        from onnxplan.ir.onnx_files import load_weights
+
+        load_weights(fm.model, fm.weights_dir, fm.weights_dir / f"{fm.name}.onnx")
+        fm.weights_dir = None
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     try:
@@ -290,10 +370,29 @@ def recipe_artifacts(recipe: Mapping, make: Callable[[], ForwardModel], optimize
 
 # -- a user's own forward model ----------------------------------------------------------------
 
+# protobuf refuses a message over 2 GiB, and onnxruntime-training's generate_artifacts takes the
+# model as one in memory, every weight's value inline (it raises for a larger one and wants a path)
+MAX_FORWARD_BYTES = (1 << 31) - 1
+
+
 def _load_forward(forward_path: Path) -> onnx.ModelProto:
     from onnxplan.ir.onnx_files import load_onnx
 
-    return load_onnx(forward_path)
+    return load_onnx(forward_path, weights=False)
+
+
+def _check_forward_size(model: onnx.ModelProto, forward_path: Path) -> None:
+    """Refuse, before any weight is read, a forward model too large to build artifacts for."""
+    from onnxplan.ir.onnx_files import external_bytes
+    from onnxplan.sizes import format_bytes
+
+    total = model.ByteSize() + external_bytes(model)
+    if total > MAX_FORWARD_BYTES:
+        raise ModelError(
+            f"{forward_path}: the model with its weights holds {format_bytes(total)}, over the "
+            f"{format_bytes(MAX_FORWARD_BYTES + 1)} onnxplan can build a training step for: "
+            f"onnxruntime-training's generate_artifacts needs every weight's value in memory, "
+            f"in one protobuf (at most 2 GiB), to build the training graph and its checkpoint")
 
 
 def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
@@ -308,7 +407,10 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     optional outputs completed, exporter quirks normalised, ops without a gradient
     decomposed, dynamic axes fixed from `dims` / `batch`, a fixed batch re-batched); its
     report is the metadata's "forward" entry. `model`, when given, is `forward_path`
-    already loaded (it is not modified). Returns the artifact directory, as build_artifacts does.
+    already loaded (it is not modified; its large external tensors may still be references:
+    load_onnx(weights=False)). The model is prepared from shapes alone; its weights are streamed
+    through the content hash and read whole only to build artifacts the cache lacks; one over
+    MAX_FORWARD_BYTES is refused before (exit 2). Returns the artifact directory, as build_artifacts does.
     """
     from onnxplan.forward import prepare_forward
 
@@ -320,5 +422,7 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     if len(model.graph.output) != 1:
         raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
                          f"input); it has {len(model.graph.output)}")
+    _check_forward_size(model, forward_path)
     fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
+    fm.weights_dir = forward_path.parent  # prepared from shapes: the weights are read on a cache miss only
     return build_artifacts(fm, out_dir, optimizer=optimizer, cache_dir=cache_dir)

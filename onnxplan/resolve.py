@@ -84,7 +84,9 @@ def resolve_artifacts(req: ModelRequest) -> Path:
             )
         return path
     if path.is_file():
-        forward = load_onnx(path)  # validates before handing it to onnxruntime-training
+        # validates before handing it to onnxruntime-training; the weights stay on disk until
+        # generate_from_onnx has checked their size and prepared the model from shapes alone
+        forward = load_onnx(path, weights=False)
         _check_dims(forward, req)
         from onnxplan.artifacts import generate_from_onnx
 

@@ -46,6 +46,8 @@ def _type_range(elem: int) -> Interval | None:
 
 
 def _const_range(t: onnx.TensorProto) -> Interval | None:
+    if t.data_location == onnx.TensorProto.EXTERNAL:  # a large tensor left on disk: range unknown
+        return None
     a = numpy_helper.to_array(t)
     if a.size == 0 or a.dtype.kind not in "biu":
         return None

@@ -12,6 +12,7 @@ import onnx
 
 from onnxplan.errors import DynamicDimError, ModelError
 from onnxplan.forward._names import NameSource
+from onnxplan.ir.onnx_files import SMALL_TENSOR
 
 __all__ = ["StaticShapes", "fix_shapes"]
 
@@ -77,7 +78,7 @@ def _infer(model: onnx.ModelProto, strict: bool) -> onnx.ModelProto:
             from None
 
 
-_FOLD_LIMIT = 1 << 16  # elements: shape arithmetic, never weights
+_FOLD_LIMIT = SMALL_TENSOR  # elements: shape arithmetic, never weights (read by load_onnx(weights=False))
 _NO_FOLD = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike",
                       "Multinomial", "Bernoulli", "Dropout"})
 
@@ -107,7 +108,8 @@ def fold_shape_subgraphs(model: onnx.ModelProto) -> onnx.ModelProto:
 
     model = copy.deepcopy(model)
     graph = model.graph
-    consts = {t.name: t for t in graph.initializer}
+    # a tensor still on disk (load_onnx(weights=False)) is a weight: its shape is enough
+    consts = {t.name: t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL}
     for _ in range(16):
         inferred = _infer(model, strict=False)
         static = {}
@@ -192,7 +194,8 @@ def _batch_following_reshapes(model: onnx.ModelProto, exported: int) -> int:
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
         shape_t = inits.get(node.input[1])
-        if shape_t is None or leading.get(node.input[0]) != exported:
+        if (shape_t is None or shape_t.data_location == onnx.TensorProto.EXTERNAL
+                or leading.get(node.input[0]) != exported):
             continue
         shape = numpy_helper.to_array(shape_t)
         if shape.ndim != 1 or not len(shape) or int(shape[0]) != exported or (shape == 0).any():

@@ -10,10 +10,15 @@ from google.protobuf.message import DecodeError
 
 from onnxplan.errors import ModelError
 
-__all__ = ["MAX_IR_VERSION", "load_onnx", "check_external_data", "check_text"]
+__all__ = ["MAX_IR_VERSION", "SMALL_TENSOR", "external_bytes", "external_chunks", "tensor_bytes", "load_onnx",
+           "load_weights", "check_external_data", "check_text"]
 
 # onnxruntime-training 1.19.2 refuses models stamped with a newer IR version than this.
 MAX_IR_VERSION = 10
+
+# elements: an external tensor this small is read even by load_onnx(weights=False): shape
+# arithmetic (Reshape shapes, Pad pads, Slice starts) needs its values; weights are larger
+SMALL_TENSOR = 1 << 16
 
 
 def _external_locations(model: onnx.ModelProto) -> list[tuple[str, str]]:
@@ -70,8 +75,88 @@ def check_text(model: onnx.ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: a name is not valid UTF-8 ({bytes(bad)[:40]!r})")
 
 
-def load_onnx(path: Path | str, *, max_ir_version: int = MAX_IR_VERSION) -> onnx.ModelProto:
-    """Load an ONNX model with its external data, turning every failure into a ModelError."""
+def _external_tensors(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bool]]:
+    """Every tensor with external data, and whether it is an initializer of the main graph (only
+    those may stay on disk: a node's tensor attribute, a subgraph's initializer are always read)."""
+    found, graphs = [], [model.graph]
+    while graphs:
+        g = graphs.pop()
+        found += [(t, g is model.graph) for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        found += [(a.t, False) for n in g.node for a in n.attribute
+                  if a.HasField("t") and a.t.data_location == onnx.TensorProto.EXTERNAL]
+        for n in g.node:
+            for a in n.attribute:
+                if a.HasField("g"):
+                    graphs.append(a.g)
+                graphs.extend(a.graphs)
+    return found
+
+
+def tensor_bytes(t: onnx.TensorProto) -> int:
+    """Bytes of an external tensor's data: its 'length' entry, else dims x element size."""
+    length = {e.key: e.value for e in t.external_data}.get("length")
+    if length and length.isdigit():
+        return int(length)
+    count = 1
+    for d in t.dims:
+        count *= int(d)
+    try:
+        return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return count  # an unknown element type is refused later, with its own line
+
+
+def external_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the data `model` still holds as external references (not read)."""
+    return sum(tensor_bytes(t) for t, _ in _external_tensors(model))
+
+
+def load_weights(model: onnx.ModelProto, folder: Path | str, path: Path | str, *,
+                 max_elements: int | None = None) -> None:
+    """Read external data into `model` (in place) from `folder`: every tensor, or only those of at
+    most `max_elements` elements (and every one that is not a main-graph initializer). A
+    ModelError naming `path` when a file cannot be read."""
+    for t, weight in _external_tensors(model):
+        count = 1
+        for d in t.dims:
+            count *= int(d)
+        if weight and max_elements is not None and count > max_elements:
+            continue
+        try:
+            t.raw_data = onnx.external_data_helper._read_external_data_bytes(t, str(folder))
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path}: cannot read external data ({exc})") from None
+        # the tensor as it would be had it been saved inline (onnx's loader sets DEFAULT explicitly)
+        t.ClearField("data_location")
+        del t.external_data[:]
+
+
+def external_chunks(t: onnx.TensorProto, folder: Path | str, path: Path | str, chunk: int = 1 << 24):
+    """The external data of tensor `t` (relative to `folder`), in chunks of at most `chunk`
+    bytes, without holding it whole; a ModelError naming `path` when the file is short or
+    unreadable. The location was checked by check_external_data."""
+    info = {e.key: e.value for e in t.external_data}
+    try:
+        offset, length = int(info.get("offset") or 0), tensor_bytes(t)
+        with open(Path(folder) / info.get("location", ""), "rb") as f:
+            f.seek(offset)
+            left = length
+            while left:
+                data = f.read(min(chunk, left))
+                if not data:
+                    raise ValueError(f"tensor '{t.name}': file ends {left} byte(s) before its data")
+                left -= len(data)
+                yield data
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: cannot read external data ({exc})") from None
+
+
+def load_onnx(path: Path | str, *, max_ir_version: int = MAX_IR_VERSION, weights: bool = True) -> onnx.ModelProto:
+    """Load an ONNX model with its external data, turning every failure into a ModelError.
+
+    weights=False reads only the external tensors of at most SMALL_TENSOR elements (what shape
+    arithmetic needs) and those that are not main-graph initializers; the rest stay references (dims, data type and location, checked), so a
+    model over 2 GB loads in little memory. load_weights reads them later."""
     path = Path(path)
     if not path.exists():
         raise ModelError(f"{path}: no such file")
@@ -93,8 +178,5 @@ def load_onnx(path: Path | str, *, max_ir_version: int = MAX_IR_VERSION) -> onnx
         )
     check_external_data(model, path.parent, path)
     if _external_locations(model):
-        try:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{path}: cannot read external data ({exc})") from None
+        load_weights(model, path.parent, path, max_elements=None if weights else SMALL_TENSOR)
     return model
