@@ -140,9 +140,10 @@ def test_artifacts_gradients_match_float64_only_with_explicit_pads(case, tmp_pat
     before = generate_from_onnx(path, "mse", "sgd", out_dir=tmp_path / "before", cache_dir=tmp_path / "cache")
     theirs = _ort_against_brute_force(before, model, op, attrs)
     assert theirs["y"] < 1e-5
-    assert theirs["dX"] > 0.1, theirs
+    # wrong by O(1), or NaN (ORT's wrong kernel sometimes reads memory it never wrote): not <= 0.1
+    assert not theirs["dX"] <= 0.1, theirs
     if op == "Conv":
-        assert theirs["dW"] > 0.1 and theirs["repaired"] == 1, theirs
+        assert not theirs["dW"] <= 0.1 and theirs["repaired"] == 1, theirs
 
 
 def test_rewrite_is_reported_and_valid_needs_no_shape():
