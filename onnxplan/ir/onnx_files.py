@@ -21,21 +21,23 @@ MAX_IR_VERSION = 10
 SMALL_TENSOR = 1 << 16
 
 
-def _external_locations(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    found = []
+def _graphs(model: onnx.ModelProto):
+    """The main graph and every subgraph (If/Loop/Scan bodies), each once."""
     graphs = [model.graph]
     while graphs:
         g = graphs.pop()
-        for t in list(g.initializer) + [a.t for n in g.node for a in n.attribute if a.HasField("t")]:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                loc = {e.key: e.value for e in t.external_data}.get("location", "")
-                found.append((t.name, loc))
+        yield g
         for n in g.node:
             for a in n.attribute:
                 if a.HasField("g"):
                     graphs.append(a.g)
                 graphs.extend(a.graphs)
-    return found
+
+
+def _external_locations(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(tensor name, location) of every tensor with external data."""
+    return [(t.name, {e.key: e.value for e in t.external_data}.get("location", ""))
+            for t, _ in _external_tensors(model)]
 
 
 def check_external_data(model: onnx.ModelProto, folder: Path, path: Path) -> None:
@@ -54,10 +56,8 @@ def check_external_data(model: onnx.ModelProto, folder: Path, path: Path) -> Non
 
 def check_text(model: onnx.ModelProto, path: Path) -> None:
     """Refuse names that are not valid UTF-8: protobuf hands them over as bytes, not str."""
-    graphs = [model.graph]
     fields = [model.producer_name, model.domain, *(o.domain for o in model.opset_import)]
-    while graphs:
-        g = graphs.pop()
+    for g in _graphs(model):
         fields += [g.name, *(t.name for t in g.initializer), *(t.name for t in g.sparse_initializer)]
         for vi in (*g.input, *g.output, *g.value_info):
             fields.append(vi.name)
@@ -65,11 +65,7 @@ def check_text(model: onnx.ModelProto, path: Path) -> None:
                 fields += [d.dim_param for d in vi.type.tensor_type.shape.dim]
         for n in g.node:
             fields += [n.name, n.op_type, n.domain, *n.input, *n.output]
-            for a in n.attribute:
-                fields += [a.name, a.ref_attr_name]
-                if a.HasField("g"):
-                    graphs.append(a.g)
-                graphs.extend(a.graphs)
+            fields += [f for a in n.attribute for f in (a.name, a.ref_attr_name)]
     bad = next((f for f in fields if not isinstance(f, str)), None)
     if bad is not None:
         raise ModelError(f"{path}: a name is not valid UTF-8 ({bytes(bad)[:40]!r})")
@@ -78,17 +74,11 @@ def check_text(model: onnx.ModelProto, path: Path) -> None:
 def _external_tensors(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bool]]:
     """Every tensor with external data, and whether it is an initializer of the main graph (only
     those may stay on disk: a node's tensor attribute, a subgraph's initializer are always read)."""
-    found, graphs = [], [model.graph]
-    while graphs:
-        g = graphs.pop()
+    found = []
+    for g in _graphs(model):
         found += [(t, g is model.graph) for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
         found += [(a.t, False) for n in g.node for a in n.attribute
                   if a.HasField("t") and a.t.data_location == onnx.TensorProto.EXTERNAL]
-        for n in g.node:
-            for a in n.attribute:
-                if a.HasField("g"):
-                    graphs.append(a.g)
-                graphs.extend(a.graphs)
     return found
 
 
