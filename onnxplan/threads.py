@@ -141,19 +141,26 @@ class ThreadSettings:
         return asdict(self)
 
 
-def _pool_threads(api: str) -> int | None:
+def _pools() -> list[dict]:
     import threadpoolctl
 
-    got = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p.get("user_api") == api]
+    return threadpoolctl.threadpool_info()
+
+
+def _pool_threads(pools: list[dict], api: str) -> int | None:
+    got = [p["num_threads"] for p in pools if p.get("user_api") == api]
     return max(got) if got else None
 
 
-def _blas_library() -> str:
-    import threadpoolctl
-
+def _blas_library(pools: list[dict]) -> str:
     return "; ".join(" ".join(str(p.get(k) or "") for k in ("internal_api", "version", "architecture",
                                                            "threading_layer")).strip()
-                     for p in threadpoolctl.threadpool_info() if p.get("user_api") == "blas")
+                     for p in pools if p.get("user_api") == "blas")
+
+
+def _torch_threads(compute: int) -> int:
+    """torch's intra-op pool: every compute thread, or 1 where its idle workers spin beside others."""
+    return 1 if _gomp_spins and not _torch_alone else compute
 
 
 def _configure_torch(torch: Any, n: int) -> tuple[int, int]:
@@ -177,7 +184,7 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
     _torch_alone = torch_alone
     n = resolve_threads(threads)
     compute = n  # the swap worker mostly waits on the disk: the pools keep every thread (docstring)
-    torch_n = 1 if _gomp_spins and not torch_alone else compute
+    torch_n = _torch_threads(compute)
     threadpoolctl.threadpool_limits(limits=compute, user_api="blas")
     threadpoolctl.threadpool_limits(limits=torch_n, user_api="openmp")
     torch_intra = torch_interop = None
@@ -186,11 +193,12 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
         torch_intra, torch_interop = _configure_torch(torch, torch_n)
     note = ("an OpenMP runtime was loaded before onnxplan with spinning workers: torch gets 1 thread"
             if _gomp_spins and compute > 1 and not torch_alone else "")
+    pools = _pools()
     _current = ThreadSettings(
-        threads=n, compute=compute, blas=_pool_threads("blas"), openmp=_pool_threads("openmp"),
+        threads=n, compute=compute, blas=_pool_threads(pools, "blas"), openmp=_pool_threads(pools, "openmp"),
         torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
         swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"),
-        blas_library=_blas_library(), note=note)
+        blas_library=_blas_library(pools), note=note)
     return _current
 
 
@@ -203,10 +211,9 @@ def torch_loaded(torch: Any) -> None:
     """Called by onnxplan.kernels._torch.load after importing torch: size its pools now."""
     global _current
     settings = current()
-    n = 1 if _gomp_spins and not _torch_alone else settings.compute
-    intra, interop = _configure_torch(torch, n)
+    intra, interop = _configure_torch(torch, _torch_threads(settings.compute))
     _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
-                                 "openmp": _pool_threads("openmp")})
+                                 "openmp": _pool_threads(_pools(), "openmp")})
 
 
 def peer_environment() -> dict[str, str | None]:
