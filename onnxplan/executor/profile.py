@@ -140,7 +140,7 @@ def _disk_key(key: tuple, xp) -> dict:
     device, threads) and the versions, kernel switches and processor that ran the kernels."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from onnxplan import __version__
+    from onnxplan._version import __version__
     from onnxplan.kernels import _torch, parallel, registry
     from onnxplan.threads import WAIT_POLICY_ENV
 
