@@ -189,6 +189,17 @@ def quiet_fds() -> Iterator[Path]:
             os.close(f)
 
 
+def _restart_graph_names() -> None:
+    """onnxblock names the nodes and values it adds from one counter per process
+    (onnx::SoftmaxCrossEntropyLoss::16): without a restart the same model built after another one
+    gets other names, so another graph fingerprint, and a plan or a stored profile made in one
+    process would not match the same model built in the next. Start every build at 0."""
+    from onnxruntime.training.onnxblock import _graph_utils
+
+    if hasattr(_graph_utils, "_GRAPH_TOKEN"):
+        _graph_utils._GRAPH_TOKEN = 0
+
+
 def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None:
     """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out`."""
     if not fm.trainable:  # ORT's own message for this is "list index out of range"
@@ -201,6 +212,7 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     from onnxplan.losses import loss_block
 
     onnxruntime.set_default_logger_severity(3)
+    _restart_graph_names()
     loss = loss_block(fm)
     optim = {"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer]
     with quiet_fds() as log_path:

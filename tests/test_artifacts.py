@@ -231,3 +231,14 @@ def test_recipe_hit_skips_the_build_and_matches_a_fresh_build(tmp_path):
     assert (first / "checkpoint").exists() and calls == [4, 5, 4, 4, 4]
     with pytest.raises(UsageError, match="unknown optimizer"):
         art.recipe_artifacts(build_recipe("mlp"), make, optimizer="lion", cache_dir=tmp_path)
+
+
+def test_a_build_names_its_graph_the_same_after_other_builds(tmp_path):
+    """onnxblock's names come from a per-process counter: the same model built after another
+    one must still get the same training graph (the fingerprint a plan and a stored profile
+    are keyed by), as in a fresh process."""
+    fm = small("mlp-frozen")
+    first = art.build_artifacts(fm, None, cache_dir=tmp_path / "a")
+    art.build_artifacts(small("mlp"), None, cache_dir=tmp_path / "b")  # moves the counter on
+    again = art.build_artifacts(small("mlp-frozen"), None, cache_dir=tmp_path / "c")
+    assert (again / "training_model.onnx").read_bytes() == (first / "training_model.onnx").read_bytes()

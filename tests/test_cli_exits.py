@@ -142,6 +142,7 @@ def test_profile_never_allocates_what_does_not_fit(monkeypatch):
     monkeypatch.setattr(hostmem, "available_bytes", lambda *a, **k: 1 << 20)  # 1 MiB: less than mlp's step
     monkeypatch.setattr(profile, "Executor", no_executor)
     monkeypatch.setattr(profile, "_CACHE", {})
+    monkeypatch.setenv(profile.PROFILE_CACHE_ENV, "off")  # a stored profile would allocate nothing (no skip to see)
     r = _invoke("plan", "mlp", "--budget", "3.8MiB")
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "step times: profile skipped (the plain step needs" in " ".join(r.stdout.split())

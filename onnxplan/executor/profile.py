@@ -1,9 +1,27 @@
 """A short profile of our kernels: seconds per node of the step (the profiled cost model of
-onnxplan.budget; planning itself never runs kernels)."""
+onnxplan.budget; planning itself never runs kernels).
+
+A profile is kept twice: in this process (one per key) and on disk, in
+$ONNXPLAN_CACHE/profiles/ (one JSON file per key), so every later command and candidate
+planned for the same step reuses it instead of running the kernels again. The key is the
+graph's fingerprint (its content, not the model's name: batch, --dim, optimizer and loss are
+in it), inplace, order, steps, clock, device and thread count, plus what else decides the
+kernels' times: the onnxplan, numpy and torch versions, the kernel switches
+(ONNXPLAN_TORCH_KERNELS, ONNXPLAN_BIND_KERNELS, ONNXPLAN_PARALLEL_MIN_ELEMS), the OpenMP wait
+policy and the processor (or GPU) model. Files are written whole (a temporary file renamed
+over), so a reader never sees half of one; an unreadable one is a miss. Only a completed
+profile is stored (never a fallback to the FLOP estimate). ONNXPLAN_PROFILE_CACHE=off
+neither reads nor writes the disk cache (a fresh profile every process)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -15,7 +33,10 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.threads import resolve_threads, use_threads
 
-__all__ = ["DEFAULT_CLOCK", "profile_times", "step_data"]
+__all__ = ["DEFAULT_CLOCK", "PROFILE_CACHE_ENV", "profile_cache_path", "profile_times", "step_data"]
+
+PROFILE_CACHE_ENV = "ONNXPLAN_PROFILE_CACHE"  # "off" (or 0): no disk cache of profiles
+_FORMAT = 1  # the disk entry's layout: bump when it (or how a profile is measured) changes
 
 DEFAULT_CLOCK = "wall"  # what planning profiles with; benchmarks on shared machines set "cpu"
 
@@ -59,7 +80,8 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     thread). `device`: where the kernels run (cuda: CuPy, wall clock, the device synchronised
     around every kernel). `threads`: the thread count the run will use (onnxplan.threads; None:
     every available core): the kernels are timed at it, and profiles are cached per graph
-    (its fingerprint) and thread count. Returns (time model, note); a step our kernels cannot
+    (its fingerprint) and thread count, in this process and on disk (see the module's
+    docstring: a later process reuses the profile without running a kernel). Returns (time model, note); a step our kernels cannot
     run falls back to the FLOP estimate, and the note says why."""
     xp = array_module(device)
     clock = "wall" if xp is not np else (clock or DEFAULT_CLOCK)  # a GPU's time is not this process's CPU
@@ -69,6 +91,11 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     key = (graph.fingerprint(), inplace, steps, clock, order, device, n_threads)
     if key in _CACHE:
         return _CACHE[key]
+    disk = profile_cache_path(key, xp)
+    cached = _read_entry(disk)
+    if cached is not None:
+        _CACHE[key] = cached
+        return cached
     use_threads(n_threads)
     try:
         out = plan_step(graph, PlanOptions(order=order, planner="best-fit", inplace=inplace))
@@ -104,7 +131,90 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     total = sum(measured.values())
     _CACHE[key] = (TimeModel(measured=measured, source="profile"),
                    f"profile ({clock} clock, {device}, {n_threads} threads): {len(measured)} nodes, {total * 1e3:.1f} ms per step")
+    _write_entry(disk, measured, _CACHE[key][1])
     return _CACHE[key]
+
+
+def _disk_key(key: tuple, xp) -> dict:
+    """Everything a profile's times depend on: `key` (fingerprint, inplace, steps, clock, order,
+    device, threads) and the versions, kernel switches and processor that ran the kernels."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from onnxplan._version import __version__
+    from onnxplan.kernels import _torch, parallel, registry
+    from onnxplan.threads import WAIT_POLICY_ENV
+
+    def pkg(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    fingerprint, inplace, steps, clock, order, device, threads = key
+    return {"format": _FORMAT, "onnxplan": __version__, "numpy": np.__version__, "torch": pkg("torch"),
+            "fingerprint": fingerprint, "inplace": inplace, "steps": steps, "clock": clock, "order": order,
+            "device": device, "threads": threads, "processor": _processor(xp),
+            "kernels": {"torch": _torch.ENABLED, "bind": registry.BIND, "parallel_min_elems": parallel.MIN_ELEMS,
+                        "omp_wait_policy": os.environ.get(WAIT_POLICY_ENV, "default")}}
+
+
+def _processor(xp) -> str:
+    """The model of what runs the kernels: the GPU's name (cuda), else the CPU's (/proc/cpuinfo)."""
+    if xp is not np:
+        with contextlib.suppress(Exception):
+            props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
+            name = props["name"]
+            return name.decode() if isinstance(name, bytes) else str(name)
+        return "gpu ?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{platform.machine()} {line.partition(':')[2].strip()}"
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def profile_cache_path(key: tuple, xp=np) -> Path | None:
+    """The disk cache's file for a profile's `key` (profile_times' in-process key); None when
+    the cache is turned off (ONNXPLAN_PROFILE_CACHE=off)."""
+    if os.environ.get(PROFILE_CACHE_ENV, "").strip().lower() in ("off", "0", "no", "false"):
+        return None
+    from onnxplan.artifacts import default_cache_dir
+
+    text = json.dumps(_disk_key(key, xp), sort_keys=True)
+    return default_cache_dir() / "profiles" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+
+def _read_entry(path: Path | None) -> tuple[TimeModel, str] | None:
+    """A stored profile, or None (none stored, turned off, or unreadable: a miss)."""
+    if path is None:
+        return None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        entry = json.loads(path.read_text())
+        measured = {str(k): float(v) for k, v in entry["measured"].items()}
+        if entry["format"] == _FORMAT and measured:
+            return TimeModel(measured=measured, source="profile"), f"{entry['note']} (cached {entry['made']})"
+    return None
+
+
+def _write_entry(path: Path | None, measured: dict[str, float], note: str) -> None:
+    """Store a profile at `path` whole (a temporary file renamed over it); a cache folder that
+    cannot be written is skipped silently (the profile is only not reused)."""
+    if path is None:
+        return
+    import tempfile
+
+    entry = {"format": _FORMAT, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": note,
+             "measured": measured}
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f)
+            os.replace(tmp, path)
+        except OSError:
+            os.unlink(tmp)
+            raise
 
 
 def _no_room(need: int, xp) -> str:
