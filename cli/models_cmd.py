@@ -32,7 +32,8 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     opset 17, training mode), hf-ARCH-dynamo the same model with the default dynamo
     exporter. Their artifacts go through the forward-model path, as a user's .onnx does.
     Those are tiny CI configs; NAME@bench (hf-ARCH@bench, hf-ARCH-dynamo@bench) is the same
-    architecture at the bench scale (realistic small training sizes, batch 8).
+    architecture at the bench scale (realistic small training sizes, batch 8), and NAME@full
+    (hf-resnet@full, hf-bert@full, hf-gpt2-lm@full, ...) the published size users fine-tune.
     """
     rows = [
         {"name": m.name, "batch": m.default_batch, "loss": m.default_loss,
@@ -41,7 +42,7 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
     ]
     if hf.available():  # the corpus of Hugging Face architectures, each with both exporters and scales
         rows += [
-            {"name": hf.zoo_name(s.arch, e, scale), "batch": s.default_batch, "loss": "ce",
+            {"name": hf.zoo_name(s.arch, e, scale), "batch": s.default_batch, "loss": s.loss,
              "optimizer": "adamw", "description": f"{s.description} ({e} export)"}
             for scale in hf.SCALES.values() for s in hf.hf_specs(scale) for e in hf.EXPORTERS
         ]
@@ -59,7 +60,7 @@ def list_command(json_out: bool = typer.Option(False, "--json", help="Print JSON
 def build_command(
     name: str = typer.Argument(..., help="Zoo model name (see `onnxplan models list`); hf-ARCH uses the "
                                "TorchScript exporter, hf-ARCH-dynamo the dynamo one, NAME@bench the "
-                               "bench scale."),
+                               "bench scale, NAME@full the published size."),
     batch: int = typer.Option(None, "--batch", help="Batch size (default: the model's)."),
     optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (default: the model's)."),
     loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the model's)."),

@@ -14,7 +14,9 @@ Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exp
 tiny CI scale (TINY: hidden 32, 2 layers, seq 16, 3x32x32, batch 2); `hf-<arch>@bench` and
 `hf-<arch>-dynamo@bench` are the same architectures at the bench scale (BENCH: realistic small
 training configs, hidden 256, 4 layers, seq 128, 3x96x96, batch 8), where kernel time, not the
-per-call overhead, makes the step. Each builder takes the Scale and picks its sizes from it.
+per-call overhead, makes the step. `hf-<arch>@full` (FULL_SIZES: ResNet-50, MobileNetV2, EfficientNet-B0 and
+ViT-B/16 at 224x224, BERT-base, GPT-2 small, a ~750M-parameter LLaMA) are the published sizes users
+fine-tune. Each builder takes the Scale and picks its sizes from it.
 Exports are static (batch and sequence fixed at export time) and cached on disk under
 $ONNXPLAN_CACHE/hf, keyed by (arch, exporter, scale, batch, torch and transformers versions, and
 this file's text, so a change to a builder re-exports).
@@ -35,7 +37,7 @@ from typing import Callable
 
 from onnxplan.errors import ModelError, UsageError
 
-__all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "EXPORTERS", "available", "hf_specs", "parse_name",
+__all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "FULL", "FULL_SIZES", "EXPORTERS", "available", "hf_specs", "parse_name",
            "require_spec", "is_hf_name", "zoo_name", "export_forward", "export_dir", "build_torch_model",
            "example_inputs"]
 
@@ -63,8 +65,11 @@ class Scale:
     ffn: int
     positions: int
 
-    def pick(self, tiny, bench):
-        return tiny if self is TINY else bench
+    def pick(self, tiny, bench, full=None):
+        """An architecture's own size at this scale (the full scale falls back to bench's)."""
+        if self is TINY:
+            return tiny
+        return full if self.name == "full" and full is not None else bench
 
     @property
     def suffix(self) -> str:
@@ -76,7 +81,26 @@ TINY = Scale("tiny", batch=2, image=32, seq=16, vocab=100, hidden=32, layers=2, 
 # a realistic small training step (one ORT step ~20-500 ms on one thread): kernel time dominates
 BENCH = Scale("bench", batch=8, image=96, seq=128, vocab=4000, hidden=256, layers=4, heads=4, ffn=1024,
               positions=512)
-SCALES = {s.name: s for s in (TINY, BENCH)}
+# the published sizes users fine-tune (BERT-base's dimensions; each architecture's own in FULL_SIZES):
+# planned and run by benchmarks and opt-in tests, too slow and too large for CI's run
+FULL = Scale("full", batch=8, image=224, seq=128, vocab=30522, hidden=768, layers=12, heads=12, ffn=3072,
+             positions=512)
+SCALES = {s.name: s for s in (TINY, BENCH, FULL)}
+# the architectures with a full-size entry, each at its published configuration and a batch that
+# trains on a 24 GiB machine (GPT-2 small at seq 256, LLaMA ~750M parameters: over protobuf's 2 GB)
+FULL_SIZES: dict[str, tuple[str, dict]] = {
+    "resnet": ("ResNet-50 (64-2048, 3-4-6-3 bottleneck blocks, 1000 classes), 3x224x224", dict(batch=16)),
+    "mobilenet-v2": ("MobileNetV2 x1.0 (1000 classes), 3x224x224", dict(batch=2)),
+    "efficientnet": ("EfficientNet-B0 (1000 classes), 3x224x224", dict(batch=2)),
+    "vit": ("ViT-B/16 (d768, 12 layers, 12 heads, FFN 3072, 1000 classes), 3x224x224", dict(batch=8)),
+    "bert": ("BERT-base classifier (d768, 12 layers, 12 heads, FFN 3072, vocab 30522), seq 128", dict()),
+    "gpt2-lm": ("GPT-2 small causal LM (124M: d768, 12 layers, 12 heads, vocab 50257, LM head tied), seq 256; "
+                "[N, S, vocab]", dict(batch=4, seq=256, vocab=50257, positions=1024)),
+    "llama": ("LLaMA-architecture causal LM, ~750M parameters (d2048, 12 layers, 16 heads, FFN 5632, "
+              "vocab 32000: over 2 GB of float32 weights), seq 256; [N*S, vocab]",
+              dict(batch=1, seq=256, vocab=32000, hidden=2048, heads=16, ffn=5632, positions=2048)),
+}
+IMAGENET_LABELS = 1000  # the full-size vision classifiers keep their published heads
 VOCAB = TINY.vocab
 SEQ = TINY.seq
 IMAGE = TINY.image
@@ -109,7 +133,11 @@ class HFSpec:
 
     @property
     def description(self) -> str:
-        return self.tiny_description if self.scale is TINY else f"{self.bench_description} (bench scale)"
+        if self.scale is TINY:
+            return self.tiny_description
+        if self.scale.name == FULL.name:
+            return f"{FULL_SIZES[self.arch][0]} (full size)"
+        return f"{self.bench_description} (bench scale)"
 
 
 def available() -> bool:
@@ -172,15 +200,19 @@ def _tf():
 
 def _resnet(s: Scale):
     t = _tf()
-    cfg = t.ResNetConfig(embedding_size=s.pick(16, 64), hidden_sizes=s.pick([16, 32], [64, 128, 256, 512]),
-                         depths=s.pick([1, 1], [2, 2, 2, 2]), layer_type="basic", num_labels=NUM_LABELS)
+    cfg = t.ResNetConfig(embedding_size=s.pick(16, 64, 64),
+                         hidden_sizes=s.pick([16, 32], [64, 128, 256, 512], [256, 512, 1024, 2048]),
+                         depths=s.pick([1, 1], [2, 2, 2, 2], [3, 4, 6, 3]),
+                         layer_type=s.pick("basic", "basic", "bottleneck"),
+                         num_labels=s.pick(NUM_LABELS, NUM_LABELS, IMAGENET_LABELS))
     return _logits_module(t.ResNetForImageClassification(cfg))
 
 
 def _mobilenet_v2(s: Scale):
     t = _tf()
     cfg = t.MobileNetV2Config(image_size=s.image, depth_multiplier=s.pick(0.25, 1.0), min_depth=8,
-                              classifier_dropout_prob=0.2, num_labels=NUM_LABELS)
+                              classifier_dropout_prob=0.2,
+                              num_labels=s.pick(NUM_LABELS, NUM_LABELS, IMAGENET_LABELS))
     return _logits_module(t.MobileNetV2ForImageClassification(cfg))
 
 
@@ -193,7 +225,7 @@ def _efficientnet(s: Scale):
     else:  # EfficientNet-B0: transformers' default block lists at width and depth 1.0
         blocks = dict(width_coefficient=1.0, depth_coefficient=1.0, hidden_dim=1280)
     cfg = t.EfficientNetConfig(image_size=s.image, **blocks, dropout_rate=0.2, drop_connect_rate=0.2,
-                               num_labels=NUM_LABELS)
+                               num_labels=s.pick(NUM_LABELS, NUM_LABELS, IMAGENET_LABELS))
     return _logits_module(t.EfficientNetForImageClassification(cfg))
 
 
@@ -215,7 +247,7 @@ def _convnext(s: Scale):
 
 def _vit(s: Scale):
     t = _tf()
-    cfg = t.ViTConfig(image_size=s.image, patch_size=s.pick(8, 12), hidden_size=s.hidden,
+    cfg = t.ViTConfig(image_size=s.image, patch_size=s.pick(8, 12, 16), hidden_size=s.hidden,
                       num_hidden_layers=s.layers, num_attention_heads=s.heads, intermediate_size=s.ffn,
                       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=NUM_LABELS,
                       attn_implementation=ATTENTION)
@@ -291,7 +323,8 @@ def _gpt2_lm(s: Scale):
 def _llama(s: Scale):
     t = _tf()
     cfg = t.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
-                        num_hidden_layers=s.layers, num_attention_heads=4, num_key_value_heads=2,
+                        num_hidden_layers=s.layers, num_attention_heads=s.pick(4, 4, s.heads),
+                        num_key_value_heads=s.pick(2, 2, s.heads),
                         max_position_embeddings=s.positions, attention_dropout=0.1, use_cache=False,
                         attn_implementation=ATTENTION)
     return _logits_module(t.LlamaForCausalLM(cfg), flatten=True, with_mask=True)
@@ -343,9 +376,19 @@ _SPECS: dict[str, HFSpec] = {
 }
 
 
+def _at(spec: HFSpec, scale: Scale) -> HFSpec:
+    """`spec` at `scale`; the full scale takes the architecture's own published sizes."""
+    if scale is TINY:
+        return spec
+    if scale is FULL:
+        scale = replace(FULL, **FULL_SIZES[spec.arch][1])
+    return replace(spec, scale=scale)
+
+
 def hf_specs(scale: Scale = TINY) -> list[HFSpec]:
-    """Every corpus architecture at `scale`, in a stable order (whether or not transformers is installed)."""
-    return [spec if scale is TINY else replace(spec, scale=scale) for spec in _SPECS.values()]
+    """Every corpus architecture at `scale` (at the full scale, those of FULL_SIZES), in a stable
+    order (whether or not transformers is installed)."""
+    return [_at(spec, scale) for spec in _SPECS.values() if scale is not FULL or spec.arch in FULL_SIZES]
 
 
 def parse_name(name: str) -> tuple[HFSpec, str] | None:
@@ -360,9 +403,9 @@ def parse_name(name: str) -> tuple[HFSpec, str] | None:
     if arch.endswith(DYNAMO_SUFFIX):
         arch, exporter = arch[: -len(DYNAMO_SUFFIX)], "dynamo"
     spec = _SPECS.get(arch)
-    if spec is None:
+    if spec is None or scale is FULL and arch not in FULL_SIZES:
         return None
-    return (spec if scale is TINY else replace(spec, scale=scale)), exporter
+    return _at(spec, scale), exporter
 
 
 def require_spec(name: str) -> tuple[HFSpec, str]:
@@ -371,7 +414,8 @@ def require_spec(name: str) -> tuple[HFSpec, str]:
     if parsed is None:
         raise UsageError(f"unknown corpus model {name!r}; known: "
                          f"{', '.join(zoo_name(s.arch, e) for s in hf_specs() for e in EXPORTERS)}, "
-                         f"each also at the bench scale (NAME{BENCH.suffix})")
+                         f"each also at the bench scale (NAME{BENCH.suffix}); at full size (NAME{FULL.suffix}): "
+                         f"{', '.join(zoo_name(s.arch, 'torchscript', FULL) for s in hf_specs(FULL))}")
     return parsed
 
 

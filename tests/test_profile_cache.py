@@ -123,3 +123,25 @@ def test_a_second_process_runs_no_kernel(step, cache):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("profile ") and "(cached " in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("long_step", [False, True])
+def test_a_long_step_is_profiled_from_two_steps(step, cache, monkeypatch, long_step):
+    """A step of LONG_STEP seconds or more (a real-size model) is profiled from its first run
+    alone; a short one warms up twice and is timed `steps` times, each with an untimed twin."""
+    calls = {"step": 0, "timed": 0}
+
+    class Counting(profile.Executor):
+        def step(self, *a, **k):
+            calls["step"] += 1
+            return super().step(*a, **k)
+
+        def timed_nodes(self, *a, **k):
+            calls["timed"] += 1
+            return super().timed_nodes(*a, **k)
+
+    monkeypatch.setattr(profile, "Executor", Counting)
+    monkeypatch.setattr(profile, "LONG_STEP", 0.0 if long_step else float("inf"))
+    tm, note = profile.profile_times(step, steps=3, threads=1)
+    assert tm.source == "profile" and tm.measured, note
+    assert calls == ({"step": 0, "timed": 1} if long_step else {"step": 1 + 3, "timed": 1 + 3})

@@ -36,7 +36,12 @@ from onnxplan.threads import resolve_threads, use_threads
 __all__ = ["DEFAULT_CLOCK", "PROFILE_CACHE_ENV", "profile_cache_path", "profile_times", "step_data"]
 
 PROFILE_CACHE_ENV = "ONNXPLAN_PROFILE_CACHE"  # "off" (or 0): no disk cache of profiles
-_FORMAT = 1  # the disk entry's layout: bump when it (or how a profile is measured) changes
+_FORMAT = 2  # the disk entry's layout: bump when it (or how a profile is measured) changes
+# a step whose first run (its arena touched beforehand) takes at least this long is profiled from
+# that run alone: its kernels take milliseconds each, so one timing is as good as the least of
+# several, and the step's own costs (feeding, the loop) are a negligible part of it. A real-size
+# model (ResNet-50 at batch 16: ~6-11 s a step) is then profiled in one step instead of 2 + 2 x steps.
+LONG_STEP = 0.5
 
 DEFAULT_CLOCK = "wall"  # what planning profiles with; benchmarks on shared machines set "cpu"
 
@@ -75,14 +80,15 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
     on the allocator's state, so the profiled plan should be the one that runs), run two
     warm-up steps and `steps` timed steps with a clock around every kernel; the least seconds of each
     node (what the kernel costs when nothing else competes for the machine), scaled so that
-    they add up to the fastest whole step (the step's own costs spread over its nodes). `clock`:
+    they add up to the fastest whole step (the step's own costs spread over its nodes); a step of
+    LONG_STEP seconds or more is profiled from its first run alone, unscaled. `clock`:
     "wall", or "cpu" (this process's CPU time: robust on a shared machine with one BLAS
     thread). `device`: where the kernels run (cuda: CuPy, wall clock, the device synchronised
     around every kernel). `threads`: the thread count the run will use (onnxplan.threads; None:
     every available core): the kernels are timed at it, and profiles are cached per graph
     (its fingerprint) and thread count, in this process and on disk (see the module's
-    docstring: a later process reuses the profile without running a kernel). Returns (time model, note); a step our kernels cannot
-    run falls back to the FLOP estimate, and the note says why."""
+    docstring: a later process reuses the profile without running a kernel). Returns (time model,
+    note); a step our kernels cannot run falls back to the FLOP estimate, and the note says why."""
     xp = array_module(device)
     clock = "wall" if xp is not np else (clock or DEFAULT_CLOCK)  # a GPU's time is not this process's CPU
     sync = (lambda: None) if xp is np else xp.cuda.Device().synchronize
@@ -107,12 +113,16 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
                   for p in ex.classes["parameter"]}
         ex.load_state(params)
         batch = {k: v for k, v in step_data(out.graph).items() if k in ex.feeds}
-        for _ in range(2):  # warm-up: first touches of the arena, BLAS start-up, the allocator's state
-            ex.step(batch)
-        samples: dict[str, list[float]] = {}
+        ex.arena.data.fill(0)  # the arena's first touches now, not inside the first kernels' times
         tick = time.process_time if clock == "cpu" else time.perf_counter
+        first = ex.timed_nodes(batch, tick)[1]  # a warm-up (BLAS start-up, the allocator's state)...
+        sync()
+        long_step = sum(first.values()) >= LONG_STEP  # ... or, for a long step, the profile itself
+        samples: dict[str, list[float]] = {name: [s] for name, s in first.items()} if long_step else {}
         whole: list[float] = []
-        for _ in range(max(1, steps)):
+        if not long_step:
+            ex.step(batch)
+        for _ in range(0 if long_step else max(1, steps)):
             for name, s in ex.timed_nodes(batch, tick)[1].items():
                 samples.setdefault(name, []).append(s)
             sync()
@@ -124,7 +134,7 @@ def profile_times(graph: StepGraph, *, steps: int = 3, inplace: bool = True, ord
         return TimeModel(), f"profile failed ({type(exc).__name__}: {exc}); FLOP estimate used"
     measured = {name: min(ts) for name, ts in samples.items()}  # the fastest: others share the machine
     # the step's own costs (feeding, the loop, write-backs) spread over the nodes in proportion
-    scale = min(whole) / max(sum(measured.values()), 1e-12)
+    scale = min(whole) / max(sum(measured.values()), 1e-12) if whole else 1.0
     measured = {name: t * scale for name, t in measured.items()}
     for _, n in ex.views:
         measured[n.name] = 0.0
