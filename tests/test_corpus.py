@@ -76,6 +76,39 @@ def test_bench_scale_names_resolve_to_the_same_builders_at_bench_sizes():
     assert bad.exit_code == 2 and "bench scale" in bad.stderr
 
 
+def test_full_size_names_are_the_published_models():
+    """hf-ARCH@full: the architectures users fine-tune, at their published sizes, listed by models list."""
+    full = {s.arch: s for s in hf.hf_specs(hf.FULL)}
+    assert {"resnet", "vit", "bert", "gpt2-lm", "llama", "mobilenet-v2", "efficientnet"} <= set(full)
+    gpt2, exporter = hf.parse_name("hf-gpt2-lm@full")
+    assert exporter == "torchscript" and gpt2.loss == "causal-lm"
+    assert (gpt2.scale.vocab, gpt2.scale.hidden, gpt2.scale.layers, gpt2.scale.seq, gpt2.default_batch) \
+        == (50257, 768, 12, 256, 4)
+    assert (full["resnet"].scale.image, full["resnet"].default_batch) == (224, 16)
+    assert hf.parse_name("hf-swin@full") is None  # no full-size entry: refused as unknown
+    listed = _cli("models", "list", "--json")
+    _ok(listed, "models list")
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert rows["hf-gpt2-lm@full"]["loss"] == "causal-lm" and "full size" in rows["hf-bert@full"]["description"]
+    bad = _cli("models", "build", "hf-swin@full")
+    assert bad.exit_code == 2 and "hf-resnet@full" in bad.stderr
+
+
+@pytest.mark.slow
+def test_a_full_size_model_plans():
+    """ResNet-50 at 224x224, batch 16, as published (25,557,032 trained parameters with its
+    1000-class head: torchvision's and Hugging Face's count), through inspect and plan."""
+    shown = _cli("inspect", "hf-resnet@full", "--json")
+    _ok(shown, "inspect hf-resnet@full")
+    by_class = json.loads(shown.stdout)["bytes_by_class"]
+    assert by_class["optimizer_state"] == 2 * 4 * 25_557_032 + 8  # AdamW: two float32 moments a weight, an int64 step
+    assert by_class["input"] >= 16 * 3 * 224 * 224 * 4
+    planned = _cli("plan", "hf-resnet@full", "--json")
+    _ok(planned, "plan hf-resnet@full")
+    plan = json.loads(planned.stdout)
+    assert plan["persistent_bytes"] >= 3 * 4 * 25_557_032 and plan["peak_bytes"] > plan["persistent_bytes"]
+
+
 @pytest.mark.slow
 def test_bench_scale_exports_at_its_sizes():
     """One bench-scale export (the smallest text one): batch 8 x seq 128 tokens, its own cache entry."""
