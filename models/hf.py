@@ -141,12 +141,11 @@ class HFSpec:
 
 
 def available() -> bool:
-    """Whether `transformers` can be imported (the corpus needs it)."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether `transformers` is installed (the corpus needs it); found without importing it
+    (an import costs over a second, and `models list` or a cached export need none)."""
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
 
 
 # -- wrappers: logits as the only output --------------------------------------------------------
@@ -453,10 +452,9 @@ def _input_name(spec: HFSpec) -> str:
 
 
 def _export_key(spec: HFSpec, exporter: str, batch: int) -> str:
-    import torch
-    import transformers
+    from importlib.metadata import version  # the installed versions, without importing torch (seconds)
 
-    text = f"{spec.arch}|{exporter}|{spec.scale.name}|{batch}|{torch.__version__}|{transformers.__version__}"
+    text = f"{spec.arch}|{exporter}|{spec.scale.name}|{batch}|{version('torch')}|{version('transformers')}"
     h = hashlib.sha256(text.encode())
     h.update(Path(__file__).read_bytes())  # any change to the builders or export settings
     return h.hexdigest()[:16]
