@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+import numpy as np
 import onnx
 
 from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
@@ -435,6 +436,34 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
         raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
                          f"input); it has {len(model.graph.output)}")
     _check_forward_size(model, forward_path)
-    fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
-    fm.weights_dir = forward_path.parent  # prepared from shapes: the weights are read on a cache miss only
-    return build_artifacts(fm, out_dir, optimizer=optimizer, cache_dir=cache_dir)
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+
+    def prepared() -> ForwardModel:
+        fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
+        fm.weights_dir = forward_path.parent  # prepared from shapes: the weights are read on a cache miss only
+        return fm
+
+    # keyed by the file as given (its weights streamed through the hash) and every option: a
+    # later command on the same file finds its artifacts without preparing the model again
+    # (shape inference over a real-size model takes longer than planning it)
+    h = hashlib.sha256()
+    _hash_model(h, model, forward_path.parent)
+    recipe = {"forward": h.hexdigest(), "name": forward_path.stem, "loss": loss, "batch": batch,
+              "dims": sorted((dims or {}).items()), "train": list(train or ()), "freeze": list(freeze or ()),
+              "library": _library_sources(), "numpy": np.__version__, "onnx": onnx.__version__}
+    entry = recipe_artifacts(recipe, prepared, optimizer=optimizer, cache_dir=cache_dir)
+    try:
+        return _copy_out(entry, Path(out_dir)) if out_dir is not None else entry
+    except OSError as exc:
+        raise ModelError(f"cannot write artifacts: {exc}") from None
+
+
+def _library_sources() -> str:
+    """sha256 of onnxplan's own source (what prepares a forward model and builds its artifacts):
+    a changed onnxplan prepares a forward file again instead of trusting an older preparation."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()

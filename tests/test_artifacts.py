@@ -188,6 +188,30 @@ def test_generate_from_onnx_user_model(tmp_path):
     assert meta["labels"]["dtype"] == "float32" and meta["labels"]["shape"] == [3, 10]
 
 
+def test_a_forward_file_built_before_is_not_prepared_again(tmp_path, monkeypatch):
+    """The second command on the same file and options finds its artifacts by the file's recipe
+    without preparing the model (shape inference over a real-size model costs more than planning
+    it); another option or another content of the file prepares and builds anew."""
+    import onnxplan.forward as forward
+
+    path = _dynamic_forward(tmp_path / "my_net.onnx")
+    first = art.generate_from_onnx(path, loss="ce", batch=3, cache_dir=tmp_path / "cache")
+    real = forward.prepare_forward
+    calls = []
+    monkeypatch.setattr(forward, "prepare_forward", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert art.generate_from_onnx(path, loss="ce", batch=3, cache_dir=tmp_path / "cache") == first
+    assert calls == []
+    copied = art.generate_from_onnx(path, loss="ce", batch=3, out_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    assert calls == [] and copied == tmp_path / "out" and (copied / "training_model.onnx").is_file()
+    assert art.generate_from_onnx(path, loss="ce", batch=4, cache_dir=tmp_path / "cache") != first
+    assert len(calls) == 1
+    model = onnx.load(str(path))
+    model.graph.initializer[0].raw_data = bytes(len(model.graph.initializer[0].raw_data))  # other weights
+    onnx.save(model, str(path))
+    assert art.generate_from_onnx(path, loss="ce", batch=3, cache_dir=tmp_path / "cache") != first
+    assert len(calls) == 2
+
+
 def test_generate_from_onnx_errors(tmp_path):
     path = _dynamic_forward(tmp_path / "net.onnx")
     with pytest.raises(DynamicDimError, match="batch"):

@@ -137,7 +137,8 @@ def test_artifacts_gradients_match_float64_only_with_explicit_pads(case, tmp_pat
                 and a.s in (b"SAME_UPPER", b"SAME_LOWER")]
     # the same model without the rewrite: ONNX Runtime's gradient is wrong by O(1), its forward right
     monkeypatch.setattr(prepare, "explicit_auto_pads", lambda *a: None)
-    before = generate_from_onnx(path, "mse", "sgd", out_dir=tmp_path / "before", cache_dir=tmp_path / "cache")
+    before = generate_from_onnx(path, "mse", "sgd", out_dir=tmp_path / "before",  # a cache of its own: the
+                                cache_dir=tmp_path / "cache-before")  # file's recipe names the rewritten build
     theirs = _ort_against_brute_force(before, model, op, attrs)
     assert theirs["y"] < 1e-5
     # wrong by O(1), or NaN (ORT's wrong kernel sometimes reads memory it never wrote): not <= 0.1
