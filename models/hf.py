@@ -89,16 +89,16 @@ SCALES = {s.name: s for s in (TINY, BENCH, FULL)}
 # the architectures with a full-size entry, each at its published configuration and a batch that
 # trains on a 24 GiB machine (GPT-2 small at seq 256, LLaMA ~750M parameters: over protobuf's 2 GB)
 FULL_SIZES: dict[str, tuple[str, dict]] = {
-    "resnet": ("ResNet-50 (64-2048, 3-4-6-3 bottleneck blocks, 1000 classes), 3x224x224", dict(batch=16)),
-    "mobilenet-v2": ("MobileNetV2 x1.0 (1000 classes), 3x224x224", dict(batch=2)),
-    "efficientnet": ("EfficientNet-B0 (1000 classes), 3x224x224", dict(batch=2)),
-    "vit": ("ViT-B/16 (d768, 12 layers, 12 heads, FFN 3072, 1000 classes), 3x224x224", dict(batch=8)),
-    "bert": ("BERT-base classifier (d768, 12 layers, 12 heads, FFN 3072, vocab 30522), seq 128", dict()),
-    "gpt2-lm": ("GPT-2 small causal LM (124M: d768, 12 layers, 12 heads, vocab 50257, LM head tied), seq 256; "
-                "[N, S, vocab]", dict(batch=4, seq=256, vocab=50257, positions=1024)),
-    "llama": ("LLaMA-architecture causal LM, ~750M parameters (d2048, 12 layers, 16 heads, FFN 5632, "
-              "vocab 32000: over 2 GB of float32 weights), seq 256; [N*S, vocab]",
-              dict(batch=1, seq=256, vocab=32000, hidden=2048, heads=16, ffn=5632, positions=2048)),
+    "resnet": ("ResNet-50 (64-2048, 3-4-6-3 bottleneck blocks, 1000 classes), 3x224x224", {"batch": 16}),
+    "mobilenet-v2": ("MobileNetV2 x1.0 (1000 classes), 3x224x224", {"batch": 2}),
+    "efficientnet": ("EfficientNet-B0 (1000 classes), 3x224x224", {"batch": 2}),
+    "vit": ("ViT-B/16 (d768, 12 layers, 12 heads, FFN 3072, 1000 classes), 3x224x224", {"batch": 8}),
+    "bert": ("BERT-base classifier (d768, 12 layers, 12 heads, FFN 3072, vocab 30522), seq 128", {}),
+    "gpt2-lm": (("GPT-2 small causal LM (124M: d768, 12 layers, 12 heads, vocab 50257, LM head tied), seq 256; "
+                 "[N, S, vocab]"), {"batch": 4, "seq": 256, "vocab": 50257, "positions": 1024}),
+    "llama": (("LLaMA-architecture causal LM, ~750M parameters (d2048, 12 layers, 16 heads, FFN 5632, "
+               "vocab 32000: over 2 GB of float32 weights), seq 256; [N*S, vocab]"),
+              {"batch": 1, "seq": 256, "vocab": 32000, "hidden": 2048, "heads": 16, "ffn": 5632, "positions": 2048}),
 }
 IMAGENET_LABELS = 1000  # the full-size vision classifiers keep their published heads
 VOCAB = TINY.vocab

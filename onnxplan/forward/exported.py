@@ -15,6 +15,13 @@ parameter, %b_<name> for a buffer; each initializer's `pkg.torch.onnx.original_n
 its own placeholder), and a folded or removed parameter has no initializer left to copy. So the
 forward path does not try to repair it: it says so in one line naming the cases and the fix,
 re-exporting with optimize=False (which keeps every parameter and every tie).
+
+The TorchScript exporter (dynamo=False) does the same with its defaults (eval mode, constant
+folding on), with no metadata to say what was what, but with two marks of its own: parameters of
+equal value merged into one become Identity copies of the one kept (GPT-2's LayerNorm biases),
+and what folding computed from parameters (a transposed LM head, BatchNorm folded into a
+convolution's weights) are float initializers named `onnx::<Op>_<N>`, trained as parameters of
+their own. An export in training mode without folding has neither (the corpus's exports).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import re
 
 import onnx
 
-__all__ = ["FOLDED_FROM", "FX_NODE", "ORIGINAL_NAME", "optimizer_warning"]
+__all__ = ["FOLDED_FROM", "FX_NODE", "ORIGINAL_NAME", "optimizer_warning", "torchscript_warning"]
 
 FX_NODE = "pkg.torch.onnx.fx_node"
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
@@ -93,3 +100,34 @@ def optimizer_warning(model: onnx.ModelProto) -> str | None:
     return ("warning: the dynamo exporter's optimizer (torch.onnx.export optimize=True, the default) changed "
             "the parameters, so this is not the PyTorch model to train: " + "; ".join(parts)
             + "; re-export with torch.onnx.export(..., dynamo=True, optimize=False)")
+
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+
+
+def torchscript_warning(model: onnx.ModelProto) -> str | None:
+    """One line when a TorchScript export with its defaults (eval mode, constant folding) merged
+    parameters or folded them into new ones, else None (and None for a dynamo export:
+    optimizer_warning reads its metadata)."""
+    graph = model.graph
+    if model.producer_name != "pytorch" or _value_props(graph, ORIGINAL_NAME):
+        return None
+    floats = {t.name for t in graph.initializer if t.data_type in _FLOAT_TYPES}
+    merged = sorted((n.output[0], n.input[0]) for n in graph.node
+                    if n.op_type == "Identity" and n.input and n.input[0] in floats and n.output and n.output[0])
+    folded = sorted(name for name in floats if name.startswith("onnx::"))
+    parts = []
+    if merged:
+        copy, kept = merged[0]
+        parts.append(f"{len(merged)} parameter(s) of equal value merged into others, each now trained as the "
+                     f"one it copies ('{copy}' is '{kept}')")
+    if folded:
+        parts.append(f"{len(folded)} initializer(s) computed from parameters at export time (a folded "
+                     f"Transpose, BatchNorm folded into a convolution: {_shown(folded)}) train as parameters "
+                     "of their own")
+    if not parts:
+        return None
+    return ("warning: this TorchScript export (torch.onnx.export dynamo=False with its defaults: eval mode, "
+            "constant folding) changed the parameters, so this is not the PyTorch model to train: "
+            + "; ".join(parts) + "; re-export with torch.onnx.export(..., dynamo=False, "
+            "training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)")

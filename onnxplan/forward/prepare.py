@@ -18,7 +18,7 @@ import onnx
 
 from onnxplan.forward.complete import complete_outputs
 from onnxplan.forward.decompose import decompose, value_types
-from onnxplan.forward.exported import optimizer_warning
+from onnxplan.forward.exported import optimizer_warning, torchscript_warning
 from onnxplan.forward.int_args import cast_integer_args
 from onnxplan.forward.normalize import convert_opset, normalize
 from onnxplan.forward.pads import explicit_auto_pads
@@ -65,7 +65,7 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     model = copy.deepcopy(model)
     kinds = torch_kinds(model.graph)  # value_info is rebuilt below
     notes: list[str] = []
-    warning = optimizer_warning(model)  # read before anything drops the export's metadata
+    warning = optimizer_warning(model) or torchscript_warning(model)  # before the metadata is dropped
     if warning:
         notes.append(warning)
     synthetic: set[str] = set()
