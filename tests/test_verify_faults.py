@@ -351,3 +351,30 @@ def test_fault_where_gradients_are_rounding_sized_is_caught(monkeypatch):
     first = _failure(prep)
     assert first.node == target
     assert first.error / first.tolerance > 2
+
+
+def test_updates_are_compared_a_group_of_parameters_at_a_time(monkeypatch):
+    """The optimizer's updates are checked in groups (memory: never the whole model's updates
+    twice): every parameter in a group of its own gives the same figures as one group, and a
+    wrong update of the last parameter is still named."""
+    from onnxplan.executor.runner import Executor
+    from onnxplan.verification import step_check
+
+    prep = _prepared("mlp", 2, "adamw")
+    monkeypatch.setattr(step_check, "UPDATE_GROUP_BYTES", 1 << 40)
+    whole = verify_run(prep, steps=1)
+    monkeypatch.setattr(step_check, "UPDATE_GROUP_BYTES", 1)  # every parameter alone
+    each = verify_run(prep, steps=1)
+    assert whole.ok and each.ok, each.summary()
+    assert each.steps[0].checks["update"] == whole.steps[0].checks["update"]
+    last = prep.graph.optimizer["params"][-1]
+    step = Executor.step
+
+    def wrong_update(self, batch):
+        loss = step(self, batch)
+        self.binding.arrays[last][...] *= np.float32(1.001)
+        return loss
+
+    monkeypatch.setattr(Executor, "step", wrong_update)
+    bad = verify_run(prep, steps=1)
+    assert not bad.ok and any(c.kind == "update" and c.name == last for c in bad.steps[0].failures)

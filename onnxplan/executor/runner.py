@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,19 +137,20 @@ class Executor:
         self.steps_done = steps_done
         self.random.reset()
 
-    def parameters(self) -> dict[str, np.ndarray]:
-        """Copies of every parameter, trainable and frozen, on the host."""
-        out = {name: _download(self.binding.arrays[name]) for name in self.classes["parameter"]}
-        if self.swap is not None:
-            out.update(self.swap.parameters())
-        return out
+    def parameters(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """Copies of every parameter, trainable and frozen (or of those in `names`), on the host."""
+        return self._state_copies("parameter", names)
 
-    def optimizer_state(self) -> dict[str, np.ndarray]:
-        """Copies of the optimizer state (AdamW's moments; `step` is fed, not kept), on the host."""
-        out = {name: _download(self.binding.arrays[name]) for name in self.classes["optimizer_state"]
-               if name != STEP}
+    def optimizer_state(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """Copies of the optimizer state (AdamW's moments; `step` is fed, not kept), or of those in
+        `names`, on the host."""
+        return self._state_copies("optimizer_state", names)
+
+    def _state_copies(self, vclass: str, names: Collection[str] | None) -> dict[str, np.ndarray]:
+        out = {name: _download(self.binding.arrays[name]) for name in self.classes[vclass]
+               if name != STEP and (names is None or name in names)}
         if self.swap is not None:
-            out.update(self.swap.parameters("optimizer_state"))
+            out.update(self.swap.parameters(vclass, names))
         return out
 
     # ---- one step ----------------------------------------------------------------------

@@ -381,12 +381,13 @@ class SwapRuntime:
         self.history.clear()
         self.stats = SwapStats()
 
-    def parameters(self, vclass_wanted: str = "parameter") -> dict[str, np.ndarray]:
-        """Evicted parameters (or values of another persistent class), read back from their slots."""
+    def parameters(self, vclass_wanted: str = "parameter", names=None) -> dict[str, np.ndarray]:
+        """Evicted parameters (or values of another persistent class; only those in `names` when
+        given), read back from their slots."""
         self._wait(self.worker.put(Job("settle", "", None, -1)))
         out = {}
         for slot, (vclass, spec) in self.state.items():
-            if vclass == vclass_wanted:
+            if vclass == vclass_wanted and (names is None or slot in names):
                 data = np.empty(spec.shape, dtype=spec.dtype)
                 self.store.read(slot, data.reshape(-1).view(np.uint8))
                 out[slot] = data

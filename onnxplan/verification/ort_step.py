@@ -59,6 +59,9 @@ def _session(model: onnx.ModelProto):
 
     opts = ort_session_options()  # the process's threads; idle workers sleep between our kernels
     opts.log_severity_level = 3
+    # no memory arena: its blocks would stay held at the step's peak between runs, beside our
+    # executor's arena (the verification's memory: what one ORT step needs while it runs)
+    opts.enable_cpu_mem_arena = False
     if model.ir_version > _MAX_IR_VERSION:
         model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR
     try:

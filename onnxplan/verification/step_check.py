@@ -487,8 +487,6 @@ class StepVerifier:
         ort = self.ort.run(params, batch)
         noise = self._noise(params, batch, ort)
         loss = self._our_step(batch, ort)
-        new_params, new_moments = ex.parameters(), ex.optimizer_state()
-        ort_new = self.ort_opt.run(self.params, self.lr, done + 1, params, ort.grads, moments)
 
         checks: list[Check] = [Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), tol["loss"])]
         floor = loss_floor(self.ort.loss_node, ort.loss_inputs) if self.ort.loss_node is not None else 0.0
@@ -507,14 +505,10 @@ class StepVerifier:
             t = floored(t, floor, ort.grads[p])
             err = float("inf") if ours is None else gradient_error(ours, ort.grads[p], t, floor)
             checks.append(Check("gradient", p, err, t, self.grad_node.get(p, "")))
-        for name, want in ort_new.items():
-            got = new_params.get(name, new_moments.get(name))
-            p = name.split(".exp_avg")[0]
-            # scale: ORT's update without its NaNs (NaN where ours is NaN too is agreement)
-            err = float("inf") if got is None else update_error(got, want, np.nan_to_num(want, nan=0.0))
-            checks.append(Check("update", name, err, tol["update"], self.optimizer_node.get(p, "")))
+        checks += self._update_checks(done, params, moments, ort.grads)
+        running = ex.parameters(ort.running)
         for name, want in ort.running.items():
-            got = new_params.get(name)
+            got = running.get(name)
             err = float("inf") if got is None else rel_norm_error(got, want)
             t = max(tol["running"], NOISE_FACTOR * noise[("running", name)])
             t = floored(t, self.hooks.floor.get(self.ort.running_of[name], 0.0), want)
@@ -529,6 +523,22 @@ class StepVerifier:
         if failures:
             self._explain(rep, batch, params, moments, done)
         return rep
+
+    def _update_checks(self, done: int, params, moments, grads) -> list[Check]:
+        """ONNX Runtime's optimizer on the state before the step and its gradients, against our
+        updated parameters and moments, a group of parameters at a time (UPDATE_GROUP_BYTES): the
+        whole model's updates never exist twice at once."""
+        checks = []
+        for names in _groups(self.params, params, UPDATE_GROUP_BYTES):
+            want = self.ort_opt.run(names, self.lr, done + 1, params, grads, moments)
+            got = {**self.ex.parameters(names), **self.ex.optimizer_state(set(want) - set(names))}
+            for name, w in want.items():
+                g = got.get(name)
+                p = name.split(".exp_avg")[0]
+                # scale: ORT's update without its NaNs (NaN where ours is NaN too is agreement)
+                err = float("inf") if g is None else update_error(g, w, np.nan_to_num(w, nan=0.0))
+                checks.append(Check("update", name, err, TOLERANCES["update"], self.optimizer_node.get(p, "")))
+        return checks
 
     def _noise(self, params, batch, ort):
         """ONNX Runtime against itself from the state with every float input and parameter moved
@@ -573,6 +583,23 @@ class StepVerifier:
             rep.explanation = "no single intermediate differs beyond tolerance; the differences accumulate"
         eo = self.ex.eo
         rep.first_difference = min(rep.failures, key=lambda c: eo.get(c.node, len(eo)))
+
+
+UPDATE_GROUP_BYTES = 64 << 20  # parameters whose updates are compared at once (their moments: twice this)
+
+
+def _groups(names: list[str], arrays: dict, limit: int) -> list[list[str]]:
+    """`names` in order, cut into groups of at most `limit` bytes of `arrays` (a larger one alone)."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        n = arrays[name].nbytes
+        if groups[-1] and size + n > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += n
+    return [g for g in groups if g]
 
 
 def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | None = None, xp: Any = np,
