@@ -87,11 +87,11 @@ def bench(name: str, batch: int | None, rounds: int, steps: int, with_before: bo
     from onnxplan.executor.prepare import prepare
     from onnxplan.executor.runner import Executor, initial_parameters
     from onnxplan.kernels import _torch, registry
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
-    from onnxplan.resolve import ModelRequest
     from onnxplan.torch_peer import TorchTrainer
 
-    prep = prepare(ModelRequest(name, batch), PlanOptions())
+    prep = prepare(LoadRequest(name, batch), PlanOptions())
     folder = str(prep.folder)
     specs, labels = read_input_specs(folder)
     batches = [make_step_batch(specs, labels, 0, k) for k in range(steps)]

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.ir.graph import ValueClass
-from onnxplan.resolve import ModelRequest, make_request
+from onnxplan.loading.request import LoadRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
 __all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail", "console"]
@@ -75,7 +75,7 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None, train: list[str] | None = None,
-                  freeze: list[str] | None = None) -> ModelRequest:
+                  freeze: list[str] | None = None) -> LoadRequest:
     """The request of the model options (--dim as NAME=INT), checked (onnxplan.resolve.make_request)."""
     return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
 

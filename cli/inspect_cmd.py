@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import typer
 from rich.table import Table
 
@@ -16,8 +15,8 @@ from onnxplan.cli.common import (
     parameter_report,
     print_json,
 )
+from onnxplan.loading import load_step
 from onnxplan.progress import Progress
-from onnxplan.resolve import load_model
 from onnxplan.sizes import format_bytes
 
 __all__ = ["inspect_command", "inspect_summary"]
@@ -64,7 +63,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=No
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     with Progress("inspect") as progress:  # building artifacts (an export, ORT's generation) takes a while
         progress.update(f"loading {model}")
-        graph = load_model(req)
+        graph = load_step(req)
     s = inspect_summary(graph)
     if json_out:
         print_json(s)

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxplan.models._spec import ForwardModel, InputSpec, labels_for_output
+from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
 
 __all__ = ["GraphBuilder", "OPSET", "IR_VERSION"]
 

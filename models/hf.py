@@ -7,7 +7,7 @@ only output (what a user writes to export a model for training), and exports a f
 opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter (its
 optimizer blind to parameter values, so it cannot merge, drop or split parameters:
 _optimize_keeping_parameters).
-Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
+Nothing is edited after export: the forward-model path (`onnxplan.loading.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
 
 Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exporter), at the
@@ -419,7 +419,7 @@ def _export_key(spec: HFSpec, exporter: str, batch: int) -> str:
 
 
 def export_dir(cache_dir: Path | None = None) -> Path:
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
 
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "hf"
 
@@ -428,7 +428,7 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
     """Export `model` on input `x` to `path` as a user would, with all exporter chatter silenced."""
     import torch
 
-    from onnxplan.artifacts import quiet_fds
+    from onnxplan.loading.artifacts import quiet_fds
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()), quiet_fds():

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from onnxplan.errors import ModelError
+from onnxplan.forward.spec import InputSpec  # one definition of how data is drawn
 from onnxplan.ir.metadata import METADATA_FILE, read_metadata
-from onnxplan.models import InputSpec  # the zoo's spec: one definition of how data is drawn
 
 __all__ = ["InputSpec", "METADATA_FILE", "read_metadata", "read_input_specs", "step_specs", "make_step_batch",
            "run_steps"]

@@ -326,9 +326,9 @@ class TorchTrainer:
         self.input_names = [spec["name"] for spec in meta["inputs"]]
         if meta["labels"] is not None:
             self.label_name = meta["labels"]["name"]
-        else:  # causal-lm: the token ids (onnxplan.models._spec.token_ids)
+        else:  # causal-lm: the token ids (onnxplan.forward.spec.token_ids)
             from onnxplan.data import InputSpec
-            from onnxplan.models._spec import token_ids
+            from onnxplan.forward.spec import token_ids
 
             out = model.graph.output[0].type.tensor_type.shape.dim
             self.label_name = token_ids([InputSpec.from_dict(row) for row in meta["inputs"]],

@@ -10,10 +10,10 @@ import numpy as np
 import onnx
 import pytest
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
 from onnxplan.errors import DynamicDimError, ModelError, UsageError
-from onnxplan.models import ForwardModel, InputSpec, get_model, list_models
-
+from onnxplan.forward.spec import ForwardModel, InputSpec
+from onnxplan.models import get_model, list_models
 from tests.zoo_small import SMALL, small
 
 

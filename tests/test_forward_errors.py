@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
 from onnxplan.cli.app import app
 
 runner = CliRunner()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import onnx
 
+from onnxplan.ort import ORT_TRAINING
+
 __all__ = ["ORT_TRAINING", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "ZERO_GRADIENT_OPS",
            "FLOAT_TYPES", "has_gradient", "differentiable_positions"]
 
-ORT_TRAINING = "onnxruntime-training 1.19.2"
 
 GRADIENT_OPS = frozenset("""
     Abs Add Sub Mul Div Neg Pow Sqrt Exp Log Reciprocal Sin Cos Tanh Sigmoid Erf Relu LeakyRelu

@@ -15,7 +15,7 @@ from onnxplan.ir.metadata import read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
 
-__all__ = ["load_step", "parameter_names", "input_spec", "tensor_array"]
+__all__ = ["read_step", "parameter_names", "input_spec", "tensor_array"]
 
 ACC_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
@@ -34,7 +34,7 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     try:
         state = CheckpointState.load_checkpoint(str(ckpt))
     except Exception as exc:  # noqa: BLE001 - ORT raises plain RuntimeErrors
-        from onnxplan.forward.ort_errors import ort_cause
+        from onnxplan.ort import ort_cause
 
         raise ModelError(f"{ckpt}: {ort_cause(str(exc))}") from None
     trainable = [name for name, p in state.parameters if p.requires_grad]
@@ -147,7 +147,7 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
                              f"the model {list(known[name].shape)})")
 
 
-def load_step(
+def read_step(
     folder: Path | str, *, dims: dict[str, int] | None = None, batch: int | None = None
 ) -> StepGraph:
     """Join training_model.onnx and optimizer_model.onnx of `folder` into one StepGraph.

@@ -11,7 +11,7 @@ from onnxplan.errors import ModelError
 __all__ = ["ARTIFACT_FILES", "METADATA_FILE", "SCHEMA_VERSION", "STEP_FILES", "read_metadata"]
 
 METADATA_FILE = "onnxplan.json"
-SCHEMA_VERSION = 1  # of onnxplan.json: written by onnxplan.artifacts, checked by read_metadata
+SCHEMA_VERSION = 1  # of onnxplan.json: written by onnxplan.loading.artifacts, checked by read_metadata
 # what `onnxplan models build` writes into a folder (the cache counts a folder complete when all are there)
 ARTIFACT_FILES = ("forward.onnx", "training_model.onnx", "optimizer_model.onnx", "eval_model.onnx",
                   "checkpoint", METADATA_FILE)

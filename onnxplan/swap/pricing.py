@@ -252,7 +252,7 @@ def store_key(folder: str | Path | None) -> str:
 
 
 def _cache_path() -> Path:
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
 
     return default_cache_dir() / CACHE_NAME
 

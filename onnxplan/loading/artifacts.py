@@ -8,26 +8,26 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import onnx
 
-from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
 from onnxplan.errors import ModelError, UsageError
-from onnxplan.models import LOSSES, OPTIMIZERS, ForwardModel
+from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
+from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
 
 __all__ = [
-    "SCHEMA_VERSION",
     "ARTIFACT_FILES",
     "METADATA_FILE",
+    "SCHEMA_VERSION",
     "build_artifacts",
-    "recipe_artifacts",
-    "generate_from_onnx",
-    "read_metadata",
-    "quiet_fds",
-    "default_cache_dir",
     "content_hash",
+    "default_cache_dir",
+    "generate_from_onnx",
+    "quiet_fds",
+    "read_metadata",
+    "recipe_artifacts",
 ]
 
 FAILED_SUFFIX = ".failed"  # <hash>.failed: the one-line cause of a build that failed
@@ -197,8 +197,8 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     import onnxruntime
     from onnxruntime.training import artifacts
 
-    from onnxplan.forward.ort_errors import log_errors, ort_cause
     from onnxplan.losses import loss_block
+    from onnxplan.ort import log_errors, ort_cause
 
     onnxruntime.set_default_logger_severity(3)
     loss = loss_block(fm)
@@ -210,7 +210,7 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
                                          artifact_directory=str(out))
         except OSError:  # the disk, not the model: not a failure to remember
             raise
-        except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidGraph... as one line
+        except Exception as exc:  # noqa: BLE001 - ORT raises RuntimeError/Fail/InvalidGraph... as one line
             cause = ort_cause(str(exc)) if str(exc).strip() else ""
             if not cause or cause == "unknown error":
                 cause = (log_errors(log_path) or [f"{type(exc).__name__} with no message"])[-1]
