@@ -51,7 +51,7 @@ def _torch_transpose(xp, x, out, perm):
     permutation keeping the last axis last (contiguous runs: 1.1-1.3x); numpy elsewhere (a
     batched matrix transpose: numpy is up to 2x faster). Host numpy arrays of one numeric
     dtype, C-contiguous. None when numpy serves; else the step's call on views made now."""
-    if not _torch.ENABLED or xp is not np or x.dtype != out.dtype or x.dtype not in _TORCH_DTYPES \
+    if not _torch.enabled() or xp is not np or x.dtype != out.dtype or x.dtype not in _TORCH_DTYPES \
             or not out.flags.c_contiguous or not x.flags.c_contiguous or out.size == 0:
         return None
     if not (x.ndim == 2 or (x.ndim > 2 and perm[-1] == x.ndim - 1)):

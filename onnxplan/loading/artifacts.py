@@ -13,6 +13,7 @@ from pathlib import Path
 
 import onnx
 
+from onnxplan import settings
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
 from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
@@ -44,9 +45,8 @@ RUNTIME_IR_VERSION = 9
 
 
 def default_cache_dir() -> Path:
-    """Root of the artifact cache: $ONNXPLAN_CACHE, else ~/.cache/onnxplan/artifacts."""
-    env = os.environ.get("ONNXPLAN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "onnxplan" / "artifacts"
+    """Root of the artifact cache: $ONNXPLAN_CACHE, else ~/.cache/onnxplan/artifacts (onnxplan.settings)."""
+    return settings.current().cache_dir
 
 
 def _ort_version() -> str:
