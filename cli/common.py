@@ -14,6 +14,7 @@ from typing import Any, Callable
 import typer
 from rich.console import Console
 
+from onnxplan import files
 from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.ir.graph import ValueClass
 from onnxplan.loading.request import LoadRequest, make_request
@@ -118,24 +119,10 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file via a temporary sibling and rename, so no half-written file is left."""
     path = Path(path)
     check_output(path)
-    mode = "wb" if isinstance(data, bytes) else "w"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        files.write_atomic(path, data)
     except OSError as exc:
         raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
-    try:
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def print_json(obj: Any) -> None:

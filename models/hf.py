@@ -26,14 +26,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
-import tempfile
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from onnxplan.errors import ModelError, UsageError
+from onnxplan.files import atomic_path
 
 __all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "EXPORTERS", "available", "hf_specs", "parse_name",
            "require_spec", "is_hf_name", "zoo_name", "export_forward", "export_dir", "build_torch_model",
@@ -504,10 +503,5 @@ def export_to(path: Path, model, inputs, exporter: str, input_name: str) -> None
     """Export `model` into `path` through a temporary file beside it (renamed into place), so
     an interrupted or failed export leaves no half-written model in the cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
-    os.close(fd)
-    try:
-        _export(model, inputs, Path(tmp), exporter, input_name)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(path, suffix=".onnx") as tmp:
+        _export(model, inputs, tmp, exporter, input_name)

@@ -15,6 +15,7 @@ import onnx
 
 from onnxplan import settings
 from onnxplan.errors import ModelError, UsageError
+from onnxplan.files import write_atomic
 from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
 from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
 
@@ -263,10 +264,7 @@ def _write_note(path: Path, message: str) -> None:
     recipe's content hash."""
     with contextlib.suppress(OSError):  # best effort: an unwritable cache only loses the shortcut
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(message + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, message + "\n")
 
 
 def _complete(entry: Path) -> bool:

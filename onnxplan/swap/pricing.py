@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxplan import settings
+from onnxplan.files import write_atomic
 from onnxplan.settings import ENV
 
 __all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
@@ -281,8 +282,6 @@ def _locked_cache():
     concurrent processes update one after the other, none loses another's update; the file is
     replaced by a complete new one (a temporary file renamed over it), so no reader ever sees a
     half-written file. Nothing is written when the folder cannot be (a read-only cache)."""
-    import tempfile
-
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,14 +297,7 @@ def _locked_cache():
         cached = _read_cache(path)
         yield cached
         with contextlib.suppress(OSError):
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps(cached, indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, path)
-            except OSError:
-                os.unlink(tmp)
-                raise
+            write_atomic(path, json.dumps(cached, indent=1, sort_keys=True) + "\n")
 
 
 def _now() -> str:
