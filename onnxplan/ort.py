@@ -13,12 +13,16 @@ import re
 from pathlib import Path
 
 __all__ = [
+    "CHECKPOINT",
     "DEFAULT_LEARNING_RATE",
+    "EVAL_MODEL",
     "LEARNING_RATE",
     "MAX_IR_VERSION",
     "MS",
+    "OPTIMIZER_MODEL",
     "ORT_TRAINING",
     "RUNTIME_IR_VERSION",
+    "TRAINING_MODEL",
     "log_errors",
     "ort_cause",
 ]
@@ -31,6 +35,11 @@ MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
 RUNTIME_IR_VERSION = 9
 DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 LEARNING_RATE = "learning_rate"  # the optimizer model's learning-rate input
+# the files onnxruntime.training.artifacts.generate_artifacts writes into an artifact folder
+TRAINING_MODEL = "training_model.onnx"
+OPTIMIZER_MODEL = "optimizer_model.onnx"
+EVAL_MODEL = "eval_model.onnx"
+CHECKPOINT = "checkpoint"
 
 _STATUS = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
 # "/onnxruntime_src/.../file.cc:123 <C++ signature> <condition> was false. <message>"

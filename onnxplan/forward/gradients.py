@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnxplan.ort import ORT_TRAINING
+from onnxplan.ort import MS, ORT_TRAINING
 
 __all__ = ["ORT_TRAINING", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "ZERO_GRADIENT_OPS",
            "FLOAT_TYPES", "has_gradient", "differentiable_positions"]
@@ -51,7 +51,7 @@ ZERO_GRADIENT_OPS = frozenset("""
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                          onnx.TensorProto.BFLOAT16})
 
-_ORT_DOMAINS = ("", "ai.onnx", "com.microsoft")
+_ORT_DOMAINS = ("", "ai.onnx", MS)
 # builders registered for com.microsoft ops (ai.onnx Gelu of opset 20 is not the contrib Gelu)
 _CONTRIB_OPS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BatchNormInternal",
                           "SimplifiedLayerNormalization", "ConcatTraining"})
@@ -62,7 +62,7 @@ def has_gradient(node: onnx.NodeProto) -> bool:
     if node.op_type not in GRADIENT_OPS:
         return False
     if node.op_type in _CONTRIB_OPS:
-        return node.domain == "com.microsoft"
+        return node.domain == MS
     return node.domain in ("", "ai.onnx")
 
 

@@ -14,6 +14,7 @@ from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
 from onnxplan.ir.metadata import read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from onnxplan.ort import CHECKPOINT, OPTIMIZER_MODEL, TRAINING_MODEL
 
 __all__ = ["read_step", "parameter_names", "input_spec", "tensor_array"]
 
@@ -26,7 +27,7 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     """(trainable, frozen) parameter names, from the metadata or else the checkpoint."""
     if "trainable" in meta:
         return list(meta["trainable"]), list(meta.get("frozen", []))
-    ckpt = folder / "checkpoint"
+    ckpt = folder / CHECKPOINT
     if not ckpt.is_file():
         raise ModelError(f"{folder}: no checkpoint file and no onnxplan.json to name the parameters")
     from onnxruntime.training.api import CheckpointState  # slow import: only when needed
@@ -135,7 +136,7 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
     """The checkpoint must be readable and hold every parameter with the model's shape."""
     from onnxplan.ir.checkpoint_file import checkpoint_parameters
 
-    path = folder / "checkpoint"
+    path = folder / CHECKPOINT
     if not path.is_file():
         return  # resolve_artifacts refuses a folder without one
     stored = checkpoint_parameters(path)
@@ -161,8 +162,8 @@ def read_step(
     folder = Path(folder)
     dims = dict(dims or {})
     meta = read_metadata(folder, required=False)
-    train = load_onnx(folder / "training_model.onnx")
-    opt = load_onnx(folder / "optimizer_model.onnx")
+    train = load_onnx(folder / TRAINING_MODEL)
+    opt = load_onnx(folder / OPTIMIZER_MODEL)
     trainable, frozen = parameter_names(folder, meta)
     params = set(trainable) | set(frozen)
     tg = train.graph
@@ -177,7 +178,7 @@ def read_step(
         values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
     for vi in tg.input:
         if vi.name in known:
-            raise ModelError(f"{folder / 'training_model.onnx'}: graph input '{vi.name}' is listed twice")
+            raise ModelError(f"{folder / TRAINING_MODEL}: graph input '{vi.name}' is listed twice")
         spec = input_spec(vi, dims, batch)
         known[vi.name] = spec
         if vi.name in params:
@@ -193,7 +194,7 @@ def read_step(
 
     missing = [p for p in [*trainable, *frozen] if p not in known]
     if missing:
-        raise ModelError(f"{folder / 'training_model.onnx'}: parameter '{missing[0]}' is not a graph input"
+        raise ModelError(f"{folder / TRAINING_MODEL}: parameter '{missing[0]}' is not a graph input"
                          + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
     _check_checkpoint(folder, params, known)
     forward = _forward_nodes(list(tg.node), loss)
@@ -211,12 +212,12 @@ def read_step(
         names.add(name)
         twice = next((o for o in outputs if o and o in produced), None)
         if twice is not None:
-            raise ModelError(f"{folder / 'training_model.onnx'}: value '{twice}' is produced twice (again by node "
+            raise ModelError(f"{folder / TRAINING_MODEL}: value '{twice}' is produced twice (again by node "
                              f"'{name}'); an ONNX graph assigns every value once")
         produced.update(o for o in outputs if o)
         if n.op_type == "InPlaceAccumulatorV2":
             if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
-                raise ModelError(f"{folder / 'training_model.onnx'}: node '{name}' (InPlaceAccumulatorV2) needs a "
+                raise ModelError(f"{folder / TRAINING_MODEL}: node '{name}' (InPlaceAccumulatorV2) needs a "
                                  f"buffer and a gradient input and an output")
             buf = n.input[0]
             updated_grad[buf] = f"{buf}.updated"
@@ -233,7 +234,7 @@ def read_step(
                 vc = ValueClass.ACTIVATION if n.phase == "forward" else ValueClass.TEMPORARY
             values[o] = Value(o, None, vc)
 
-    opt_node = _optimizer_node(opt, folder / "optimizer_model.onnx")
+    opt_node = _optimizer_node(opt, folder / OPTIMIZER_MODEL)
     kind = OPTIMIZER_OPS[opt_node.op_type]
     grads = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
     if None in grads:

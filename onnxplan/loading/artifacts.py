@@ -17,7 +17,8 @@ from onnxplan import settings
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.files import write_atomic
 from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
-from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
+from onnxplan.ir.metadata import ARTIFACT_FILES, FORWARD_MODEL, METADATA_FILE, SCHEMA_VERSION, read_metadata
+from onnxplan.ort import EVAL_MODEL, OPTIMIZER_MODEL, RUNTIME_IR_VERSION, TRAINING_MODEL
 
 __all__ = [
     "ARTIFACT_FILES",
@@ -40,9 +41,6 @@ class ArtifactBuildError(ModelError):
     """onnxruntime-training refused the model: deterministic, so cached as a failure."""
 
 
-# The highest IR version onnxruntime 1.19 loads; generate_artifacts stamps the optimizer
-# model with the onnx package's newest IR, which it then refuses.
-RUNTIME_IR_VERSION = 9
 
 
 def default_cache_dir() -> Path:
@@ -249,11 +247,11 @@ def _fix_eval_batchnorm(path: Path) -> None:
 
 def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> None:
     """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json."""
-    onnx.save(fm.model, str(tmp / "forward.onnx"))
+    onnx.save(fm.model, str(tmp / FORWARD_MODEL))
     _run_generate_artifacts(fm, optimizer, tmp)
-    for name in ("training_model.onnx", "optimizer_model.onnx", "eval_model.onnx"):
+    for name in (TRAINING_MODEL, OPTIMIZER_MODEL, EVAL_MODEL):
         _fix_runtime_ir(tmp / name)
-    _fix_eval_batchnorm(tmp / "eval_model.onnx")
+    _fix_eval_batchnorm(tmp / EVAL_MODEL)
     meta = _meta_without_hash(fm, optimizer)
     meta["content_hash"] = digest
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -13,6 +13,7 @@ from onnxplan.ir import attrs
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import ShapeInferenceError, shape_rule
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from onnxplan.ort import MS
 
 __all__ = [
     "attr",
@@ -35,7 +36,6 @@ __all__ = [
     "prod",
 ]
 
-MS = "com.microsoft"
 
 
 def fail(message: str) -> ShapeInferenceError:
