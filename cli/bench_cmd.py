@@ -11,10 +11,8 @@ from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, 
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.results import dumps_results, rows_to_csv
+from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
-    FREEZE_HELP,
-    THREADS_HELP,
-    TRAIN_HELP,
     check_output,
     console,
     handle_errors,
@@ -46,7 +44,7 @@ def bench_command(
     warmup: int = typer.Option(1, "--warmup", help="Untimed first steps per measured run."),
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="--no-measure: planned figures only, no runs (peers default to none)."),
-    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
+    time_limit: float = opt.TIME_LIMIT,
     budget: list[str] = typer.Option(None, "--budget",
                                      help="SIZE for every model or MODEL=SIZE (repeatable): a line in the report."),
     out: Path = typer.Option(None, "-o", "--out",
@@ -55,10 +53,10 @@ def bench_command(
     csv_out: Path = typer.Option(None, "--csv", help="Also write the flat table as CSV."),
     html_out: Path = typer.Option(None, "--html", help="Also write the HTML report (as `onnxplan report`)."),
     md_out: Path = typer.Option(None, "--markdown", help="Also write the Markdown summary."),
-    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
-    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
+    train: list[str] = opt.TRAIN,
+    freeze: list[str] = opt.FREEZE,
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
-    threads: int = typer.Option(None, "--threads", help=THREADS_HELP + " The peers get the same count; "
+    threads: int = typer.Option(None, "--threads", help=opt.THREADS_HELP + " The peers get the same count; "
                                 "every row records it (threads) and what each pool got (pool_threads, "
                                 "ort_threads, torch_threads)."),
     workers: int = typer.Option(None, "--workers",

@@ -81,18 +81,6 @@ def model_request(model: str, batch: int | None, optimizer: str | None, loss: st
     return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
 
 
-THREADS_HELP = ("Threads for every pool of the process: numpy's BLAS, torch (intra-op; inter-op 1), "
-                "OpenMP and each ONNX Runtime session (default: every core this process may use). "
-                "README: Threads.")
-TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
-FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
-STRATEGY_HELP = ("With --budget, how to meet it: auto (default: the plain plan if it fits, else recompute or swap, "
-                 "whichever fits with the least predicted step time), recompute (rotor's fastest checkpoint schedule "
-                 "that fits), swap (the swap module's auto policy), joint (recomputation on the whole graph and "
-                 "paging chosen together by the joint CP-SAT solver; opt-in: seconds per solve, --time-limit each; "
-                 "`onnxplan explain` shows what it kept, recomputed and swapped per value).")
-
-
 def check_output(*paths: Path | str | None) -> None:
     """Refuse output paths that cannot be written (UsageError, exit 2): a command checks all of
     its outputs with this before its work and before writing any of them. None and '-'

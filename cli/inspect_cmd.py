@@ -5,9 +5,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
-    FREEZE_HELP,
-    TRAIN_HELP,
     console,
     handle_errors,
     model_request,
@@ -43,13 +42,13 @@ def inspect_summary(graph) -> dict:
 
 
 def inspect_command(
-    model: str = typer.Argument(..., help="Zoo name, forward .onnx, or artifact folder."),
-    batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
-    dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
-    optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
-    loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the zoo model's; ce for a forward .onnx)."),
-    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
-    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
+    model: str = opt.MODEL,
+    batch: int = opt.BATCH,
+    dim: list[str] = opt.DIM,
+    optimizer: str = opt.OPTIMIZER,
+    loss: str = opt.LOSS,
+    train: list[str] = opt.TRAIN,
+    freeze: list[str] = opt.FREEZE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one training step: nodes, values and bytes by class, op histogram.
