@@ -20,8 +20,7 @@ from onnxplan.cli.common import (
     write_atomic,
 )
 from onnxplan.errors import EXIT_FAILURE, UsageError
-from onnxplan.models import list_models
-from onnxplan.models.hf import is_hf_name
+from onnxplan.loading.zoo import model_names
 from onnxplan.planning import check_time_limit
 from onnxplan.progress import Progress
 from onnxplan.report import markdown_summary, render_html
@@ -82,22 +81,6 @@ def bench_command(
                           workers, scheduler, threads)
 
 
-def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
-    if all_models and models:
-        raise UsageError("give MODELS or --all, not both")
-    if all_models:
-        return [m.name for m in list_models()]
-    if not models:
-        raise UsageError("no model given: name zoo models (onnxplan models list) or use --all")
-
-    zoo = [m.name for m in list_models()]
-    for name in models:  # before any work: a typo in the last model should not cost the sweep
-        if name not in zoo and not is_hf_name(name) and not Path(name).exists():
-            raise UsageError(f"'{name}' is neither a file, an artifact folder nor a zoo model "
-                             f"(zoo: {', '.join(zoo)})")
-    return list(dict.fromkeys(models))
-
-
 def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
     """--budget SIZE (every model) or MODEL=SIZE; MODEL must be one of the models benched."""
     out: dict[str, int] = {}
@@ -123,7 +106,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         raise UsageError(f"invalid --workers {workers}: must be a positive integer")
     check_output(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
-    names = _model_names(models, all_models)
+    names = model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
                          tuple(freeze or ()), threads=resolve_threads(threads))

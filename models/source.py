@@ -23,6 +23,11 @@ class ZooSource:
 
         return [m.name for m in list_models()]
 
+    def knows(self, name: str) -> bool:
+        from onnxplan.models.hf import is_hf_name
+
+        return name in self.names() or is_hf_name(name)
+
     def forward_file(self, request: LoadRequest) -> ForwardExport | None:
         from onnxplan.models.hf import export_forward, is_hf_name, require_spec
 

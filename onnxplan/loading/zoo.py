@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from onnxplan.loading.request import LoadRequest
 
-__all__ = ["ENTRY_POINT_GROUP", "ForwardExport", "ModelSource", "register_source", "sources"]
+__all__ = ["ENTRY_POINT_GROUP", "ForwardExport", "ModelSource", "model_names", "register_source", "sources"]
 
 ENTRY_POINT_GROUP = "onnxplan.sources"
 
@@ -33,7 +33,10 @@ class ModelSource(Protocol):
     """A catalogue of models known by name (the zoo, the exported HF corpus)."""
 
     def names(self) -> list[str]:
-        """The names this source builds (for the message on an unknown name)."""
+        """The names this source builds (for the message on an unknown name, and `--all`)."""
+
+    def knows(self, name: str) -> bool:
+        """Whether `name` is one of this source's (its names, or a family such as hf-ARCH)."""
 
     def forward_file(self, request: LoadRequest) -> ForwardExport | None:
         """The forward .onnx a name stands for (exported on first use), or None."""
@@ -62,3 +65,23 @@ def sources() -> list[ModelSource]:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             register_source(ep.load())
     return list(_REGISTERED)
+
+
+def model_names(models: list[str] | None, all_models: bool) -> list[str]:
+    """The models a sweep names (bench MODELS or --all, the gate's list), checked before any
+    work: each a file or folder, or a name a source knows (a typo in the last model should not
+    cost the sweep). UsageError (exit 2) otherwise; duplicates dropped, order kept."""
+    from onnxplan.errors import UsageError
+
+    known = [n for s in sources() for n in s.names()]
+    if all_models and models:
+        raise UsageError("give MODELS or --all, not both")
+    if all_models:
+        return known
+    if not models:
+        raise UsageError("no model given: name zoo models (onnxplan models list) or use --all")
+    for name in models:
+        if not any(s.knows(name) for s in sources()) and not Path(name).exists():
+            raise UsageError(f"'{name}' is neither a file, an artifact folder nor a zoo model "
+                             f"(zoo: {', '.join(known)})")
+    return list(dict.fromkeys(models))
