@@ -9,18 +9,18 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import typer
 from rich.console import Console
 
 from onnxplan import files
 from onnxplan.errors import OnnxplanError, UsageError
-from onnxplan.ir.graph import ValueClass
 from onnxplan.loading.request import LoadRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
-__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail", "console"]
+__all__ = ["check_output", "console", "fail", "handle_errors", "model_request", "print_json", "write_atomic"]
 
 
 class _Console(Console):
@@ -77,7 +77,7 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None, train: list[str] | None = None,
                   freeze: list[str] | None = None) -> LoadRequest:
-    """The request of the model options (--dim as NAME=INT), checked (onnxplan.resolve.make_request)."""
+    """The request of the model options (--dim as NAME=INT), checked (onnxplan.loading.request.make_request)."""
     return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
 
 
@@ -115,30 +115,3 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
-
-
-
-def parameter_report(graph) -> dict:
-    """Trained and frozen parameter names of a step graph, and for a forward .onnx what
-    onnxplan rewrote to make it trainable (JSON: inspect's and plan's "parameters")."""
-    produced = {o for n in graph.nodes for o in n.outputs}
-    params = [v for v in graph.values.values() if v.vclass == ValueClass.PARAMETER and v.name not in produced]
-    return {
-        "trained": [v.name for v in params if v.trainable],
-        "frozen": [v.name for v in params if not v.trainable],
-        "rewrites": list(graph.source.get("rewrites", [])),
-        "rebatched": graph.source.get("rebatched"),
-    }
-
-
-def parameter_lines(report: dict, limit: int = 8) -> list[str]:
-    """The parameter report as text lines (names cut after `limit`)."""
-
-    def names(items: list[str]) -> str:
-        shown = ", ".join(items[:limit])
-        return shown + (f", ... (+{len(items) - limit})" if len(items) > limit else "")
-
-    lines = [f"trained parameters ({len(report['trained'])}): {names(report['trained'])}",
-             f"frozen parameters ({len(report['frozen'])}): {names(report['frozen']) or '-'}"]
-    lines += [f"forward model: {note}" for note in report["rewrites"]]
-    return lines

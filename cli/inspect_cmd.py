@@ -10,11 +10,10 @@ from onnxplan.cli.common import (
     console,
     handle_errors,
     model_request,
-    parameter_lines,
-    parameter_report,
     print_json,
 )
 from onnxplan.loading import load_step
+from onnxplan.loading.parameters import parameter_report
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 
@@ -37,7 +36,7 @@ def inspect_summary(graph) -> dict:
         "optimizer": graph.optimizer.get("type"),
         "unshaped_values": graph.unshaped_values(),
         "ops_without_rule": [],
-        "parameters": parameter_report(graph),
+        "parameters": parameter_report(graph).to_json(),
     }
 
 
@@ -79,7 +78,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=No
     for op, c in s["ops"].items():
         t.add_row(op, str(c))
     con.print(t)
-    for line in parameter_lines(s["parameters"]):
+    for line in parameter_report(graph).lines():
         con.print(line, highlight=False, markup=False)
     con.print(f"values without a shape: {len(s['unshaped_values'])}; "
               f"ops without a shape rule: {len(s['ops_without_rule'])}")

@@ -15,12 +15,11 @@ from onnxplan.cli.common import (
     console,
     handle_errors,
     model_request,
-    parameter_lines,
-    parameter_report,
     print_json,
     write_atomic,
 )
 from onnxplan.device import array_module
+from onnxplan.loading.parameters import ParameterReport, parameter_report
 from onnxplan.planning import PlanOptions, require_budget
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -101,7 +100,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         d["notes"] = res.pass_notes
         d["skipped"] = res.skipped
         d["planners"] = [r.__dict__ for r in res.rows]
-        d["parameters"] = parameter_report(graph)
+        d["parameters"] = parameter_report(graph).to_json()
         if res.swap is not None and res.swap.floor is not None:
             d["swap_floor"] = res.swap.floor.__dict__
         print_json(d)
@@ -126,11 +125,11 @@ def _print_swaps(con, res) -> None:
         con.print("  by class: " + ", ".join(f"{k} {n} ({format_bytes(b)})" for k, (n, b) in sorted(by_class.items())))
 
 
-def _print_table(res, budget_bytes, params: dict | None = None) -> None:
+def _print_table(res, budget_bytes, params: ParameterReport | None = None) -> None:
     plan = res.plan
     con = console(120)
-    if params and (params["rewrites"] or params["frozen"]):
-        for line in parameter_lines(params):
+    if params and (params.rewrites or params.frozen):
+        for line in params.lines():
             con.print(line, highlight=False, markup=False)
     con.print(f"[bold]{plan.model}[/]: {len(plan.order)} nodes, order [bold]{plan.order_policy}[/] "
               f"({', '.join(f'{k} {format_bytes(v)}' for k, v in res.orders.items())} transient bound), "

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
 
-__all__ = ["GraphBuilder", "OPSET", "IR_VERSION"]
+__all__ = ["IR_VERSION", "OPSET", "GraphBuilder"]
 
 OPSET = 17
 IR_VERSION = 9

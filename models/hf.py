@@ -29,14 +29,29 @@ import io
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.files import atomic_path
 
-__all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "EXPORTERS", "available", "hf_specs", "parse_name",
-           "require_spec", "is_hf_name", "zoo_name", "export_forward", "export_dir", "build_torch_model",
-           "example_inputs"]
+__all__ = [
+    "BENCH",
+    "EXPORTERS",
+    "SCALES",
+    "TINY",
+    "HFSpec",
+    "Scale",
+    "available",
+    "build_torch_model",
+    "example_inputs",
+    "export_dir",
+    "export_forward",
+    "hf_specs",
+    "is_hf_name",
+    "parse_name",
+    "require_spec",
+    "zoo_name",
+]
 
 EXPORTERS = ("torchscript", "dynamo")
 PREFIX = "hf-"

@@ -27,8 +27,13 @@ from __future__ import annotations
 from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
 
-__all__ = ["build_nnt_linear", "build_nnt_conv2d", "build_nnt_fc3", "build_nnt_fc3_frozen",
-           "build_nnt_conv_ac_fl"]
+__all__ = [
+    "build_nnt_conv2d",
+    "build_nnt_conv_ac_fl",
+    "build_nnt_fc3",
+    "build_nnt_fc3_frozen",
+    "build_nnt_linear",
+]
 
 
 def build_nnt_linear(batch: int = 64, loss: str = "mse", in_features: int = 150528,

@@ -9,7 +9,7 @@ import numpy as np
 from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
 
-__all__ = ["build_transformer", "build_gpt"]
+__all__ = ["build_gpt", "build_transformer"]
 
 
 def _embed(g: GraphBuilder, batch: int, seq: int, vocab: int, d: int) -> str:

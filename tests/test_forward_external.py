@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from onnxplan import artifacts
+from onnxplan.loading import artifacts
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.forward import prepare_forward
