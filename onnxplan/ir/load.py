@@ -14,7 +14,7 @@ from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
 from onnxplan.ir.metadata import read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
-from onnxplan.ort import CHECKPOINT, OPTIMIZER_MODEL, TRAINING_MODEL
+from onnxplan.ort import CHECKPOINT, LEARNING_RATE, OPTIMIZER_MODEL, TRAINING_MODEL
 
 __all__ = ["read_step", "parameter_names", "input_spec", "tensor_array"]
 
@@ -148,6 +148,123 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
                              f"the model {list(known[name].shape)})")
 
 
+def _graph_inputs(tg: onnx.GraphProto, path: Path, dims: dict[str, int], batch: int | None,
+                  trainable: list[str], frozen: list[str]) -> tuple[dict[str, Value], dict[str, TensorSpec],
+                                                                    dict[str, np.ndarray], list[str]]:
+    """The training graph's initializers and inputs: (values, specs, constant contents, step inputs)."""
+    params = set(trainable) | set(frozen)
+    values: dict[str, Value] = {}
+    known: dict[str, TensorSpec] = {}
+    constants: dict[str, np.ndarray] = {}
+    step_inputs: list[str] = []
+    for t in tg.initializer:
+        constants[t.name] = tensor_array(t, "initializer")
+        values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
+    for vi in tg.input:
+        if vi.name in known:
+            raise ModelError(f"{path}: graph input '{vi.name}' is listed twice")
+        spec = input_spec(vi, dims, batch)
+        known[vi.name] = spec
+        if vi.name in params:
+            values[vi.name] = Value(vi.name, None, ValueClass.PARAMETER, trainable=vi.name in trainable)
+        elif vi.name.endswith(ACC_SUFFIX):
+            values[vi.name] = Value(vi.name, None, ValueClass.GRADIENT)
+        elif vi.name == RESET_FLAG:
+            constants[vi.name] = np.ones(spec.shape, dtype=bool)  # one fresh step: reset
+            values[vi.name] = Value(vi.name, None, ValueClass.CONSTANT)
+        else:
+            values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
+            step_inputs.append(vi.name)
+    missing = [p for p in [*trainable, *frozen] if p not in known]
+    if missing:
+        raise ModelError(f"{path}: parameter '{missing[0]}' is not a graph input"
+                         + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    return values, known, constants, step_inputs
+
+
+def _training_nodes(tg: onnx.GraphProto, path: Path, loss: str,
+                    values: dict[str, Value]) -> tuple[list[Node], dict[str, str]]:
+    """The training graph's nodes (unique names, phases; InPlaceAccumulatorV2 with its updated
+    buffer as a second output), their outputs added to `values`; and accumulator -> updated name."""
+    forward = _forward_nodes(list(tg.node), loss)
+    nodes: list[Node] = []
+    updated_grad: dict[str, str] = {}
+    param_grads = set()
+    produced = set(values)  # initializers and graph inputs
+    names: set[str] = set()
+    for i, n in enumerate(tg.node):
+        outputs = list(n.output)
+        phase = "forward" if i in forward else "backward"
+        name = n.name or f"{n.op_type}_{i}"
+        while name in names:  # ONNX does not require unique node names; the IR keys nodes by name
+            name = f"{name}#{i}"
+        names.add(name)
+        twice = next((o for o in outputs if o and o in produced), None)
+        if twice is not None:
+            raise ModelError(f"{path}: value '{twice}' is produced twice (again by node "
+                             f"'{name}'); an ONNX graph assigns every value once")
+        produced.update(o for o in outputs if o)
+        if n.op_type == "InPlaceAccumulatorV2":
+            if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
+                raise ModelError(f"{path}: node '{name}' (InPlaceAccumulatorV2) needs a "
+                                 f"buffer and a gradient input and an output")
+            buf = n.input[0]
+            updated_grad[buf] = f"{buf}.updated"
+            outputs = [outputs[0], updated_grad[buf]]
+            param_grads.add(n.input[1])
+        nodes.append(Node(name, n.op_type, n.domain, list(n.input), outputs, _attrs(n), phase))
+    for n in nodes:
+        for o in n.outputs:
+            if not o:
+                continue
+            if o in param_grads or o in updated_grad.values():
+                vc = ValueClass.GRADIENT
+            else:
+                vc = ValueClass.ACTIVATION if n.phase == "forward" else ValueClass.TEMPORARY
+            values[o] = Value(o, None, vc)
+    return nodes, updated_grad
+
+
+def _optimizer_step(opt: onnx.ModelProto, folder: Path, trainable: list[str], updated_grad: dict[str, str],
+                    lr_spec: TensorSpec, values: dict[str, Value], known: dict[str, TensorSpec]) -> tuple[Node, list[str]]:
+    """The optimizer as one node over every trainable parameter (its state values added to
+    `values` and `known`), and the step's state outputs (updated moments)."""
+    opt_node = _optimizer_node(opt, folder / OPTIMIZER_MODEL)
+    kind = OPTIMIZER_OPS[opt_node.op_type]
+    grads = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
+    if None in grads:
+        missing = trainable[grads.index(None)]
+        raise ModelError(f"{folder}: trainable parameter '{missing}' has no gradient accumulator")
+    known[LEARNING_RATE] = lr_spec
+    values[LEARNING_RATE] = Value(LEARNING_RATE, None, ValueClass.INPUT)
+    p_out = [f"{p}.updated" for p in trainable]
+    m = [f"{p}.exp_avg" for p in trainable]
+    v = [f"{p}.exp_avg_sq" for p in trainable]
+    if kind == "AdamW":
+        known["step"] = TensorSpec("int64", (1,))
+        values["step"] = Value("step", None, ValueClass.OPTIMIZER_STATE)
+        for name in m + v:
+            values[name] = Value(name, None, ValueClass.OPTIMIZER_STATE)
+        opt_inputs = [LEARNING_RATE, "step", *trainable, *grads, *m, *v]
+        state_outputs = [x + ".updated" for x in m + v]
+    else:
+        opt_inputs = [LEARNING_RATE, *trainable, *grads]
+        state_outputs = []
+    attrs = _attrs(opt_node)
+    attrs["num_params"] = len(trainable)
+    node = Node(opt_node.name or opt_node.op_type, opt_node.op_type, opt_node.domain,
+                opt_inputs, ["optimizer.updated_flag", *p_out, *state_outputs], attrs, "optimizer")
+    values["optimizer.updated_flag"] = Value("optimizer.updated_flag", None, ValueClass.TEMPORARY)
+    for name in p_out:
+        values[name] = Value(name, None, ValueClass.PARAMETER, trainable=True)
+    for name in state_outputs:
+        values[name] = Value(name, None, ValueClass.OPTIMIZER_STATE)
+    if kind == "AdamW":  # moments have their parameter's spec
+        for p, mm, vv in zip(trainable, m, v):
+            known[mm] = known[vv] = known[p]
+    return node, state_outputs
+
+
 def read_step(
     folder: Path | str, *, dims: dict[str, int] | None = None, batch: int | None = None
 ) -> StepGraph:
@@ -165,113 +282,15 @@ def read_step(
     train = load_onnx(folder / TRAINING_MODEL)
     opt = load_onnx(folder / OPTIMIZER_MODEL)
     trainable, frozen = parameter_names(folder, meta)
-    params = set(trainable) | set(frozen)
     tg = train.graph
     loss = tg.output[0].name
-
-    values: dict[str, Value] = {}
-    known: dict[str, TensorSpec] = {}
-    constants: dict[str, np.ndarray] = {}
-    step_inputs: list[str] = []
-    for t in tg.initializer:
-        constants[t.name] = tensor_array(t, "initializer")
-        values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
-    for vi in tg.input:
-        if vi.name in known:
-            raise ModelError(f"{folder / TRAINING_MODEL}: graph input '{vi.name}' is listed twice")
-        spec = input_spec(vi, dims, batch)
-        known[vi.name] = spec
-        if vi.name in params:
-            values[vi.name] = Value(vi.name, None, ValueClass.PARAMETER, trainable=vi.name in trainable)
-        elif vi.name.endswith(ACC_SUFFIX):
-            values[vi.name] = Value(vi.name, None, ValueClass.GRADIENT)
-        elif vi.name == RESET_FLAG:
-            constants[vi.name] = np.ones(spec.shape, dtype=bool)  # one fresh step: reset
-            values[vi.name] = Value(vi.name, None, ValueClass.CONSTANT)
-        else:
-            values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
-            step_inputs.append(vi.name)
-
-    missing = [p for p in [*trainable, *frozen] if p not in known]
-    if missing:
-        raise ModelError(f"{folder / TRAINING_MODEL}: parameter '{missing[0]}' is not a graph input"
-                         + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    _check_checkpoint(folder, params, known)
-    forward = _forward_nodes(list(tg.node), loss)
-    nodes: list[Node] = []
-    updated_grad: dict[str, str] = {}
-    param_grads = set()
-    produced = set(values)  # initializers and graph inputs
-    names: set[str] = set()
-    for i, n in enumerate(tg.node):
-        outputs = list(n.output)
-        phase = "forward" if i in forward else "backward"
-        name = n.name or f"{n.op_type}_{i}"
-        while name in names:  # ONNX does not require unique node names; the IR keys nodes by name
-            name = f"{name}#{i}"
-        names.add(name)
-        twice = next((o for o in outputs if o and o in produced), None)
-        if twice is not None:
-            raise ModelError(f"{folder / TRAINING_MODEL}: value '{twice}' is produced twice (again by node "
-                             f"'{name}'); an ONNX graph assigns every value once")
-        produced.update(o for o in outputs if o)
-        if n.op_type == "InPlaceAccumulatorV2":
-            if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
-                raise ModelError(f"{folder / TRAINING_MODEL}: node '{name}' (InPlaceAccumulatorV2) needs a "
-                                 f"buffer and a gradient input and an output")
-            buf = n.input[0]
-            updated_grad[buf] = f"{buf}.updated"
-            outputs = [outputs[0], updated_grad[buf]]
-            param_grads.add(n.input[1])
-        nodes.append(Node(name, n.op_type, n.domain, list(n.input), outputs, _attrs(n), phase))
-    for n in nodes:
-        for o in n.outputs:
-            if not o:
-                continue
-            if o in param_grads or o in updated_grad.values():
-                vc = ValueClass.GRADIENT
-            else:
-                vc = ValueClass.ACTIVATION if n.phase == "forward" else ValueClass.TEMPORARY
-            values[o] = Value(o, None, vc)
-
-    opt_node = _optimizer_node(opt, folder / OPTIMIZER_MODEL)
-    kind = OPTIMIZER_OPS[opt_node.op_type]
-    grads = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
-    if None in grads:
-        missing = trainable[grads.index(None)]
-        raise ModelError(f"{folder}: trainable parameter '{missing}' has no gradient accumulator")
-    lr_spec = next((input_spec(vi, dims, batch) for vi in opt.graph.input if vi.name == "learning_rate"),
+    values, known, constants, step_inputs = _graph_inputs(tg, folder / TRAINING_MODEL, dims, batch, trainable, frozen)
+    _check_checkpoint(folder, set(trainable) | set(frozen), known)
+    nodes, updated_grad = _training_nodes(tg, folder / TRAINING_MODEL, loss, values)
+    lr_spec = next((input_spec(vi, dims, batch) for vi in opt.graph.input if vi.name == LEARNING_RATE),
                    TensorSpec("float32", (1,)))
-    known["learning_rate"] = lr_spec
-    values["learning_rate"] = Value("learning_rate", None, ValueClass.INPUT)
-    p_out = [f"{p}.updated" for p in trainable]
-    if kind == "AdamW":
-        known["step"] = TensorSpec("int64", (1,))
-        values["step"] = Value("step", None, ValueClass.OPTIMIZER_STATE)
-        m = [f"{p}.exp_avg" for p in trainable]
-        v = [f"{p}.exp_avg_sq" for p in trainable]
-        for name, p in zip(m + v, trainable + trainable):
-            values[name] = Value(name, None, ValueClass.OPTIMIZER_STATE)
-        opt_inputs = ["learning_rate", "step", *trainable, *grads, *m, *v]
-        opt_outputs = ["optimizer.updated_flag", *p_out, *[x + ".updated" for x in m + v]]
-        state_outputs = [x + ".updated" for x in m + v]
-    else:
-        opt_inputs = ["learning_rate", *trainable, *grads]
-        opt_outputs = ["optimizer.updated_flag", *p_out]
-        state_outputs = []
-    attrs = _attrs(opt_node)
-    attrs["num_params"] = len(trainable)
-    nodes.append(Node(opt_node.name or opt_node.op_type, opt_node.op_type, opt_node.domain,
-                      opt_inputs, opt_outputs, attrs, "optimizer"))
-    values["optimizer.updated_flag"] = Value("optimizer.updated_flag", None, ValueClass.TEMPORARY)
-    for name in p_out:
-        values[name] = Value(name, None, ValueClass.PARAMETER, trainable=True)
-    for name in state_outputs:
-        values[name] = Value(name, None, ValueClass.OPTIMIZER_STATE)
-    if kind == "AdamW":  # moments have their parameter's spec
-        for p, mm, vv in zip(trainable, m, v):
-            known[mm] = known[vv] = known[p]
-
+    opt_node, state_outputs = _optimizer_step(opt, folder, trainable, updated_grad, lr_spec, values, known)
+    nodes.append(opt_node)
     opsets = {o.domain: o.version for o in train.opset_import}
     for o in opt.opset_import:
         opsets.setdefault(o.domain, o.version)
@@ -283,11 +302,12 @@ def read_step(
         name=meta.get("model", folder.name),
         nodes=nodes,
         values=values,
-        inputs=step_inputs + ["learning_rate"],
-        outputs=[loss, *p_out, *state_outputs],
+        inputs=step_inputs + [LEARNING_RATE],
+        outputs=[loss, *(f"{p}.updated" for p in trainable), *state_outputs],
         initializers=constants,
         opsets=opsets,
-        optimizer={"type": kind, "attrs": attrs, "params": trainable, "grads": grads},
+        optimizer={"type": OPTIMIZER_OPS[opt_node.op_type], "attrs": opt_node.attrs, "params": trainable,
+                   "grads": [updated_grad[p + ACC_SUFFIX] for p in trainable]},
         loss=loss,
         folded={k: v for k, v in folded.items() if k not in constants},
         source=dict(meta.get("forward") or {}),
