@@ -1,8 +1,8 @@
 """The zoo as a model source of the load stage (onnxplan.loading.zoo): zoo names build their
 artifacts from a recipe; names of the exported HF corpus become a forward .onnx file.
 
-Registered by `import onnxplan.models` and declared as the `onnxplan.sources` entry point, so
-the library finds the zoo without importing it.
+Registered by `import onnxplan.models` and by the CLI, and named by the settings' default
+(ONNXPLAN_MODEL_SOURCES), so the library finds the zoo without importing it.
 """
 
 from __future__ import annotations

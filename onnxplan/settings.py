@@ -30,6 +30,7 @@ ENV = {
     "progress": "ONNXPLAN_PROGRESS",
     "debug": "ONNXPLAN_DEBUG",
     "parallel_min_elems": "ONNXPLAN_PARALLEL_MIN_ELEMS",
+    "model_sources": "ONNXPLAN_MODEL_SOURCES",
 }
 
 
@@ -49,6 +50,8 @@ class Settings:
     progress: str = "auto"  # progress display: auto, bar, lines, off
     debug: bool = False  # tracebacks for internal errors (like `onnxplan --debug`)
     parallel_min_elems: int = 1 << 20  # elements below which a kernel does not split across threads
+    # where named models come from: MODULE:ATTR of ModelSource objects, comma-separated (onnxplan.loading.zoo)
+    model_sources: str = "onnxplan.models.source:SOURCE"
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -68,6 +71,7 @@ class Settings:
             progress=(raw["progress"] or base.progress).lower(),
             debug=(raw["debug"] or "") not in ("", "0"),
             parallel_min_elems=int(raw["parallel_min_elems"] or base.parallel_min_elems),
+            model_sources=base.model_sources if raw["model_sources"] is None else raw["model_sources"].strip(),
         )
 
 

@@ -74,3 +74,31 @@ def test_every_caller_loads_a_folder_at_the_batch_it_was_built_for(dynamic_batch
 def test_the_zoo_is_found_through_its_registered_source():
     names = [n for s in sources() for n in s.names()]
     assert "mlp" in names and "transformer" in names
+
+
+def test_the_library_finds_the_zoo_through_the_settings_without_importing_it():
+    """A fresh `import onnxplan` (the API, no CLI) imports no zoo module, and finds the zoo's
+    names through the source the settings name (ONNXPLAN_MODEL_SOURCES' default)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, onnxplan\n"
+            "assert not [m for m in sys.modules if m.startswith(('onnxplan.models', 'onnxplan.cli'))]\n"
+            "from onnxplan.loading.zoo import sources\n"
+            "assert 'mlp' in [n for s in sources() for n in s.names()]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_the_settings_choose_the_model_sources():
+    """ONNXPLAN_MODEL_SOURCES empty: files and folders only; a bad entry is a usage error."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import onnxplan\nfrom onnxplan.errors import OnnxplanError\n"
+            "try:\n    onnxplan.load('mlp')\nexcept OnnxplanError as e:\n    print(type(e).__name__, e.exit_code, e)\n")
+    for value, want in (("", "ModelError 2 'mlp' is not a file or folder, and no model source is set"),
+                        ("no_such_module:X", "UsageError 2 invalid ONNXPLAN_MODEL_SOURCES entry 'no_such_module:X'")):
+        env = {**os.environ, "ONNXPLAN_MODEL_SOURCES": value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.stdout.startswith(want), (out.stdout, out.stderr[-2000:])

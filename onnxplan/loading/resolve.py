@@ -45,9 +45,9 @@ def resolve_artifacts(req: LoadRequest) -> Path:
         raise ModelError(f"{req.model}: not a regular file or folder (a device, pipe or socket)")
     if looks_like_path(req.model):
         raise ModelError(f"{req.model}: no such file or folder")
-    if not sources():  # an install without its entry points (an old `pip install -e .`)
-        raise ModelError(f"'{req.model}' is not a file or folder, and no model source is installed to name "
-                         "(reinstall onnxplan: pip install -e .; or import onnxplan.models first)")
+    if not sources():  # ONNXPLAN_MODEL_SOURCES set empty, nothing registered
+        raise ModelError(f"'{req.model}' is not a file or folder, and no model source is set to name it "
+                         "(ONNXPLAN_MODEL_SOURCES)")
     names = [n for s in sources() for n in s.names()]
     raise ModelError(
         f"'{req.model}' is neither a file, an artifact folder nor a zoo model "

@@ -2,9 +2,10 @@
 
 The library never imports `onnxplan.models`: the zoo (or any other catalogue of models) hands
 itself in as a ModelSource, through `register_source` (the CLI does it, and the zoo does it
-when imported) or, for API users who never import the zoo, through the `onnxplan.sources`
-entry point the package declares (pyproject.toml). A name no source knows is a ModelError that
-lists the names the sources know.
+when imported) or, for API users who never import the zoo, named in the settings
+(ONNXPLAN_MODEL_SOURCES, MODULE:ATTR comma-separated; default the zoo's
+"onnxplan.models.source:SOURCE"; empty: none), loaded on first use. A name no source knows is
+a ModelError that lists the names the sources know.
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from onnxplan.loading.request import LoadRequest
 
-__all__ = ["ENTRY_POINT_GROUP", "ForwardExport", "ModelSource", "model_names", "register_source", "sources"]
-
-ENTRY_POINT_GROUP = "onnxplan.sources"
-
+__all__ = ["ForwardExport", "ModelSource", "model_names", "register_source", "sources"]
 
 @dataclass(frozen=True)
 class ForwardExport:
@@ -46,7 +44,7 @@ class ModelSource(Protocol):
 
 
 _REGISTERED: list[ModelSource] = []
-_entry_points_read = False
+_loaded: set[str] = set()  # the settings' MODULE:ATTR specs already loaded
 
 
 def register_source(source: ModelSource) -> None:
@@ -56,14 +54,21 @@ def register_source(source: ModelSource) -> None:
 
 
 def sources() -> list[ModelSource]:
-    """The registered sources, after those the installed packages declare as entry points."""
-    global _entry_points_read
-    if not _entry_points_read:
-        _entry_points_read = True
-        from importlib.metadata import entry_points
+    """The registered sources, after those the settings name (loaded once each)."""
+    import importlib
 
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            register_source(ep.load())
+    from onnxplan.errors import UsageError
+    from onnxplan.settings import ENV, current
+
+    for spec in (s.strip() for s in current().model_sources.split(",")):
+        if not spec or spec in _loaded:
+            continue
+        _loaded.add(spec)
+        module, _, attr = spec.partition(":")
+        try:
+            register_source(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(f"invalid {ENV['model_sources']} entry {spec!r}: {type(exc).__name__}: {exc}") from None
     return list(_REGISTERED)
 
 
