@@ -27,9 +27,9 @@ import contextlib
 import hashlib
 import io
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.files import atomic_path

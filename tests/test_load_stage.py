@@ -100,5 +100,6 @@ def test_the_settings_choose_the_model_sources():
     for value, want in (("", "ModelError 2 'mlp' is not a file or folder, and no model source is set"),
                         ("no_such_module:X", "UsageError 2 invalid ONNXPLAN_MODEL_SOURCES entry 'no_such_module:X'")):
         env = {**os.environ, "ONNXPLAN_MODEL_SOURCES": value}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True,
+                             timeout=300)
         assert out.stdout.startswith(want), (out.stdout, out.stderr[-2000:])

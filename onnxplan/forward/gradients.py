@@ -16,8 +16,15 @@ import onnx
 
 from onnxplan.ort import MS, ORT_TRAINING
 
-__all__ = ["ORT_TRAINING", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "ZERO_GRADIENT_OPS",
-           "FLOAT_TYPES", "has_gradient", "differentiable_positions"]
+__all__ = [
+    "FLOAT_TYPES",
+    "GRADIENT_OPS",
+    "NON_DIFFERENTIABLE_INPUTS",
+    "ORT_TRAINING",
+    "ZERO_GRADIENT_OPS",
+    "differentiable_positions",
+    "has_gradient",
+]
 
 
 GRADIENT_OPS = frozenset("""
@@ -28,7 +35,7 @@ GRADIENT_OPS = frozenset("""
     Transpose Concat ConcatTraining Split Slice Gather GatherND GatherElements Expand Tile Pad
     Where TopK Identity ReduceMean ReduceSum ReduceL2 ReduceLogSumExp Resize Trilu ScatterND
     ScatterElements SoftmaxCrossEntropyLoss
-""".split())
+""".split())  # noqa: SIM905 - a table: one op name per word
 
 # input positions never differentiated (ORT's stop-gradient edges and index/shape inputs)
 NON_DIFFERENTIABLE_INPUTS: dict[str, frozenset[int]] = {
@@ -46,7 +53,7 @@ ZERO_GRADIENT_OPS = frozenset("""
     Shape Size ConstantOfShape Constant Equal Less Greater LessOrEqual GreaterOrEqual Not And Or
     Xor IsNaN IsInf NonZero ArgMax ArgMin Floor Ceil Round Sign Range OneHot RandomUniform
     RandomNormal RandomUniformLike RandomNormalLike Multinomial Bernoulli EyeLike
-""".split())
+""".split())  # noqa: SIM905 - a table: one op name per word
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                          onnx.TensorProto.BFLOAT16})

@@ -12,7 +12,7 @@ without a gradient on their path. Everything is deterministic, so the artifact c
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 import onnx
 

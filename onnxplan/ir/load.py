@@ -16,7 +16,7 @@ from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
 from onnxplan.ort import CHECKPOINT, LEARNING_RATE, OPTIMIZER_MODEL, TRAINING_MODEL
 
-__all__ = ["read_step", "parameter_names", "input_spec", "tensor_array"]
+__all__ = ["input_spec", "parameter_names", "read_step", "tensor_array"]
 
 ACC_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
