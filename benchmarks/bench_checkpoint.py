@@ -85,13 +85,15 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
     from onnxplan.budget import predicted_step_seconds
     from onnxplan.executor.prepare import Prepared
     from onnxplan.executor.profile import profile_times
+    from onnxplan.loading import load_step
+    from onnxplan.loading.request import LoadRequest
+    from onnxplan.loading.resolve import resolve_artifacts
     from onnxplan.passes._infra import run_pipeline
     from onnxplan.planning import PlanOptions
-    from onnxplan.resolve import ModelRequest, load_model, resolve_artifacts
 
-    req = ModelRequest(name, batch)
+    req = LoadRequest(name, batch)
     folder = resolve_artifacts(req)
-    graph = load_model(req)
+    graph = load_step(req)
     base_opts = PlanOptions(planner=planner)
     plain, secs = _plan(graph, base_opts)
     times, _ = profile_times(run_pipeline(graph, ["realize", "interleave"])[0], clock=CLOCK)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import time
 
-from onnxplan.artifacts import build_artifacts
 from onnxplan.checkpoint.chain import build_chain
 from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
 from onnxplan.checkpoint.schedule import simulate, store_all
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
+from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import build_transformer
 from onnxplan.passes._infra import run_pipeline
 
@@ -30,7 +30,7 @@ def main() -> None:
     print("| layers | stages | step nodes | chain cut (s) | rotor table (s) | 10 schedules (s) | min / store-all model peak |")
     print("|---|---|---|---|---|---|---|")
     for layers in args.layers:
-        g = load_step(build_artifacts(build_transformer(args.batch, layers=layers), None, optimizer="adamw"))
+        g = read_step(build_artifacts(build_transformer(args.batch, layers=layers), None, optimizer="adamw"))
         pre = run_pipeline(g, ["realize", "interleave"])[0]
         t0 = time.perf_counter()
         chain = build_chain(pre)

@@ -33,12 +33,12 @@ def ours(name: str, args, cp) -> dict:
     from onnxplan.executor.compare import compare_results
     from onnxplan.executor.prepare import prepare
     from onnxplan.executor.runner import execute, initial_parameters, step_batches
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
     from onnxplan.reference import run_reference
-    from onnxplan.resolve import ModelRequest
 
     t0 = time.perf_counter()
-    prep = prepare(ModelRequest(name), PlanOptions(time_limit=args.time_limit))
+    prep = prepare(LoadRequest(name), PlanOptions(time_limit=args.time_limit))
     plan_s = time.perf_counter() - t0
     params = initial_parameters(prep.folder)
     batches = step_batches(prep.folder, max(args.steps, args.warmup, 3), 0)

@@ -102,10 +102,10 @@ def cases(sets: set[str], ops: set[str], text: str = ""):
 def model_cases(name: str, ops: set[str]):
     """(label, node, input specs, output specs, count) of each distinct grouped Conv/ConvGrad of the step."""
     from onnxplan.executor.prepare import prepare
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
-    from onnxplan.resolve import ModelRequest
 
-    graph = prepare(ModelRequest(name, None), PlanOptions()).graph
+    graph = prepare(LoadRequest(name, None), PlanOptions()).graph
     found: dict[tuple, list] = {}
     for node in graph.nodes:
         if node.op_type not in ops or int(node.attrs.get("group", 1)) == 1:

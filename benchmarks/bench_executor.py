@@ -30,11 +30,12 @@ from pathlib import Path
 
 from onnxplan.budget import MemoryRequest, plan_for_budget
 from onnxplan.executor.measure import measure_blas_workspace, measure_run
-from onnxplan.executor.prepare import Prepared, load_request, prepare
+from onnxplan.executor.prepare import Prepared, prepare
+from onnxplan.loading import open_step
+from onnxplan.loading.request import LoadRequest
 from onnxplan.memprobe import probe_peak
 from onnxplan.models import get_model, list_models
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.sizes import format_bytes
 
 GEMM_BOUND = {"mlp", "mlp-frozen", "nnt-linear", "nnt-fc3", "nnt-fc3-frozen", "transformer", "gpt"}
@@ -106,7 +107,7 @@ def profile_by_op(prep, steps: int = 2, threads: int | None = None) -> dict[str,
 
 def bench_model(name: str, args) -> dict:
     spec = get_model(name)
-    req = ModelRequest(name)
+    req = LoadRequest(name)
     t0 = time.perf_counter()
     prep = prepare(req, PlanOptions(args.order, args.planner, time_limit=args.time_limit))
     plan_seconds = time.perf_counter() - t0
@@ -141,7 +142,7 @@ def bench_model(name: str, args) -> dict:
     return row
 
 
-def at_budget(req: ModelRequest, row: dict, args) -> dict:
+def at_budget(req: LoadRequest, row: dict, args) -> dict:
     """Plan for 0.6 x ORT's peak (rotor recomputation, else swap) and measure that plan."""
     excess = max(0, row["ours_peak"] - row["planned_peak"])
     budget = int(PEAK_TARGET * row["ort_peak"]) - excess
@@ -149,7 +150,7 @@ def at_budget(req: ModelRequest, row: dict, args) -> dict:
     prep = None
     for how in ({"checkpoint": "rotor"}, {"swap": "auto"}):
         try:
-            folder, graph = load_request(req)
+            folder, graph = open_step(req)
             res = plan_for_budget(graph, PlanOptions(args.order, args.planner, time_limit=args.time_limit),
                                   MemoryRequest(budget, **how))
             cand = Prepared(folder, res.graph, res.plan)
@@ -236,7 +237,7 @@ def fixed_overhead(args) -> tuple[int, int]:
     """(interpreter side, BLAS workspace): measured minus planned peak of the smallest zoo
     model at batch 1 (views, kernel objects, small Python allocations), and the packing
     buffers OpenBLAS touches for GEMMs up to 4096 x 4096 (a separate probe)."""
-    out, peak = measure_run(ModelRequest("mlp", batch=1), PlanOptions("given", "best-fit"),
+    out, peak = measure_run(LoadRequest("mlp", batch=1), PlanOptions("given", "best-fit"),
                             steps=args.steps, warmup=args.warmup, threads=args.threads)
     return peak - out["peak_bytes"], measure_blas_workspace(4096, args.threads)
 

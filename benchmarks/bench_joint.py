@@ -53,15 +53,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from onnxplan.artifacts import build_artifacts
 from onnxplan.budget import STRATEGIES, ProfiledCosts
 from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.budget.joint import JOINT_SECONDS
 from onnxplan.budget.strategies import step_price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.joint.fit import plan_joint
+from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import get_model
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
@@ -96,7 +96,7 @@ def _joint_note(out) -> str:
 
 def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
     """The rows of one model (not yet measured) and the plans to measure (key -> Plan)."""
-    graph = load_step(folder)
+    graph = read_step(folder)
     opts = PlanOptions()
     plain = plan_step(graph, opts)
     profiled = ProfiledCosts(clock="cpu")  # one profile (cached) gives every strategy its node costs
@@ -175,8 +175,8 @@ def measure(folder, plans: dict, rounds: int, steps: int, rates=None) -> dict[st
     "vs_plain": per round its step / plain's, "repriced": its price by a profile taken here}.
     Every plan is adopted as a plan file is (onnxplan.executor.prepare.adopt_plan: every check a
     fresh plan passes) before it runs. `rates`: the swap store's, for the re-pricing."""
-    graph = load_step(folder)
-    preps = {k: Prepared(folder, adopt_plan(load_step(folder), p), p) for k, p in plans.items()}
+    graph = read_step(folder)
+    preps = {k: Prepared(folder, adopt_plan(read_step(folder), p), p) for k, p in plans.items()}
     # the cost model's profile taken again here, in the measuring process, right before its
     # rounds: the same profile code, the plain step's nodes (not the plans measured)
     times, note = ProfiledCosts(clock="cpu").times(step_before_inplace(graph, PlanOptions()))

@@ -43,10 +43,10 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper
 
-from onnxplan.artifacts import build_artifacts
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.ir.tensor import numpy_to_onnx_dtype
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel, scratch_bytes
+from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import build_forward, get_model
 
 __all__ = ["layer_cases", "main", "time_case"]
@@ -55,7 +55,7 @@ __all__ = ["layer_cases", "main", "time_case"]
 def layer_cases(model: str, ops: set[str]):
     """(node, input specs, output specs, count) for each distinct matching node of the step."""
     spec = get_model(model)
-    graph = load_step(build_artifacts(build_forward(model), None, optimizer=spec.default_optimizer))
+    graph = read_step(build_artifacts(build_forward(model), None, optimizer=spec.default_optimizer))
     cases: dict[tuple, list] = {}
     for node in graph.nodes:
         if node.op_type not in ops:

@@ -39,8 +39,8 @@ import numpy as np
 
 from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import prepare
+from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.swap import swap_totals
 
 MiB = 1 << 20
@@ -138,7 +138,7 @@ def paired_rounds(none_prep, preps: list, pairs: int) -> list[dict]:
 
 
 def part1(args) -> list[dict]:
-    req = ModelRequest(args.model, args.batch, args.optimizer)
+    req = LoadRequest(args.model, args.batch, args.optimizer)
     rows = []
     none_prep = None
     for policy, kw in POLICIES:
@@ -192,15 +192,16 @@ def part2(args) -> list[dict]:
 def _budget_row(args, name: str) -> dict:
     from onnxplan.budget import attempt
     from onnxplan.executor.compare import compare_results
-    from onnxplan.executor.prepare import Prepared, load_request
+    from onnxplan.executor.prepare import Prepared
     from onnxplan.executor.runner import run_plan
+    from onnxplan.loading import open_step
     from onnxplan.reference import run_reference
 
     model, _, optimizer = name.partition(":")  # NAME or NAME:OPTIMIZER
-    req = ModelRequest(model, None, optimizer or None)
+    req = LoadRequest(model, None, optimizer or None)
     none = prepare(req, PlanOptions(planner=args.planner, time_limit=args.time_limit))
     budget = int(none.plan.peak_bytes * args.fraction)
-    folder, graph = load_request(req)  # a budget swapping cannot reach is a row that does not fit
+    folder, graph = open_step(req)  # a budget swapping cannot reach is a row that does not fit
     out = attempt(graph, PlanOptions(planner=args.planner, time_limit=args.time_limit, swap="auto", budget=budget))
     prep = Prepared(folder, out.graph, out.plan)
     res = run_plan(req, None, steps=3, prepared=prep, threads=args.threads)

@@ -55,7 +55,8 @@ def _forward_stats(name: str) -> dict:
 def corpus_row(name: str, optimizer: str, steps: int) -> dict:
     """Every figure of one corpus model with one optimizer (never raises for a failing model)."""
     from onnxplan.bench.peers import measure_peer
-    from onnxplan.resolve import ModelRequest, resolve_artifacts
+    from onnxplan.loading.request import LoadRequest
+    from onnxplan.loading.resolve import resolve_artifacts
 
     spec, exporter = hf.require_spec(name)
     row: dict = {"model": name, "arch": spec.arch, "exporter": exporter, "optimizer": optimizer,
@@ -87,7 +88,7 @@ def corpus_row(name: str, optimizer: str, steps: int) -> dict:
         row.update(verified=verified["verified"], worst_error=verified["max_rel_diff"])
         if verified["verified"] is False:
             row["status"] = f"verify: {verified['worst'][0] if verified['worst'] else 'differs'}"[:300]
-    folder = resolve_artifacts(ModelRequest(name, optimizer=optimizer))
+    folder = resolve_artifacts(LoadRequest(name, optimizer=optimizer))
     ort = measure_peer("ort", folder, repeat=steps, warmup=1)
     row.update(ort_peak=ort["peak_bytes"],
                ort_ms=ort["median_step_seconds"] * 1e3 if ort["median_step_seconds"] else None)

@@ -32,8 +32,8 @@ def _load() -> float:
 
 
 def _llama(layers: int, ilp_limit: float) -> None:
-    from onnxplan.artifacts import build_artifacts
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
+    from onnxplan.loading.artifacts import build_artifacts
     from onnxplan.models.llama import build_llama
     from onnxplan.planning import PlanOptions, plan_step
 
@@ -41,7 +41,7 @@ def _llama(layers: int, ilp_limit: float) -> None:
     folder = build_artifacts(build_llama(layers=layers), None)
     art = time.perf_counter() - t0
     w0, c0 = time.perf_counter(), time.process_time()
-    g = load_step(folder)
+    g = read_step(folder)
     load_w, load_c = time.perf_counter() - w0, time.process_time() - c0
     w1, c1 = time.perf_counter(), time.process_time()
     res = plan_step(g, PlanOptions())
@@ -66,15 +66,15 @@ _ILP_ROWS: list[str] = []
 
 _TIMER = r"""
 import json, os, sys, time
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.models import get_model
 from onnxplan.planning import PlanOptions, plan_step
-from onnxplan.resolve import resolve_artifacts
+from onnxplan.loading.resolve import resolve_artifacts
 from onnxplan.cli.common import model_request
 req = model_request(sys.argv[1], None, None, None, None)
 folder = resolve_artifacts(req)
 w, c = time.perf_counter(), time.process_time()
-g = load_step(folder, dims=dict(req.dims), batch=req.batch)
+g = read_step(folder, dims=dict(req.dims), batch=req.batch)
 r = plan_step(g, PlanOptions())
 print(json.dumps({"wall": time.perf_counter() - w, "cpu": time.process_time() - c, "nodes": len(g.nodes),
                   "peak": r.plan.peak_bytes, "how": r.plan.order_policy + "+" + r.plan.planner}))

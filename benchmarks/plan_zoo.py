@@ -14,13 +14,13 @@ import platform
 import time
 from datetime import date
 
-from onnxplan.artifacts import build_artifacts
-from onnxplan.ir.load import load_step
+from onnxplan.ir.analysis import alias_roots
+from onnxplan.ir.load import read_step
+from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import build_forward, get_model, list_models
 from onnxplan.offsets import PLANNERS, lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
 from onnxplan.passes._infra import run_pipeline
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.planning import PlanOptions, pipeline_names, plan_step
 from onnxplan.sizes import format_bytes
@@ -36,7 +36,7 @@ def mib(n: int) -> str:
 def sweep(name: str, time_limit: float, ort_peak: int | None) -> None:
     spec = get_model(name)
     folder = build_artifacts(build_forward(name), None, optimizer=spec.default_optimizer)
-    graph = load_step(folder)
+    graph = read_step(folder)
     g, _ = run_pipeline(graph, pipeline_names(PlanOptions()))
     roots = alias_roots(g)
     print(f"\n## {name} (batch {spec.default_batch}, {spec.default_optimizer}, {len(g.nodes)} nodes)\n")

@@ -87,15 +87,16 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from onnxplan.artifacts import quiet_fds
+    from onnxplan.loading import load_step
+    from onnxplan.loading.artifacts import quiet_fds
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions, plan_step
-    from onnxplan.resolve import ModelRequest, load_model
 
     path = Path(tempfile.mkdtemp(prefix="shufflenet-")) / "shufflenetv2.onnx"
     with quiet_fds():
         _export(path, args.batch, args.image)
     w0 = time.perf_counter()
-    load_model(ModelRequest(str(path)))  # builds the artifacts once (cached afterwards)
+    load_step(LoadRequest(str(path)))  # builds the artifacts once (cached afterwards)
     build = time.perf_counter() - w0
     rows = {"default (anytime)": PlanOptions(), "nntrainer + greedy-size": PlanOptions(order="nntrainer",
                                                                                         planner="greedy-size")}
@@ -104,7 +105,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, opts in rows.items():
             t0 = time.perf_counter()
-            g = load_model(ModelRequest(str(path)))
+            g = load_step(LoadRequest(str(path)))
             res = plan_step(g, opts)
             times[name].append(time.perf_counter() - t0)
             plans[name] = (len(g.nodes), res)

@@ -83,15 +83,16 @@ def _timed(step, batches, steps: int) -> tuple[list[float], list[float]]:
 
 
 def bench(name: str, batch: int | None, rounds: int, steps: int, with_before: bool = True) -> dict:
+    from onnxplan import settings
     from onnxplan.data import make_step_batch, read_input_specs, read_metadata
     from onnxplan.executor.prepare import prepare
     from onnxplan.executor.runner import Executor, initial_parameters
-    from onnxplan.kernels import _torch, registry
+    from onnxplan.kernels import _torch
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
-    from onnxplan.resolve import ModelRequest
     from onnxplan.torch_peer import TorchTrainer
 
-    prep = prepare(ModelRequest(name, batch), PlanOptions())
+    prep = prepare(LoadRequest(name, batch), PlanOptions())
     folder = str(prep.folder)
     specs, labels = read_input_specs(folder)
     batches = [make_step_batch(specs, labels, 0, k) for k in range(steps)]
@@ -100,11 +101,8 @@ def bench(name: str, batch: int | None, rounds: int, steps: int, with_before: bo
     ex.load_state(params)
     ex_before = None
     if with_before:
-        registry.BIND = False
-        try:
+        with settings.override(bind_kernels=False):
             ex_before = Executor(prep.graph, prep.plan)
-        finally:
-            registry.BIND = True
         ex_before.load_state(params)
     impls = {"ours": ex.step}
     with tempfile.TemporaryDirectory(prefix="onnxplan-bench-") as scratch:

@@ -46,12 +46,13 @@ def compare_model(name: str, optimizer: str) -> dict:
     from onnxplan.data import make_step_batch, read_input_specs, read_metadata
     from onnxplan.executor.compare import compare_results
     from onnxplan.executor.runner import run_plan
+    from onnxplan.loading.request import LoadRequest
+    from onnxplan.loading.resolve import resolve_artifacts
     from onnxplan.planning import PlanOptions
     from onnxplan.reference import run_reference
-    from onnxplan.resolve import ModelRequest, resolve_artifacts
     from onnxplan.torch_peer import TorchTrainer
 
-    req = ModelRequest(name, None, optimizer)
+    req = LoadRequest(name, None, optimizer)
     folder = resolve_artifacts(req)
     ref = run_reference(folder, steps=3, seed=0)
     ours = run_plan(req, PlanOptions(planner="best-fit"), steps=3)

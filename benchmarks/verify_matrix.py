@@ -23,13 +23,14 @@ POLICIES = ("plain", *SWAPS, *CHECKPOINTS)
 
 def verify_one(model: str, batch: int | None, optimizer: str, policy: str, steps: int) -> dict:
     from onnxplan.budget import MemoryRequest, plan_for_budget
-    from onnxplan.executor.prepare import Prepared, load_request
+    from onnxplan.executor.prepare import Prepared
+    from onnxplan.loading import open_step
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
-    from onnxplan.resolve import ModelRequest
     from onnxplan.verification.step_check import verify_run
 
-    req = ModelRequest(model, batch, optimizer)
-    folder, graph = load_request(req)
+    req = LoadRequest(model, batch, optimizer)
+    folder, graph = open_step(req)
     memory = MemoryRequest(swap=policy if policy in SWAPS else None,
                            checkpoint=policy if policy in CHECKPOINTS else None)
     t0 = time.perf_counter()

@@ -13,8 +13,8 @@ import statistics
 import sys
 from datetime import date
 
-from onnxplan.artifacts import build_artifacts
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
+from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.memprobe import probe_reference
 from onnxplan.models import build_forward, get_model, list_models
 from onnxplan.sizes import format_bytes
@@ -23,7 +23,7 @@ from onnxplan.sizes import format_bytes
 def row(name: str, steps: int) -> dict:
     spec = get_model(name)
     folder = build_artifacts(build_forward(name), None, optimizer=spec.default_optimizer)
-    g = load_step(folder)
+    g = read_step(folder)
     by_class = g.bytes_by_class()
     probe = probe_reference(folder, steps=steps)
     lat = probe.result["step_seconds"][1:] or probe.result["step_seconds"]  # first step warms up

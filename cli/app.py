@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from onnxplan import settings
 from onnxplan._version import __version__
 from onnxplan.cli.bench_cmd import bench_command
 from onnxplan.cli.check_cmd import check_command
@@ -14,6 +15,10 @@ from onnxplan.cli.models_cmd import models_app
 from onnxplan.cli.plan_cmd import plan_command
 from onnxplan.cli.report_cmd import report_command
 from onnxplan.cli.run_cmd import run_command
+from onnxplan.loading.zoo import register_source
+from onnxplan.models.source import SOURCE as ZOO
+
+register_source(ZOO)  # the CLI hands the zoo to the load stage (the library never imports it)
 
 __all__ = ["app", "main"]
 
@@ -57,6 +62,7 @@ def _root(
                                f"also {DEBUG_ENV}=1."),
 ) -> None:
     """Plan, run and benchmark the memory of one ONNX training step."""
+    settings.reload()  # each command reads the environment once, as it starts (onnxplan.settings)
     set_debug(debug)
 
 

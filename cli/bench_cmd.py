@@ -11,10 +11,8 @@ from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, 
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.results import dumps_results, rows_to_csv
+from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
-    FREEZE_HELP,
-    THREADS_HELP,
-    TRAIN_HELP,
     check_output,
     console,
     handle_errors,
@@ -22,8 +20,7 @@ from onnxplan.cli.common import (
     write_atomic,
 )
 from onnxplan.errors import EXIT_FAILURE, UsageError
-from onnxplan.models import list_models
-from onnxplan.models.hf import is_hf_name
+from onnxplan.loading.zoo import model_names
 from onnxplan.planning import check_time_limit
 from onnxplan.progress import Progress
 from onnxplan.report import markdown_summary, render_html
@@ -46,7 +43,7 @@ def bench_command(
     warmup: int = typer.Option(1, "--warmup", help="Untimed first steps per measured run."),
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="--no-measure: planned figures only, no runs (peers default to none)."),
-    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
+    time_limit: float = opt.TIME_LIMIT,
     budget: list[str] = typer.Option(None, "--budget",
                                      help="SIZE for every model or MODEL=SIZE (repeatable): a line in the report."),
     out: Path = typer.Option(None, "-o", "--out",
@@ -55,10 +52,10 @@ def bench_command(
     csv_out: Path = typer.Option(None, "--csv", help="Also write the flat table as CSV."),
     html_out: Path = typer.Option(None, "--html", help="Also write the HTML report (as `onnxplan report`)."),
     md_out: Path = typer.Option(None, "--markdown", help="Also write the Markdown summary."),
-    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
-    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
+    train: list[str] = opt.TRAIN,
+    freeze: list[str] = opt.FREEZE,
     json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON instead of a table."),
-    threads: int = typer.Option(None, "--threads", help=THREADS_HELP + " The peers get the same count; "
+    threads: int = typer.Option(None, "--threads", help=opt.THREADS_HELP + " The peers get the same count; "
                                 "every row records it (threads) and what each pool got (pool_threads, "
                                 "ort_threads, torch_threads)."),
     workers: int = typer.Option(None, "--workers",
@@ -82,22 +79,6 @@ def bench_command(
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
                           budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze,
                           workers, scheduler, threads)
-
-
-def _model_names(models: list[str] | None, all_models: bool) -> list[str]:
-    if all_models and models:
-        raise UsageError("give MODELS or --all, not both")
-    if all_models:
-        return [m.name for m in list_models()]
-    if not models:
-        raise UsageError("no model given: name zoo models (onnxplan models list) or use --all")
-
-    zoo = [m.name for m in list_models()]
-    for name in models:  # before any work: a typo in the last model should not cost the sweep
-        if name not in zoo and not is_hf_name(name) and not Path(name).exists():
-            raise UsageError(f"'{name}' is neither a file, an artifact folder nor a zoo model "
-                             f"(zoo: {', '.join(zoo)})")
-    return list(dict.fromkeys(models))
 
 
 def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
@@ -125,7 +106,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
         raise UsageError(f"invalid --workers {workers}: must be a positive integer")
     check_output(out, csv_out, html_out, md_out)
     peer_list = parse_peers(peers if peers is not None else (None if measure else "none"))
-    names = _model_names(models, all_models)
+    names = model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
                          tuple(freeze or ()), threads=resolve_threads(threads))

@@ -11,14 +11,12 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
-from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+from onnxplan.bench import count_tasks, load_results
 from onnxplan.bench.results import dumps_results
 from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
-from onnxplan.cli.bench_cmd import _model_names
 from onnxplan.cli.common import check_output, console, handle_errors, write_atomic
-from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
-from onnxplan.gate_config import find_gate_config, load_gate_config
+from onnxplan.errors import EXIT_FAILURE, UsageError
+from onnxplan.gate import gate_exit_code, load_gate, over_budget, run_gate
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 
@@ -87,53 +85,22 @@ def _check(results, baseline, tolerance, metric, allow_missing, update_baseline)
 
 
 def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
-    """The gate of [tool.onnxplan]: bench, compare with its baseline, check its budgets."""
-
-    gate = load_gate_config(find_gate_config())
-    names = _model_names(gate.models, gate.models is None)
-    for model in gate.budgets:
-        if model != "*" and model not in names:
-            raise UsageError(f"{gate.source}: budgets.{model}: not a model of the gate ({', '.join(names)})")
-    baseline = baseline or gate.baseline
-    if not update_baseline and not baseline.exists():
-        raise UsageError(f"{gate.source}: the baseline {baseline} does not exist; "
-                         "write it with: onnxplan check --update-baseline")
-    config = BenchConfig(names, parse_strategies(gate.strategies), None, [], measure=gate.measure,
-                         budgets=gate.budgets, model_options=gate.model_options)
-    doc = new_results(config.to_json())
-    with Progress("check", total=count_tasks(config)) as progress:
-        advance = lambda text, n: progress.update(text, n)
-        if gate.workers is None and gate.scheduler is None:
-            doc = run_bench(config, doc, lambda d: None, advance)
-        else:
-            with open_client(gate.scheduler, gate.workers) as client:
-                doc = run_bench_dask(config, doc, lambda d: None, client, advance)
+    """The gate of [tool.onnxplan] (onnxplan.gate): bench, compare with its baseline, check its budgets."""
+    gate = load_gate(baseline, update_baseline)
+    with Progress("check", total=count_tasks(gate.bench)) as progress:
+        doc = run_gate(gate, lambda text, n: progress.update(text, n))
         progress.finish(f"{len(doc['rows'])} row(s)")
-    label = f"the gate of {gate.source.name}"
-    failed = _compare(doc, label, baseline, tolerance or gate.tolerance,
-                      metric or gate.metric, allow_missing, update_baseline)
-    over = _over_budget(doc["rows"], config)
+    regressed = _compare(doc, gate.label, gate.baseline, tolerance or gate.config.tolerance,
+                         metric or gate.config.metric, allow_missing, update_baseline)
+    over = over_budget(doc["rows"], gate.bench)
+    for o in over:
+        typer.echo(f"onnxplan: budget not met: {o.model}: no plan fits {format_bytes(o.budget)} "
+                   f"(the smallest: {format_bytes(o.smallest)} with {o.strategy})")
     for f in doc.get("failed", []):
         typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}", err=True)
-    if over and not update_baseline:
-        raise typer.Exit(EXIT_BUDGET)
-    if failed or doc.get("failed"):
-        raise typer.Exit(EXIT_FAILURE)
-
-
-def _over_budget(rows: list[dict], config) -> list[str]:
-    """Print one line per model whose budget no plan fits; those models."""
-    over = []
-    for model in config.models:
-        budget = config.budget(model)
-        mine = [r for r in rows if r["model"] == model and r.get("planned_peak_bytes") is not None]
-        if budget is None or not mine or any(r["planned_peak_bytes"] <= budget for r in mine):
-            continue
-        best = min(mine, key=lambda r: r["planned_peak_bytes"])
-        typer.echo(f"onnxplan: budget not met: {model}: no plan fits {format_bytes(budget)} "
-                   f"(the smallest: {format_bytes(best['planned_peak_bytes'])} with {best['strategy']})")
-        over.append(model)
-    return over
+    code = gate_exit_code(regressed, over, doc.get("failed", []), update_baseline)
+    if code:
+        raise typer.Exit(code)
 
 
 def _compare(new: dict, results: str, baseline: Path, tolerance, metric, allow_missing,

@@ -8,18 +8,19 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import typer
 from rich.console import Console
 
+from onnxplan import files
 from onnxplan.errors import OnnxplanError, UsageError
-from onnxplan.ir.graph import ValueClass
-from onnxplan.resolve import ModelRequest, make_request
+from onnxplan.loading.request import LoadRequest, make_request
 from onnxplan.sizes import MAX_BYTES
 
-__all__ = ["handle_errors", "model_request", "check_output", "write_atomic", "print_json", "fail", "console"]
+__all__ = ["check_output", "console", "fail", "handle_errors", "model_request", "print_json", "write_atomic"]
 
 
 class _Console(Console):
@@ -75,21 +76,9 @@ def parse_dims(dims: list[str] | None) -> tuple[tuple[str, int], ...]:
 
 def model_request(model: str, batch: int | None, optimizer: str | None, loss: str | None,
                   dims: list[str] | None, train: list[str] | None = None,
-                  freeze: list[str] | None = None) -> ModelRequest:
-    """The request of the model options (--dim as NAME=INT), checked (onnxplan.resolve.make_request)."""
+                  freeze: list[str] | None = None) -> LoadRequest:
+    """The request of the model options (--dim as NAME=INT), checked (onnxplan.loading.request.make_request)."""
     return make_request(model, batch, optimizer, loss, parse_dims(dims), train, freeze)
-
-
-THREADS_HELP = ("Threads for every pool of the process: numpy's BLAS, torch (intra-op; inter-op 1), "
-                "OpenMP and each ONNX Runtime session (default: every core this process may use). "
-                "README: Threads.")
-TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
-FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
-STRATEGY_HELP = ("With --budget, how to meet it: auto (default: the plain plan if it fits, else recompute or swap, "
-                 "whichever fits with the least predicted step time), recompute (rotor's fastest checkpoint schedule "
-                 "that fits), swap (the swap module's auto policy), joint (recomputation on the whole graph and "
-                 "paging chosen together by the joint CP-SAT solver; opt-in: seconds per solve, --time-limit each; "
-                 "`onnxplan explain` shows what it kept, recomputed and swapped per value).")
 
 
 def check_output(*paths: Path | str | None) -> None:
@@ -118,52 +107,11 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     """Write a file via a temporary sibling and rename, so no half-written file is left."""
     path = Path(path)
     check_output(path)
-    mode = "wb" if isinstance(data, bytes) else "w"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        files.write_atomic(path, data)
     except OSError as exc:
         raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual mode
-    try:
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
-
-
-
-def parameter_report(graph) -> dict:
-    """Trained and frozen parameter names of a step graph, and for a forward .onnx what
-    onnxplan rewrote to make it trainable (JSON: inspect's and plan's "parameters")."""
-    produced = {o for n in graph.nodes for o in n.outputs}
-    params = [v for v in graph.values.values() if v.vclass == ValueClass.PARAMETER and v.name not in produced]
-    return {
-        "trained": [v.name for v in params if v.trainable],
-        "frozen": [v.name for v in params if not v.trainable],
-        "rewrites": list(graph.source.get("rewrites", [])),
-        "rebatched": graph.source.get("rebatched"),
-    }
-
-
-def parameter_lines(report: dict, limit: int = 8) -> list[str]:
-    """The parameter report as text lines (names cut after `limit`)."""
-
-    def names(items: list[str]) -> str:
-        shown = ", ".join(items[:limit])
-        return shown + (f", ... (+{len(items) - limit})" if len(items) > limit else "")
-
-    lines = [f"trained parameters ({len(report['trained'])}): {names(report['trained'])}",
-             f"frozen parameters ({len(report['frozen'])}): {names(report['frozen']) or '-'}"]
-    lines += [f"forward model: {note}" for note in report["rewrites"]]
-    return lines

@@ -9,7 +9,6 @@ else is a bug in onnxplan: exit 4 with one line that says so, and the traceback 
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import traceback
@@ -23,11 +22,13 @@ try:  # recent typer runs on its own copy of click; older releases on click itse
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError
 
+from onnxplan import settings
 from onnxplan.errors import EXIT_BUDGET, EXIT_BUG, EXIT_USAGE
+from onnxplan.settings import ENV
 
 __all__ = ["DEBUG_ENV", "OnnxplanCommand", "OnnxplanGroup", "debug_enabled", "set_debug"]
 
-DEBUG_ENV = "ONNXPLAN_DEBUG"
+DEBUG_ENV = ENV["debug"]
 _debug = {"on": False}  # set by `onnxplan --debug` (the root callback), reset by every main()
 
 
@@ -36,7 +37,7 @@ def set_debug(on: bool) -> None:
 
 
 def debug_enabled() -> bool:
-    return _debug["on"] or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    return _debug["on"] or settings.current().debug
 
 
 def _one_line(text: str) -> str:

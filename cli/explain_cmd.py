@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from onnxplan.api import load_plan
 from onnxplan.cli.common import console, handle_errors, print_json
+from onnxplan.explain import joint_rows, split_convgrads, stage_rows
 from onnxplan.plan import Plan
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -42,12 +43,12 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
         progress.update(f"verifying {plan_file} against its model")
         plan, graph = load_plan(plan_file)  # re-verified in full against its model, as run --plan does
     info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
-    splits = [n.name for n in graph.nodes if n.op_type == "ConvGradInput" and n.domain == "onnxplan"]
+    splits = split_convgrads(graph)
     if json_out:
         print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info,
                     "joint": plan.joint.to_json() if plan.joint is not None else None,
                     "swap": plan.swap.to_json(), "swaps": [asdict(sw) for sw in plan.swaps],
-                    "split_grad": [name.removesuffix("/dX") for name in splits]})
+                    "split_grad": splits})
         return
     con = console(140, 100, highlight=False)
     if plan.joint is not None:
@@ -63,7 +64,7 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
     if splits:
         con.print(f"split-grad: {len(splits)} ConvGrad node(s) split into a dW half (reads X) and a dX half "
                   f"(does not), so X can die before dX is made" + (
-                      ": " + ", ".join(n.removesuffix("/dX") for n in splits) if names else " (--names lists them)"))
+                      ": " + ", ".join(splits) if names else " (--names lists them)"))
 
 
 def _explain_swaps(con: Console, plan: Plan) -> None:
@@ -90,22 +91,18 @@ def _explain_checkpoint(con: Console, plan: Plan, info: dict, names: bool) -> No
               + f"; {len(stages)} stages, {len(rerun)} run again; planned peak {format_bytes(plan.peak_bytes)}")
     t = Table("stage", "nodes", "from .. to", "output", "forward pass", "runs", "kept", "recomputed",
               "extra compute")
-    prev_a = 0
-    for s in stages:
-        mode = s["forward_pass"]
-        kept = s["abar_bytes"] if mode == "keep all" else prev_a if mode == "keep input" else 0
-        kept_txt = format_bytes(kept) if kept else "-"
-        rec_txt = f"{len(s['recomputed'])} ({format_bytes(s['abar_bytes'])})" if s["recomputed"] else "-"
+    rows = stage_rows(info)
+    for s in rows:
+        kept_txt = format_bytes(s.kept_bytes) if s.kept_bytes else "-"
+        rec_txt = f"{len(s.recomputed)} ({format_bytes(s.recomputed_bytes)})" if s.recomputed else "-"
         if names:
-            kept_txt += ("\n" + "\n".join(s["kept"])) if s["kept"] else ""
-            rec_txt += ("\n" + "\n".join(s["recomputed"])) if s["recomputed"] else ""
-        extra = f"{s['extra_seconds'] * 1e3:.3f} ms" if s["extra_seconds"] else "-"
-        note = f" [red](kept: {s['not_recomputable']})[/]" if s.get("not_recomputable") else ""
-        t.add_row(str(s["stage"]), str(s["nodes"]), _span(s), s["output"], mode + note, str(s["runs"]),
-                  kept_txt, rec_txt, extra, style="bold" if s["runs"] > 1 else None)
-        prev_a = s["a_bytes"]
+            kept_txt += ("\n" + "\n".join(s.kept)) if s.kept else ""
+            rec_txt += ("\n" + "\n".join(s.recomputed)) if s.recomputed else ""
+        note = f" [red](kept: {s.not_recomputable})[/]" if s.not_recomputable else ""
+        t.add_row(str(s.stage), str(s.nodes), s.span, s.output, s.forward_pass + note, str(s.runs),
+                  kept_txt, rec_txt, _ms(s.extra_seconds), style="bold" if s.runs > 1 else None)
     con.print(t)
-    extra = sum(s["extra_seconds"] for s in stages)
+    extra = sum(s.extra_seconds for s in rows)
     con.print(f"extra forward compute {extra * 1e3:.3f} ms per step ({info['time_source']} estimate); "
               f"predicted step {info['predicted_step_seconds'] * 1e3:.2f} ms vs "
               f"{info['predicted_step_seconds_without'] * 1e3:.2f} ms without recomputation")
@@ -114,51 +111,32 @@ def _explain_checkpoint(con: Console, plan: Plan, info: dict, names: bool) -> No
         con.print(f"  {note}")
 
 
-def _span(s: dict) -> str:
-    return s["first"] if s["first"] == s["last"] else f"{s['first']} .. {s['last']}"
-
-
 def _explain_joint(con: Console, plan: Plan, names: bool) -> None:
     """Per value the joint schedule decided, and every swap of the plan (those of the swap
     module's `auto` policy too, when it was planned on top)."""
     j = plan.joint
-    group = {}  # value -> the plan buffer (alias group) holding it
-    for b in plan.buffers:
-        for v in (b.name, *b.aliases):
-            group[v] = b.name
-    swaps: dict[str, list] = {}
-    for sw in plan.swaps:
-        swaps.setdefault(group.get(sw.value, sw.value), []).append(sw)
-    copies: dict[str, list[str]] = {}
-    for x in plan.order:
-        base, sep, _ = x.rpartition("@rc")
-        if sep:
-            copies.setdefault(base, []).append(x)
     gap = "no bound" if j.gap is None else f"gap {j.gap:.0%}"
     con.print(f"[bold]{plan.model}[/]: joint schedule ({j.status}, {gap}), budget "
               f"{format_bytes(j.budget_bytes) if j.budget_bytes is not None else '-'}; {j.stages} stages, "
               f"{j.recomputations} recomputations; model peak {format_bytes(j.estimate_bytes)}, planned peak "
               f"{format_bytes(plan.peak_bytes)}")
     t = Table("value", "bytes", "kept", "recomputed", "swapped (out EO -> in EO)", "extra time")
-    shown = set()
-    for b in j.buffers:
-        mine = swaps.get(group.get(b.buffer, b.buffer), [])
-        shown.update(id(sw) for sw in mine)
-        kept = f"{len(b.kept_into)} stage{'s' * (len(b.kept_into) > 1)}" if b.kept_into else "-"
+    for r in joint_rows(plan):
+        if r.from_swap_module:  # the swap module's, planned on top of the schedule
+            sw = r.swaps[0]
+            t.add_row(r.value, format_bytes(r.bytes), "-", "-", f"{sw.out_eo} -> {sw.in_eo} (swap module)",
+                      "?" if r.extra_seconds is None else _ms(r.extra_seconds))
+            continue
+        kept = f"{len(r.kept_into)} stage{'s' * (len(r.kept_into) > 1)}" if r.kept_into else "-"
         rec = "-"
-        if b.recomputed_in:
-            rec = f"stages {', '.join(map(str, b.recomputed_in))} by {b.recomputed_by}"
-            if names and copies.get(b.recomputed_by):
-                rec += "\n" + "\n".join(copies[b.recomputed_by])
-        swp = ", ".join(f"{sw.out_eo} -> {sw.in_eo}" for sw in mine) or (
-            "paged by the schedule; the swap module's swaps replaced it" if b.paged_out else "-")
-        t.add_row(b.buffer, format_bytes(b.bytes), kept, rec, swp, _ms(b.extra_seconds))
+        if r.recomputed_in:
+            rec = f"stages {', '.join(map(str, r.recomputed_in))} by {r.recomputed_by}"
+            if names and r.copies:
+                rec += "\n" + "\n".join(r.copies)
+        swp = ", ".join(f"{sw.out_eo} -> {sw.in_eo}" for sw in r.swaps) or (
+            "paged by the schedule; the swap module's swaps replaced it" if r.paged_out else "-")
+        t.add_row(r.value, format_bytes(r.bytes), kept, rec, swp, _ms(r.extra_seconds))
     bandwidth = j.swap_bandwidth
-    for sw in plan.swaps:  # the rest: the swap module's, planned on top of the schedule
-        if id(sw) not in shown:
-            moved = sw.bytes * (2 if sw.write else 1)
-            t.add_row(sw.value, format_bytes(sw.bytes), "-", "-", f"{sw.out_eo} -> {sw.in_eo} (swap module)",
-                      _ms(moved / bandwidth) if bandwidth else "?")
     con.print(t)
     con.print(f"predicted step {j.predicted_step_seconds * 1e3:.2f} ms: recomputation "
               f"{j.recompute_seconds * 1e3:.3f} ms, exposed transfers {j.stall_seconds * 1e3:.3f} ms "

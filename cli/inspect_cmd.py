@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-
 import typer
 from rich.table import Table
 
+from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
-    FREEZE_HELP,
-    TRAIN_HELP,
     console,
     handle_errors,
     model_request,
-    parameter_lines,
-    parameter_report,
     print_json,
 )
+from onnxplan.loading import load_step
+from onnxplan.loading.parameters import parameter_report
 from onnxplan.progress import Progress
-from onnxplan.resolve import load_model
 from onnxplan.sizes import format_bytes
 
 __all__ = ["inspect_command", "inspect_summary"]
@@ -39,18 +36,18 @@ def inspect_summary(graph) -> dict:
         "optimizer": graph.optimizer.get("type"),
         "unshaped_values": graph.unshaped_values(),
         "ops_without_rule": [],
-        "parameters": parameter_report(graph),
+        "parameters": parameter_report(graph).to_json(),
     }
 
 
 def inspect_command(
-    model: str = typer.Argument(..., help="Zoo name, forward .onnx, or artifact folder."),
-    batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
-    dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
-    optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
-    loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the zoo model's; ce for a forward .onnx)."),
-    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
-    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
+    model: str = opt.MODEL,
+    batch: int = opt.BATCH,
+    dim: list[str] = opt.DIM,
+    optimizer: str = opt.OPTIMIZER,
+    loss: str = opt.LOSS,
+    train: list[str] = opt.TRAIN,
+    freeze: list[str] = opt.FREEZE,
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show one training step: nodes, values and bytes by class, op histogram.
@@ -64,7 +61,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=No
     req = model_request(model, batch, optimizer, loss, dim, train, freeze)
     with Progress("inspect") as progress:  # building artifacts (an export, ORT's generation) takes a while
         progress.update(f"loading {model}")
-        graph = load_model(req)
+        graph = load_step(req)
     s = inspect_summary(graph)
     if json_out:
         print_json(s)
@@ -81,7 +78,7 @@ def _inspect(model, batch, dim, optimizer, loss, json_out, train=None, freeze=No
     for op, c in s["ops"].items():
         t.add_row(op, str(c))
     con.print(t)
-    for line in parameter_lines(s["parameters"]):
+    for line in parameter_report(graph).lines():
         con.print(line, highlight=False, markup=False)
     con.print(f"values without a shape: {len(s['unshaped_values'])}; "
               f"ops without a shape rule: {len(s['ops_without_rule'])}")

@@ -11,10 +11,10 @@ from rich.table import Table
 from onnxplan.cli.common import console, handle_errors, model_request, print_json
 from onnxplan.cli.core import OnnxplanCommand
 from onnxplan.errors import UsageError
+from onnxplan.loading.resolve import resolve_artifacts
 from onnxplan.models import get_model, hf, list_models
 from onnxplan.models.hf import PREFIX, require_spec
 from onnxplan.progress import Progress
-from onnxplan.resolve import resolve_artifacts
 
 __all__ = ["models_app"]
 

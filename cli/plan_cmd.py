@@ -9,20 +9,17 @@ from rich.table import Table
 
 from onnxplan.api import load_step_of, solve
 from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
-    FREEZE_HELP,
-    STRATEGY_HELP,
-    TRAIN_HELP,
     check_output,
     console,
     handle_errors,
     model_request,
-    parameter_lines,
-    parameter_report,
     print_json,
     write_atomic,
 )
 from onnxplan.device import array_module
+from onnxplan.loading.parameters import ParameterReport, parameter_report
 from onnxplan.planning import PlanOptions, require_budget
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -34,28 +31,28 @@ __all__ = ["plan_command"]
 
 
 def plan_command(
-    model: str = typer.Argument(..., help="Zoo name, forward .onnx, or artifact folder."),
+    model: str = opt.MODEL,
     budget: str = typer.Option(None, "--budget", help="Memory budget, e.g. 256MiB, 1.5GB (exit 3 if no plan fits)."),
-    order: str = typer.Option("auto", "--order", help="Execution order: auto, given, nntrainer, greedy, ilp."),
-    planner: str = typer.Option("auto", "--planner", help="Offset planner: auto, naive, sort, greedy-size, best-fit, ilp."),
-    interleave: bool = typer.Option(True, "--interleave/--no-interleave", help="Update each parameter right after its gradient."),
-    inplace: bool = typer.Option(True, "--inplace/--no-inplace", help="Let ops write into dying inputs (off: only optimizer and running-statistics updates are in place)."),
-    split_grad: bool = typer.Option(False, "--split-grad", help="Split each ConvGrad into its dW half (reads X) and its dX half (does not): X can die before dX is made, which lowers the working set of the backward pass (same FLOPs, same numbers). With --budget and no policy named, tried when it helps."),
-    time_limit: float = typer.Option(None, "--time-limit", help="Seconds for each ILP solve (given: the ILPs always run; default: the offset ILP runs only when the heuristics leave a gap, for a budget scaled by the gap and the graph size; --planner/--order ilp alone: 10 s)."),
-    swap: str = typer.Option(None, "--swap", help="Swap policy: none, on-demand, reduced, proactive, adaptive, window (default: none, or auto with --budget: swap only when order and planner alone miss it)."),
-    lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
-    window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
+    order: str = opt.ORDER,
+    planner: str = opt.PLANNER,
+    interleave: bool = opt.INTERLEAVE,
+    inplace: bool = opt.INPLACE,
+    split_grad: bool = opt.SPLIT_GRAD,
+    time_limit: float = opt.TIME_LIMIT,
+    swap: str = opt.SWAP,
+    lookahead: int = opt.LOOKAHEAD,
+    window_bytes: str = opt.WINDOW_BYTES,
     swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder the swap file will be in (run --swap-dir): swap transfers are priced at that store's bandwidth (default: the temporary folder run uses)."),
-    profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
-    checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
-    strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
+    profile: bool = opt.PROFILE,
+    checkpoint: str = opt.CHECKPOINT,
+    strategy: str = opt.STRATEGY,
     out: Path = typer.Option(None, "-o", "--out", help="Write the plan JSON here."),
-    batch: int = typer.Option(None, "--batch", help="Batch size (zoo models; dynamic batch dims)."),
-    dim: list[str] = typer.Option(None, "--dim", help="Value of a named dynamic dimension: NAME=INT."),
-    optimizer: str = typer.Option(None, "--optimizer", help="adamw or sgd (zoo / forward .onnx)."),
-    loss: str = typer.Option(None, "--loss", help="ce, mse or causal-lm (default: the zoo model's; ce for a forward .onnx)."),
-    train: list[str] = typer.Option(None, "--train", help=TRAIN_HELP),
-    freeze: list[str] = typer.Option(None, "--freeze", help=FREEZE_HELP),
+    batch: int = opt.BATCH,
+    dim: list[str] = opt.DIM,
+    optimizer: str = opt.OPTIMIZER,
+    loss: str = opt.LOSS,
+    train: list[str] = opt.TRAIN,
+    freeze: list[str] = opt.FREEZE,
     device: str = typer.Option("cpu", "--device", help="Where the step will run: cpu or cuda. The profile behind --checkpoint (and the recompute-or-swap choice) times our kernels there."),
     threads: int = typer.Option(None, "--threads", help="The threads the run will use: the profile times our kernels at this count (default: every core this process may use)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the plan and a planners list)."),
@@ -103,7 +100,7 @@ def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, b
         d["notes"] = res.pass_notes
         d["skipped"] = res.skipped
         d["planners"] = [r.__dict__ for r in res.rows]
-        d["parameters"] = parameter_report(graph)
+        d["parameters"] = parameter_report(graph).to_json()
         if res.swap is not None and res.swap.floor is not None:
             d["swap_floor"] = res.swap.floor.__dict__
         print_json(d)
@@ -128,11 +125,11 @@ def _print_swaps(con, res) -> None:
         con.print("  by class: " + ", ".join(f"{k} {n} ({format_bytes(b)})" for k, (n, b) in sorted(by_class.items())))
 
 
-def _print_table(res, budget_bytes, params: dict | None = None) -> None:
+def _print_table(res, budget_bytes, params: ParameterReport | None = None) -> None:
     plan = res.plan
     con = console(120)
-    if params and (params["rewrites"] or params["frozen"]):
-        for line in parameter_lines(params):
+    if params and (params.rewrites or params.frozen):
+        for line in params.lines():
             con.print(line, highlight=False, markup=False)
     con.print(f"[bold]{plan.model}[/]: {len(plan.order)} nodes, order [bold]{plan.order_policy}[/] "
               f"({', '.join(f'{k} {format_bytes(v)}' for k, v in res.orders.items())} transient bound), "

@@ -10,7 +10,9 @@ import numpy as np
 import onnx
 
 from onnxplan.errors import UsageError
-from onnxplan.models._spec import LOSSES, OPTIMIZERS, ForwardModel, InputSpec, ModelSpec
+from onnxplan.forward.spec import LOSSES, ForwardModel
+from onnxplan.loading.zoo import register_source
+from onnxplan.models._spec import ModelSpec
 from onnxplan.models.cnn import build_resnet18, build_vgg16
 from onnxplan.models.mlp import build_mlp, build_mlp_frozen
 from onnxplan.models.nntrainer import (
@@ -20,20 +22,17 @@ from onnxplan.models.nntrainer import (
     build_nnt_fc3_frozen,
     build_nnt_linear,
 )
+from onnxplan.models.source import SOURCE
 from onnxplan.models.transformer import build_gpt, build_transformer
 
 __all__ = [
     "ModelSpec",
-    "InputSpec",
-    "ForwardModel",
-    "LOSSES",
-    "OPTIMIZERS",
-    "list_models",
-    "get_model",
     "build_forward",
+    "build_gpt",
     "build_recipe",
     "build_transformer",
-    "build_gpt",
+    "get_model",
+    "list_models",
 ]
 
 _ZOO: dict[str, ModelSpec] = {
@@ -103,7 +102,10 @@ def build_recipe(name: str, batch: int | None = None, loss: str | None = None) -
     """Everything build_forward(name, batch, loss)'s output depends on: the entry, the batch
     and loss it resolves to, the builders' source and the numpy / onnx versions that draw the
     seeded weights and serialise the model. Equal recipes build byte-identical models, so an
-    artifact cache may key on the recipe without building (onnxplan.artifacts.recipe_entry)."""
+    artifact cache may key on the recipe without building (onnxplan.loading.artifacts.recipe_entry)."""
     spec, batch, loss = _checked(name, batch, loss)
     return {"zoo": spec.name, "batch": batch, "loss": loss, "builders": _builder_sources(),
             "numpy": np.__version__, "onnx": onnx.__version__}
+
+
+register_source(SOURCE)  # the load stage finds zoo names through it (onnxplan.loading.zoo)

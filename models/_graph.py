@@ -8,9 +8,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxplan.models._spec import ForwardModel, InputSpec, labels_for_output
+from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
 
-__all__ = ["GraphBuilder", "OPSET", "IR_VERSION"]
+__all__ = ["IR_VERSION", "OPSET", "GraphBuilder"]
 
 OPSET = 17
 IR_VERSION = 9

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
-from onnxplan.models._spec import ForwardModel
 
-__all__ = ["build_vgg16", "build_resnet18", "VGG16_CONVS"]
+__all__ = ["VGG16_CONVS", "build_resnet18", "build_vgg16"]
 
 # VGG16's conv stack: channel counts, "M" = 2x2 max pool with stride 2.
 VGG16_CONVS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")

@@ -71,7 +71,7 @@ def export_densenet(batch: int = 8, cache_dir: Path | None = None) -> Path:
     output 'logits'), exported once into the cache (written to a temp name and renamed)."""
     import torch
 
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
     from onnxplan.models.hf import export_to
 
     h = hashlib.sha256(f"{batch}|{torch.__version__}".encode())
@@ -87,6 +87,7 @@ def export_densenet(batch: int = 8, cache_dir: Path | None = None) -> Path:
 
 def densenet_artifacts(batch: int = 8, optimizer: str = "adamw") -> Path:
     """The training artifacts (cross-entropy loss, `optimizer`) of the exported DenseNet."""
-    from onnxplan.resolve import make_request, resolve_artifacts
+    from onnxplan.loading.request import make_request
+    from onnxplan.loading.resolve import resolve_artifacts
 
     return resolve_artifacts(make_request(export_densenet(batch), optimizer=optimizer, loss="ce"))

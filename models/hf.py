@@ -7,7 +7,7 @@ only output (what a user writes to export a model for training), and exports a f
 opset 17, TrainingMode.TRAINING, no constant folding) or the default dynamo exporter (its
 optimizer blind to parameter values, so it cannot merge, drop or split parameters:
 _optimize_keeping_parameters).
-Nothing is edited after export: the forward-model path (`onnxplan.artifacts.generate_from_onnx`)
+Nothing is edited after export: the forward-model path (`onnxplan.loading.artifacts.generate_from_onnx`)
 has to cope with the file as it is.
 
 Zoo names: `hf-<arch>` (TorchScript exporter) and `hf-<arch>-dynamo` (dynamo exporter), at the
@@ -28,18 +28,34 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
-import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from onnxplan.errors import ModelError, UsageError
+from onnxplan.files import atomic_path
 
-__all__ = ["HFSpec", "Scale", "SCALES", "TINY", "BENCH", "FULL", "FULL_SIZES", "EXPORTERS", "available", "hf_specs", "parse_name",
-           "require_spec", "is_hf_name", "zoo_name", "export_forward", "export_dir", "build_torch_model",
-           "example_inputs"]
+__all__ = [
+    "BENCH",
+    "EXPORTERS",
+    "FULL",
+    "FULL_SIZES",
+    "SCALES",
+    "TINY",
+    "HFSpec",
+    "Scale",
+    "available",
+    "build_torch_model",
+    "example_inputs",
+    "export_dir",
+    "export_forward",
+    "hf_specs",
+    "is_hf_name",
+    "parse_name",
+    "require_spec",
+    "zoo_name",
+]
 
 EXPORTERS = ("torchscript", "dynamo")
 PREFIX = "hf-"
@@ -461,7 +477,7 @@ def _export_key(spec: HFSpec, exporter: str, batch: int) -> str:
 
 
 def export_dir(cache_dir: Path | None = None) -> Path:
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
 
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "hf"
 
@@ -470,7 +486,7 @@ def _export(model, x, path: Path, exporter: str, input_name: str) -> None:
     """Export `model` on input `x` to `path` as a user would, with all exporter chatter silenced."""
     import torch
 
-    from onnxplan.artifacts import quiet_fds
+    from onnxplan.loading.artifacts import quiet_fds
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()), quiet_fds():
@@ -546,10 +562,5 @@ def export_to(path: Path, model, inputs, exporter: str, input_name: str) -> None
     """Export `model` into `path` through a temporary file beside it (renamed into place), so
     an interrupted or failed export leaves no half-written model in the cache."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
-    os.close(fd)
-    try:
-        _export(model, inputs, Path(tmp), exporter, input_name)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with atomic_path(path, suffix=".onnx") as tmp:
+        _export(model, inputs, tmp, exporter, input_name)

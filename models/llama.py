@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
+from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
-from onnxplan.models._spec import ForwardModel
 
 __all__ = ["build_llama"]
 

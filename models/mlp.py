@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
-from onnxplan.models._spec import ForwardModel
 
 __all__ = ["build_mlp", "build_mlp_frozen"]
 

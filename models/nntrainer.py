@@ -24,11 +24,16 @@ Table 4 gives only input and output (label) shapes and a theoretical memory figu
 
 from __future__ import annotations
 
+from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
-from onnxplan.models._spec import ForwardModel
 
-__all__ = ["build_nnt_linear", "build_nnt_conv2d", "build_nnt_fc3", "build_nnt_fc3_frozen",
-           "build_nnt_conv_ac_fl"]
+__all__ = [
+    "build_nnt_conv2d",
+    "build_nnt_conv_ac_fl",
+    "build_nnt_fc3",
+    "build_nnt_fc3_frozen",
+    "build_nnt_linear",
+]
 
 
 def build_nnt_linear(batch: int = 64, loss: str = "mse", in_features: int = 150528,

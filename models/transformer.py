@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
+from onnxplan.forward.spec import ForwardModel
 from onnxplan.models._graph import GraphBuilder
-from onnxplan.models._spec import ForwardModel
 
-__all__ = ["build_transformer", "build_gpt"]
+__all__ = ["build_gpt", "build_transformer"]
 
 
 def _embed(g: GraphBuilder, batch: int, seq: int, vocab: int, d: int) -> str:

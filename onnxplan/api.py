@@ -18,18 +18,19 @@ from onnxplan.bench.peers import parse_peers
 from onnxplan.budget import CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
 from onnxplan.errors import UsageError
-from onnxplan.executor.prepare import Prepared, adopt_plan, check_plan_record, load_request
+from onnxplan.executor.prepare import Prepared, adopt_plan, check_plan_record
 from onnxplan.ir.graph import StepGraph
-from onnxplan.plan import Plan
-from onnxplan.planning import PlanOptions, PlanOutcome, check_time_limit, require_budget
-from onnxplan.resolve import (
-    ModelRequest,
+from onnxplan.loading import open_step
+from onnxplan.loading.request import (
+    LoadRequest,
     check_content_hash,
     make_request,
     model_reference,
     request_from_reference,
-    resolve_artifacts,
 )
+from onnxplan.loading.resolve import resolve_artifacts
+from onnxplan.plan import Plan
+from onnxplan.planning import PlanOptions, PlanOutcome, check_time_limit, require_budget
 from onnxplan.run_report import RunReport, run_prepared
 from onnxplan.sizes import parse_size
 from onnxplan.swap.store import check_swap_dir
@@ -45,7 +46,7 @@ __all__ = ["Step", "bench", "check_run_options", "load", "load_plan", "load_step
 class Step:
     """One loaded training step: what was asked for, its artifact folder and its step graph."""
 
-    request: ModelRequest
+    request: LoadRequest
     folder: Path
     graph: StepGraph
 
@@ -62,9 +63,9 @@ def load(model: str | Path, *, batch: int | None = None, optimizer: str | None =
                                      train, freeze))
 
 
-def load_step_of(req: ModelRequest) -> Step:
+def load_step_of(req: LoadRequest) -> Step:
     """The step of a checked request (a folder our builder made supplies its batch)."""
-    folder, graph = load_request(req)
+    folder, graph = open_step(req)
     return Step(req, folder, graph)
 
 
@@ -101,7 +102,7 @@ def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", pl
     return res.plan
 
 
-def plan_request(plan: Plan, req: ModelRequest, no_model: bool) -> ModelRequest:
+def plan_request(plan: Plan, req: LoadRequest, no_model: bool) -> LoadRequest:
     """MODEL omitted, or the model the plan's reference names: the request of that reference
     (--batch, --dim, --optimizer, --loss given override it); the artifacts must hold the
     content the plan was made with. Another MODEL: as given (adopt_plan refuses it when its

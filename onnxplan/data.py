@@ -8,11 +8,18 @@ from pathlib import Path
 import numpy as np
 
 from onnxplan.errors import ModelError
+from onnxplan.forward.spec import InputSpec  # one definition of how data is drawn
 from onnxplan.ir.metadata import METADATA_FILE, read_metadata
-from onnxplan.models import InputSpec  # the zoo's spec: one definition of how data is drawn
 
-__all__ = ["InputSpec", "METADATA_FILE", "read_metadata", "read_input_specs", "step_specs", "make_step_batch",
-           "run_steps"]
+__all__ = [
+    "METADATA_FILE",
+    "InputSpec",
+    "make_step_batch",
+    "read_input_specs",
+    "read_metadata",
+    "run_steps",
+    "step_specs",
+]
 
 def read_input_specs(artifact_dir: str | Path) -> tuple[list[InputSpec], InputSpec | None]:
     """The model inputs and the labels of an artifact folder, from its onnxplan.json (labels

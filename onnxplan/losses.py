@@ -1,7 +1,7 @@
 """The loss each (loss, output) trains with: what generate_artifacts adds on top of the forward model.
 
 Which losses fit which output, and the labels each takes, is decided in one place
-(onnxplan.models._spec.labels_for_output / losses_for); this module builds the graph:
+(onnxplan.forward.spec.labels_for_output / losses_for); this module builds the graph:
 - mse, and ce on an [N, classes] output: onnxruntime-training's own MSELoss and
   CrossEntropyLoss (SoftmaxCrossEntropyLoss over dim 1, mean; ORT ignores label -1);
 - ce on a [B, S, classes] output, labels [B, S]: the logits viewed as [B*S, classes] and the
@@ -84,7 +84,7 @@ def loss_block(fm):
     LossType, or the token-level Block (ce on [B, S, C], causal-lm)."""
     from onnxruntime.training import artifacts
 
-    from onnxplan.models._spec import token_ids
+    from onnxplan.forward.spec import token_ids
 
     if fm.loss == "mse":
         return artifacts.LossType.MSELoss

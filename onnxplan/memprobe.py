@@ -15,6 +15,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnxplan import settings
+from onnxplan.settings import ENV
+
 __all__ = [
     "ProbeResult",
     "ProbeError",
@@ -25,11 +28,11 @@ __all__ = [
     "METHOD_ENV",
 ]
 
-METHOD_ENV = "ONNXPLAN_PROBE_METHOD"  # "clear_refs" (default) or "sampled" (force the fallback)
+METHOD_ENV = ENV["probe_method"]  # "clear_refs" (default) or "sampled" (force the fallback)
 _MARKER = "ONNXPLAN-PROBE "
 _CLEAR_REFS = "/proc/self/clear_refs"
 _SAMPLE_SECONDS = 0.0005
-_PARENT_ENV = "ONNXPLAN_PROBE_PARENT"  # the parent's pid: the child ends when it changes
+_PARENT_ENV = ENV["probe_parent"]  # the parent's pid: the child ends when it changes
 _PR_SET_PDEATHSIG = 1
 
 
@@ -101,7 +104,7 @@ def _release_free_heap() -> None:
 
 
 def _reset_high_water_mark() -> bool:
-    if os.environ.get(METHOD_ENV, "clear_refs") == "sampled":
+    if settings.current().probe_method == "sampled":
         return False
     try:
         with open(_CLEAR_REFS, "w") as handle:
@@ -156,7 +159,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    parent = os.environ.get(_PARENT_ENV)
+    parent = settings.current().probe_parent
     if parent and os.getppid() != int(parent):
         os._exit(1)
 

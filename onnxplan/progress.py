@@ -17,14 +17,16 @@ ONNXPLAN_PROGRESS selects the mode: auto (default), bar, lines, off.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
+from onnxplan import settings
+from onnxplan.settings import ENV
+
 __all__ = ["MODE_ENV", "Progress"]
 
-MODE_ENV = "ONNXPLAN_PROGRESS"
+MODE_ENV = ENV["progress"]
 QUIET_SECONDS = 5.0
 EVERY_SECONDS = 10.0
 _MIN_GAP = 5.0  # item changes print at most this often
@@ -32,7 +34,7 @@ _active: list[Progress] = []  # bars showing now (one live display at a time)
 
 
 def _mode() -> str:
-    mode = os.environ.get(MODE_ENV, "auto").lower()
+    mode = settings.current().progress
     if mode == "auto":
         stream = sys.stderr
         return "bar" if stream is not None and stream.isatty() else "lines"

@@ -15,8 +15,8 @@ from onnxruntime.training import api as ort_training  # imports torch
 
 from onnxplan.data import InputSpec, make_step_batch, read_input_specs, run_steps, step_specs
 from onnxplan.errors import ModelError
-from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.memprobe import mark_baseline
+from onnxplan.ort import ort_cause
 from onnxplan.threads import ort_session_options, use_threads
 
 __all__ = [

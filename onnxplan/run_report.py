@@ -16,9 +16,9 @@ from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, run_plan
 from onnxplan.executor.swap_account import swap_accounting
+from onnxplan.loading.request import LoadRequest
 from onnxplan.memprobe import ProbeError
 from onnxplan.plan import Plan
-from onnxplan.resolve import ModelRequest
 from onnxplan.sizes import format_bytes
 from onnxplan.threads import current as current_threads
 from onnxplan.verification.step_check import verify_run
@@ -98,7 +98,7 @@ def predicted_step(plan: Plan) -> tuple[float | None, str]:
     return None, ""
 
 
-def run_prepared(req: ModelRequest, prep: Prepared, *, steps: int = 3, warmup: int = 1, seed: int = 0,
+def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: int = 1, seed: int = 0,
                  lr: float | None = None, check_arena: bool = False, threads: int | None = None,
                  measure: bool = False, verify: bool = False, swap_dir=None, xp: Any = np,
                  tell: Callable[[str], None] = lambda text: None, budget: int | None = None) -> RunReport:

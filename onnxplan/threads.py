@@ -42,12 +42,15 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from onnxplan.settings import ENV, Settings
+from onnxplan.settings import current as current_settings
+
 __all__ = ["ThreadSettings", "available_cores", "current", "ort_session_options", "peer_environment",
            "prepare_process", "resolve_threads", "use_threads"]
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
-KEEP_OPENMP_ENV = "ONNXPLAN_KEEP_OPENMP_WAIT"  # "1": leave OpenMP's waiting as it is (a peer's process)
-THREADS_ENV = "ONNXPLAN_THREADS"  # the default of --threads, where set
+KEEP_OPENMP_ENV = ENV["keep_openmp_wait"]  # "1": leave OpenMP's waiting as it is (a peer's process)
+THREADS_ENV = ENV["threads"]  # the default of --threads, where set
 _PASSIVE = "PASSIVE"
 _gomp_spins: bool | None = None  # libgomp loaded before prepare_process with its workers spinning
 _we_set_policy = False  # OMP_WAIT_POLICY=PASSIVE is ours, not the user's
@@ -70,7 +73,8 @@ def prepare_process() -> None:
     global _gomp_spins, _we_set_policy
     if _gomp_spins is not None:
         return
-    if not _libgomp_loaded() and os.environ.get(KEEP_OPENMP_ENV) != "1" and WAIT_POLICY_ENV not in os.environ:
+    keep = Settings.from_environ().keep_openmp_wait  # at import: read now, not kept as the settings in force
+    if not _libgomp_loaded() and not keep and WAIT_POLICY_ENV not in os.environ:
         os.environ[WAIT_POLICY_ENV] = _PASSIVE
         _we_set_policy = True
     # loaded before us, the policy in force is whatever the environment said then
@@ -107,7 +111,7 @@ def resolve_threads(threads: int | None) -> int:
 
     source = "--threads"
     if threads is None:
-        env = os.environ.get(THREADS_ENV, "").strip()
+        env = current_settings().threads
         if not env:
             return available_cores()
         source = THREADS_ENV

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 from onnxplan.data import make_step_batch, read_input_specs, read_metadata, run_steps
 from onnxplan.errors import UnsupportedOpError
 from onnxplan.memprobe import mark_baseline
+from onnxplan.ort import DEFAULT_LEARNING_RATE
 from onnxplan.threads import use_threads
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "run_torch",
 ]
 
-_LR = 1e-3  # onnxruntime-training's default learning rate
 _ADAMW = {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0}  # onnxblock AdamW defaults
 
 TORCH_OPS: dict[str, Callable[..., Any]] = {}
@@ -304,9 +304,9 @@ def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
     """The optimizer equivalent to the artifacts': AdamW (eps 1e-6, no weight decay) or SGD, lr 1e-3."""
     _import_dynamo_without_litter()
     if kind == "adamw":
-        return torch.optim.AdamW(params, lr=_LR, **_ADAMW)
+        return torch.optim.AdamW(params, lr=DEFAULT_LEARNING_RATE, **_ADAMW)
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=_LR)
+        return torch.optim.SGD(params, lr=DEFAULT_LEARNING_RATE)
     raise ValueError(f"unknown optimizer {kind!r}")
 
 
@@ -326,9 +326,9 @@ class TorchTrainer:
         self.input_names = [spec["name"] for spec in meta["inputs"]]
         if meta["labels"] is not None:
             self.label_name = meta["labels"]["name"]
-        else:  # causal-lm: the token ids (onnxplan.models._spec.token_ids)
+        else:  # causal-lm: the token ids (onnxplan.forward.spec.token_ids)
             from onnxplan.data import InputSpec
-            from onnxplan.models._spec import token_ids
+            from onnxplan.forward.spec import token_ids
 
             out = model.graph.output[0].type.tensor_type.shape.dim
             self.label_name = token_ids([InputSpec.from_dict(row) for row in meta["inputs"]],

@@ -43,6 +43,17 @@ def _no_progress_lines():
 
 
 @pytest.fixture(autouse=True)
+def _settings_from_the_environment():
+    """Each test starts with the settings the environment gives (onnxplan.settings): one that
+    sets them (settings.use, or a variable and settings.reload) leaves no trace."""
+    from onnxplan import settings
+
+    settings.use(None)
+    yield
+    settings.use(None)
+
+
+@pytest.fixture(autouse=True)
 def _own_random_stream(request):
     """Every test draws its data from a stream seeded by its own id (tests/kernel_harness.py's RNG,
     restarted in place), so its data do not depend on which tests ran before it."""

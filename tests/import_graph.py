@@ -1,7 +1,9 @@
-"""The package's import graph from its source (ast, module-level imports only), by subpackage.
+"""The package's import graph from its source (ast), by subpackage: module-level imports, or
+every import statement wherever it is (`everywhere`: the imports that run on use too).
 
 `python -m tests.import_graph` prints the graph between subpackages and any cycle;
-tests/test_import_graph.py fails on a cycle and on a forbidden import.
+tests/test_import_graph.py fails on a cycle, on a forbidden import and on a library module that
+imports the zoo or the CLI (the leaves).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ SOURCES = {"onnxplan": ROOT / "onnxplan", "onnxplan.cli": ROOT / "cli", "onnxpla
 # planning and what it is built from must not need the executor (the budget layer and the API sit above both)
 BELOW_EXECUTOR = ("onnxplan.planning", "onnxplan.passes", "onnxplan.orders", "onnxplan.offsets", "onnxplan.swap",
                   "onnxplan.checkpoint")
+# nothing in the library imports these: the zoo and the CLI sit on top of it
+LEAVES = ("onnxplan.models", "onnxplan.cli")
 
 
 def modules() -> dict[str, Path]:
@@ -52,12 +56,19 @@ def _module_level(body: Iterable[ast.stmt]) -> Iterator[ast.stmt]:
             yield stmt
 
 
-def imports_of(name: str, source: str, known: set[str]) -> set[str]:
-    """The package's modules `name` imports at module level (an imported attribute counts as
-    its module; `from pkg import sub` as the submodule)."""
+def _statements(source: str, everywhere: bool) -> Iterable[ast.stmt]:
+    tree = ast.parse(source)
+    if everywhere:  # every import statement, in functions and `if TYPE_CHECKING:` blocks too
+        return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return _module_level(tree.body)
+
+
+def imports_of(name: str, source: str, known: set[str], everywhere: bool = False) -> set[str]:
+    """The package's modules `name` imports at module level (`everywhere`: anywhere, functions
+    included). An imported attribute counts as its module; `from pkg import sub` as the submodule."""
     is_pkg = name in known and any(k.startswith(name + ".") for k in known)
     out = set()
-    for stmt in _module_level(ast.parse(source).body):
+    for stmt in _statements(source, everywhere):
         if isinstance(stmt, ast.Import):
             targets = [a.name for a in stmt.names]
         elif isinstance(stmt, ast.ImportFrom):
@@ -81,11 +92,7 @@ def module_graph(everywhere: bool = False) -> dict[str, set[str]]:
     known = set(mods)
     out = {}
     for name, path in mods.items():
-        source = path.read_text()
-        if everywhere:  # every import statement, wherever it is, read as if at module level
-            source = "\n".join(ast.unparse(n) for n in ast.walk(ast.parse(source))
-                               if isinstance(n, (ast.Import, ast.ImportFrom)))
-        out[name] = imports_of(name, source, known)
+        out[name] = imports_of(name, path.read_text(), known, everywhere)
     return out
 
 
@@ -145,6 +152,12 @@ def forbidden_imports(graph: dict[str, set[str]], below: tuple[str, ...] = BELOW
                   for d in deps if d == banned or d.startswith(banned + "."))
 
 
+def leaf_imports(graph: dict[str, set[str]], leaves: tuple[str, ...] = LEAVES) -> list[tuple[str, str]]:
+    """(module, imported module) for each import of a leaf (the zoo, the CLI) from outside the leaves."""
+    return sorted((m, d) for m, deps in graph.items() if unit(m) not in leaves
+                  for d in deps if unit(d) in leaves)
+
+
 def main() -> None:
     ug = unit_graph(module_graph())
     for u in sorted(ug):
@@ -154,8 +167,11 @@ def main() -> None:
         print("CYCLE:", " <-> ".join(c))
     for m, d in forbidden_imports(module_graph()):
         print(f"FORBIDDEN: {m} imports {d}")
-    for c in cycles(unit_graph(module_graph(everywhere=True))):
+    full = module_graph(everywhere=True)
+    for c in cycles(unit_graph(full)):
         print("cycle through imports inside functions:", " <-> ".join(c))
+    for m, d in leaf_imports(full):
+        print(f"LEAF: {m} imports {d}")
 
 
 if __name__ == "__main__":

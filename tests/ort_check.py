@@ -10,8 +10,9 @@ import functools
 import numpy as np
 
 from onnxplan.executor.compare import compare_results
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import execute, initial_parameters, step_batches
+from onnxplan.loading import open_step
 from onnxplan.offsets import plan_offsets
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import PlannedBuffer
@@ -33,7 +34,7 @@ ATTENTION = ("transformer", "gpt")
 
 @functools.cache
 def _loaded(model: str, optimizer: str):
-    folder, graph = load_request(small_artifacts(model, optimizer))
+    folder, graph = open_step(small_artifacts(model, optimizer))
     return folder, graph, initial_parameters(folder), step_batches(folder, STEPS, 0)
 
 

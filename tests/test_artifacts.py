@@ -10,10 +10,11 @@ import numpy as np
 import onnx
 import pytest
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
+from onnxplan import settings
 from onnxplan.errors import DynamicDimError, ModelError, UsageError
-from onnxplan.models import ForwardModel, InputSpec, get_model, list_models
-
+from onnxplan.forward.spec import ForwardModel, InputSpec
+from onnxplan.models import get_model, list_models
 from tests.zoo_small import SMALL, small
 
 
@@ -126,10 +127,12 @@ def test_incomplete_cache_entry_is_rebuilt(tmp_path):
 
 def test_default_cache_dir_honours_env(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "c"))
+    settings.reload()  # the environment changed: read it again
     assert art.default_cache_dir() == tmp_path / "c"
     d = art.build_artifacts(small("mlp"), None)
     assert d.parent == tmp_path / "c"
     monkeypatch.delenv("ONNXPLAN_CACHE")
+    settings.reload()  # the environment changed: read it again
     assert art.default_cache_dir() == Path.home() / ".cache" / "onnxplan" / "artifacts"
 
 

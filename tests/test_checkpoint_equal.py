@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from onnxplan.budget import plan_with_checkpoint
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
+from onnxplan.loading import open_step
 from onnxplan.planning import PlanOptions
 from tests.zoo_small import SMALL, least_rotor_code, small_artifacts
 
@@ -39,7 +40,7 @@ def test_recomputation_changes_no_number(baseline, policy):
         reruns = len(ops) > 2 * length  # some stage runs again: its copies are in the plan
         assert reruns == any(n.endswith("@rc1") for n in res.plan.order)
     else:
-        loaded, graph = load_request(str(folder))
+        loaded, graph = open_step(str(folder))
         out = plan_with_checkpoint(graph, OPTS, policy)
         res = run_plan(str(folder), steps=3, prepared=Prepared(loaded, out.graph, out.plan))
     np.testing.assert_allclose(res.losses, base.losses, rtol=1e-6, atol=0, err_msg=f"{name} {policy} loss")

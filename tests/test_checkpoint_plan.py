@@ -11,16 +11,17 @@ from typer.testing import CliRunner
 from onnxplan.budget import fit_budget, plan_with_checkpoint
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
+from onnxplan.loading import load_step
+from onnxplan.loading.request import LoadRequest
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
-from onnxplan.resolve import ModelRequest, load_model
 
 OPTS = PlanOptions(planner="best-fit")
 
 
 @pytest.fixture(scope="module")
 def transformer():
-    return load_model(ModelRequest("transformer", batch=16))
+    return load_step(LoadRequest("transformer", batch=16))
 
 
 @pytest.fixture(scope="module")

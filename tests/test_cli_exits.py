@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+from onnxplan import settings
 from onnxplan.cli.app import app
 from tests.cli_asserts import assert_one_line_error
 
@@ -221,6 +222,7 @@ def test_plan_shows_progress_in_logs(monkeypatch):
     import onnxplan.progress as progress
 
     monkeypatch.setenv("ONNXPLAN_PROGRESS", "lines")
+    settings.reload()  # the environment changed: read it again
     monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     monkeypatch.setattr(progress, "_MIN_GAP", 0.0)
     r = _invoke("plan", "mlp", "--budget", "3.8MiB")

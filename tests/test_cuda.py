@@ -20,9 +20,10 @@ from onnxplan.cli.app import app
 from onnxplan.device import DevicePeak, array_module, cuda_available
 from onnxplan.errors import EXIT_USAGE, UsageError
 from onnxplan.executor.arena import Arena
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import execute, initial_parameters, step_batches
 from onnxplan.ir.tensor import TensorSpec
+from onnxplan.loading import open_step
 from onnxplan.planning import PlanOptions, plan_step
 from tests.ort_check import check_against_ort
 from tests.zoo_small import SMALL, least_rotor_code, small_artifacts
@@ -75,7 +76,7 @@ def test_measured_device_peak_is_the_planned_peak(cp, model):
     """The most device memory live CuPy arrays hold during the steps: the planned peak plus
     the two allocations' alignment slack and 512-byte rounding, and kernel temporaries that
     stay small (blocked loops of 64 KiB; cuBLAS's and reductions' own pool allocations)."""
-    folder, graph = load_request(small_artifacts(model))
+    folder, graph = open_step(small_artifacts(model))
     res = plan_step(graph, PlanOptions(planner="best-fit"))
     params, batches = initial_parameters(folder), step_batches(folder, 2, 0)
     with DevicePeak(cp) as peak:
@@ -90,7 +91,7 @@ def test_measured_device_peak_is_the_planned_peak(cp, model):
 @pytest.mark.parametrize("policy", ["on-demand", "proactive", "window"])
 def test_swap_on_gpu_is_bit_identical_to_no_swap(cp, policy):
     model = "vgg16"
-    folder, graph = load_request(small_artifacts(model, "sgd"))
+    folder, graph = open_step(small_artifacts(model, "sgd"))
     params, batches = initial_parameters(folder), step_batches(folder, 3, 0)
     out = {}
     for name in ("none", policy):
@@ -110,7 +111,7 @@ def test_swap_on_gpu_is_bit_identical_to_no_swap(cp, policy):
 @pytest.mark.parametrize("policy", ["sqrt", "rotor-least"])
 def test_recompute_on_gpu_equals_no_recompute(cp, policy):
     model = "resnet18"
-    folder, graph = load_request(small_artifacts(model))
+    folder, graph = open_step(small_artifacts(model))
     params, batches = initial_parameters(folder), step_batches(folder, 3, 0)
     opts = PlanOptions(planner="best-fit")
     none = plan_step(graph, opts)
@@ -163,7 +164,7 @@ def test_scatter_add_on_gpu_is_deterministic_and_numpys_order(cp, pre, post):
 @gpu
 def test_checkpoint_profile_times_the_gpu_kernels():
     """With device cuda the profile behind rotor runs our kernels on the GPU (its note says so)."""
-    folder, graph = load_request(small_artifacts("resnet18"))
+    folder, graph = open_step(small_artifacts("resnet18"))
     res = plan_for_budget(graph, PlanOptions(planner="best-fit"), MemoryRequest(checkpoint="rotor"),
                           ProfiledCosts("cuda"))
     notes = res.plan.checkpoint.notes

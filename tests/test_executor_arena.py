@@ -12,8 +12,9 @@ import pytest
 from onnxplan.errors import ModelError
 from onnxplan.executor import ArenaCheckError, Executor, adopt_plan, run_plan
 from onnxplan.executor.arena import Arena
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import initial_parameters, step_batches
+from onnxplan.loading import open_step
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step
@@ -29,7 +30,7 @@ STEP_ALLOWANCE_BYTES = 8 * 64 * 1024
 
 def _prepared(model: str, optimizer: str | None = None, opts: PlanOptions | None = None):
     opts = opts or PlanOptions("given", "best-fit")
-    folder, graph = load_request(small_artifacts(model, optimizer))
+    folder, graph = open_step(small_artifacts(model, optimizer))
     out = plan_step(graph, opts)
     return Prepared(folder, out.graph, out.plan)
 
@@ -72,13 +73,13 @@ def test_no_tensor_sized_allocation_during_a_step(model, interleave):
 
 @pytest.mark.parametrize("model", slow_if_large(["transformer", "vgg16"]))
 def test_step_allocations_do_not_grow_with_the_tensors(model):
-    from onnxplan.artifacts import build_artifacts
+    from onnxplan.loading.artifacts import build_artifacts
     from onnxplan.models import get_model
 
     peaks, largest = [], []
     for scale in (1, 4):
         kw = {**SMALL[model], "batch": SMALL[model]["batch"] * scale}
-        folder, graph = load_request(build_artifacts(get_model(model).builder(**kw), None, optimizer="sgd"))
+        folder, graph = open_step(build_artifacts(get_model(model).builder(**kw), None, optimizer="sgd"))
         out = plan_step(graph, PlanOptions("given", "best-fit"))
         peaks.append(_step_peak(Prepared(folder, out.graph, out.plan)))
         largest.append(max(b.bytes for b in out.plan.buffers if b.vclass == "activation"))
@@ -160,15 +161,15 @@ def test_a_plan_survives_json_and_is_adopted():
 
 
 def test_adopt_plan_refuses_another_model_or_shape():
-    from onnxplan.artifacts import build_artifacts
+    from onnxplan.loading.artifacts import build_artifacts
     from onnxplan.models import get_model
 
     plan = _prepared("mlp", "sgd").plan
-    _, same = load_request(small_artifacts("mlp", "sgd"))
-    _, other = load_request(small_artifacts("nnt-fc3", "sgd"))
+    _, same = open_step(small_artifacts("mlp", "sgd"))
+    _, other = open_step(small_artifacts("nnt-fc3", "sgd"))
     with pytest.raises(ModelError, match="the plan is for model 'mlp'"):
         adopt_plan(other, plan)
-    _, bigger = load_request(build_artifacts(get_model("mlp").builder(batch=8), None, optimizer="sgd"))
+    _, bigger = open_step(build_artifacts(get_model("mlp").builder(batch=8), None, optimizer="sgd"))
     with pytest.raises(ModelError, match="does not match"):  # other artifacts: other node names
         adopt_plan(bigger, plan)
     x = next(b for b in plan.buffers if b.name == "x")
@@ -188,7 +189,7 @@ def test_state_updates_are_written_back_when_not_aliased(monkeypatch):
 
     prep = _prepared("mlp", "sgd", PlanOptions("given", "best-fit", False))
     monkeypatch.setattr(planning, "pipeline_names", lambda opts: ["realize"])
-    folder, graph = load_request(small_artifacts("mlp", "sgd"))
+    folder, graph = open_step(small_artifacts("mlp", "sgd"))
     out = plan_step(graph, PlanOptions("given", "best-fit", False))
     monkeypatch.undo()
     assert not any(n.aliases for n in out.graph.nodes if n.op_type == "SGDOptimizerV2")

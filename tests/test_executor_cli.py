@@ -76,7 +76,8 @@ def test_check_arena_catches_a_plan_freeing_a_buffer_early(mlp, mlp_plan, tmp_pa
     """A plan file that lies about a life is refused when loaded; the same plan handed to the
     executor directly (as a planner bug would) runs, unless the arena is checked."""
     from onnxplan.executor import ArenaCheckError, adopt_plan, run_plan
-    from onnxplan.executor.prepare import Prepared, load_request
+    from onnxplan.executor.prepare import Prepared
+    from onnxplan.loading import open_step
     from onnxplan.plan import Plan
 
     plan = json.loads(Path(mlp_plan).read_text())
@@ -85,7 +86,7 @@ def test_check_arena_catches_a_plan_freeing_a_buffer_early(mlp, mlp_plan, tmp_pa
     path = tmp_path / "early.json"
     path.write_text(json.dumps(plan))
     _one_line_error(_run(mlp, "--plan", str(path), "--no-measure"), 2, "derived from the order")
-    folder, graph = load_request(mlp)
+    folder, graph = open_step(mlp)
     prepared = Prepared(folder, adopt_plan(graph, Plan.load(mlp_plan)), Plan.from_json(plan))
     run_plan(None, prepared=prepared, steps=1)
     with pytest.raises(ArenaCheckError, match=f"outside the planned life EO {victim['first_eo']}..{victim['last_eo']} "

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
 from onnxplan.forward import prepare_forward
 from onnxplan.forward.decompose import DECOMPOSITIONS, decompose
 from onnxplan.forward.gradients import has_gradient

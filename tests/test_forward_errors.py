@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
+from onnxplan import settings
 from onnxplan.cli.app import app
 
 runner = CliRunner()
@@ -58,6 +59,7 @@ def test_untrainable_forward_model_is_one_line(act, opset, needle, tmp_path, mon
     skip). The ORT build failures onnxplan cannot foresee are cached: the test below."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("ONNXPLAN_CACHE", str(cache))
+    settings.reload()  # the environment changed: read it again
 
     def no_build(*args, **kwargs):
         raise AssertionError("generate_artifacts called for a model onnxplan refuses itself")
@@ -72,6 +74,7 @@ def test_untrainable_forward_model_is_one_line(act, opset, needle, tmp_path, mon
 def test_ort_build_failure_is_cached(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("ONNXPLAN_CACHE", str(cache))
+    settings.reload()  # the environment changed: read it again
     # a com.microsoft op ORT does not have, off the gradient path: only ORT itself can refuse it
     path = _forward(tmp_path / "net.onnx", ("com.microsoft", "NoSuchOp"), on_path=False)
     first = _fails(path, "NoSuchOp")

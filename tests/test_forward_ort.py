@@ -11,13 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxplan.artifacts as art
+import onnxplan.loading.artifacts as art
 from onnxplan.errors import ModelError
 from onnxplan.forward.gradients import GRADIENT_OPS, ZERO_GRADIENT_OPS
-from onnxplan.forward.ort_errors import ort_cause
-from onnxplan.models import ForwardModel, InputSpec
-from onnxplan.models._spec import labels_for_output
-
+from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
+from onnxplan.ort import ort_cause
 from tests.zoo_small import small_artifacts
 
 UNARY = ["Abs", "Acos", "Asin", "Atan", "Cos", "Cosh", "Elu", "Erf", "Exp", "HardSigmoid", "HardSwish",

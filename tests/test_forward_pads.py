@@ -13,11 +13,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxplan.artifacts import generate_from_onnx
 from onnxplan.errors import ModelError
 from onnxplan.forward import prepare
 from onnxplan.forward.pads import explicit_auto_pads
 from onnxplan.ir.load import ACC_SUFFIX, RESET_FLAG
+from onnxplan.loading.artifacts import generate_from_onnx
 from onnxplan.verification.ort_step import OrtTrainingStep, explicit_conv_grad_pads
 
 X_SHAPE = (2, 4, 9, 9)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from onnxplan import settings
 from tests.fuzz_models import base_folders, check_model, run_case, summary
 
 CASES = 240
@@ -44,5 +45,6 @@ def test_the_harness_sees_a_bug(monkeypatch, bases):
     assert codes == (4,) and "inspect: exit 4" in problem and "ZeroDivisionError: planted" in problem
     monkeypatch.setattr(core, "EXIT_BUG", 0)  # a traceback with exit 0 is still a problem
     monkeypatch.setenv("ONNXPLAN_DEBUG", "1")
+    settings.reload()  # the environment changed: read it again
     codes, problem = check_model(model, [])
     assert codes == (0,) and problem is not None and problem.startswith("inspect: exit 0")

@@ -1,5 +1,6 @@
-"""The import graph of the package (tests/import_graph.py, module-level imports from the source):
-no cycle between subpackages; planning and what it is built from never import the executor."""
+"""The import graph of the package (tests/import_graph.py, from the source): no cycle between
+subpackages, imports inside functions included; planning and what it is built from never import
+the executor; the zoo (models/) and the CLI (cli/) are leaves nothing in the library imports."""
 
 from __future__ import annotations
 
@@ -9,6 +10,29 @@ from tests import import_graph as ig
 def test_no_cycle_between_subpackages():
     found = ig.cycles(ig.unit_graph(ig.module_graph()))
     assert not found, f"import cycles between subpackages: {found}"
+
+
+def test_no_cycle_between_subpackages_through_imports_inside_functions():
+    found = ig.cycles(ig.unit_graph(ig.module_graph(everywhere=True)))
+    assert not found, f"import cycles between subpackages (imports inside functions included): {found}"
+
+
+def test_the_zoo_and_the_cli_are_leaves():
+    """No library module imports onnxplan.models or onnxplan.cli, not even inside a function:
+    the library finds zoo models through a registered source (onnxplan.loading.zoo)."""
+    bad = ig.leaf_imports(ig.module_graph(everywhere=True))
+    assert not bad, f"library modules importing the zoo or the CLI: {bad}"
+
+
+def test_a_planted_leaf_import_inside_a_function_is_caught():
+    known = {"onnxplan.resolve", "onnxplan.models", "onnxplan.models.hf", "onnxplan.cli.app"}
+    source = "def f():\n    from onnxplan.models.hf import export\n"
+    assert ig.imports_of("onnxplan.resolve", source, known) == set()
+    seen = ig.imports_of("onnxplan.resolve", source, known, everywhere=True)
+    assert seen == {"onnxplan.models.hf"}
+    graph = {"onnxplan.resolve": seen, "onnxplan.models.hf": {"onnxplan.resolve"}, "onnxplan.cli.app": {"onnxplan.models"}}
+    assert ig.leaf_imports(graph) == [("onnxplan.resolve", "onnxplan.models.hf")]
+    assert ig.cycles(ig.unit_graph(graph)) == [["onnxplan.models", "onnxplan.resolve"]]
 
 
 def test_planning_layers_do_not_import_the_executor():

@@ -181,9 +181,9 @@ def test_model_peak_bounds_the_lowered_order():
 def test_not_slower_than_rotor_at_its_memory(name):
     """At the model memory of a rotor schedule, the DAG solver's recomputation costs at most
     rotor's (same costs)."""
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
 
-    prob = build_problem(_pre(load_step(small_artifacts(name))))
+    prob = build_problem(_pre(read_step(small_artifacts(name))))
     cols = RotorColumns(prob, None)
     rotor = cols.at(cols.lo + (cols.tab.slots - cols.lo) // 3)
     budget = memory(prob, rotor)[0]
@@ -197,11 +197,11 @@ def test_not_slower_than_rotor_at_its_memory(name):
 
 def _joint_run_equals_plain(name: str, fraction: float, steps: int = 3):
     from onnxplan.executor.runner import run_plan
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.fit import plan_joint
 
     folder = small_artifacts(name)
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(fraction * plain.plan.arena_bytes)
     out, sched = plan_joint(graph, budget, OPTS, time_limit=60, deterministic_limit=DTIME, rounds=2,
@@ -227,12 +227,12 @@ def _joint_paging_run_equals_plain(name: str, fraction: float, steps: int = 3):
     """The joint strategy with paging (a slow store: page-ins issued early, writes held) and the
     swap module on top below the model's floor, as a plan file, runs as the plain plan."""
     from onnxplan.executor.runner import run_plan
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.fit import plan_joint
     from onnxplan.plan import Plan
 
     folder = small_artifacts(name)
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(fraction * plain.plan.arena_bytes)
     costly = {n.name: 1e-3 for n in graph.nodes}  # recomputing costs more than paging's handling
@@ -265,11 +265,11 @@ def test_joint_swaps_run_equals_plain():
     """With a fast swap store the solver pages buffers out and in; the plan (swap nodes from
     the swap passes, replayed from the plan's records) runs bit for bit as the plain plan."""
     from onnxplan.executor.runner import run_plan
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.fit import plan_joint
 
     folder = small_artifacts("transformer")
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     costly = {n.name: 1e-2 for n in graph.nodes}  # recomputing costs more than a transfer's handling
@@ -326,10 +326,10 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     from typer.testing import CliRunner
 
     from onnxplan.cli.app import app
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
 
     folder = small_artifacts("transformer")
-    plain = planning.plan_step(load_step(folder), planning.PlanOptions())
+    plain = planning.plan_step(read_step(folder), planning.PlanOptions())
     budget = str(plain.plan.persistent_bytes + int(0.85 * plain.plan.arena_bytes))
     p = tmp_path / "p.json"
     runner = CliRunner()
@@ -407,7 +407,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     import onnxplan.budget.joint as bj
     from onnxplan.budget import FlopCosts
     from onnxplan.executor.runner import run_plan
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.plan import Plan
     from onnxplan.swap.pricing import StoreRates
 
@@ -421,7 +421,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
 
     monkeypatch.setattr(bj, "step_price", planted)
     folder = small_artifacts("transformer")
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     seen = {}
@@ -448,13 +448,13 @@ def test_the_joint_solves_keep_to_their_total_deadline():
     The limits given to CP-SAT are checked, not the wall clock (machines are noisy)."""
     from onnxplan.budget import FlopCosts
     from onnxplan.budget.joint import plan_joint_strategy
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.fit import plan_joint
     from onnxplan.joint.solve import MIN_SOLVE_SECONDS
     from onnxplan.swap.pricing import StoreRates
 
     folder = small_artifacts("transformer")
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.6 * plain.plan.arena_bytes)
     out, _ = plan_joint(graph, budget, OPTS, swap_bandwidth=2.5e8, time_limit=10, rounds=3, total_seconds=2.0)
@@ -493,12 +493,12 @@ def test_joint_early_page_ins_run_equals_plain():
     while its write runs): the model never under-counts the lowered order's live bytes, and
     the plan, as a plan file, runs bit for bit as the plain plan."""
     from onnxplan.executor.runner import run_plan
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.fit import plan_joint
     from onnxplan.plan import Plan
 
     folder = small_artifacts("transformer")
-    graph = load_step(folder)
+    graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     costly = {n.name: 1e-3 for n in graph.nodes}
@@ -528,10 +528,10 @@ def test_joint_early_page_ins_run_equals_plain():
 def test_the_paging_warm_start_is_a_fitting_schedule_of_paging_alone():
     """page_hint pages buffers (no recomputation) until the model fits, each a valid schedule;
     a budget it cannot reach returns its best effort, still valid; the solver may start from it."""
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.hints import page_hint
 
-    prob = build_problem(_pre(load_step(small_artifacts("transformer"))), swap_min_bytes=1024, swap_bandwidth=1e9)
+    prob = build_problem(_pre(read_step(small_artifacts("transformer"))), swap_min_bytes=1024, swap_bandwidth=1e9)
     top = memory(prob, keep_all(prob))[0]
     budget = top - (top - prob.persistent) // 20
     d = page_hint(prob, budget, 1e9)
@@ -548,11 +548,11 @@ def test_a_paged_buffer_is_held_while_its_write_runs():
     """With a slow store a paged-out buffer's memory is held over the forward EOs whose compute
     hides its write (Buffer.held_until): the model counts it there as if kept, not after; the
     lowering frees it (its SwapOut) only after them."""
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.joint.lower import lower_swaps
     from onnxplan.joint.solve import JointSchedule
 
-    pre = _pre(load_step(small_artifacts("transformer")))
+    pre = _pre(read_step(small_artifacts("transformer")))
     costs = {n.name: 1e-3 for n in pre.nodes}
     prob = build_problem(pre, costs, swap_min_bytes=1024, swap_bandwidth=1e7)
     k, b = next((k, b) for k, b in enumerate(prob.buffers)
@@ -567,7 +567,7 @@ def test_a_paged_buffer_is_held_while_its_write_runs():
     for e in range(b.last_forward + 1, prob.n_forward):
         assert fwd_paged[e] == fwd_kept[e] - (b.nbytes if e > b.held_until else 0), e
     sched = JointSchedule(prob, paged, 1 << 40, memory(prob, paged)[0], 0.0, 0.0, 0.0, "GIVEN", 0.0, 0.0, "none")
-    out, missed = lower_swaps(planning.plan_step(load_step(small_artifacts("transformer")),
+    out, missed = lower_swaps(planning.plan_step(read_step(small_artifacts("transformer")),
                                                  replace(OPTS, recompute="")), sched, OPTS.planner)
     assert not missed
     order = list(out.plan.order)
@@ -580,10 +580,10 @@ def test_the_joint_strategy_breaks_a_tie_by_the_least_cpu(monkeypatch):
     swap, planted 1% slower than every other but with the least CPU); outside TIE, the fastest."""
     import onnxplan.budget.joint as bj
     from onnxplan.budget import FlopCosts
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.swap.pricing import StepPrice, StoreRates
 
-    graph = load_step(small_artifacts("transformer"))
+    graph = read_step(small_artifacts("transformer"))
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     for slower, winner in ((1 + bj.TIE / 2, "swap"), (1 + 2 * bj.TIE, None)):

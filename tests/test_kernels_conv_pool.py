@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from onnxplan import settings
 from onnxplan.kernels import conv as conv_module
 from onnxplan.kernels.pool import _empty_outputs, pool_window
 from tests.kernel_harness import (
@@ -220,7 +222,7 @@ def test_depthwise_by_taps_at_size(monkeypatch, x_shape, w_shape, attrs, torch_o
     """Depthwise convs large enough for the tap-by-tap path (default thresholds): Conv with and
     without a bias, and ConvGrad's dX, dW, dB, against ORT; on torch views (or channels-last copies
     for short rows) and in numpy."""
-    monkeypatch.setattr(conv_module._torch, "ENABLED", torch_on)
+    settings.use(replace(settings.current(), torch_kernels=torch_on))
     rng = np.random.default_rng(11)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
     (y,) = ort_run("Conv", [x, w, b], [("float32", None)], attrs)
@@ -285,7 +287,7 @@ def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
         monkeypatch.setattr(conv_module, "TAPS_MIN_ELEMS", 0)
         monkeypatch.setattr(conv_module, "TAPS_MIN_WIDTH", 1 << 30 if "last" in mode else 0)
     if mode == "by_taps_numpy":
-        monkeypatch.setattr(conv_module._torch, "ENABLED", False)
+        settings.use(replace(settings.current(), torch_kernels=False))
     x_shape, w_shape, attrs = _random_conv(seed)
     rng = np.random.default_rng(1000 + seed)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
@@ -592,7 +594,6 @@ def test_depthwise_plan_runs_with_torch_kernels_switched(monkeypatch, plan_torch
     with torch on (off) runs with it off (on) inside its arena, checked, and its first loss is the
     reference evaluator's."""
     from onnxplan.executor.runner import Executor
-    from onnxplan.kernels import _torch
     from onnxplan.planning import PlanOptions, plan_step
 
     rng = np.random.default_rng(41)
@@ -600,9 +601,9 @@ def test_depthwise_plan_runs_with_torch_kernels_switched(monkeypatch, plan_torch
     assert conv_module._by_taps(shape, w_shape, shape, 32, True)
     assert not conv_module._by_taps(shape, w_shape, shape, 32, False)
     w, x = randn(rng, *w_shape, scale=0.3), randn(rng, *shape)
-    monkeypatch.setattr(_torch, "ENABLED", plan_torch)
+    settings.use(replace(settings.current(), torch_kernels=plan_torch))
     res = plan_step(_depthwise_step(*shape[:3]), PlanOptions("given", "best-fit"))
-    monkeypatch.setattr(_torch, "ENABLED", not plan_torch)
+    settings.use(replace(settings.current(), torch_kernels=not plan_torch))
     ex = Executor(res.graph, res.plan, check_arena=True)
     ex.load_state({"W": w})
     losses = [ex.step({"x": x, "lr": np.array([1e-6], np.float32)}) for _ in range(2)]

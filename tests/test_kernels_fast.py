@@ -14,11 +14,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from onnxplan import settings
 from onnxplan.kernels import _torch
 from tests.kernel_harness import ATOL, MS, check, rand
 
@@ -99,7 +101,7 @@ def test_torch_path_at_every_size(monkeypatch):
     assert _torch.usable(np, x, x)
     assert not _torch.usable(np, x.astype(np.int64), x.astype(np.int64))
     assert not _torch.usable(np, x, x.T.copy().T)
-    monkeypatch.setattr(_torch, "ENABLED", False)
+    settings.use(replace(settings.current(), torch_kernels=False))
     assert not _torch.usable(np, x, x)
 
 
@@ -107,7 +109,7 @@ def test_torch_path_at_every_size(monkeypatch):
                                 "QuickGelu", "QuickGeluGrad", "FastGeluGrad", "Transpose"])
 def test_numpy_path_still_matches(monkeypatch, op):
     """The numpy kernels (torch off; also the GPU path) keep their references and tolerances."""
-    monkeypatch.setattr(_torch, "ENABLED", False)
+    settings.use(replace(settings.current(), torch_kernels=False))
     x = rand(6, 16, lo=-5, hi=5)
     domain = "" if op in ("Erf", "Softmax", "LogSoftmax", "Transpose") else MS
     attrs = {"axis": -1} if "Softmax" in op else {"alpha": 1.0} if op.startswith("QuickGelu") else None

@@ -16,8 +16,8 @@ from onnxplan.data import read_input_specs
 from onnxplan.errors import UsageError
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import initial_parameters, step_batches
+from onnxplan.forward.spec import InputSpec, labels_for_output, losses_for
 from onnxplan.losses import IGNORE_INDEX
-from onnxplan.models._spec import InputSpec, labels_for_output, losses_for
 from onnxplan.verification.ort_step import OrtTrainingStep
 from onnxplan.verification.step_check import verify_run
 

@@ -238,10 +238,11 @@ def test_ilp_with_inputs_only_read_late_and_reader_created_buffers():
 def mlp_steps():
     """The zoo `mlp` (batch 8) as loaded, and after realize / interleave / in-place."""
     from onnxplan.ir.analysis import alias_roots
+    from onnxplan.loading import load_step
+    from onnxplan.loading.request import LoadRequest
     from onnxplan.passes import run_pipeline
-    from onnxplan.resolve import ModelRequest, load_model
 
-    raw = load_model(ModelRequest("mlp", batch=8))
+    raw = load_step(LoadRequest("mlp", batch=8))
     rewritten, _ = run_pipeline(raw, ["realize", "interleave", "inplace"])
     return {"raw": (raw, None), "rewritten": (rewritten, alias_roots(rewritten))}
 

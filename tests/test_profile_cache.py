@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 import onnxplan
+from onnxplan import settings
 from onnxplan.budget import MemoryRequest, ProfiledCosts, plan_for_budget
 from onnxplan.executor import profile
 from onnxplan.planning import PlanOptions, plan_step
@@ -28,6 +29,7 @@ def cache(tmp_path, monkeypatch):
     """A profile cache of this test's own, and an empty in-process cache (as in a new process)."""
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path))
     monkeypatch.delenv(profile.PROFILE_CACHE_ENV, raising=False)
+    settings.reload()
     monkeypatch.setattr(profile, "_CACHE", {})
     return tmp_path
 
@@ -67,6 +69,7 @@ def test_another_key_misses(step, cache, monkeypatch):
         tm, note = profile.profile_times(graph, **kwargs)
         assert tm.source == "flops" and "planted: the executor ran" in note, kwargs
     monkeypatch.setenv(profile.PROFILE_CACHE_ENV, "off")
+    settings.reload()
     tm, note = profile.profile_times(step, threads=1)
     assert tm.source == "flops" and "planted" in note
 

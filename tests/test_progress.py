@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onnxplan import progress as progress_module
+from onnxplan import settings
 from onnxplan.cli.app import app
 from onnxplan.progress import Progress, solve_cp_sat
 
@@ -16,6 +17,7 @@ runner = CliRunner()
 def eager(monkeypatch):
     """Lines mode with no quiet period: every item change prints."""
     monkeypatch.setenv("ONNXPLAN_PROGRESS", "lines")
+    settings.reload()  # the environment changed: read it again
     monkeypatch.setattr(progress_module, "QUIET_SECONDS", 0.0)
     monkeypatch.setattr(progress_module, "_MIN_GAP", 0.0)
 
@@ -34,10 +36,12 @@ def test_lines_per_item_and_a_closing_line(eager, capsys):
 
 def test_quick_work_and_off_are_silent(monkeypatch, capsys):
     monkeypatch.setenv("ONNXPLAN_PROGRESS", "lines")
+    settings.reload()  # the environment changed: read it again
     with Progress("run") as p:
         p.update("planning")
         p.finish("done")
     monkeypatch.setenv("ONNXPLAN_PROGRESS", "off")
+    settings.reload()  # the environment changed: read it again
     monkeypatch.setattr(progress_module, "QUIET_SECONDS", 0.0)
     with Progress("run") as p:
         p.update("planning")
@@ -58,6 +62,7 @@ def test_a_heartbeat_while_one_item_runs_long(eager, monkeypatch, capsys):
 
 def test_nested_work_on_a_bar_does_not_open_a_second_display(monkeypatch):
     monkeypatch.setenv("ONNXPLAN_PROGRESS", "bar")
+    settings.reload()  # the environment changed: read it again
     with Progress("run") as outer:
         outer.update("planning")
         with Progress("ILP order") as inner:

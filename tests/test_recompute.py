@@ -12,7 +12,7 @@ from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, encode, seg
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import ModelError
 from onnxplan.ir.analysis import alias_roots, ancestor_sets
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.orders import check_order, memory_model
 from onnxplan.passes._infra import run_pipeline
 from tests.zoo_small import small_artifacts
@@ -22,7 +22,7 @@ MODELS = ["mlp", "transformer", "gpt", "resnet18", "vgg16", "nnt-conv-ac-fl"]
 
 @pytest.fixture(scope="module", params=MODELS)
 def pre(request):
-    g = load_step(small_artifacts(request.param))
+    g = read_step(small_artifacts(request.param))
     return run_pipeline(g, ["realize", "interleave"])[0]
 
 
@@ -100,7 +100,7 @@ def test_backward_reads_recomputed_values(pre):
 
 
 def test_batchnorm_copies_do_not_update_running_statistics():
-    g = run_pipeline(load_step(small_artifacts("resnet18")), ["realize", "interleave"])[0]
+    g = run_pipeline(read_step(small_artifacts("resnet18")), ["realize", "interleave"])[0]
     chain = build_chain(g)
     sched = Schedule(segments_schedule(chain.length, list(range(1, chain.length))), "each")
     out = apply_schedule(g, chain, sched).graph
@@ -119,7 +119,7 @@ def test_batchnorm_copies_do_not_update_running_statistics():
 
 
 def test_random_ops_are_never_recomputed():
-    g = run_pipeline(load_step(small_artifacts("mlp")), ["realize", "interleave"])[0]
+    g = run_pipeline(read_step(small_artifacts("mlp")), ["realize", "interleave"])[0]
     relu = next(n for n in g.nodes if n.op_type == "Relu" and n.phase == "forward")
     relu.op_type, relu.attrs = "Dropout", {"ratio": 0.1}  # a random op (never executed here)
     chain = build_chain(g)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.reference import run_reference
 from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
@@ -16,7 +16,7 @@ def test_reference_runs_three_steps(name):
     res = run_reference(folder, steps=3, seed=0)
     assert len(res.losses) == 3 and all(np.isfinite(res.losses))
     assert len(res.step_seconds) == 3 and all(s > 0 for s in res.step_seconds)
-    graph = load_step(folder)
+    graph = read_step(folder)
     params = [v for v in graph.values.values() if v.vclass.value == "parameter" and not v.name.endswith(".updated")]
     assert {p.name for p in params} == set(res.params)
     for p in params:

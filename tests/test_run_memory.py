@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from onnxplan import hostmem
 from onnxplan.cli.app import app
-from onnxplan.models import InputSpec
+from onnxplan.forward.spec import InputSpec
 
 runner = CliRunner()
 
@@ -38,7 +38,7 @@ def test_run_refuses_what_does_not_fit_before_allocating(monkeypatch):
 
 def test_step_data_is_drawn_without_a_64_bit_copy_and_unchanged(monkeypatch):
     """Chunked draws give the numbers one draw of the whole shape gives."""
-    from onnxplan.models import _spec
+    from onnxplan.forward import spec as _spec
 
     monkeypatch.setattr(_spec, "_SAMPLE_CHUNK", 1000)
     for spec in (InputSpec("x", "float32", (37, 91), -1, 1), InputSpec("y", "int64", (5003,), 0, 10),

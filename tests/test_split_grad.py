@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from onnxplan.executor.runner import Executor, initial_parameters, step_batches
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.orders import memory_model
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.split_grad import split_grad
@@ -27,14 +27,14 @@ def _run(graph, folder, steps=3):
 
 def test_a_conv_without_dx_is_left_alone():
     """nnt-conv2d's one conv reads the step input: ORT computes no dX for it, nothing to split."""
-    g = load_step(small_artifacts("nnt-conv2d"))
+    g = read_step(small_artifacts("nnt-conv2d"))
     assert any(n.op_type == "ConvGrad" for n in g.nodes) and not split_grad(g).modified
 
 
 @pytest.mark.parametrize("name", CONV_NETS)
 def test_split_run_equals_fused_run_bit_for_bit(name):
     folder = small_artifacts(name)
-    g = load_step(folder)
+    g = read_step(folder)
     split = split_grad(g)
     assert split.modified and split_grad(split.graph).modified is False  # idempotent
     fused_nodes = [n for n in g.nodes if n.op_type == "ConvGrad" and n.outputs[0]]
@@ -53,7 +53,7 @@ def test_dx_half_does_not_read_x_and_lowers_the_working_set():
     """vgg16 (its first conv's gradient at 32x32): fused, X + dY + dX + dW are live at one node;
     split, no node holds both X and dX."""
     folder = small_artifacts("vgg16")
-    g = run_pipeline(load_step(folder), ["realize", "interleave"])[0]
+    g = run_pipeline(read_step(folder), ["realize", "interleave"])[0]
     s = split_grad(g).graph
 
     def widest(graph, ops):  # the most bytes one node of `ops` touches (transient buffers)
@@ -116,7 +116,7 @@ def test_split_grad_with_a_recompute_schedule_replays_and_changes_no_bit():
     from onnxplan.plan import Plan
 
     folder = small_artifacts("resnet18", "sgd")
-    g = load_step(folder)
+    g = read_step(folder)
     plain = plan_step(g, PlanOptions(planner="best-fit"))
     budget = int(plain.plan.peak_bytes * 0.8)
     res = plan_with_checkpoint(g, PlanOptions(planner="best-fit", split_grad=True, budget=budget), "rotor")
@@ -126,7 +126,7 @@ def test_split_grad_with_a_recompute_schedule_replays_and_changes_no_bit():
     import json
 
     loaded = Plan.from_json(json.loads(res.plan.dumps()))
-    graph = adopt_plan(load_step(folder), loaded)
+    graph = adopt_plan(read_step(folder), loaded)
 
     def run(graph, plan):
         ex = Executor(graph, plan)
@@ -146,7 +146,7 @@ def test_the_joint_solver_plans_a_recompute_schedule_on_the_split_graph():
     from onnxplan.joint import plan_joint
 
     folder = small_artifacts("resnet18", "sgd")
-    g = load_step(folder)
+    g = read_step(folder)
     plain = plan_step(g, PlanOptions(planner="best-fit", split_grad=True))
     out, sched = plan_joint(g, int(plain.plan.peak_bytes * 0.8), PlanOptions(planner="best-fit", split_grad=True),
                             time_limit=2.0, rounds=1, swap_on_top=False)

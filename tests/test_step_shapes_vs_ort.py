@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxplan.data import make_step_batch, read_input_specs
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 
@@ -43,7 +43,7 @@ def _ort_values(folder, graph):
 @pytest.mark.parametrize("name", slow_if_large(SMALL))
 def test_inferred_shapes_match_onnxruntime(name):
     folder = small_artifacts(name)
-    graph = load_step(folder)
+    graph = read_step(folder)
     assert graph.unshaped_values() == []
     actual = _ort_values(folder, graph)
     compared = 0

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from onnxplan.ir import ValueClass
+from onnxplan.ir.load import read_step
 from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
@@ -15,7 +16,6 @@ from onnxplan.planning import BudgetNotMet, PlanOptions, pipeline_names, plan_st
 from onnxplan.swap import is_swap_node, rewrite_graph, swap_model, swap_totals, verify_swaps
 from onnxplan.swap.policies import Window
 from onnxplan.verify import PlanError
-from onnxplan.ir.load import load_step
 from tests.graphs import linear_chain, three_linear_step
 from tests.zoo_small import small_artifacts
 
@@ -180,7 +180,7 @@ def test_the_floor_counts_the_nodes_scratch():
     """Below the least swap reaches, the floor names the node, its touched bytes and its kernel's
     scratch (nnt-conv2d's im2col columns set it) and the bound they make, which the floor reaches."""
     folder = small_artifacts("nnt-conv2d")
-    g = load_step(folder)
+    g = read_step(folder)
     with pytest.raises(BudgetNotMet) as miss:
         plan_step(g, PlanOptions(swap="auto", budget=1024))
     floor = miss.value.outcome.swap.floor

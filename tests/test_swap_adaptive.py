@@ -137,19 +137,19 @@ def test_adaptive_on_a_conv_net_equals_plain_and_keeps_its_measured_peak(tmp_pat
     the plain plan's (the lead is planned memory, nothing outside the plan)."""
     from onnxplan.budget import attempt
     from onnxplan.executor.measure import measure_run
-    from onnxplan.executor.prepare import load_request
-    from onnxplan.resolve import ModelRequest
+    from onnxplan.loading import open_step
+    from onnxplan.loading.request import LoadRequest
 
     folder = small_artifacts("vgg16")
     base = run_plan(folder, PlanOptions(), steps=3)
-    _, graph = load_request(folder)
+    _, graph = open_step(folder)
     floor = attempt(graph, PlanOptions(swap="reduced", budget=1, split_grad=True)).plan.peak_bytes
     budget = (floor + base.plan.peak_bytes) // 2
     got = run_plan(folder, PlanOptions(swap="adaptive", budget=budget, split_grad=True), steps=3, swap_dir=tmp_path)
     assert got.plan.swaps and got.plan.peak_bytes <= budget
     assert got.losses == base.losses
     assert all(np.array_equal(got.params[k], base.params[k]) for k in base.params)
-    req = ModelRequest(str(folder))
+    req = LoadRequest(str(folder))
     _, plain_rss = measure_run(req, PlanOptions(), steps=2)
     _, swap_rss = measure_run(req, PlanOptions(swap="adaptive", budget=budget, split_grad=True), steps=2)
     assert swap_rss - got.plan.peak_bytes <= plain_rss - base.plan.peak_bytes + (1 << 20)

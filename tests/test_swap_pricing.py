@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from onnxplan import settings
 from onnxplan.errors import UsageError
 from onnxplan.plan import PlannedSwap
 from onnxplan.swap import pricing
@@ -123,6 +124,7 @@ def test_the_store_bandwidth_is_measured_once_per_store_and_can_be_given(tmp_pat
     one-line usage error."""
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    settings.reload()  # the environment changed: read it again
     calls = []
 
     def fake(folder=None, nbytes=pricing.PROBE_BYTES, repeats=pricing.PROBE_REPEATS):
@@ -141,8 +143,10 @@ def test_the_store_bandwidth_is_measured_once_per_store_and_can_be_given(tmp_pat
     assert pricing.store_bandwidth(a, refresh=True) == 1e9 + 3
     assert pricing.store_bandwidth(a, override=5e8) == 5e8 and len(calls) == 3
     monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, "2e8")
+    settings.reload()  # the environment changed: read it again
     assert pricing.store_bandwidth(a) == 2e8 and len(calls) == 3
     monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, "fast")
+    settings.reload()  # the environment changed: read it again
     with pytest.raises(UsageError, match="ONNXPLAN_SWAP_BANDWIDTH"):
         pricing.store_rates(a)
 
@@ -181,6 +185,7 @@ def test_runs_move_the_kept_estimate_of_their_store(tmp_path, monkeypatch):
     (source "estimate"), without measuring."""
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    settings.reload()  # the environment changed: read it again
     monkeypatch.setattr(pricing, "measure_store", lambda *a, **k: pytest.fail("measured"))
     big = pricing.MIN_OBSERVED_BYTES
     assert pricing.record_transfers(tmp_path, big - 1, 1.0, 0.1) is None
@@ -227,6 +232,7 @@ def test_a_failed_write_of_the_cache_leaves_the_old_file_whole(tmp_path, monkeyp
     import os
 
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    settings.reload()  # the environment changed: read it again
     first = pricing.record_transfers(tmp_path, pricing.MIN_OBSERVED_BYTES, 0.01, 0.001)
     path = tmp_path / "cache" / pricing.CACHE_NAME
     before = path.read_text()
@@ -254,6 +260,7 @@ def test_a_swapped_run_updates_its_stores_estimate(tmp_path, monkeypatch):
     from tests.graphs import linear_chain
 
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
+    settings.reload()  # the environment changed: read it again
     monkeypatch.setattr(pricing, "MIN_OBSERVED_BYTES", 1)  # the chain moves a few KiB a step
     g = linear_chain()
     rng = np.random.default_rng(0)
@@ -283,6 +290,7 @@ def test_a_plan_is_priced_for_the_swap_dir_it_will_run_with(tmp_path, monkeypatc
 
     monkeypatch.setenv("ONNXPLAN_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(pricing.SWAP_BANDWIDTH_ENV, raising=False)
+    settings.reload()  # the environment changed: read it again
     fast, slow = tmp_path / "fast", tmp_path / "slow"
     fast.mkdir()
     slow.mkdir()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from onnxplan import threads
+from onnxplan import settings, threads
 from onnxplan.errors import UsageError
 
 
@@ -48,12 +48,15 @@ def test_every_pool_gets_the_count_asked(restore_threads):
 
 def test_the_default_is_every_core_this_process_may_use(restore_threads, monkeypatch):
     monkeypatch.delenv(threads.THREADS_ENV, raising=False)
+    settings.reload()  # the environment changed: read it again
     assert 1 <= threads.available_cores() <= len(os.sched_getaffinity(0))
     assert threads.use_threads(None).threads == threads.available_cores()
     assert threads.resolve_threads(None) == threads.available_cores()
     monkeypatch.setenv(threads.THREADS_ENV, "3")
+    settings.reload()  # the environment changed: read it again
     assert threads.resolve_threads(None) == 3 and threads.resolve_threads(1) == 1
     monkeypatch.setenv(threads.THREADS_ENV, "many")
+    settings.reload()  # the environment changed: read it again
     with pytest.raises(UsageError, match="ONNXPLAN_THREADS"):
         threads.resolve_threads(None)
 

@@ -32,7 +32,7 @@ def test_a_model_without_parameters_says_so(tmp_path):
 
 
 def test_models_build_help_names_the_cache_folder_in_use():
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
 
     r = runner.invoke(app, ["models", "build", "--help"], env={"ONNXPLAN_CACHE": ""})
     text = " ".join(r.stdout.split())

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from onnxplan.budget import MemoryRequest, plan_for_budget
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
 from onnxplan.kernels.registry import find_decl
+from onnxplan.loading import open_step
+from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.verification.step_check import verify_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def _prepared(name: str, batch: int, optimizer: str, *, swap: str | None = None, checkpoint: str | None = None,
               budget: int | None = None) -> Prepared:
-    folder, graph = load_request(ModelRequest(name, batch, optimizer))
+    folder, graph = open_step(LoadRequest(name, batch, optimizer))
     res = plan_for_budget(graph, PlanOptions(), MemoryRequest(budget if swap else None, swap, checkpoint=checkpoint))
     return Prepared(folder, res.graph, res.plan)
 
@@ -165,7 +166,7 @@ def dropout_model(tmp_path_factory):
     from onnxplan.executor.prepare import prepare
 
     path = _dropout_model(tmp_path_factory.mktemp("drop") / "drop.onnx")
-    return prepare(ModelRequest(path, 8, "adamw", "ce"), PlanOptions())
+    return prepare(LoadRequest(path, 8, "adamw", "ce"), PlanOptions())
 
 
 def test_dropout_model_verifies_with_ort_masks(dropout_model):

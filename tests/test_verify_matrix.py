@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from onnxplan.budget import MemoryRequest, plan_for_budget
-from onnxplan.executor.prepare import Prepared, load_request
+from onnxplan.executor.prepare import Prepared
+from onnxplan.loading import open_step
+from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.verification.step_check import verify_run
 
 SWAPS = ("on-demand", "reduced", "proactive", "window")
@@ -18,7 +19,7 @@ POLICIES = ("plain", *SWAPS, *CHECKPOINTS)
 
 
 def _verify(model: str, batch: int, optimizer: str, policy: str, steps: int = 2):
-    folder, graph = load_request(ModelRequest(model, batch, optimizer))
+    folder, graph = open_step(LoadRequest(model, batch, optimizer))
     swap = policy if policy in SWAPS else None
     res = plan_for_budget(graph, PlanOptions(), MemoryRequest(swap=swap,
                                                              checkpoint=policy if policy in CHECKPOINTS else None))

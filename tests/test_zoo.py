@@ -7,9 +7,8 @@ import onnx
 import pytest
 
 from onnxplan.errors import UsageError
+from onnxplan.forward.spec import ForwardModel, InputSpec
 from onnxplan.models import (
-    ForwardModel,
-    InputSpec,
     build_forward,
     build_gpt,
     build_transformer,

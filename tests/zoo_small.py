@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from onnxplan.models import ForwardModel, get_model
+from onnxplan.forward.spec import ForwardModel
+from onnxplan.models import get_model
 
 __all__ = ["LARGE", "SMALL", "least_rotor_code", "slow_if_large", "small", "small_artifacts"]
 
@@ -31,7 +32,7 @@ def small(name: str) -> ForwardModel:
 
 def small_artifacts(name: str, optimizer: str | None = None) -> Path:
     """The artifact folder (in the session's cache) of the small version of `name`."""
-    from onnxplan.artifacts import build_artifacts
+    from onnxplan.loading.artifacts import build_artifacts
 
     return build_artifacts(small(name), None, optimizer=optimizer or get_model(name).default_optimizer)
 
@@ -43,10 +44,10 @@ def least_rotor_code(folder) -> str:
     from onnxplan.checkpoint.chain import build_chain
     from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
     from onnxplan.checkpoint.schedule import encode
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
     from onnxplan.passes._infra import run_pipeline
 
-    pre = run_pipeline(load_step(folder), ["realize", "interleave"])[0]
+    pre = run_pipeline(read_step(folder), ["realize", "interleave"])[0]
     chain = build_chain(pre)
     tab = rotor_table_for_chain(chain.costs(), 300)
     return encode(rotor_schedule(tab, tab.min_feasible()).ops, chain.length)

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from onnxplan.artifacts import ARTIFACT_FILES
 from onnxplan.bench.measure import measure_plan
 from onnxplan.bench.peers import measure_peer
 from onnxplan.bench.results import peer_key, plan_key, row_key
@@ -29,13 +28,14 @@ from onnxplan.bench.sweep import (
     _peers_todo,
     _row_done,
     _start_run,
-    load_graph,
     model_meta,
     plan_entry,
     plan_one,
 )
 from onnxplan.errors import UsageError
-from onnxplan.resolve import resolve_artifacts
+from onnxplan.loading.artifacts import ARTIFACT_FILES
+from onnxplan.loading.resolve import resolve_artifacts
+from onnxplan.loading.step import step_at
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
 
@@ -93,7 +93,7 @@ def _model(config: BenchConfig, model: str, folder: str | None) -> tuple:
     if key not in _MODELS:
         here = folder is not None and all((Path(folder) / f).is_file() for f in ARTIFACT_FILES)
         folder = Path(folder) if here else resolve_artifacts(key)
-        _MODELS[key] = folder, model_meta(folder, config, model), load_graph(folder, config, model)
+        _MODELS[key] = folder, model_meta(folder, config, model), step_at(folder, key)
     return _MODELS[key]
 
 

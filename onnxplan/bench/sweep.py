@@ -18,9 +18,10 @@ from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.data import read_metadata
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.load import load_step
+from onnxplan.loading.request import LoadRequest
+from onnxplan.loading.resolve import resolve_artifacts
+from onnxplan.loading.step import step_at
 from onnxplan.planning import plan_step
-from onnxplan.resolve import ModelRequest, resolve_artifacts
 from onnxplan.threads import resolve_threads
 
 __all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
@@ -46,9 +47,9 @@ class BenchConfig:
     threads: int | None = None  # ours and the peers' (onnxplan.threads); None: every available core
 
     def request(self, model: str):
-        """The ModelRequest that resolves `model`'s artifacts."""
+        """The LoadRequest that resolves `model`'s artifacts."""
         opts = self.model_options.get(model, {})
-        return ModelRequest(model, opts.get("batch", self.batch), opts.get("optimizer"), opts.get("loss"),
+        return LoadRequest(model, opts.get("batch", self.batch), opts.get("optimizer"), opts.get("loss"),
                             tuple(sorted(opts.get("dims", {}).items())), train=tuple(self.train),
                             freeze=tuple(self.freeze))
 
@@ -101,11 +102,6 @@ def model_meta(folder, config: BenchConfig, model: str) -> dict:
         return read_metadata(folder)
     except OnnxplanError:  # a user's artifact folder from elsewhere: no onnxplan.json
         return {"batch": config.request(model).batch}
-
-
-def load_graph(folder, config: BenchConfig, model: str):
-    req = config.request(model)
-    return load_step(folder, dims=dict(req.dims) or None, batch=req.batch)
 
 
 def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
@@ -163,7 +159,7 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
                 continue
             advance(f"{model} {strategy.name}: planning", 0)
             if graph is None:
-                graph = load_graph(folder, config, model)
+                graph = step_at(folder, config.request(model))
             row, plan = plan_one(graph, model, meta, strategy, config)
             if config.measure:
                 twin = measured_plans.get(_fingerprint(plan))

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from onnxplan.executor.prepare import Prepared, prepare
+from onnxplan.loading.request import LoadRequest
 from onnxplan.memprobe import ProbeError, mark_baseline, probe_peak
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.threads import current as current_threads
 from onnxplan.threads import use_threads
 
@@ -34,7 +34,7 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
     from onnxplan.kernels import _torch
     from onnxplan.kernels.registry import _load_all
 
-    req = ModelRequest(folder, batch, dims=tuple((str(k), int(v)) for k, v in (dims or [])))
+    req = LoadRequest(folder, batch, dims=tuple((str(k), int(v)) for k, v in (dims or [])))
     plan = Plan.from_json(json.loads(sys.stdin.read())) if plan_path == "-" else Plan.load(plan_path)
     prep = prepare(req, plan)
     batches = step_batches(prep.folder, max(steps, warmup), seed)
@@ -52,7 +52,7 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
             "peak_bytes": prep.plan.peak_bytes, "swap": ex.swap.summary() if ex.swap is not None else None}
 
 
-def measure_run(folder_or_request: str | Path | ModelRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
+def measure_run(folder_or_request: str | Path | LoadRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
                 *, steps: int = 3, warmup: int = 0, seed: int = 0, learning_rate: float | None = None,
                 prepared: Prepared | None = None, timeout_s: float = 600.0,
                 threads: int | None = None) -> tuple[dict, int]:
@@ -62,7 +62,7 @@ def measure_run(folder_or_request: str | Path | ModelRequest, plan_options_or_pl
     peak_bytes (planned) and `probe` (baseline and peak RSS, method). The plan is made here
     (or given) and handed to the child as JSON on its stdin; the child re-checks it against the model.
     `threads` sizes the child's thread pools (onnxplan.threads; None: every available core)."""
-    req = folder_or_request if isinstance(folder_or_request, ModelRequest) else ModelRequest(str(folder_or_request))
+    req = folder_or_request if isinstance(folder_or_request, LoadRequest) else LoadRequest(str(folder_or_request))
     prep = prepared or prepare(req, plan_options_or_plan)
     kwargs = {"folder": str(Path(prep.folder).resolve()), "plan_path": "-", "steps": steps,
               "warmup": warmup, "seed": seed, "learning_rate": learning_rate, "batch": req.batch,

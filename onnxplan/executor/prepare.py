@@ -9,19 +9,17 @@ from onnxplan._version import __version__
 from onnxplan.errors import ModelError
 from onnxplan.ir.analysis import node_preds
 from onnxplan.ir.graph import StepGraph
-from onnxplan.ir.load import load_step
-from onnxplan.ir.metadata import read_metadata
+from onnxplan.loading import LoadRequest, open_step
 from onnxplan.offsets import align, lower_bound
 from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
-from onnxplan.resolve import ModelRequest, resolve_artifacts
 from onnxplan.swap.insert import rewrite_graph
 from onnxplan.swap.verify import verify_swap_records
 from onnxplan.verify import PlanError
 
-__all__ = ["Prepared", "adopt_plan", "check_plan_record", "load_request", "prepare"]
+__all__ = ["Prepared", "adopt_plan", "check_plan_record", "prepare"]
 
 
 @dataclass
@@ -31,14 +29,6 @@ class Prepared:
     folder: Path
     graph: StepGraph  # rewritten by the plan's passes
     plan: Plan
-
-
-def load_request(folder_or_request: str | Path | ModelRequest) -> tuple[Path, StepGraph]:
-    """The artifact folder and its step graph; a folder made by our builder supplies its batch."""
-    req = folder_or_request if isinstance(folder_or_request, ModelRequest) else ModelRequest(str(folder_or_request))
-    folder = resolve_artifacts(req)
-    batch = req.batch if req.batch is not None else read_metadata(folder, required=False).get("batch")
-    return folder, load_step(folder, dims=dict(req.dims), batch=batch)
 
 
 def adopt_plan(graph: StepGraph, plan: Plan) -> StepGraph:
@@ -164,10 +154,10 @@ def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
     return g
 
 
-def prepare(folder_or_request: str | Path | ModelRequest,
+def prepare(folder_or_request: str | Path | LoadRequest,
             plan_or_options: Plan | PlanOptions | None = None) -> Prepared:
     """Load the step, then plan it (PlanOptions) or adopt a given Plan."""
-    folder, graph = load_request(folder_or_request)
+    folder, graph = open_step(folder_or_request)
     if isinstance(plan_or_options, Plan):
         return Prepared(folder, adopt_plan(graph, plan_or_options), plan_or_options)
     outcome = plan_step(graph, plan_or_options or PlanOptions())

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.device import array_module
 from onnxplan.errors import OnnxplanError
@@ -35,7 +36,7 @@ from onnxplan.threads import resolve_threads, use_threads
 
 __all__ = ["DEFAULT_CLOCK", "PROFILE_CACHE_ENV", "profile_cache_path", "profile_times", "step_data"]
 
-PROFILE_CACHE_ENV = "ONNXPLAN_PROFILE_CACHE"  # "off" (or 0): no disk cache of profiles
+PROFILE_CACHE_ENV = settings.ENV["profile_cache"]  # "off" (or 0): no disk cache of profiles
 _FORMAT = 2  # the disk entry's layout: bump when it (or how a profile is measured) changes
 # a step whose first run (its arena touched beforehand) takes at least this long is profiled from
 # that run alone: its kernels take milliseconds each, so one timing is as good as the least of
@@ -151,7 +152,7 @@ def _disk_key(key: tuple, xp) -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     from onnxplan._version import __version__
-    from onnxplan.kernels import _torch, parallel, registry
+    from onnxplan.kernels import _torch, parallel
     from onnxplan.threads import WAIT_POLICY_ENV
 
     def pkg(name: str) -> str:
@@ -164,7 +165,8 @@ def _disk_key(key: tuple, xp) -> dict:
     return {"format": _FORMAT, "onnxplan": __version__, "numpy": np.__version__, "torch": pkg("torch"),
             "fingerprint": fingerprint, "inplace": inplace, "steps": steps, "clock": clock, "order": order,
             "device": device, "threads": threads, "processor": _processor(xp),
-            "kernels": {"torch": _torch.ENABLED, "bind": registry.BIND, "parallel_min_elems": parallel.MIN_ELEMS,
+            "kernels": {"torch": _torch.enabled(), "bind": settings.current().bind_kernels,
+                        "parallel_min_elems": parallel.MIN_ELEMS,
                         "omp_wait_policy": os.environ.get(WAIT_POLICY_ENV, "default")}}
 
 
@@ -186,9 +188,9 @@ def _processor(xp) -> str:
 def profile_cache_path(key: tuple, xp=np) -> Path | None:
     """The disk cache's file for a profile's `key` (profile_times' in-process key); None when
     the cache is turned off (ONNXPLAN_PROFILE_CACHE=off)."""
-    if os.environ.get(PROFILE_CACHE_ENV, "").strip().lower() in ("off", "0", "no", "false"):
+    if not settings.current().profile_cache:
         return None
-    from onnxplan.artifacts import default_cache_dir
+    from onnxplan.loading.artifacts import default_cache_dir
 
     text = json.dumps(_disk_key(key, xp), sort_keys=True)
     return default_cache_dir() / "profiles" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"

@@ -19,9 +19,9 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels import _xp
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
+from onnxplan.loading.request import LoadRequest
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
-from onnxplan.resolve import ModelRequest
 from onnxplan.threads import use_threads
 
 __all__ = [
@@ -366,7 +366,7 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
     return ex, losses, seconds
 
 
-def run_plan(folder_or_request: str | Path | ModelRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
+def run_plan(folder_or_request: str | Path | LoadRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
              *, steps: int = 3, warmup: int = 0, seed: int = 0, check_arena: bool = False,
              learning_rate: float | None = None, prepared: Prepared | None = None,
              threads: int | None = None, swap_dir: str | Path | None = None, xp: Any = np,

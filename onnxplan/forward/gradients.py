@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import onnx
 
-__all__ = ["ORT_TRAINING", "GRADIENT_OPS", "NON_DIFFERENTIABLE_INPUTS", "ZERO_GRADIENT_OPS",
-           "FLOAT_TYPES", "has_gradient", "differentiable_positions"]
+from onnxplan.ort import MS, ORT_TRAINING
 
-ORT_TRAINING = "onnxruntime-training 1.19.2"
+__all__ = [
+    "FLOAT_TYPES",
+    "GRADIENT_OPS",
+    "NON_DIFFERENTIABLE_INPUTS",
+    "ORT_TRAINING",
+    "ZERO_GRADIENT_OPS",
+    "differentiable_positions",
+    "has_gradient",
+]
+
 
 GRADIENT_OPS = frozenset("""
     Abs Add Sub Mul Div Neg Pow Sqrt Exp Log Reciprocal Sin Cos Tanh Sigmoid Erf Relu LeakyRelu
@@ -27,7 +35,7 @@ GRADIENT_OPS = frozenset("""
     Transpose Concat ConcatTraining Split Slice Gather GatherND GatherElements Expand Tile Pad
     Where TopK Identity ReduceMean ReduceSum ReduceL2 ReduceLogSumExp Resize Trilu ScatterND
     ScatterElements SoftmaxCrossEntropyLoss
-""".split())
+""".split())  # noqa: SIM905 - a table: one op name per word
 
 # input positions never differentiated (ORT's stop-gradient edges and index/shape inputs)
 NON_DIFFERENTIABLE_INPUTS: dict[str, frozenset[int]] = {
@@ -45,12 +53,12 @@ ZERO_GRADIENT_OPS = frozenset("""
     Shape Size ConstantOfShape Constant Equal Less Greater LessOrEqual GreaterOrEqual Not And Or
     Xor IsNaN IsInf NonZero ArgMax ArgMin Floor Ceil Round Sign Range OneHot RandomUniform
     RandomNormal RandomUniformLike RandomNormalLike Multinomial Bernoulli EyeLike
-""".split())
+""".split())  # noqa: SIM905 - a table: one op name per word
 
 FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                          onnx.TensorProto.BFLOAT16})
 
-_ORT_DOMAINS = ("", "ai.onnx", "com.microsoft")
+_ORT_DOMAINS = ("", "ai.onnx", MS)
 # builders registered for com.microsoft ops (ai.onnx Gelu of opset 20 is not the contrib Gelu)
 _CONTRIB_OPS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BatchNormInternal",
                           "SimplifiedLayerNormalization", "ConcatTraining"})
@@ -61,7 +69,7 @@ def has_gradient(node: onnx.NodeProto) -> bool:
     if node.op_type not in GRADIENT_OPS:
         return False
     if node.op_type in _CONTRIB_OPS:
-        return node.domain == "com.microsoft"
+        return node.domain == MS
     return node.domain in ("", "ai.onnx")
 
 

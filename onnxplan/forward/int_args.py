@@ -6,7 +6,7 @@ The proof is a small interval walk back from the ArgMax input through integer-va
 (Cast, comparisons and logic, Where, Mul/Add/Sub/Neg/Abs/Min/Max, Range, shape-only ops,
 constants);
 any other producer, a graph input, or an interval leaving its type's range means "unknown",
-and the node is left as it is (ONNX Runtime's refusal then names it: forward/ort_errors.py).
+and the node is left as it is (ONNX Runtime's refusal then names it: onnxplan/ort.py).
 """
 
 from __future__ import annotations

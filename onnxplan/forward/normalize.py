@@ -9,11 +9,11 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.forward._names import NameSource
 from onnxplan.forward.gradients import ORT_TRAINING
+from onnxplan.ort import RUNTIME_IR_VERSION
 
-__all__ = ["TARGET_OPSET", "RUNTIME_IR_VERSION", "KNOWN_DOMAINS", "default_opset", "normalize"]
+__all__ = ["KNOWN_DOMAINS", "RUNTIME_IR_VERSION", "TARGET_OPSET", "default_opset", "normalize"]
 
 TARGET_OPSET = 17  # the default-domain opset generate_artifacts handles (LayerNormalization needs 17)
-RUNTIME_IR_VERSION = 9
 # domains onnxruntime-training 1.19.2 has operators in
 KNOWN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc",
                  "ai.onnx.training", "ai.onnx.preview.training", "org.pytorch.aten")

@@ -12,7 +12,7 @@ without a gradient on their path. Everything is deterministic, so the artifact c
 from __future__ import annotations
 
 import copy
-from typing import Mapping
+from collections.abc import Mapping
 
 import onnx
 
@@ -24,8 +24,7 @@ from onnxplan.forward.normalize import convert_opset, normalize
 from onnxplan.forward.pads import explicit_auto_pads
 from onnxplan.forward.select import select_parameters, torch_kinds
 from onnxplan.forward.shapes import fix_shapes
-from onnxplan.models import ForwardModel, InputSpec
-from onnxplan.models._spec import labels_for_output
+from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
 
 __all__ = ["FORWARD_PREP_VERSION", "prepare_forward"]
 

@@ -14,8 +14,9 @@ from onnxplan.ir.graph import Node, StepGraph, Value, ValueClass
 from onnxplan.ir.metadata import read_metadata
 from onnxplan.ir.onnx_files import load_onnx
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from onnxplan.ort import CHECKPOINT, LEARNING_RATE, OPTIMIZER_MODEL, TRAINING_MODEL
 
-__all__ = ["load_step", "parameter_names", "input_spec", "tensor_array"]
+__all__ = ["input_spec", "parameter_names", "read_step", "tensor_array"]
 
 ACC_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
@@ -26,7 +27,7 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     """(trainable, frozen) parameter names, from the metadata or else the checkpoint."""
     if "trainable" in meta:
         return list(meta["trainable"]), list(meta.get("frozen", []))
-    ckpt = folder / "checkpoint"
+    ckpt = folder / CHECKPOINT
     if not ckpt.is_file():
         raise ModelError(f"{folder}: no checkpoint file and no onnxplan.json to name the parameters")
     from onnxruntime.training.api import CheckpointState  # slow import: only when needed
@@ -34,7 +35,7 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     try:
         state = CheckpointState.load_checkpoint(str(ckpt))
     except Exception as exc:  # noqa: BLE001 - ORT raises plain RuntimeErrors
-        from onnxplan.forward.ort_errors import ort_cause
+        from onnxplan.ort import ort_cause
 
         raise ModelError(f"{ckpt}: {ort_cause(str(exc))}") from None
     trainable = [name for name, p in state.parameters if p.requires_grad]
@@ -135,7 +136,7 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
     """The checkpoint must be readable and hold every parameter with the model's shape."""
     from onnxplan.ir.checkpoint_file import checkpoint_parameters
 
-    path = folder / "checkpoint"
+    path = folder / CHECKPOINT
     if not path.is_file():
         return  # resolve_artifacts refuses a folder without one
     stored = checkpoint_parameters(path)
@@ -147,27 +148,11 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
                              f"the model {list(known[name].shape)})")
 
 
-def load_step(
-    folder: Path | str, *, dims: dict[str, int] | None = None, batch: int | None = None
-) -> StepGraph:
-    """Join training_model.onnx and optimizer_model.onnx of `folder` into one StepGraph.
-
-    The optimizer's sequence inputs are flattened per parameter; InPlaceAccumulatorV2 gets
-    its optional second output (the updated buffer) so the optimizer reads gradients in SSA
-    form. Shapes come from the graph inputs and our static shape rules.
-    """
-    from onnxplan.ir.shapes import infer_shapes  # the rules are large: import on use
-
-    folder = Path(folder)
-    dims = dict(dims or {})
-    meta = read_metadata(folder, required=False)
-    train = load_onnx(folder / "training_model.onnx")
-    opt = load_onnx(folder / "optimizer_model.onnx")
-    trainable, frozen = parameter_names(folder, meta)
+def _graph_inputs(tg: onnx.GraphProto, path: Path, dims: dict[str, int], batch: int | None,
+                  trainable: list[str], frozen: list[str]) -> tuple[dict[str, Value], dict[str, TensorSpec],
+                                                                    dict[str, np.ndarray], list[str]]:
+    """The training graph's initializers and inputs: (values, specs, constant contents, step inputs)."""
     params = set(trainable) | set(frozen)
-    tg = train.graph
-    loss = tg.output[0].name
-
     values: dict[str, Value] = {}
     known: dict[str, TensorSpec] = {}
     constants: dict[str, np.ndarray] = {}
@@ -177,7 +162,7 @@ def load_step(
         values[t.name] = Value(t.name, None, ValueClass.CONSTANT)
     for vi in tg.input:
         if vi.name in known:
-            raise ModelError(f"{folder / 'training_model.onnx'}: graph input '{vi.name}' is listed twice")
+            raise ModelError(f"{path}: graph input '{vi.name}' is listed twice")
         spec = input_spec(vi, dims, batch)
         known[vi.name] = spec
         if vi.name in params:
@@ -190,12 +175,17 @@ def load_step(
         else:
             values[vi.name] = Value(vi.name, None, ValueClass.INPUT)
             step_inputs.append(vi.name)
-
     missing = [p for p in [*trainable, *frozen] if p not in known]
     if missing:
-        raise ModelError(f"{folder / 'training_model.onnx'}: parameter '{missing[0]}' is not a graph input"
+        raise ModelError(f"{path}: parameter '{missing[0]}' is not a graph input"
                          + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    _check_checkpoint(folder, params, known)
+    return values, known, constants, step_inputs
+
+
+def _training_nodes(tg: onnx.GraphProto, path: Path, loss: str,
+                    values: dict[str, Value]) -> tuple[list[Node], dict[str, str]]:
+    """The training graph's nodes (unique names, phases; InPlaceAccumulatorV2 with its updated
+    buffer as a second output), their outputs added to `values`; and accumulator -> updated name."""
     forward = _forward_nodes(list(tg.node), loss)
     nodes: list[Node] = []
     updated_grad: dict[str, str] = {}
@@ -211,12 +201,12 @@ def load_step(
         names.add(name)
         twice = next((o for o in outputs if o and o in produced), None)
         if twice is not None:
-            raise ModelError(f"{folder / 'training_model.onnx'}: value '{twice}' is produced twice (again by node "
+            raise ModelError(f"{path}: value '{twice}' is produced twice (again by node "
                              f"'{name}'); an ONNX graph assigns every value once")
         produced.update(o for o in outputs if o)
         if n.op_type == "InPlaceAccumulatorV2":
             if len(n.input) < 2 or len(n.output) < 1 or not n.input[0] or not n.input[1]:
-                raise ModelError(f"{folder / 'training_model.onnx'}: node '{name}' (InPlaceAccumulatorV2) needs a "
+                raise ModelError(f"{path}: node '{name}' (InPlaceAccumulatorV2) needs a "
                                  f"buffer and a gradient input and an output")
             buf = n.input[0]
             updated_grad[buf] = f"{buf}.updated"
@@ -232,36 +222,38 @@ def load_step(
             else:
                 vc = ValueClass.ACTIVATION if n.phase == "forward" else ValueClass.TEMPORARY
             values[o] = Value(o, None, vc)
+    return nodes, updated_grad
 
-    opt_node = _optimizer_node(opt, folder / "optimizer_model.onnx")
+
+def _optimizer_step(opt: onnx.ModelProto, folder: Path, trainable: list[str], updated_grad: dict[str, str],
+                    lr_spec: TensorSpec, values: dict[str, Value], known: dict[str, TensorSpec]) -> tuple[Node, list[str]]:
+    """The optimizer as one node over every trainable parameter (its state values added to
+    `values` and `known`), and the step's state outputs (updated moments)."""
+    opt_node = _optimizer_node(opt, folder / OPTIMIZER_MODEL)
     kind = OPTIMIZER_OPS[opt_node.op_type]
     grads = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
     if None in grads:
         missing = trainable[grads.index(None)]
         raise ModelError(f"{folder}: trainable parameter '{missing}' has no gradient accumulator")
-    lr_spec = next((input_spec(vi, dims, batch) for vi in opt.graph.input if vi.name == "learning_rate"),
-                   TensorSpec("float32", (1,)))
-    known["learning_rate"] = lr_spec
-    values["learning_rate"] = Value("learning_rate", None, ValueClass.INPUT)
+    known[LEARNING_RATE] = lr_spec
+    values[LEARNING_RATE] = Value(LEARNING_RATE, None, ValueClass.INPUT)
     p_out = [f"{p}.updated" for p in trainable]
+    m = [f"{p}.exp_avg" for p in trainable]
+    v = [f"{p}.exp_avg_sq" for p in trainable]
     if kind == "AdamW":
         known["step"] = TensorSpec("int64", (1,))
         values["step"] = Value("step", None, ValueClass.OPTIMIZER_STATE)
-        m = [f"{p}.exp_avg" for p in trainable]
-        v = [f"{p}.exp_avg_sq" for p in trainable]
-        for name, p in zip(m + v, trainable + trainable):
+        for name in m + v:
             values[name] = Value(name, None, ValueClass.OPTIMIZER_STATE)
-        opt_inputs = ["learning_rate", "step", *trainable, *grads, *m, *v]
-        opt_outputs = ["optimizer.updated_flag", *p_out, *[x + ".updated" for x in m + v]]
+        opt_inputs = [LEARNING_RATE, "step", *trainable, *grads, *m, *v]
         state_outputs = [x + ".updated" for x in m + v]
     else:
-        opt_inputs = ["learning_rate", *trainable, *grads]
-        opt_outputs = ["optimizer.updated_flag", *p_out]
+        opt_inputs = [LEARNING_RATE, *trainable, *grads]
         state_outputs = []
     attrs = _attrs(opt_node)
     attrs["num_params"] = len(trainable)
-    nodes.append(Node(opt_node.name or opt_node.op_type, opt_node.op_type, opt_node.domain,
-                      opt_inputs, opt_outputs, attrs, "optimizer"))
+    node = Node(opt_node.name or opt_node.op_type, opt_node.op_type, opt_node.domain,
+                opt_inputs, ["optimizer.updated_flag", *p_out, *state_outputs], attrs, "optimizer")
     values["optimizer.updated_flag"] = Value("optimizer.updated_flag", None, ValueClass.TEMPORARY)
     for name in p_out:
         values[name] = Value(name, None, ValueClass.PARAMETER, trainable=True)
@@ -270,7 +262,35 @@ def load_step(
     if kind == "AdamW":  # moments have their parameter's spec
         for p, mm, vv in zip(trainable, m, v):
             known[mm] = known[vv] = known[p]
+    return node, state_outputs
 
+
+def read_step(
+    folder: Path | str, *, dims: dict[str, int] | None = None, batch: int | None = None
+) -> StepGraph:
+    """Join training_model.onnx and optimizer_model.onnx of `folder` into one StepGraph.
+
+    The optimizer's sequence inputs are flattened per parameter; InPlaceAccumulatorV2 gets
+    its optional second output (the updated buffer) so the optimizer reads gradients in SSA
+    form. Shapes come from the graph inputs and our static shape rules.
+    """
+    from onnxplan.ir.shapes import infer_shapes  # the rules are large: import on use
+
+    folder = Path(folder)
+    dims = dict(dims or {})
+    meta = read_metadata(folder, required=False)
+    train = load_onnx(folder / TRAINING_MODEL)
+    opt = load_onnx(folder / OPTIMIZER_MODEL)
+    trainable, frozen = parameter_names(folder, meta)
+    tg = train.graph
+    loss = tg.output[0].name
+    values, known, constants, step_inputs = _graph_inputs(tg, folder / TRAINING_MODEL, dims, batch, trainable, frozen)
+    _check_checkpoint(folder, set(trainable) | set(frozen), known)
+    nodes, updated_grad = _training_nodes(tg, folder / TRAINING_MODEL, loss, values)
+    lr_spec = next((input_spec(vi, dims, batch) for vi in opt.graph.input if vi.name == LEARNING_RATE),
+                   TensorSpec("float32", (1,)))
+    opt_node, state_outputs = _optimizer_step(opt, folder, trainable, updated_grad, lr_spec, values, known)
+    nodes.append(opt_node)
     opsets = {o.domain: o.version for o in train.opset_import}
     for o in opt.opset_import:
         opsets.setdefault(o.domain, o.version)
@@ -282,11 +302,12 @@ def load_step(
         name=meta.get("model", folder.name),
         nodes=nodes,
         values=values,
-        inputs=step_inputs + ["learning_rate"],
-        outputs=[loss, *p_out, *state_outputs],
+        inputs=step_inputs + [LEARNING_RATE],
+        outputs=[loss, *(f"{p}.updated" for p in trainable), *state_outputs],
         initializers=constants,
         opsets=opsets,
-        optimizer={"type": kind, "attrs": attrs, "params": trainable, "grads": grads},
+        optimizer={"type": OPTIMIZER_OPS[opt_node.op_type], "attrs": opt_node.attrs, "params": trainable,
+                   "grads": [updated_grad[p + ACC_SUFFIX] for p in trainable]},
         loss=loss,
         folded={k: v for k, v in folded.items() if k not in constants},
         source=dict(meta.get("forward") or {}),

@@ -9,12 +9,19 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnxplan.errors import ModelError
+from onnxplan.ort import MAX_IR_VERSION
 
-__all__ = ["MAX_IR_VERSION", "SMALL_TENSOR", "external_bytes", "external_chunks", "tensor_bytes", "load_onnx",
-           "load_weights", "check_external_data", "check_text"]
-
-# onnxruntime-training 1.19.2 refuses models stamped with a newer IR version than this.
-MAX_IR_VERSION = 10
+__all__ = [
+    "MAX_IR_VERSION",
+    "SMALL_TENSOR",
+    "check_external_data",
+    "check_text",
+    "external_bytes",
+    "external_chunks",
+    "load_onnx",
+    "load_weights",
+    "tensor_bytes",
+]
 
 # elements: an external tensor this small is read even by load_onnx(weights=False): shape
 # arithmetic (Reshape shapes, Pad pads, Slice starts) needs its values; weights are larger

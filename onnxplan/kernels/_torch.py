@@ -5,21 +5,19 @@ load(), which the memory probe calls before its baseline); `torch.from_numpy` co
 call, so views are made per call, not cached. Convolution stays ours: torch's convolution.out
 allocates its result and copies it.
 
-Set ONNXPLAN_TORCH_KERNELS=0 to run the numpy kernels everywhere (the benchmark's "before")."""
+Set ONNXPLAN_TORCH_KERNELS=0 (onnxplan.settings) to run the numpy kernels everywhere (the benchmark's "before")."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
 import numpy as np
 
-from onnxplan import threads
+from onnxplan import settings, threads
 
-__all__ = ["ENABLED", "MIN_ELEMS", "aten", "load", "tensor", "usable"]
+__all__ = ["MIN_ELEMS", "aten", "enabled", "load", "tensor", "usable"]
 
-ENABLED = os.environ.get("ONNXPLAN_TORCH_KERNELS", "1") != "0"
 MIN_ELEMS = 1  # measured (one thread): torch's gelu, erf, threshold_backward, softmax win at every size
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _torch: Any = None
@@ -38,10 +36,15 @@ def load() -> Any:
     return _torch
 
 
+def enabled() -> bool:
+    """Whether torch's operators are on (onnxplan.settings: ONNXPLAN_TORCH_KERNELS)."""
+    return settings.current().torch_kernels
+
+
 def usable(xp, out, *ins) -> bool:
     """True when torch may compute `out` from `ins`: host numpy arrays, float32/float64, all of
     out's shape and dtype, C-contiguous, at least MIN_ELEMS elements."""
-    if not ENABLED or xp is not np or out.size < MIN_ELEMS or out.dtype not in _DTYPES:
+    if not enabled() or xp is not np or out.size < MIN_ELEMS or out.dtype not in _DTYPES:
         return False
     return all(isinstance(a, np.ndarray) and a.shape == out.shape and a.dtype == out.dtype
                and a.flags.c_contiguous for a in (out, *ins))

@@ -507,7 +507,7 @@ def _by_taps(x_shape, w_shape, y_shape, group: int, torch: bool | None = None) -
     tap by tap). Maps with short rows (< TAPS_MIN_WIDTH: 6x6, 3x3) take the taps on channels-last
     copies, on torch only (numpy's per-tap calls over them lose to the columns). torch: whether
     torch's kernels are on (None: as this process runs them, ONNXPLAN_TORCH_KERNELS)."""
-    torch = _torch.ENABLED if torch is None else torch
+    torch = _torch.enabled() if torch is None else torch
     return (_depthwise(x_shape, w_shape, group) and prod(y_shape) >= TAPS_MIN_ELEMS
             and (int(y_shape[-1]) >= TAPS_MIN_WIDTH or torch))
 
@@ -563,7 +563,7 @@ def _taps_layout_for(target: int, win: Window, x_shape, y_shape, itemsize: int) 
 
 def _on_torch(xp, *arrays) -> bool:
     """True when the tap loop may run on torch views of these arrays."""
-    return (_torch.ENABLED and xp is np and arrays[0].dtype in (np.float32, np.float64)
+    return (_torch.enabled() and xp is np and arrays[0].dtype in (np.float32, np.float64)
             and all(isinstance(a, np.ndarray) for a in arrays))
 
 

@@ -46,7 +46,7 @@ TORCH_ELEMS = 1 << 14
 
 
 def _torch_passes(x) -> bool:
-    return _torch.ENABLED and x.size >= TORCH_ELEMS and x.dtype in (np.float32, np.float64)
+    return _torch.enabled() and x.size >= TORCH_ELEMS and x.dtype in (np.float32, np.float64)
 
 
 def _ew_pass(use_torch: bool, op: str, a, b, out):

@@ -15,7 +15,6 @@ BLAS or torch; it is sized to the compute threads less the calling one, anew whe
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from onnxplan import threads
+from onnxplan.settings import Settings
 
 __all__ = ["MIN_ELEMS", "parts_for", "rows", "run", "ufunc"]
 
@@ -32,7 +32,7 @@ __all__ = ["MIN_ELEMS", "parts_for", "rows", "run", "ufunc"]
 # the same, over 4M 0.72x. A kernel of `passes` passes per element (the optimizer's ~12) splits
 # from MIN_ELEMS / passes. $ONNXPLAN_PARALLEL_MIN_ELEMS lowers it (the kernel tests' small
 # arrays through the split paths).
-MIN_ELEMS = int(os.environ.get("ONNXPLAN_PARALLEL_MIN_ELEMS", 1 << 20))
+MIN_ELEMS = Settings.from_environ().parallel_min_elems  # read at import (onnxplan.settings)
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.errors import UnsupportedOpError
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
@@ -82,8 +82,6 @@ class KernelDecl:
 
 
 DECLS: dict[tuple[str, str], list[KernelDecl]] = {}
-# ONNXPLAN_BIND_KERNELS=0: every node calls its plain fn (the benchmark's "before", A/B tests)
-BIND = os.environ.get("ONNXPLAN_BIND_KERNELS", "1") != "0"
 _LOADED = False
 
 
@@ -156,7 +154,8 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
     runs only when called with the same two list objects; any other arrays (a verification
     hook re-running the kernel on |inputs|) go to the plain fn."""
     fast = None
-    if decl.bind is not None and BIND:
+    # ONNXPLAN_BIND_KERNELS=0 (onnxplan.settings): every node calls its plain fn (the benchmark's "before")
+    if decl.bind is not None and settings.current().bind_kernels:
         try:
             fast = decl.bind(ctx, inputs, outputs)
         except Exception:  # noqa: BLE001 - a node the rule cannot take: the plain fn reports it when called

@@ -33,11 +33,15 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxplan import settings
+from onnxplan.files import write_atomic
+from onnxplan.settings import ENV
+
 __all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
            "measure_store", "measure_store_bandwidth", "moving_estimate", "StepPrice", "plan_transfers", "planned_step",
            "record_transfers", "store_bandwidth", "store_key", "store_rates", "transfer_seconds"]
 
-SWAP_BANDWIDTH_ENV = "ONNXPLAN_SWAP_BANDWIDTH"
+SWAP_BANDWIDTH_ENV = ENV["swap_bandwidth"]
 PROBE_BYTES = 16 << 20  # bytes the measurement moves each way, per round trip
 PROBE_REPEATS = 5
 CACHE_NAME = "swap-bandwidth.json"
@@ -252,9 +256,7 @@ def store_key(folder: str | Path | None) -> str:
 
 
 def _cache_path() -> Path:
-    from onnxplan.artifacts import default_cache_dir
-
-    return default_cache_dir() / CACHE_NAME
+    return settings.current().cache_dir / CACHE_NAME
 
 
 def _read_cache(path: Path) -> dict:
@@ -280,8 +282,6 @@ def _locked_cache():
     concurrent processes update one after the other, none loses another's update; the file is
     replaced by a complete new one (a temporary file renamed over it), so no reader ever sees a
     half-written file. Nothing is written when the folder cannot be (a read-only cache)."""
-    import tempfile
-
     path = _cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -297,14 +297,7 @@ def _locked_cache():
         cached = _read_cache(path)
         yield cached
         with contextlib.suppress(OSError):
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(json.dumps(cached, indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, path)
-            except OSError:
-                os.unlink(tmp)
-                raise
+            write_atomic(path, json.dumps(cached, indent=1, sort_keys=True) + "\n")
 
 
 def _now() -> str:
@@ -352,7 +345,7 @@ def store_rates(folder: str | Path | None = None, *, override: float | None = No
     (measure_store) and kept. `refresh`: measure again (the measurement becomes the estimate)."""
     folder = None if folder is None else str(folder)
     if override is None:
-        env = os.environ.get(SWAP_BANDWIDTH_ENV, "").strip()
+        env = settings.current().swap_bandwidth
         if env:
             from onnxplan.errors import UsageError
 

@@ -26,9 +26,9 @@ import numpy as np
 import onnx
 
 from onnxplan.errors import ModelError
-from onnxplan.forward.ort_errors import ort_cause
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 from onnxplan.kernels.conv import window
+from onnxplan.ort import ort_cause
 from onnxplan.threads import ort_session_options
 
 __all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep",

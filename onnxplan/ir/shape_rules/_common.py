@@ -13,29 +13,29 @@ from onnxplan.ir import attrs
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import ShapeInferenceError, shape_rule
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from onnxplan.ort import MS
 
 __all__ = [
+    "MS",
     "attr",
-    "attr_str",
     "attr_ints",
-    "tensor_value",
+    "attr_str",
+    "broadcast",
+    "const",
+    "const_ints",
     "dtype_of_onnx",
+    "fail",
     "has_input",
     "need",
-    "const",
     "need_const",
-    "const_ints",
-    "norm_axis",
     "norm_axes",
-    "broadcast",
+    "norm_axis",
     "outputs",
-    "fail",
-    "register_same_as_input",
-    "MS",
     "prod",
+    "register_same_as_input",
+    "tensor_value",
 ]
 
-MS = "com.microsoft"
 
 
 def fail(message: str) -> ShapeInferenceError:

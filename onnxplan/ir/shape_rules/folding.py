@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxplan.ir.cast import cast_attrs, cast_into
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import canonical_domain
 from onnxplan.ir.shape_rules._common import MS, attr, attr_ints, norm_axes, norm_axis, tensor_value
@@ -14,7 +15,7 @@ from onnxplan.ir.shape_rules.tensor_ops import constant_node_value, slice_axes, 
 from onnxplan.ir.shape_rules.training import broadcast_gradient_axes
 from onnxplan.ir.tensor import TensorSpec
 
-__all__ = ["Folder", "find_folder", "conform", "SPEC_ONLY_OPS"]
+__all__ = ["SPEC_ONLY_OPS", "Folder", "conform", "find_folder"]
 
 # folder(node, input values (None: absent or, for SPEC_ONLY_OPS, unknown), input specs, output specs)
 #   -> output values (None: not folded)
@@ -90,9 +91,7 @@ def _fold_where(node, vals, specs, outs):
 
 @_folds("Cast", "CastLike")
 def _fold_cast(node, vals, specs, outs):
-    """The Cast kernel's rules (float8 saturation, E8M0 rounding) on the folded value."""
-    from onnxplan.kernels.tensor_ops import cast_attrs, cast_into
-
+    """ONNX's Cast rules (onnxplan.ir.cast, as the kernel runs them) on the folded value."""
     x = np.asarray(vals[0])
     out = np.empty(x.shape, np.dtype(outs[0].dtype))
     cast_into(np, x, out, *cast_attrs(node.attrs))

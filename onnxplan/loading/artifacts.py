@@ -8,27 +8,30 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 import numpy as np
 import onnx
 
-from onnxplan.ir.metadata import ARTIFACT_FILES, METADATA_FILE, SCHEMA_VERSION, read_metadata
+from onnxplan import settings
 from onnxplan.errors import ModelError, UsageError
-from onnxplan.models import LOSSES, OPTIMIZERS, ForwardModel
+from onnxplan.files import write_atomic
+from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
+from onnxplan.ir.metadata import ARTIFACT_FILES, FORWARD_MODEL, METADATA_FILE, SCHEMA_VERSION, read_metadata
+from onnxplan.ort import EVAL_MODEL, OPTIMIZER_MODEL, RUNTIME_IR_VERSION, TRAINING_MODEL
 
 __all__ = [
-    "SCHEMA_VERSION",
     "ARTIFACT_FILES",
     "METADATA_FILE",
+    "SCHEMA_VERSION",
     "build_artifacts",
-    "recipe_artifacts",
-    "generate_from_onnx",
-    "read_metadata",
-    "quiet_fds",
-    "default_cache_dir",
     "content_hash",
+    "default_cache_dir",
+    "generate_from_onnx",
+    "quiet_fds",
+    "read_metadata",
+    "recipe_artifacts",
 ]
 
 FAILED_SUFFIX = ".failed"  # <hash>.failed: the one-line cause of a build that failed
@@ -39,15 +42,11 @@ class ArtifactBuildError(ModelError):
     """onnxruntime-training refused the model: deterministic, so cached as a failure."""
 
 
-# The highest IR version onnxruntime 1.19 loads; generate_artifacts stamps the optimizer
-# model with the onnx package's newest IR, which it then refuses.
-RUNTIME_IR_VERSION = 9
 
 
 def default_cache_dir() -> Path:
-    """Root of the artifact cache: $ONNXPLAN_CACHE, else ~/.cache/onnxplan/artifacts."""
-    env = os.environ.get("ONNXPLAN_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "onnxplan" / "artifacts"
+    """Root of the artifact cache: $ONNXPLAN_CACHE, else ~/.cache/onnxplan/artifacts (onnxplan.settings)."""
+    return settings.current().cache_dir
 
 
 def _ort_version() -> str:
@@ -209,8 +208,8 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     import onnxruntime
     from onnxruntime.training import artifacts
 
-    from onnxplan.forward.ort_errors import log_errors, ort_cause
     from onnxplan.losses import loss_block
+    from onnxplan.ort import log_errors, ort_cause
 
     onnxruntime.set_default_logger_severity(3)
     _restart_graph_names()
@@ -223,7 +222,7 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
                                          artifact_directory=str(out))
         except OSError:  # the disk, not the model: not a failure to remember
             raise
-        except Exception as exc:  # ORT raises RuntimeError/Fail/InvalidGraph... as one line
+        except Exception as exc:  # noqa: BLE001 - ORT raises RuntimeError/Fail/InvalidGraph... as one line
             cause = ort_cause(str(exc)) if str(exc).strip() else ""
             if not cause or cause == "unknown error":
                 cause = (log_errors(log_path) or [f"{type(exc).__name__} with no message"])[-1]
@@ -261,11 +260,11 @@ def _fix_eval_batchnorm(path: Path) -> None:
 
 def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> None:
     """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json."""
-    onnx.save(fm.model, str(tmp / "forward.onnx"))
+    onnx.save(fm.model, str(tmp / FORWARD_MODEL))
     _run_generate_artifacts(fm, optimizer, tmp)
-    for name in ("training_model.onnx", "optimizer_model.onnx", "eval_model.onnx"):
+    for name in (TRAINING_MODEL, OPTIMIZER_MODEL, EVAL_MODEL):
         _fix_runtime_ir(tmp / name)
-    _fix_eval_batchnorm(tmp / "eval_model.onnx")
+    _fix_eval_batchnorm(tmp / EVAL_MODEL)
     meta = _meta_without_hash(fm, optimizer)
     meta["content_hash"] = digest
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
@@ -276,10 +275,7 @@ def _write_note(path: Path, message: str) -> None:
     recipe's content hash."""
     with contextlib.suppress(OSError):  # best effort: an unwritable cache only loses the shortcut
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            f.write(message + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, message + "\n")
 
 
 def _complete(entry: Path) -> bool:
@@ -462,7 +458,7 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
 def _library_sources() -> str:
     """sha256 of onnxplan's own source (what prepares a forward model and builds its artifacts):
     a changed onnxplan prepares a forward file again instead of trusting an older preparation."""
-    root = Path(__file__).parent
+    root = Path(__file__).parents[1]  # the onnxplan package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())

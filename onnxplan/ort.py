@@ -1,7 +1,10 @@
-"""ONNX Runtime's failures as one readable line: the cause, without C++ locations and signatures.
+"""What onnxplan knows about ONNX Runtime (onnxruntime-training 1.19.2), in one place: the
+facts several stages rely on, and its failures as one readable line (the cause, without C++
+locations and signatures).
 
-One home for it: generate_artifacts failures (onnxplan.forward.build) and runtime load
-refusals (onnxplan.reference) both go through ort_cause.
+generate_artifacts failures (onnxplan.loading.artifacts) and runtime load refusals
+(onnxplan.reference, onnxplan.ir.load) all go through ort_cause. This module imports nothing
+of onnxplan: the loader, the import path and verification all read it.
 """
 
 from __future__ import annotations
@@ -9,9 +12,34 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from onnxplan.forward.gradients import ORT_TRAINING
+__all__ = [
+    "CHECKPOINT",
+    "DEFAULT_LEARNING_RATE",
+    "EVAL_MODEL",
+    "LEARNING_RATE",
+    "MAX_IR_VERSION",
+    "MS",
+    "OPTIMIZER_MODEL",
+    "ORT_TRAINING",
+    "RUNTIME_IR_VERSION",
+    "TRAINING_MODEL",
+    "log_errors",
+    "ort_cause",
+]
 
-__all__ = ["ort_cause", "log_errors"]
+ORT_TRAINING = "onnxruntime-training 1.19.2"
+MS = "com.microsoft"  # the domain of ORT's contrib and gradient ops
+MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
+# what the artifact builder stamps: generate_artifacts writes the optimizer model with the onnx
+# package's newest IR, which onnxruntime then refuses
+RUNTIME_IR_VERSION = 9
+DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
+LEARNING_RATE = "learning_rate"  # the optimizer model's learning-rate input
+# the files onnxruntime.training.artifacts.generate_artifacts writes into an artifact folder
+TRAINING_MODEL = "training_model.onnx"
+OPTIMIZER_MODEL = "optimizer_model.onnx"
+EVAL_MODEL = "eval_model.onnx"
+CHECKPOINT = "checkpoint"
 
 _STATUS = re.compile(r"\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*[A-Z_]+\s*:\s*")
 # "/onnxruntime_src/.../file.cc:123 <C++ signature> <condition> was false. <message>"
