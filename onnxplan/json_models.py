@@ -1,0 +1,64 @@
+"""Typed JSON files and records: dataclasses read and written through pydantic v2.
+
+The plan file, the bench results file, the gate's baseline and config, and `run --json` are
+frozen dataclasses whose fields carry their documentation (`doc`, a pydantic Field
+description). pydantic validates a loaded document against them (`validated`: one line naming
+the field path of the first error) and writes them back (`dumped`); the files' SCHEMA pages are
+generated from the same descriptions (onnxplan.schema_doc)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, TypeVar
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+__all__ = ["adapter", "doc", "dumped", "error_line", "optional", "typed_items", "validated"]
+
+T = TypeVar("T")
+
+
+def doc(text: str, **kw: Any) -> Any:
+    """A field's description (shown in its generated SCHEMA page), with pydantic Field options."""
+    return Field(description=text, **kw)
+
+
+def optional(text: str) -> Any:
+    """A field written only when it holds a value (absent from the JSON when None)."""
+    return Field(description=text, exclude_if=lambda v: v is None)
+
+
+@functools.cache
+def adapter(cls: Any) -> TypeAdapter:
+    """The (cached) pydantic adapter of a record type."""
+    return TypeAdapter(cls)
+
+
+def error_line(exc: ValidationError) -> str:
+    """The first error of `exc` as 'path.to[2].field: message' (and how many more)."""
+    err = exc.errors()[0]
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    msg = err["msg"][:1].lower() + err["msg"][1:]
+    more = exc.error_count() - 1
+    return f"{path or '(top level)'}: {msg}" + (f" (and {more} more error{'s' * (more > 1)})" if more else "")
+
+
+def validated(cls: type[T], data: Any, error: type[Exception], prefix: str = "") -> T:
+    """`data` (parsed JSON) as a `cls`, or `error` with one line: `prefix` and the field path."""
+    try:
+        return adapter(cls).validate_python(data)
+    except ValidationError as exc:
+        raise error(f"{prefix}{error_line(exc)}") from None
+
+
+def dumped(obj: Any) -> Any:
+    """A record as JSON-ready Python (fields by their JSON names; floats kept as they are, so
+    json.dumps writes them exactly as before, Infinity and NaN included)."""
+    return adapter(type(obj)).dump_python(obj, by_alias=True)
+
+
+def typed_items(cls: type[T], items: Any) -> tuple[T, ...]:
+    """A record's list of `cls` items from what its producer gave: `cls` instances, or dicts
+    with exactly its fields (a key it lacks is an error: add the field, do not drop data)."""
+    return tuple(x if isinstance(x, cls) else adapter(cls).validate_python(x, strict=False, extra="forbid")
+                 for x in items)
