@@ -13,9 +13,10 @@ from rich.table import Table
 
 from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
+from onnxplan.bench.result_models import BenchRow
 from onnxplan.bench.results import dumps_results
 from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
-from onnxplan.cli.bench_cmd import _model_names
+from onnxplan.cli.bench_cmd import _model_names, report_failed
 from onnxplan.cli.common import check_output, console, handle_errors, write_atomic
 from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
 from onnxplan.gate_config import find_gate_config, load_gate_config
@@ -113,8 +114,7 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
     failed = _compare(doc, label, baseline, tolerance or gate.tolerance,
                       metric or gate.metric, allow_missing, update_baseline)
     over = _over_budget(doc["rows"], config)
-    for f in doc.get("failed", []):
-        typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}", err=True)
+    report_failed(doc)
     if over and not update_baseline:
         raise typer.Exit(EXIT_BUDGET)
     if failed or doc.get("failed"):
@@ -124,14 +124,15 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
 def _over_budget(rows: list[dict], config) -> list[str]:
     """Print one line per model whose budget no plan fits; those models."""
     over = []
+    typed = [BenchRow.of(r) for r in rows]
     for model in config.models:
         budget = config.budget(model)
-        mine = [r for r in rows if r["model"] == model and r.get("planned_peak_bytes") is not None]
-        if budget is None or not mine or any(r["planned_peak_bytes"] <= budget for r in mine):
+        mine = [r for r in typed if r.model == model]
+        if budget is None or not mine or any(r.planned_peak_bytes <= budget for r in mine):
             continue
-        best = min(mine, key=lambda r: r["planned_peak_bytes"])
+        best = min(mine, key=lambda r: r.planned_peak_bytes)
         typer.echo(f"onnxplan: budget not met: {model}: no plan fits {format_bytes(budget)} "
-                   f"(the smallest: {format_bytes(best['planned_peak_bytes'])} with {best['strategy']})")
+                   f"(the smallest: {format_bytes(best.planned_peak_bytes)} with {best.strategy})")
         over.append(model)
     return over
 

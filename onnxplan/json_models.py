@@ -8,12 +8,13 @@ generated from the same descriptions (onnxplan.schema_doc)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, TypeVar
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-__all__ = ["adapter", "doc", "dumped", "error_line", "optional", "typed_items", "validated"]
+__all__ = ["adapter", "doc", "dumped", "error_line", "optional", "record_of", "typed_items", "validated"]
 
 T = TypeVar("T")
 
@@ -62,3 +63,9 @@ def typed_items(cls: type[T], items: Any) -> tuple[T, ...]:
     with exactly its fields (a key it lacks is an error: add the field, do not drop data)."""
     return tuple(x if isinstance(x, cls) else adapter(cls).validate_python(x, strict=False, extra="forbid")
                  for x in items)
+
+
+def record_of(cls: type[T], d: dict[str, Any]) -> T:
+    """A record from a dict that was validated already (or made by this run): its fields only,
+    the rest of the dict ignored, as on load."""
+    return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
