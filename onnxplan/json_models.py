@@ -38,10 +38,12 @@ def adapter(cls: Any) -> TypeAdapter:
 def error_line(exc: ValidationError) -> str:
     """The first error of `exc` as 'path.to[2].field: message' (and how many more)."""
     err = exc.errors()[0]
-    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    msg = err["msg"][:1].lower() + err["msg"][1:]
+    loc, msg = err["loc"], err["msg"][:1].lower() + err["msg"][1:]
+    if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # the key is the error, not a place
+        loc, msg = loc[:-1], f"unknown key {loc[-1]!r}"
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     more = exc.error_count() - 1
-    return f"{path or '(top level)'}: {msg}" + (f" (and {more} more error{'s' * (more > 1)})" if more else "")
+    return (f"{path}: {msg}" if path else msg) + (f" (and {more} more error{'s' * (more > 1)})" if more else "")
 
 
 def validated(cls: type[T], data: Any, error: type[Exception], prefix: str = "") -> T:
