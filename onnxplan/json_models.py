@@ -26,7 +26,7 @@ def doc(text: str, **kw: Any) -> Any:
 
 def optional(text: str) -> Any:
     """A field written only when it holds a value (absent from the JSON when None)."""
-    return Field(description=text, exclude_if=lambda v: v is None)
+    return Field(description=f"{text} (absent when null)", exclude_if=lambda v: v is None)
 
 
 @functools.cache

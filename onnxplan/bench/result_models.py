@@ -171,22 +171,22 @@ class MachineInfo:
     numpy: Annotated[str | None, doc("numpy version")] = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ResultsFile:
-    """`onnxplan bench`'s results file."""
+    """`onnxplan bench`'s results file (keys in the order they are written)."""
 
     schema_version: Annotated[int, doc("1")]
-    rows: Annotated[list[BenchRow], doc("one object per (model, batch, strategy) (BenchRow)")]
     kind: Annotated[str, doc("`\"onnxplan-bench\"`")] = "onnxplan-bench"
     created: Annotated[str, doc("ISO 8601 UTC time the file was first written")] = ""
     machine: Annotated[MachineInfo, doc("where the run came from (MachineInfo)")] = field(default_factory=MachineInfo)
     config: Annotated[dict[str, Any], doc(
         "`models`, `strategies` (names, in sweep order), `batch` (null: each model's own), `peers`, `repeat` "
         "(timed steps), `warmup` (untimed steps), `measure`, `time_limit` (s per ILP), `budgets` (model or `\"*\"` "
-        "-> bytes), `threads`")] = field(default_factory=dict)
+        "-> bytes), `threads`; `train`, `freeze`, `model_options` when given")] = field(default_factory=dict)
     buffer_columns: Annotated[tuple[str, ...], doc(
         "`[\"name\", \"bytes\", \"class\", \"first_eo\", \"last_eo\", \"offset\"]`: the columns of a plan's "
         "`buffers`")] = ()
+    rows: Annotated[list[BenchRow], doc("one object per (model, batch, strategy) (BenchRow)")]
     plans: Annotated[dict[str, PlanEntry], doc("`\"model|batch|strategy\"` -> the row's chosen plan "
                                                "(PlanEntry)")] = field(default_factory=dict)
     peers: Annotated[dict[str, dict[str, PeerFigures]], doc(
@@ -194,4 +194,5 @@ class ResultsFile:
     runs: Annotated[list[RunRecord], doc("one record per invocation that wrote this file "
                                          "(RunRecord)")] = field(default_factory=list)
     failed: Annotated[list[FailedRow] | None, doc(
-        "rows that a Dask sweep (`bench --workers/--scheduler`) could not finish (FailedRow)")] = None
+        "rows that a Dask sweep (`bench --workers/--scheduler`) could not finish (FailedRow); absent when "
+        "none")] = None
