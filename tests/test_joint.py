@@ -595,6 +595,6 @@ def test_the_joint_strategy_breaks_a_tie_by_the_least_cpu(monkeypatch):
         monkeypatch.setattr(bj, "step_price", planted)
         out = bj.plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=6.0,
                                      rates=StoreRates(2.5e8, 1e-10))
-        weighed = {c["strategy"]: c for c in out.plan.joint.candidates}
-        assert weighed["swap"]["fits"], "the test needs swap to fit"
+        weighed = {c.strategy: c for c in out.plan.joint.candidates}
+        assert weighed["swap"].fits, "the test needs swap to fit"
         assert (out.plan.joint.chosen == "swap") == (winner == "swap")
