@@ -87,7 +87,7 @@ def model_folder(spec: str):
 def _joint_note(out) -> str:
     j = out.plan.joint
     gap = "none" if j.gap is None else f"{j.gap:.2f}"
-    solve = sum(r["solve_seconds"] for r in j.rounds)
+    solve = sum(r.solve_seconds for r in j.rounds)
     return (f"{j.status} gap {gap}; CP-SAT {solve:.1f} s in {len(j.rounds)} round(s); model "
             f"{j.estimate_bytes / 2**20:.2f} MiB; {j.recomputations} recomputations, {len(out.plan.swaps)} swaps"
             + ("; then swap auto" if any("swap auto" in n for n in j.notes) else "")

@@ -10,6 +10,7 @@ from rich.table import Table
 from onnxplan.bench import BenchConfig, count_tasks, load_results, new_results, parse_strategies, run_bench
 from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
+from onnxplan.bench.result_models import BenchRow, FailedRow
 from onnxplan.bench.results import dumps_results, rows_to_csv
 from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
@@ -142,19 +143,24 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     if json_out:
         print_json(rows)
     else:
-        _print_table(rows)
-    if doc.get("failed"):
-        for f in doc["failed"]:
-            typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}",
-                       err=True)
+        _print_table([BenchRow.of(r) for r in rows])
+    if report_failed(doc):
         raise typer.Exit(EXIT_FAILURE)
+
+
+def report_failed(doc: dict) -> bool:
+    """One line on stderr per row or peer a Dask sweep could not finish; whether there were any."""
+    failed = [FailedRow(**f) for f in doc.get("failed") or ()]
+    for f in failed:
+        typer.echo(f"onnxplan: {f.model} {f.strategy or f.peer} failed: {f.error}", err=True)
+    return bool(failed)
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-_COLUMNS = (  # header, row key, format; a column shows only when some row has a value
+_COLUMNS = (  # header, BenchRow field, format; a column shows only when some row has a value
     ("planned peak", "planned_peak_bytes", format_bytes), ("lower bound", "lower_bound_bytes", format_bytes),
     ("frag.", "fragmentation", lambda f: f"{f:.2%}"), ("measured", "measured_peak_bytes", format_bytes),
     ("step", "median_step_seconds", _ms), ("ORT peak", "ort_peak_bytes", format_bytes),
@@ -163,9 +169,9 @@ _COLUMNS = (  # header, row key, format; a column shows only when some row has a
 )
 
 
-def _print_table(rows: list[dict]) -> None:
+def _print_table(rows: list[BenchRow]) -> None:
     con = console(200, 200)
-    cols = [c for c in _COLUMNS if any(r.get(c[1]) is not None for r in rows)]
+    cols = [c for c in _COLUMNS if any(getattr(r, c[1]) is not None for r in rows)]
     t = Table()
     t.add_column("model", no_wrap=True)
     t.add_column("strategy", no_wrap=True)
@@ -173,9 +179,9 @@ def _print_table(rows: list[dict]) -> None:
     for header, _, _ in cols:
         t.add_column(header, justify="right", no_wrap=True)
     for r in rows:
-        t.add_row(r["model"], r["strategy"], f"{r['order']}+{r['planner']}",
-                  *("-" if r.get(key) is None else fmt(r[key]) for _, key, fmt in cols))
+        t.add_row(r.model, r.strategy, f"{r.order}+{r.planner}",
+                  *("-" if getattr(r, key) is None else fmt(getattr(r, key)) for _, key, fmt in cols))
     con.print(t)
-    errors = sorted({r["measure_error"] for r in rows if r.get("measure_error")})
+    errors = sorted({r.measure_error for r in rows if r.measure_error})
     for error in errors[:3]:
         con.print(f"onnxplan run failed: {error}", highlight=False)

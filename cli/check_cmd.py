@@ -14,6 +14,7 @@ from rich.table import Table
 from onnxplan.bench import count_tasks, load_results
 from onnxplan.bench.results import dumps_results
 from onnxplan.check import METRICS, baseline_document, compare, parse_tolerance
+from onnxplan.cli.bench_cmd import report_failed
 from onnxplan.cli.common import check_output, console, handle_errors, write_atomic
 from onnxplan.errors import EXIT_FAILURE, UsageError
 from onnxplan.gate import gate_exit_code, load_gate, over_budget, run_gate
@@ -96,8 +97,7 @@ def _gate(baseline, tolerance, metric, allow_missing, update_baseline) -> None:
     for o in over:
         typer.echo(f"onnxplan: budget not met: {o.model}: no plan fits {format_bytes(o.budget)} "
                    f"(the smallest: {format_bytes(o.smallest)} with {o.strategy})")
-    for f in doc.get("failed", []):
-        typer.echo(f"onnxplan: {f['model']} {f.get('strategy') or f.get('peer')} failed: {f['error']}", err=True)
+    report_failed(doc)
     code = gate_exit_code(regressed, over, doc.get("failed", []), update_baseline)
     if code:
         raise typer.Exit(code)

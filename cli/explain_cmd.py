@@ -13,7 +13,9 @@ from rich.table import Column, Table
 from onnxplan.api import load_plan
 from onnxplan.cli.common import console, handle_errors, print_json
 from onnxplan.explain import joint_rows, split_convgrads, stage_rows
+from onnxplan.json_models import dumped
 from onnxplan.plan import Plan
+from onnxplan.plan_records import CheckpointRecord
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import swap_totals
@@ -42,12 +44,13 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
     with Progress("explain") as progress:
         progress.update(f"verifying {plan_file} against its model")
         plan, graph = load_plan(plan_file)  # re-verified in full against its model, as run --plan does
-    info = plan.checkpoint.to_json() if plan.checkpoint is not None else None
+    info = plan.checkpoint
     splits = split_convgrads(graph)
     if json_out:
-        print_json({"model": plan.model, "peak_bytes": plan.peak_bytes, "checkpoint": info,
-                    "joint": plan.joint.to_json() if plan.joint is not None else None,
-                    "swap": plan.swap.to_json(), "swaps": [asdict(sw) for sw in plan.swaps],
+        print_json({"model": plan.model, "peak_bytes": plan.peak_bytes,
+                    "checkpoint": dumped(info) if info is not None else None,
+                    "joint": dumped(plan.joint) if plan.joint is not None else None,
+                    "swap": dumped(plan.swap), "swaps": [asdict(sw) for sw in plan.swaps],
                     "split_grad": splits})
         return
     con = console(140, 100, highlight=False)
@@ -82,11 +85,11 @@ def _explain_swaps(con: Console, plan: Plan) -> None:
     con.print(table)
 
 
-def _explain_checkpoint(con: Console, plan: Plan, info: dict, names: bool) -> None:
-    stages = info["stages"]
-    budget = info.get("budget_bytes")
-    rerun = [s for s in stages if s["runs"] > 1]
-    con.print(f"[bold]{plan.model}[/]: checkpoint policy [bold]{info['policy']}[/]"
+def _explain_checkpoint(con: Console, plan: Plan, info: CheckpointRecord, names: bool) -> None:
+    stages = info.stages
+    budget = info.budget_bytes
+    rerun = [s for s in stages if s.runs > 1]
+    con.print(f"[bold]{plan.model}[/]: checkpoint policy [bold]{info.policy}[/]"
               + (f", budget {format_bytes(budget)}" if budget else "")
               + f"; {len(stages)} stages, {len(rerun)} run again; planned peak {format_bytes(plan.peak_bytes)}")
     t = Table("stage", "nodes", "from .. to", "output", "forward pass", "runs", "kept", "recomputed",
@@ -103,11 +106,11 @@ def _explain_checkpoint(con: Console, plan: Plan, info: dict, names: bool) -> No
                   kept_txt, rec_txt, _ms(s.extra_seconds), style="bold" if s.runs > 1 else None)
     con.print(t)
     extra = sum(s.extra_seconds for s in rows)
-    con.print(f"extra forward compute {extra * 1e3:.3f} ms per step ({info['time_source']} estimate); "
-              f"predicted step {info['predicted_step_seconds'] * 1e3:.2f} ms vs "
-              f"{info['predicted_step_seconds_without'] * 1e3:.2f} ms without recomputation")
-    con.print(f"schedule: {info['schedule'] or 'store everything'}")
-    for note in info.get("notes", []):
+    con.print(f"extra forward compute {extra * 1e3:.3f} ms per step ({info.time_source} estimate); "
+              f"predicted step {info.predicted_step_seconds * 1e3:.2f} ms vs "
+              f"{info.predicted_step_seconds_without * 1e3:.2f} ms without recomputation")
+    con.print(f"schedule: {info.schedule or 'store everything'}")
+    for note in info.notes:
         con.print(f"  {note}")
 
 
@@ -146,8 +149,8 @@ def _explain_joint(con: Console, plan: Plan, names: bool) -> None:
               f"schedule: {len(j.schedule)} characters (--names prints it)")
     if j.candidates:
         con.print(f"chosen: [bold]{j.chosen}[/] of " + ", ".join(
-            f"{c['strategy']} {c['predicted_step_seconds'] * 1e3:.2f} ms"
-            + (f" ({format_bytes(c['peak_bytes'])})" if c["fits"] else f" (misses: {format_bytes(c['peak_bytes'])})")
+            f"{c.strategy} {c.predicted_step_seconds * 1e3:.2f} ms"
+            + (f" ({format_bytes(c.peak_bytes)})" if c.fits else f" (misses: {format_bytes(c.peak_bytes)})")
             for c in j.candidates) + " (predicted, one footing: onnxplan.swap.pricing)")
     for note in j.notes:
         con.print(f"  {note}")

@@ -24,7 +24,7 @@ from onnxplan.executor.swap_account import describe_accounting
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, check_time_limit, require_budget
 from onnxplan.progress import Progress
-from onnxplan.run_report import run_prepared
+from onnxplan.run_report import Measurement, RunReport, run_prepared
 from onnxplan.sizes import format_bytes
 from onnxplan.swap.store import check_swap_dir
 from onnxplan.verification.report import describe_verification
@@ -123,17 +123,17 @@ def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup
             _prepare_planned(req, how, memory, cost_model(profile, device, threads))
         out = run_prepared(req, prep, steps=steps, warmup=warmup, seed=seed, lr=lr, check_arena=check_arena,
                            threads=threads, measure=measure, verify=verify, swap_dir=swap_dir, xp=xp,
-                           tell=progress.update, budget=None if plan_file is not None else memory.budget).to_json()
+                           tell=progress.update, budget=None if plan_file is not None else memory.budget)
         progress.finish("done")
     if json_out:
-        print_json(out)
+        print_json(out.to_json())
     else:
         _print(out)
-    if out["verified"] is False:
-        first = out["worst"][0] if out["worst"] else "?"
+    if out.verified is False:
+        first = out.worst[0] if out.worst else "?"
         fail(f"the run differs from ONNX Runtime beyond tolerance: {first}", EXIT_FAILURE)
-    if out.get("budget_check") and not out["budget_check"]["fits"]:
-        fail(out["budget_check"]["line"], EXIT_BUDGET)
+    if out.budget_check is not None and not out.budget_check.fits:
+        fail(out.budget_check.line, EXIT_BUDGET)
 
 
 def _prepare_planned(req, opts, memory, costs):
@@ -144,42 +144,45 @@ def _prepare_planned(req, opts, memory, costs):
     return Prepared(step.folder, res.graph, res.plan)
 
 
-def _print(out: dict) -> None:
+def _print(out: RunReport) -> None:
     con = console(120, highlight=False)
-    con.print(f"[bold]{out['model']}[/]: order {out['order_policy']} + planner {out['planner']}, passes "
-              f"{' -> '.join(out['passes'])}; {out['steps']} step(s) after {out['warmup']} warm-up, "
-              f"seed {out['seed']}, lr {out['learning_rate']:g}" + (", arena checked" if out["check_arena"] else ""))
+    con.print(f"[bold]{out.model}[/]: order {out.order_policy} + planner {out.planner}, passes "
+              f"{' -> '.join(out.passes)}; {out.steps} step(s) after {out.warmup} warm-up, "
+              f"seed {out.seed}, lr {out.learning_rate:g}" + (", arena checked" if out.check_arena else ""))
     t = Table("step", "loss", "seconds")
-    for k, (l, s) in enumerate(zip(out["loss"], out["step_seconds"])):
+    for k, (l, s) in enumerate(zip(out.loss, out.step_seconds)):
         t.add_row(str(k), f"{l:.7g}", f"{s:.4f}")
     con.print(t)
-    con.print(f"median step latency {out['median_step_seconds'] * 1e3:.2f} ms on {out['device']}")
-    if out.get("predicted_step_seconds"):
-        pred, meas = out["predicted_step_seconds"], out["median_step_seconds"]
-        con.print(f"predicted step {pred * 1e3:.2f} ms ({out['predicted_from']}) vs measured {meas * 1e3:.2f} ms "
+    con.print(f"median step latency {out.median_step_seconds * 1e3:.2f} ms on {out.device}")
+    if out.predicted_step_seconds:
+        pred, meas = out.predicted_step_seconds, out.median_step_seconds
+        con.print(f"predicted step {pred * 1e3:.2f} ms ({out.predicted_from}) vs measured {meas * 1e3:.2f} ms "
                   f"({pred / meas - 1:+.1%})")
-    con.print(f"arena {format_bytes(out['arena_bytes'])} + persistent {format_bytes(out['persistent_bytes'])} "
-              f"= planned peak {format_bytes(out['peak_bytes'])} ({out['peak_bytes']} B)")
-    if out["measured_peak_bytes"] is not None:
-        diff = out["measured_minus_planned_bytes"]
-        m = out["measurement"]
-        con.print(f"measured peak {format_bytes(out['measured_peak_bytes'])} ({out['measured_peak_bytes']} B, "
-                  f"{m['method']}): {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))} "
-                  f"({diff / max(out['peak_bytes'], 1):+.1%}) vs planned")
-        if "pool_total_bytes" in m:
-            con.print(f"  the difference: state slots aligned to 64 B (+{m['state_alignment_bytes']} B), the "
-                      "alignment slack of the two allocations, CuPy's 512-byte rounding, and small temporaries "
-                      f"of kernels; CuPy's pool holds {format_bytes(m['pool_total_bytes'])} in all (cached blocks)")
-        else:
-            con.print(f"  the difference: state slots aligned to 64 B (+{m['state_alignment_bytes']} B), page "
-                      "granularity (4 KiB per touched page), Python objects for the views, and what "
-                      "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
-                      "pages of the arena never touched by a live buffer are not counted")
-    if out.get("budget_check") and out["budget_check"]["fits"] and out["budget_check"]["line"]:
-        con.print(out["budget_check"]["line"])
-    if out.get("swap") is not None:
-        for line in describe_accounting(out["swap"]):
+    con.print(f"arena {format_bytes(out.arena_bytes)} + persistent {format_bytes(out.persistent_bytes)} "
+              f"= planned peak {format_bytes(out.peak_bytes)} ({out.peak_bytes} B)")
+    if out.measured_peak_bytes is not None and out.measurement is not None:
+        _print_measured(con, out, out.measurement)
+    if out.budget_check is not None and out.budget_check.fits and out.budget_check.line:
+        con.print(out.budget_check.line)
+    if out.swap is not None:
+        for line in describe_accounting(out.swap):
             con.print(line)
-    if out["verified"] is not None:
-        for line in describe_verification(out["verification"]):
+    if out.verified is not None:
+        for line in describe_verification(out.verification):
             con.print(line)
+
+
+def _print_measured(con, out: RunReport, m: Measurement) -> None:
+    diff = out.measured_minus_planned_bytes
+    con.print(f"measured peak {format_bytes(out.measured_peak_bytes)} ({out.measured_peak_bytes} B, "
+              f"{m.method}): {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))} "
+              f"({diff / max(out.peak_bytes, 1):+.1%}) vs planned")
+    if m.pool_total_bytes is not None:
+        con.print(f"  the difference: state slots aligned to 64 B (+{m.state_alignment_bytes} B), the "
+                  "alignment slack of the two allocations, CuPy's 512-byte rounding, and small temporaries "
+                  f"of kernels; CuPy's pool holds {format_bytes(m.pool_total_bytes)} in all (cached blocks)")
+    else:
+        con.print(f"  the difference: state slots aligned to 64 B (+{m.state_alignment_bytes} B), page "
+                  "granularity (4 KiB per touched page), Python objects for the views, and what "
+                  "kernels and BLAS allocate outside the arena (thread buffers, small temporaries); "
+                  "pages of the arena never touched by a live buffer are not counted")

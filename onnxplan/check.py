@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from onnxplan.bench.result_models import BenchRow
 from onnxplan.bench.results import row_key
 from onnxplan.errors import ModelError, UsageError
 
@@ -89,12 +90,12 @@ def compare(results: dict[str, Any], baseline: dict[str, Any], metric: str = "pl
     if tol < 0:
         raise UsageError(f"invalid tolerance {tol}: must be >= 0")
     out = CheckResult(metric, tol)
-    before = {row_key(r): r for r in baseline["rows"]}
-    after = {row_key(r): r for r in results["rows"]}
+    before = {row_key(r): r for r in map(BenchRow.of, baseline["rows"])}
+    after = {row_key(r): r for r in map(BenchRow.of, results["rows"])}
     out.missing = sorted((k for k in before if k not in after), key=str)
     out.new = sorted((k for k in after if k not in before), key=str)
     for k in sorted((k for k in after if k in before), key=str):
-        b, a = before[k][key], after[k][key]
+        b, a = getattr(before[k], key), getattr(after[k], key)
         if b is None or a is None:
             out.not_comparable.append(k)
             continue

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from onnxplan.ir.graph import StepGraph, original_name
 from onnxplan.plan import Plan, PlannedSwap
+from onnxplan.plan_records import CheckpointRecord
 
 __all__ = ["JointRow", "StageRow", "joint_rows", "recompute_copies", "split_convgrads", "stage_rows"]
 
@@ -51,18 +52,18 @@ def split_convgrads(graph: StepGraph) -> list[str]:
     return [n.name.removesuffix("/dX") for n in graph.nodes if n.op_type == "ConvGradInput" and n.domain == "onnxplan"]
 
 
-def stage_rows(info: dict) -> list[StageRow]:
+def stage_rows(info: CheckpointRecord) -> list[StageRow]:
     """The stages of a plan's checkpoint record, each with the bytes its forward pass keeps:
     all its values (keep all), the previous stage's output (keep input) or none."""
     rows, prev_a = [], 0
-    for s in info["stages"]:
-        mode = s["forward_pass"]
-        kept = s["abar_bytes"] if mode == "keep all" else prev_a if mode == "keep input" else 0
-        span = s["first"] if s["first"] == s["last"] else f"{s['first']} .. {s['last']}"
-        rows.append(StageRow(s["stage"], s["nodes"], span, s["output"], mode, s["runs"], kept,
-                             tuple(s["kept"]), tuple(s["recomputed"]), s["abar_bytes"] if s["recomputed"] else 0,
-                             s["extra_seconds"], s.get("not_recomputable") or ""))
-        prev_a = s["a_bytes"]
+    for s in info.stages:
+        mode = s.forward_pass
+        kept = s.abar_bytes if mode == "keep all" else prev_a if mode == "keep input" else 0
+        span = s.first if s.first == s.last else f"{s.first} .. {s.last}"
+        rows.append(StageRow(s.stage, s.nodes, span, s.output, mode, s.runs, kept, tuple(s.kept),
+                             tuple(s.recomputed), s.abar_bytes if s.recomputed else 0, s.extra_seconds,
+                             s.not_recomputable or ""))
+        prev_a = s.a_bytes
     return rows
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
+from onnxplan.bench.result_models import BenchRow
 from onnxplan.errors import EXIT_BUDGET, EXIT_FAILURE, UsageError
 from onnxplan.gate_config import GateConfig, find_gate_config, load_gate_config
 from onnxplan.loading.zoo import model_names
@@ -73,13 +74,14 @@ def run_gate(gate: Gate, advance: Callable[[str, int], None] = lambda text, n: N
 def over_budget(rows: list[dict], config: BenchConfig) -> list[OverBudget]:
     """The models whose budget no planned row fits, each with its smallest plan."""
     over = []
+    typed = [BenchRow.of(r) for r in rows]
     for model in config.models:
         budget = config.budget(model)
-        mine = [r for r in rows if r["model"] == model and r.get("planned_peak_bytes") is not None]
-        if budget is None or not mine or any(r["planned_peak_bytes"] <= budget for r in mine):
+        mine = [r for r in typed if r.model == model and r.planned_peak_bytes is not None]
+        if budget is None or not mine or any(r.planned_peak_bytes <= budget for r in mine):
             continue
-        best = min(mine, key=lambda r: r["planned_peak_bytes"])
-        over.append(OverBudget(model, budget, best["planned_peak_bytes"], best["strategy"]))
+        best = min(mine, key=lambda r: r.planned_peak_bytes)
+        over.append(OverBudget(model, budget, best.planned_peak_bytes, best.strategy))
     return over
 
 

@@ -22,17 +22,58 @@ Every error is one line naming the file and the key (UsageError, exit 2).
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from onnxplan.errors import UsageError
+from onnxplan.json_models import doc, validated
 from onnxplan.sizes import parse_size
 
-__all__ = ["GateConfig", "find_gate_config", "load_gate_config"]
+__all__ = ["GateConfig", "GateModel", "GateTable", "find_gate_config", "load_gate_config"]
 
-_KEYS = ("models", "strategies", "baseline", "tolerance", "metric", "measure", "budgets", "workers", "scheduler")
-_MODEL_KEYS = {"model": str, "batch": int, "optimizer": str, "loss": str, "dims": dict}
+
+
+Count = Annotated[int, Field(strict=True, gt=0)]  # a positive integer, not a bool or a string
+
+
+def _one_model(item: Any) -> Any:
+    return {"model": item} if isinstance(item, str) else item
+
+
+@dataclass(frozen=True)
+class GateModel:
+    """One model of the gate, with its own settings."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    model: Annotated[StrictStr, doc("a zoo name or a path (relative to the file's folder)")]
+    batch: Annotated[Count | None, doc("its batch")] = None
+    optimizer: Annotated[StrictStr | None, doc("its optimizer")] = None
+    loss: Annotated[StrictStr | None, doc("its loss")] = None
+    dims: Annotated[dict[str, Count], doc("its dynamic dimensions")] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateTable:
+    """The [tool.onnxplan] table (or an onnxplan.toml's top level) as written."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+    baseline: Annotated[StrictStr, doc("the baseline results file, relative to the file's folder")]
+    models: Annotated[list[Annotated[GateModel, BeforeValidator(_one_model)]] | None, doc(
+        "\"all\" (null here) or a list: names, paths or {model, batch, optimizer, loss, dims}"),
+        Field(min_length=1)] = None
+    strategies: Annotated[StrictStr, doc("as bench --strategies")] = "ci"
+    tolerance: Annotated[StrictStr | StrictInt | StrictFloat | None, doc("as check --tolerance")] = None
+    metric: Annotated[StrictStr, doc("planned_peak, measured_peak or latency")] = "planned_peak"
+    measure: Annotated[StrictBool, doc("run every plan")] = False
+    budgets: Annotated[dict[str, StrictStr | StrictInt], doc("per model (\"*\": every model)")] = field(default_factory=dict)
+    workers: Annotated[Count | None, doc("a Dask LocalCluster of this many workers")] = None
+    scheduler: Annotated[StrictStr | None, doc("a Dask scheduler's address")] = None
+    tool: Annotated[dict[str, Any] | None, doc("an onnxplan.toml's own [tool] tables (ignored)")] = None
 
 
 @dataclass
@@ -78,34 +119,11 @@ def find_gate_config(start: Path | None = None) -> Path:
                      f"in {here} or above (README: Using onnxplan in CI); or give RESULTS --baseline FILE")
 
 
-def _expect(where: str, value: Any, kind: type | tuple) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise UsageError(f"{where}: expected {names}, got {value!r}")
-    return value
-
-
-def _model(where: str, item: Any, folder: Path) -> tuple[str, dict[str, Any]]:
-    if isinstance(item, str):
-        item = {"model": item}
-    _expect(where, item, (str, dict))
-    unknown = sorted(set(item) - set(_MODEL_KEYS))
-    if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_MODEL_KEYS)})")
-    if "model" not in item:
-        raise UsageError(f"{where}: no 'model' (a zoo name or a path)")
-    for key, kind in _MODEL_KEYS.items():
-        if key in item:
-            _expect(f"{where}.{key}", item[key], kind)
-    if item.get("batch") is not None and item["batch"] <= 0:
-        raise UsageError(f"{where}.batch: must be a positive integer, got {item['batch']}")
-    for dim, size in item.get("dims", {}).items():
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise UsageError(f"{where}.dims.{dim}: must be a positive integer, got {size!r}")
-    name = item["model"]
-    if "/" in name or name.endswith(".onnx") or name.startswith("."):  # a path: relative to the file
-        name = str((folder / name).resolve()) if not Path(name).is_absolute() else name
-    return name, {k: v for k, v in item.items() if k != "model"}
+def _model_path(name: str, folder: Path) -> str:
+    """A zoo name as it is; a path relative to the file's folder, made absolute."""
+    if "/" in name or name.endswith(".onnx") or name.startswith("."):
+        return str((folder / name).resolve()) if not Path(name).is_absolute() else name
+    return name
 
 
 def load_gate_config(path: Path) -> GateConfig:
@@ -113,47 +131,32 @@ def load_gate_config(path: Path) -> GateConfig:
     if table is None:
         raise UsageError(f"{path}: no [tool.onnxplan] table")
     where = f"{path}: [tool.onnxplan]" if path.name == "pyproject.toml" else str(path)
-    unknown = sorted(set(table) - set(_KEYS) - {"tool"})
-    if unknown:
-        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
-    if "baseline" not in table:
-        raise UsageError(f"{where}: no 'baseline' (the baseline results file, e.g. reports/baseline.json)")
+    if table.get("models", "all") == "all":
+        table = {k: v for k, v in table.items() if k != "models"}
+    gate = validated(GateTable, table, UsageError, f"{where}: ")
     folder = path.parent
-    models_value = table.get("models", "all")
     models: list[str] | None = None
     options: dict[str, dict[str, Any]] = {}
-    if models_value != "all":
-        _expect(f"{where}.models", models_value, list)
-        if not models_value:
-            raise UsageError(f"{where}.models: empty (give \"all\" or a list)")
+    if gate.models is not None:
         models = []
-        for i, item in enumerate(models_value):
-            name, opts = _model(f"{where}.models[{i}]", item, folder)
+        for i, item in enumerate(gate.models):
+            name = _model_path(item.model, folder)
             if name in models:
-                raise UsageError(f"{where}.models[{i}]: {name!r} is listed twice")
+                raise UsageError(f"{where}: models[{i}]: {name!r} is listed twice")
             models.append(name)
+            opts = {k: v for k, v in asdict(item).items() if k != "model" and v not in (None, {})}
             if opts:
                 options[name] = opts
     budgets: dict[str, int] = {}
-    for model, size in _expect(f"{where}.budgets", table.get("budgets", {}), dict).items():
-        _expect(f"{where}.budgets.{model}", size, (str, int))
+    for model, size in gate.budgets.items():
         try:
             budgets[model] = parse_size(str(size))
         except UsageError as e:
-            raise UsageError(f"{where}.budgets.{model}: {e}") from None
-    workers = table.get("workers")
-    if workers is not None and (_expect(f"{where}.workers", workers, int) < 1):
-        raise UsageError(f"{where}.workers: must be a positive integer, got {workers}")
-    if workers is not None and table.get("scheduler") is not None:
+            raise UsageError(f"{where}: budgets.{model}: {e}") from None
+    if gate.workers is not None and gate.scheduler is not None:
         raise UsageError(f"{where}: give workers or scheduler, not both")
-    tolerance = table.get("tolerance")
     return GateConfig(
-        source=path, models=models, model_options=options,
-        baseline=folder / _expect(f"{where}.baseline", table["baseline"], str),
-        strategies=_expect(f"{where}.strategies", table.get("strategies", "ci"), str),
-        tolerance=None if tolerance is None else str(_expect(f"{where}.tolerance", tolerance, (str, int, float))),
-        metric=_expect(f"{where}.metric", table.get("metric", "planned_peak"), str),
-        measure=_expect(f"{where}.measure", table.get("measure", False), bool),
-        budgets=budgets, workers=workers,
-        scheduler=table.get("scheduler") and _expect(f"{where}.scheduler", table["scheduler"], str),
+        source=path, models=models, model_options=options, baseline=folder / gate.baseline,
+        strategies=gate.strategies, tolerance=None if gate.tolerance is None else str(gate.tolerance),
+        metric=gate.metric, measure=gate.measure, budgets=budgets, workers=gate.workers, scheduler=gate.scheduler,
     )

@@ -4,15 +4,24 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from onnxplan.errors import ModelError
-from onnxplan.plan_records import (CheckpointRecord, JointRecord, PlanSettings, SolverStats, StrategyRecord, SwapRecord, from_v1,
-                                   to_v1)
+from onnxplan.json_models import doc, dumped, validated
+from onnxplan.plan_records import (
+    CheckpointRecord,
+    JointRecord,
+    PlanSettings,
+    SolverStats,
+    StrategyRecord,
+    SwapRecord,
+    from_v1,
+    to_v1,
+)
 
-__all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "PlannedBuffer", "PlannedSwap", "Plan"]
+__all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "Plan", "PlannedBuffer", "PlannedSwap"]
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: migrated on load (its `options` read into the typed sections)
@@ -22,19 +31,13 @@ READABLE_VERSIONS = (1, 2)  # 1: migrated on load (its `options` read into the t
 class PlannedBuffer:
     """One arena buffer: its values, byte size, class, EO span and offset."""
 
-    name: str
-    bytes: int
-    vclass: str
-    first_eo: int
-    last_eo: int
-    offset: int
-    aliases: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["class"] = d.pop("vclass")
-        d["aliases"] = list(self.aliases)
-        return d
+    name: Annotated[str, doc("the buffer (alias-group root)")]
+    bytes: Annotated[int, doc("its size")]
+    vclass: Annotated[str, doc("its value class", alias="class")]
+    first_eo: Annotated[int, doc("the EO that writes it first")]
+    last_eo: Annotated[int, doc("the EO that reads it last")]
+    offset: Annotated[int, doc("its arena offset")]
+    aliases: Annotated[tuple[str, ...], doc("values merged into it")] = ()
 
 
 @dataclass(frozen=True)
@@ -47,57 +50,55 @@ class PlannedSwap:
     use). `write` False: the store already holds these bytes, the swap-out only frees memory.
     """
 
-    value: str  # the buffer (alias-group root) that leaves memory; also the store slot
-    bytes: int
-    vclass: str
-    out_node: str
-    in_node: str
-    out_eo: int
-    in_eo: int
-    last_use: str = ""  # node before the gap ("" for a step input fed before EO 0)
-    next_use: str = ""  # node after the gap
-    write: bool = True
-    wraps: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["class"] = d.pop("vclass")
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "PlannedSwap":
-        return cls(d["value"], int(d["bytes"]), d["class"], d["out_node"], d["in_node"], int(d["out_eo"]),
-                   int(d["in_eo"]), d.get("last_use", ""), d.get("next_use", ""), bool(d.get("write", True)),
-                   bool(d.get("wraps", False)))
+    value: Annotated[str, doc("the buffer (alias-group root) that leaves memory; also the store slot")]
+    bytes: Annotated[int, doc("its size")]
+    vclass: Annotated[str, doc("its value class", alias="class")]
+    out_node: Annotated[str, doc("its SwapOut node")]
+    in_node: Annotated[str, doc("its SwapIn node")]
+    out_eo: Annotated[int, doc("the EO its memory is released")]
+    in_eo: Annotated[int, doc("the EO its bytes come back")]
+    last_use: Annotated[str, doc("node before the gap (\"\" for a step input fed before EO 0)")] = ""
+    next_use: Annotated[str, doc("node after the gap")] = ""
+    write: Annotated[bool, doc("false: the store already holds these bytes, the swap-out only frees memory")] = True
+    wraps: Annotated[bool, doc("a persistent value whose home between steps is the swap store")] = False
 
 
 @dataclass(frozen=True)
 class Plan:
     """A promise the executor keeps: order, where every transient byte lives, the peak."""
 
-    model: str
-    order: tuple[str, ...]
-    buffers: tuple[PlannedBuffer, ...]
-    persistent_bytes: int
-    arena_bytes: int
-    lower_bound_bytes: int  # persistent + live-bytes bound of the transient part
-    planner: str
-    order_policy: str
-    solve_seconds: float
-    passes: tuple[str, ...] = ()
-    settings: PlanSettings = PlanSettings()
-    solver: SolverStats = SolverStats()
-    swap: SwapRecord = SwapRecord()  # the swap policy's record (policy "none": no swap)
-    checkpoint: CheckpointRecord | None = None  # a checkpoint policy's schedule (onnxplan.budget)
-    strategy: StrategyRecord | None = None  # the budget layer's choice when no policy was named
-    joint: JointRecord | None = None  # the joint solver's schedule (strategy "joint")
-    swaps: tuple[PlannedSwap, ...] = ()  # onnxplan.swap: evictions; the order holds their nodes
-    # what the plan was made for: StepGraph.fingerprint() of the loaded (pre-pass) graph, the
-    # onnxplan version, and the model reference `run --plan` resolves without a MODEL
-    # (model: zoo name or absolute path; batch, dims, optimizer, loss; content_hash)
-    graph_fingerprint: str = ""
-    onnxplan_version: str = ""
-    source: dict[str, Any] = field(default_factory=dict)
+    model: Annotated[str, doc("the step graph's name")]
+    order: Annotated[tuple[str, ...], doc("node names in execution order (swap nodes included)")]
+    buffers: Annotated[tuple[PlannedBuffer, ...], doc("the arena buffers (PlannedBuffer)")]
+    persistent_bytes: Annotated[int, doc("parameters, optimizer state, constants (the state region)")]
+    arena_bytes: Annotated[int, doc("the arena of every transient buffer")]
+    lower_bound_bytes: Annotated[int, doc("persistent + the most transient bytes live at any EO of this order")]
+    planner: Annotated[str, doc("the offset planner whose placement this is")]
+    order_policy: Annotated[str, doc("`given`, `nntrainer`, `greedy`, `ilp` or `window`")]
+    solve_seconds: Annotated[float, doc("planning time")]
+    passes: Annotated[tuple[str, ...], doc(
+        "the pass pipeline, replayed on load: `realize`, [`interleave`], [`split-grad`], [`recompute:SCHEDULE`], "
+        "`inplace` or `inplace-state`")] = ()
+    settings: Annotated[PlanSettings, doc("what was asked of planning (PlanSettings)")] = field(default_factory=PlanSettings)
+    solver: Annotated[SolverStats, doc("how the order was found (SolverStats)")] = field(default_factory=SolverStats)
+    swap: Annotated[SwapRecord, doc("the swap policy's record (SwapRecord; policy `none`: no swap)")] = field(default_factory=SwapRecord)
+    checkpoint: Annotated[CheckpointRecord | None, doc(
+        "the recompute schedule a checkpoint policy chose (CheckpointRecord); null: no policy")] = None
+    strategy: Annotated[StrategyRecord | None, doc(
+        "the budget layer's choice under a budget with no policy named, or the strategy named (`--strategy`) "
+        "(StrategyRecord); null otherwise")] = None
+    joint: Annotated[JointRecord | None, doc(
+        "the joint solver's schedule (strategy `joint`: JointRecord); null otherwise")] = None
+    swaps: Annotated[tuple[PlannedSwap, ...], doc(
+        "onnxplan.swap's evictions (PlannedSwap); the order holds their nodes")] = ()
+    graph_fingerprint: Annotated[str, doc(
+        "sha256 of the loaded step graph before passes (`StepGraph.fingerprint`: nodes, attributes, every "
+        "value's class, dtype and shape, inputs, outputs, opsets, optimizer settings, loss, constants): a plan "
+        "for another graph (model, batch, `--dim`, optimizer, loss) is refused, exit 2")] = ""
+    onnxplan_version: Annotated[str, doc("the onnxplan that made the plan")] = ""
+    source: Annotated[dict[str, Any], doc(
+        "the model reference `run --plan` resolves without a MODEL: `model` (zoo name or absolute path), "
+        "`batch`, `dims`, `optimizer`, `loss`, `train`, `freeze`, `content_hash`")] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -108,71 +109,40 @@ class Plan:
         transient_bound = self.lower_bound_bytes - self.persistent_bytes
         return self.arena_bytes / transient_bound - 1.0 if transient_bound > 0 else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "model": self.model,
-            "onnxplan_version": self.onnxplan_version,
-            "graph_fingerprint": self.graph_fingerprint,
-            "source": self.source,
-            "order_policy": self.order_policy,
-            "planner": self.planner,
-            "passes": list(self.passes),
-            "settings": self.settings.to_json(),
-            "solver": self.solver.to_json(),
-            "swap": self.swap.to_json(),
-            "checkpoint": self.checkpoint.to_json() if self.checkpoint is not None else None,
-            "strategy": self.strategy.to_json() if self.strategy is not None else None,
-            "joint": self.joint.to_json() if self.joint is not None else None,
-            "options": self.options,  # schema 1's view of the sections above, for its readers; not read
-            "persistent_bytes": self.persistent_bytes,
-            "arena_bytes": self.arena_bytes,
-            "peak_bytes": self.peak_bytes,
-            "lower_bound_bytes": self.lower_bound_bytes,
-            "fragmentation": self.fragmentation,
-            "solve_seconds": self.solve_seconds,
-            "order": list(self.order),
-            "buffers": [b.to_json() for b in self.buffers],
-            "swaps": [s.to_json() for s in self.swaps],
-        }
-
     @property
     def options(self) -> dict[str, Any]:
         """The sections as schema 1's free-form `options` (written for readers of v1 files)."""
         return to_v1(self.settings, self.solver, self.swap, self.checkpoint, self.strategy, self.joint)
 
+    def to_json(self) -> dict[str, Any]:
+        """The plan file's object: its fields and the derived keys, in FILE_KEYS order."""
+        fields = dumped(self)
+        derived = {"schema_version": SCHEMA_VERSION, "options": self.options, "peak_bytes": self.peak_bytes,
+                   "fragmentation": self.fragmentation}
+        return {key: derived[key] if key in derived else fields[key] for key in FILE_KEYS}
+
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Plan":
-        """A plan of schema 2, or of schema 1 migrated (its `options` read into the sections);
-        any other version, or a malformed plan, is a one-line ModelError (exit 2)."""
+    def from_json(cls, d: Any) -> Plan:
+        """A plan of schema 2, or of schema 1 migrated (from_v1); any other version, or a
+        malformed plan, is a one-line ModelError (exit 2) naming the field path."""
         if not isinstance(d, dict):
             raise ModelError(f"not a plan: the JSON is {type(d).__name__}, not an object")
         version = d.get("schema_version")
         if version not in READABLE_VERSIONS:
             raise ModelError(f"plan schema_version {version!r} is not one this onnxplan reads "
                              f"({', '.join(map(str, READABLE_VERSIONS))}): make the plan again with `onnxplan plan -o`")
-        try:
-            buffers = tuple(
-                PlannedBuffer(b["name"], int(b["bytes"]), b["class"], int(b["first_eo"]),
-                              int(b["last_eo"]), int(b["offset"]), tuple(b.get("aliases", ())))
-                for b in d["buffers"]
-            )
-            sections = from_v1(dict(d.get("options") or {})) if version == 1 else _sections(d)
-            return cls(d["model"], tuple(d["order"]), buffers, int(d["persistent_bytes"]),
-                       int(d["arena_bytes"]), int(d["lower_bound_bytes"]), d["planner"],
-                       d["order_policy"], float(d["solve_seconds"]), tuple(d.get("passes", ())),
-                       swaps=tuple(PlannedSwap.from_json(s) for s in d.get("swaps", ())),
-                       graph_fingerprint=str(d.get("graph_fingerprint", "")),
-                       onnxplan_version=str(d.get("onnxplan_version", "")),
-                       source=dict(d.get("source") or {}), **sections)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ModelError(f"malformed plan: {type(exc).__name__}: {exc}") from None
+        if version == 1:  # the one place schema 1 is read: its `options` become the sections
+            d = {**d, **from_v1(dict(d.get("options") or {}))}
+        missing = next((k for k in REQUIRED_SECTIONS if k not in d), None)
+        if missing is not None:
+            raise ModelError(f"malformed plan: {missing}: field required")
+        return validated(cls, d, ModelError, "malformed plan: ")
 
     @classmethod
-    def load(cls, path: Path | str) -> "Plan":
+    def load(cls, path: Path | str) -> Plan:
         path = Path(path)
         try:
             return cls.from_json(json.loads(path.read_text()))
@@ -188,13 +158,19 @@ class Plan:
             raise ModelError(f"{path}: {exc}") from None
 
 
-def _sections(d: dict[str, Any]) -> dict[str, Any]:
-    """The typed sections of a schema-2 plan (Plan field name -> record)."""
-    return {
-        "settings": PlanSettings.from_json(d["settings"]),
-        "solver": SolverStats.from_json(d["solver"]),
-        "swap": SwapRecord.from_json(d["swap"]),
-        "checkpoint": CheckpointRecord.from_json(d["checkpoint"]) if d.get("checkpoint") else None,
-        "strategy": StrategyRecord.from_json(d["strategy"]) if d.get("strategy") else None,
-        "joint": JointRecord.from_json(d["joint"]) if d.get("joint") else None,
-    }
+# The plan file's keys in the order they are written. Those that are not fields of Plan are
+# derived when writing and ignored when reading (DERIVED_KEYS: their PLAN_SCHEMA.md rows).
+FILE_KEYS = ("schema_version", "model", "onnxplan_version", "graph_fingerprint", "source", "order_policy", "planner",
+             "passes", "settings", "solver", "swap", "checkpoint", "strategy", "joint", "options",
+             "persistent_bytes", "arena_bytes", "peak_bytes", "lower_bound_bytes", "fragmentation", "solve_seconds",
+             "order", "buffers", "swaps")
+DERIVED_KEYS = {
+    "schema_version": ("int", str(SCHEMA_VERSION)),
+    "options": ("object", ("schema 1's free-form view of `settings`, `solver`, `swap` (under `swap`), "
+                           "`checkpoint`, `strategy` (as `memory_strategy`) and `joint`, written for readers of "
+                           "schema-1 files; **never read**")),
+    "peak_bytes": ("int", "persistent + arena"),
+    "fragmentation": ("float", "arena / transient bound - 1"),
+}
+# A schema-2 file names these sections even when they hold their defaults.
+REQUIRED_SECTIONS = ("settings", "solver", "swap")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import numpy as np
 
@@ -15,7 +15,8 @@ from onnxplan.errors import EXIT_FAILURE, OnnxplanError
 from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, run_plan
-from onnxplan.executor.swap_account import swap_accounting
+from onnxplan.executor.swap_account import SwapAccounting, swap_accounting
+from onnxplan.json_models import doc, dumped, optional
 from onnxplan.loading.request import LoadRequest
 from onnxplan.memprobe import ProbeError
 from onnxplan.plan import Plan
@@ -23,7 +24,8 @@ from onnxplan.sizes import format_bytes
 from onnxplan.threads import current as current_threads
 from onnxplan.verification.step_check import verify_run
 
-__all__ = ["RUNTIME_OVERHEAD_BYTES", "RunFailed", "RunReport", "budget_check", "predicted_step", "run_prepared"]
+__all__ = ["RUNTIME_OVERHEAD_BYTES", "BudgetCheck", "Measurement", "RunFailed", "RunReport", "budget_check",
+           "predicted_step", "run_prepared"]
 
 # What a measured peak may exceed the plan by without a tensor outside it (README: Concepts,
 # Executor): on the CPU the interpreter's and BLAS's working memory (1-9 MiB on the zoo) plus
@@ -32,13 +34,33 @@ __all__ = ["RUNTIME_OVERHEAD_BYTES", "RunFailed", "RunReport", "budget_check", "
 # against a budget less this allowance (budget_check).
 RUNTIME_OVERHEAD_BYTES = {"cpu": 18 << 20, "cuda": 2 << 20}
 
-OPTIONAL = ("measurement", "verification", "ort_loss", "budget_check")  # keys of to_json only when present
 
 
 class RunFailed(OnnxplanError):
     """Measuring failed (a crashed or killed subprocess)."""
 
     exit_code = EXIT_FAILURE
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """How the peak was measured: a fresh process's probe on the CPU (with its median step), or
+    CuPy's pool on a GPU (with what the pool holds in all)."""
+
+    method: Annotated[str, doc("the probe's method")]
+    pool_total_bytes: Annotated[int | None, optional("GPU: what CuPy's pool holds in all (cached blocks)")] = None
+    median_step_seconds_in_probe: Annotated[float | None, optional("CPU: the probe process's median step")] = None
+    state_alignment_bytes: Annotated[int, doc("the state slots' alignment to 64 B")] = 0
+
+
+@dataclass(frozen=True)
+class BudgetCheck:
+    """A measured peak against the budget asked (budget_check)."""
+
+    budget_bytes: Annotated[int, doc("the budget")]
+    overhead_bytes: Annotated[int, doc("the runtime's fixed overhead allowed (RUNTIME_OVERHEAD_BYTES)")]
+    fits: Annotated[bool, doc("the plan fits and the measured peak less the overhead does too")]
+    line: Annotated[str | None, doc("what to say (null: the measured peak is within the budget)")]
 
 
 @dataclass
@@ -70,21 +92,19 @@ class RunReport:
     max_rel_diff: float | None = None
     worst: list[str] = field(default_factory=list)
     threads: dict[str, Any] = field(default_factory=dict)  # what each thread pool got (onnxplan.threads)
-    swap: dict[str, Any] | None = None  # swap accounting (onnxplan.executor.swap_account)
+    swap: SwapAccounting | None = None  # swap accounting (onnxplan.executor.swap_account)
     predicted_step_seconds: float | None = None
     predicted_from: str = ""
     device: str = "cpu"
-    measurement: dict[str, Any] | None = None  # how the peak was measured
-    verification: dict[str, Any] | None = None  # per step checks (onnxplan.verification)
-    ort_loss: list[float] | None = None
-    budget_check: dict[str, Any] | None = None  # the measured peak against the budget (budget_check)
+    measurement: Annotated[Measurement | None, optional("how the peak was measured")] = None
+    # per step checks (onnxplan.verification.step_check.Verification.as_dict)
+    verification: Annotated[dict[str, Any] | None, optional("per step checks against ONNX Runtime")] = None
+    ort_loss: Annotated[list[float] | None, optional("ONNX Runtime's loss per step")] = None
+    budget_check: Annotated[BudgetCheck | None, optional("the measured peak against the budget")] = None
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        for key in OPTIONAL:
-            if d[key] is None:
-                del d[key]
-        return d
+        """`run --json`: every field; measurement, verification, ort_loss and budget_check only when present."""
+        return dumped(self)
 
 
 def predicted_step(plan: Plan) -> tuple[float | None, str]:
@@ -129,8 +149,8 @@ def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: in
     alignment = res.state_region_bytes - res.persistent_bytes
     if device_peak is not None:  # the run above, counted on the device: no subprocess needed
         _measured(out, device_peak.peak)
-        out.measurement = {"method": "device memory held by live CuPy arrays (pool memory hook)",
-                           "pool_total_bytes": device_peak.pool_total_bytes, "state_alignment_bytes": alignment}
+        out.measurement = Measurement("device memory held by live CuPy arrays (pool memory hook)",
+                                      pool_total_bytes=device_peak.pool_total_bytes, state_alignment_bytes=alignment)
     elif measure:
         try:
             tell("measuring the peak in a fresh process")
@@ -139,9 +159,9 @@ def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: in
         except ProbeError as exc:
             raise RunFailed(f"measuring the peak failed: {exc}") from None
         _measured(out, peak)
-        out.measurement = {"method": child["probe"]["method"],
-                           "median_step_seconds_in_probe": _median(child["step_seconds"]),
-                           "state_alignment_bytes": alignment}
+        out.measurement = Measurement(child["probe"]["method"],
+                                      median_step_seconds_in_probe=_median(child["step_seconds"]),
+                                      state_alignment_bytes=alignment)
     if budget is not None and out.measured_peak_bytes is not None:
         out.budget_check = budget_check(out.peak_bytes, out.measured_peak_bytes, budget,
                                         RUNTIME_OVERHEAD_BYTES["cpu" if xp is np else "cuda"])
@@ -156,7 +176,7 @@ def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: in
     return out
 
 
-def budget_check(planned: int, measured: int, budget: int, overhead: int) -> dict[str, Any]:
+def budget_check(planned: int, measured: int, budget: int, overhead: int) -> BudgetCheck:
     """A measured peak against the budget asked: `fits` unless the plan misses it or the measured
     peak less the runtime's fixed `overhead` (RUNTIME_OVERHEAD_BYTES) exceeds it (something
     outside the plan grew with the step); `line` says so, or that the measured peak is over the
@@ -175,14 +195,14 @@ def budget_check(planned: int, measured: int, budget: int, overhead: int) -> dic
         line = (f"measured peak {format_bytes(measured)} is {format_bytes(over)} over the budget "
                 f"{format_bytes(budget)}, within the runtime's fixed overhead ({format_bytes(overhead)}: "
                 f"interpreter, BLAS, torch); the plan ({format_bytes(planned)}) fits")
-    return {"budget_bytes": budget, "overhead_bytes": overhead, "fits": fits, "line": line}
+    return BudgetCheck(budget, overhead, fits, line)
 
 
 def _measured(out: RunReport, peak: int) -> None:
     out.measured_peak_bytes = peak
     out.measured_minus_planned_bytes = peak - out.peak_bytes
     if out.swap is not None:
-        out.swap["measured_peak_bytes"] = peak
+        out.swap.measured_peak_bytes = peak
 
 
 def _median(xs) -> float:

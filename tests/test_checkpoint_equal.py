@@ -48,4 +48,4 @@ def test_recomputation_changes_no_number(baseline, policy):
     for k, v in base.params.items():
         np.testing.assert_allclose(res.params[k], v, rtol=1e-6, atol=1e-12, err_msg=f"{name} {policy} {k}")
     if policy == "sqrt":  # sqrt always re-runs its segments: the test exercises recomputation
-        assert max(s["runs"] for s in res.plan.checkpoint.stages) > 1
+        assert max(s.runs for s in res.plan.checkpoint.stages) > 1

@@ -55,13 +55,13 @@ def test_budget_check_both_ways():
 
     mib, overhead = 1 << 20, 18 << 20
     under = budget_check(3 * mib, 3 * mib + 1, 4 * mib, overhead)
-    assert under["fits"] and under["line"] is None
+    assert under.fits and under.line is None
     within = budget_check(3 * mib, 8 * mib, 4 * mib, overhead)  # a correct run: the runtime's overhead
-    assert within["fits"] and "within the runtime's fixed overhead" in within["line"]
+    assert within.fits and "within the runtime's fixed overhead" in within.line
     beyond = budget_check(3 * mib, 4 * mib + overhead + 1, 4 * mib, overhead)  # something outside the plan grew
-    assert not beyond["fits"] and beyond["line"].startswith("the run misses the budget 4.00 MiB: measured peak")
+    assert not beyond.fits and beyond.line.startswith("the run misses the budget 4.00 MiB: measured peak")
     planned_over = budget_check(5 * mib, 5 * mib, 4 * mib, overhead)
-    assert not planned_over["fits"] and "planned peak 5.00 MiB" in planned_over["line"]
+    assert not planned_over.fits and "planned peak 5.00 MiB" in planned_over.line
 
 
 @pytest.mark.parametrize("fault", [False, True])

@@ -199,7 +199,7 @@ def test_report_null_planned_peak(tmp_path, results):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     _one_line(_run("report", str(bad), "-o", str(tmp_path / "r.html")), 2,
-              "rows[0].planned_peak_bytes is null")
+              "rows[0].planned_peak_bytes: input should be a valid number")
     assert _left(tmp_path) == ["bad.json"]
 
 

@@ -9,9 +9,10 @@ from onnxplan.gate import OverBudget, gate_exit_code, over_budget
 
 def test_a_model_no_plan_fits_is_over_budget_with_its_smallest_plan():
     config = BenchConfig(["a", "b", "c"], parse_strategies("ci"), None, [], budgets={"a": 100, "b": 100})
-    rows = [{"model": "a", "strategy": "x", "planned_peak_bytes": 150}, {"model": "a", "strategy": "y", "planned_peak_bytes": 120},
-            {"model": "b", "strategy": "x", "planned_peak_bytes": 90}, {"model": "b", "strategy": "y", "planned_peak_bytes": 200},
-            {"model": "c", "strategy": "x", "planned_peak_bytes": 10**9}]
+    def row(model, strategy, peak):  # the fields a bench row must have (onnxplan.bench.result_models.BenchRow)
+        return {"model": model, "batch": 4, "strategy": strategy, "planned_peak_bytes": peak, "lower_bound_bytes": 0}
+
+    rows = [row("a", "x", 150), row("a", "y", 120), row("b", "x", 90), row("b", "y", 200), row("c", "x", 10**9)]
     assert over_budget(rows, config) == [OverBudget("a", 100, 120, "y")]
 
 

@@ -66,7 +66,7 @@ def test_budget_per_model_fails_with_exit_3_naming_the_model(project):
 
 
 @pytest.mark.parametrize("text, words", [
-    ('[tool.onnxplan]\nmodels = ["mlp"]\n', "no 'baseline'"),
+    ('[tool.onnxplan]\nmodels = ["mlp"]\n', "baseline: field required"),
     ('[tool.onnxplan]\nbaseline = "b.json"\nmodle = 1\n', "unknown key 'modle'"),
     ('[tool.onnxplan]\nbaseline = "b.json"\nbudgets = {mlp = "lots"}\n', "budgets.mlp"),
     ('[tool.onnxplan]\nbaseline = "b.json"\nmodels = [{model = "mlp", batch = 0}]\n', "models[0].batch"),

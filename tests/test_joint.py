@@ -397,7 +397,7 @@ def test_api_plan_takes_a_strategy():
 
 def _limits(out) -> float:
     """Every CP-SAT time limit the joint rounds of an outcome set (seconds)."""
-    return sum(sum(r.get("cpsat_limits", ())) for r in out.plan.joint.rounds)
+    return sum(sum(r.cpsat_limits or ()) for r in out.plan.joint.rounds)
 
 
 def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_schedule(monkeypatch):
@@ -429,13 +429,13 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
                                  rates=StoreRates(2.5e8, 1e-10), seen=seen)
     j = out.plan.joint
     assert set(seen) == {"joint", "recompute", "swap", "joint-recompute"}
-    weighed = {c["strategy"]: c for c in j.candidates}
-    assert weighed["joint"]["predicted_step_seconds"] > 1.0
-    fitting = [c for c in j.candidates if c["fits"]]
+    weighed = {c.strategy: c for c in j.candidates}
+    assert weighed["joint"].predicted_step_seconds > 1.0
+    fitting = [c for c in j.candidates if c.fits]
     assert len(fitting) >= 2 and j.chosen != "joint"
-    fastest = min(c["predicted_step_seconds"] for c in fitting)
-    chosen = next(c for c in fitting if c["strategy"] == j.chosen)
-    assert chosen["predicted_step_seconds"] <= fastest * (1 + bj.TIE)
+    fastest = min(c.predicted_step_seconds for c in fitting)
+    chosen = next(c for c in fitting if c.strategy == j.chosen)
+    assert chosen.predicted_step_seconds <= fastest * (1 + bj.TIE)
     assert out is seen[j.chosen] and out.plan.peak_bytes <= budget
     assert j.notes[-1].startswith(f"{j.chosen} chosen")
     plan = Plan.from_json(json.loads(out.plan.dumps()))  # its file: passes replayed, records checked
@@ -459,7 +459,7 @@ def test_the_joint_solves_keep_to_their_total_deadline():
     budget = plain.plan.persistent_bytes + int(0.6 * plain.plan.arena_bytes)
     out, _ = plan_joint(graph, budget, OPTS, swap_bandwidth=2.5e8, time_limit=10, rounds=3, total_seconds=2.0)
     rounds = out.plan.joint.rounds
-    assert rounds and all(r["time_limit"] <= 10 for r in rounds if "time_limit" in r)
+    assert rounds and all(r.time_limit <= 10 for r in rounds if r.time_limit is not None)
     slack = MIN_SOLVE_SECONDS * 3 * len(rounds)  # a solve past its deadline still gets this much
     assert _limits(out) <= 2.0 + slack
     seen = {}
@@ -595,6 +595,6 @@ def test_the_joint_strategy_breaks_a_tie_by_the_least_cpu(monkeypatch):
         monkeypatch.setattr(bj, "step_price", planted)
         out = bj.plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=6.0,
                                      rates=StoreRates(2.5e8, 1e-10))
-        weighed = {c["strategy"]: c for c in out.plan.joint.candidates}
-        assert weighed["swap"]["fits"], "the test needs swap to fit"
+        weighed = {c.strategy: c for c in out.plan.joint.candidates}
+        assert weighed["swap"].fits, "the test needs swap to fit"
         assert (out.plan.joint.chosen == "swap") == (winner == "swap")

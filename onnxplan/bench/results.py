@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from onnxplan.bench.result_models import BenchRow, ResultsFile, row_fields
 from onnxplan.errors import ModelError
+from onnxplan.json_models import validated
 
 __all__ = [
     "BUFFER_COLUMNS",
@@ -35,20 +37,7 @@ RESULTS_KIND = "onnxplan-bench"
 BUFFER_COLUMNS = ("name", "bytes", "class", "first_eo", "last_eo", "offset")
 
 # Every row carries these keys (null where not measured); documented in onnxplan/bench/SCHEMA.md.
-ROW_FIELDS = (
-    "model", "batch", "optimizer", "loss", "strategy", "order", "planner", "interleave", "inplace",
-    "nodes", "buffers",
-    "planned_peak_bytes", "lower_bound_bytes", "persistent_bytes", "arena_bytes", "fragmentation",
-    "solve_seconds", "budget_bytes", "fits_budget",
-    "measured", "measured_peak_bytes", "median_step_seconds", "min_step_seconds", "max_step_seconds",
-    "steps_timed", "first_loss", "measure_error", "measured_as",
-    "ort_peak_bytes", "ort_median_step_seconds", "ort_min_step_seconds", "ort_max_step_seconds",
-    "ort_first_loss", "ort_error",
-    "torch_peak_bytes", "torch_median_step_seconds", "torch_min_step_seconds", "torch_max_step_seconds",
-    "torch_first_loss", "torch_error", "host",
-    "threads", "pool_threads", "ort_threads", "torch_threads",
-)
-_REQUIRED = ("model", "strategy", "planned_peak_bytes", "lower_bound_bytes")
+ROW_FIELDS = row_fields()
 
 
 def machine_info() -> dict[str, Any]:
@@ -100,9 +89,10 @@ def new_results(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def row_key(row: dict[str, Any]) -> tuple[str, int | None, str]:
+def row_key(row: dict[str, Any] | BenchRow) -> tuple[str, int | None, str]:
     """What identifies a row across runs: (model, batch, strategy)."""
-    return (row["model"], row.get("batch"), row["strategy"])
+    r = row if isinstance(row, BenchRow) else BenchRow.of(row)
+    return (r.model, r.batch, r.strategy)
 
 
 def plan_key(model: str, batch: int | None, strategy: str) -> str:
@@ -117,44 +107,29 @@ def peer_key(model: str, batch: int | None) -> str:
 
 # A plan holds at least one parameter, a step takes time: 0 is as impossible there as a negative.
 _POSITIVE = ("planned_peak_bytes", "median_step_seconds")
+_CHECKED = ("planned_peak_bytes", "lower_bound_bytes", "measured_peak_bytes", "median_step_seconds")
 
 
 def validate_results(doc: Any, source: str) -> dict[str, Any]:
-    """Check the shape of a results document; ModelError (exit 2) naming what is wrong."""
+    """Check a results document against ResultsFile (ModelError, exit 2, naming the field path)
+    and its figures for values no plan or run can have; the document with its optional sections
+    filled in."""
     if not isinstance(doc, dict):
         raise ModelError(f"{source}: not an onnxplan bench results file (top level is not an object)")
     version = doc.get("schema_version")
     if version != RESULTS_SCHEMA_VERSION:
         raise ModelError(f"{source}: schema_version {version!r}, expected {RESULTS_SCHEMA_VERSION}")
-    rows = doc.get("rows")
-    if not isinstance(rows, list):
-        raise ModelError(f"{source}: no 'rows' list")
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ModelError(f"{source}: rows[{i}] is not an object")
-        missing = [k for k in _REQUIRED if k not in row]
-        if missing:
-            raise ModelError(f"{source}: rows[{i}] lacks {', '.join(missing)}")
-        if not isinstance(row["model"], str) or not isinstance(row["strategy"], str):
-            raise ModelError(f"{source}: rows[{i}]: model and strategy must be strings")
-        for k in ("planned_peak_bytes", "lower_bound_bytes", "measured_peak_bytes", "median_step_seconds"):
-            v = row.get(k)
-            if v is None and k in _REQUIRED:
-                raise ModelError(f"{source}: rows[{i}].{k} is null; every row has a plan, so it must be a number")
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ModelError(f"{source}: rows[{i}].{k} is {v!r}, not a number or null")
+    typed = validated(ResultsFile, doc, ModelError, f"{source}: ")
+    for i, row in enumerate(typed.rows):
+        for k in _CHECKED:
+            v = getattr(row, k)
             if v is not None and not ((v > 0 if k in _POSITIVE else v >= 0) and v < float("inf")):
-                raise ModelError(f"{source}: rows[{i}] ({row['model']}, {row['strategy']}) has {k} {v!r}: not a "
-                                 f"possible value ({'positive' if k in _POSITIVE else 'non-negative'} and finite); "
-                                 "is the file corrupt or edited?")
-    for section in ("plans", "peers"):
-        if not isinstance(doc.setdefault(section, {}), dict):
-            raise ModelError(f"{source}: '{section}' is not an object")
-    if not isinstance(doc.setdefault("runs", []), list):
-        raise ModelError(f"{source}: 'runs' is not a list")
-    doc.setdefault("config", {})
-    doc.setdefault("machine", {})
-    doc.setdefault("buffer_columns", list(BUFFER_COLUMNS))
+                raise ModelError(f"{source}: rows[{i}] ({row.model}, {row.strategy}) has {k} {doc['rows'][i][k]!r}: "
+                                 f"not a possible value ({'positive' if k in _POSITIVE else 'non-negative'} and "
+                                 "finite); is the file corrupt or edited?")
+    for section, empty in (("plans", {}), ("peers", {}), ("runs", []), ("config", {}), ("machine", {}),
+                           ("buffer_columns", list(BUFFER_COLUMNS))):
+        doc.setdefault(section, empty)
     return doc
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 from onnxplan.bench.measure import MEASURED_FIELDS, measure_plan
 from onnxplan.bench.peers import measure_peer, peer_row_fields
+from onnxplan.bench.result_models import BenchRow, PeerFigures
 from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.data import read_metadata
 from onnxplan.errors import OnnxplanError
+from onnxplan.json_models import record_of
 from onnxplan.loading.request import LoadRequest
 from onnxplan.loading.resolve import resolve_artifacts
 from onnxplan.loading.step import step_at
@@ -114,13 +116,14 @@ def _row_done(row: dict | None, config: BenchConfig) -> bool:
     """A row kept from an earlier run: measured when measuring, at this run's thread count."""
     if row is None:
         return False
-    return not config.measure or (bool(row.get("measured")) and row.get("threads") == config.thread_count)
+    r = BenchRow.of(row)
+    return not config.measure or (bool(r.measured) and r.threads == config.thread_count)
 
 
 def _peers_todo(doc: dict, key: str, config: BenchConfig) -> list[str]:
-    have = doc["peers"].get(key, {})
-    return [p for p in config.peers if p not in have or have[p].get("error")
-            or (have[p].get("threads") or {}).get("threads") != config.thread_count]
+    have = {name: record_of(PeerFigures, figures) for name, figures in doc["peers"].get(key, {}).items()}
+    return [p for p in config.peers if p not in have or have[p].error
+            or (have[p].threads or {}).get("threads") != config.thread_count]
 
 
 def count_tasks(config: BenchConfig) -> int:
@@ -218,7 +221,8 @@ def _start_run(doc: dict) -> dict:
 def _fill_peers(doc: dict, model: str, batch: int | None) -> None:
     figures = doc["peers"].get(peer_key(model, batch), {})
     for row in doc["rows"]:
-        if row["model"] == model and row.get("batch") == batch:
+        r = BenchRow.of(row)
+        if r.model == model and r.batch == batch:
             for peer in ("ort", "torch"):
                 if peer in figures:
                     row.update(peer_row_fields(peer, figures[peer]))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import plotly.graph_objects as go
 
+from onnxplan.bench.result_models import BenchRow, PeerFigures, PlanEntry
 from onnxplan.offsets.buffers import Buffer, live_bytes_by_eo
+from onnxplan.plan import PlannedBuffer
+from onnxplan.report.model_data import ModelGroup, plan_buffers
 
 __all__ = [
     "CLASS_COLORS",
@@ -52,21 +53,19 @@ def _plans_visibility(counts: list[int]) -> list[list[bool]]:
     return out
 
 
-def _layout_traces(plan: dict[str, Any], columns: list[str], visible: bool) -> list[go.Bar]:
+def _layout_traces(plan: PlanEntry, columns: list[str], visible: bool) -> list[go.Bar]:
     """One horizontal bar trace per value class: bar = buffer, x = EO span, y = offset range."""
-    idx = {c: i for i, c in enumerate(columns)}
-    by_class: dict[str, list[list]] = {}
-    for b in plan["buffers"]:
-        if b[idx["bytes"]] > 0:
-            by_class.setdefault(b[idx["class"]], []).append(b)
+    by_class: dict[str, list[PlannedBuffer]] = {}
+    for b in plan_buffers(plan, columns):
+        if b.bytes > 0:
+            by_class.setdefault(b.vclass, []).append(b)
     traces = []
     for vclass, bufs in sorted(by_class.items()):
-        first = [b[idx["first_eo"]] for b in bufs]
-        span = [b[idx["last_eo"]] - b[idx["first_eo"]] + 1 for b in bufs]
-        size = [b[idx["bytes"]] / MIB for b in bufs]
-        mid = [b[idx["offset"]] / MIB + s / 2 for b, s in zip(bufs, size)]
-        custom = [[b[idx["name"]], b[idx["bytes"]], vclass, b[idx["first_eo"]], b[idx["last_eo"]],
-                   b[idx["offset"]]] for b in bufs]
+        first = [b.first_eo for b in bufs]
+        span = [b.last_eo - b.first_eo + 1 for b in bufs]
+        size = [b.bytes / MIB for b in bufs]
+        mid = [b.offset / MIB + s / 2 for b, s in zip(bufs, size)]
+        custom = [[b.name, b.bytes, vclass, b.first_eo, b.last_eo, b.offset] for b in bufs]
         traces.append(go.Bar(
             x=span, base=first, y=mid, width=size, orientation="h", name=vclass, visible=visible,
             marker={"color": _color(vclass), "line": {"color": "rgba(0,0,0,0.45)", "width": 0.5}},
@@ -77,7 +76,7 @@ def _layout_traces(plan: dict[str, Any], columns: list[str], visible: bool) -> l
     return traces
 
 
-def layout_figure(model: str, plans: list[tuple[str, dict]], columns: list[str], active: int = 0) -> go.Figure:
+def layout_figure(model: str, plans: list[tuple[str, PlanEntry]], columns: list[str], active: int = 0) -> go.Figure:
     """The arena of each strategy's plan (dropdown): rectangles coloured by value class."""
     fig = go.Figure()
     counts = []
@@ -85,8 +84,8 @@ def layout_figure(model: str, plans: list[tuple[str, dict]], columns: list[str],
         traces = _layout_traces(plan, columns, i == active)
         counts.append(len(traces))
         fig.add_traces(traces)
-    titles = [f"{model}: arena layout, {name} ({plan['order_policy']}+{plan['planner']}, "
-              f"arena {plan['arena_bytes'] / MIB:.2f} MiB)" for name, plan in plans]
+    titles = [f"{model}: arena layout, {name} ({plan.order_policy}+{plan.planner}, "
+              f"arena {plan.arena_bytes / MIB:.2f} MiB)" for name, plan in plans]
     fig.update_layout(
         **_BASE, title=titles[active], xaxis_title="execution order (EO)", yaxis_title="arena offset (MiB)",
         bargap=0, barmode="overlay",
@@ -95,17 +94,15 @@ def layout_figure(model: str, plans: list[tuple[str, dict]], columns: list[str],
     return fig
 
 
-def _live_series(plan: dict[str, Any], columns: list[str]) -> list[float]:
-    idx = {c: i for i, c in enumerate(columns)}
-    bufs = [Buffer(b[idx["name"]], b[idx["bytes"]], b[idx["first_eo"]], b[idx["last_eo"]])
-            for b in plan["buffers"]]
+def _live_series(plan: PlanEntry, columns: list[str]) -> list[float]:
+    bufs = [Buffer(b.name, b.bytes, b.first_eo, b.last_eo) for b in plan_buffers(plan, columns)]
     live = live_bytes_by_eo(bufs)
-    n = max(plan.get("eo_count", 0), len(live))
+    n = max(plan.eo_count, len(live))
     live = live + [0] * (n - len(live))
-    return [(plan["persistent_bytes"] + v) / MIB for v in live]
+    return [(plan.persistent_bytes + v) / MIB for v in live]
 
 
-def live_bytes_figure(model: str, plans: list[tuple[str, dict]], columns: list[str], budget: int | None,
+def live_bytes_figure(model: str, plans: list[tuple[str, PlanEntry]], columns: list[str], budget: int | None,
                       active: int = 0) -> go.Figure:
     """Bytes live at each EO (persistent + transient) against the lower bound, the planned
     peak and the budget, for each strategy (dropdown)."""
@@ -119,11 +116,11 @@ def live_bytes_figure(model: str, plans: list[tuple[str, dict]], columns: list[s
             go.Scatter(x=x, y=y, mode="lines", line={"shape": "hv", "color": "#4C78A8"}, fill="tozeroy",
                        name="live bytes", visible=vis,
                        hovertemplate="EO %{x}: %{y:.2f} MiB<extra>live</extra>"),
-            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan["lower_bound_bytes"] / MIB] * 2, mode="lines",
+            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan.lower_bound_bytes / MIB] * 2, mode="lines",
                        line={"dash": "dash", "color": "#54A24B"}, name="lower bound", visible=vis),
-            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan["peak_bytes"] / MIB] * 2, mode="lines",
+            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan.peak_bytes / MIB] * 2, mode="lines",
                        line={"dash": "dot", "color": "#F58518"}, name="planned peak", visible=vis),
-            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan["persistent_bytes"] / MIB] * 2, mode="lines",
+            go.Scatter(x=[0, max(len(y) - 1, 1)], y=[plan.persistent_bytes / MIB] * 2, mode="lines",
                        line={"dash": "dot", "color": "#9D755D", "width": 1}, name="persistent", visible=vis),
         ]
         if budget is not None:
@@ -138,27 +135,27 @@ def live_bytes_figure(model: str, plans: list[tuple[str, dict]], columns: list[s
     return fig
 
 
-def _peer_values(peers: dict[str, Any], field: str) -> tuple[list[str], list[float | None]]:
+def _peer_values(peers: dict[str, PeerFigures], name: str) -> tuple[list[str], list[float | None]]:
     names, values = [], []
     for key, label in (("ort", "ONNX Runtime"), ("torch", "PyTorch")):
-        value = (peers.get(key) or {}).get(field)
+        value = getattr(peers.get(key) or PeerFigures(), name)
         if value is not None:
             names.append(label)
             values.append(value)
     return names, values
 
 
-def peak_figure(model: str, rows: list[dict], peers: dict[str, Any]) -> go.Figure:
+def peak_figure(model: str, rows: list[BenchRow], peers: dict[str, PeerFigures]) -> go.Figure:
     """Peak memory by strategy (planned, lower bound, measured) next to ORT's and PyTorch's."""
-    names = [r["strategy"] for r in rows]
+    names = [r.strategy for r in rows]
     fig = go.Figure([
-        go.Bar(x=names, y=[r["planned_peak_bytes"] / MIB for r in rows], name="planned peak",
+        go.Bar(x=names, y=[r.planned_peak_bytes / MIB for r in rows], name="planned peak",
                marker_color="#4C78A8", hovertemplate="%{x}: %{y:.2f} MiB<extra>planned</extra>"),
-        go.Bar(x=names, y=[(r.get("measured_peak_bytes") or 0) / MIB if r.get("measured_peak_bytes") is not None
-                           else None for r in rows], name="measured peak (onnxplan)", marker_color="#72B7B2",
+        go.Bar(x=names, y=[None if r.measured_peak_bytes is None else r.measured_peak_bytes / MIB for r in rows],
+               name="measured peak (onnxplan)", marker_color="#72B7B2",
                hovertemplate="%{x}: %{y:.2f} MiB<extra>measured</extra>"),
     ])
-    fig.add_trace(go.Scatter(x=names, y=[r["lower_bound_bytes"] / MIB for r in rows], mode="markers",
+    fig.add_trace(go.Scatter(x=names, y=[r.lower_bound_bytes / MIB for r in rows], mode="markers",
                              marker={"symbol": "line-ew-open", "size": 28, "color": "#54A24B", "line": {"width": 3}},
                              name="lower bound", hovertemplate="%{x}: %{y:.2f} MiB<extra>lower bound</extra>"))
     pnames, pvalues = _peer_values(peers, "peak_bytes")
@@ -170,28 +167,31 @@ def peak_figure(model: str, rows: list[dict], peers: dict[str, Any]) -> go.Figur
     return fig
 
 
-def latency_figure(model: str, rows: list[dict], peers: dict[str, Any]) -> go.Figure:
-    """Median step latency by strategy (bars, min-max whiskers) next to ORT's and PyTorch's."""
-    def bar(names, rowsets, prefix, label, color):  # color: one, or one per bar
-        med = [r.get(f"{prefix}median_step_seconds") for r in rowsets]
-        lo = [r.get(f"{prefix}min_step_seconds") for r in rowsets]
-        hi = [r.get(f"{prefix}max_step_seconds") for r in rowsets]
-        ms = [None if m is None else m * 1000 for m in med]
-        plus = [None if m is None or h is None else (h - m) * 1000 for m, h in zip(med, hi)]
-        minus = [None if m is None or v is None else (m - v) * 1000 for m, v in zip(med, lo)]
-        return go.Bar(x=names, y=ms, name=label, marker_color=color,
-                      error_y={"type": "data", "array": plus, "arrayminus": minus, "visible": True},
-                      hovertemplate="%{x}: %{y:.1f} ms<extra>" + label + "</extra>")
+def _latency_bar(names: list[str], timed: list[BenchRow | PeerFigures], label: str, color) -> go.Bar:
+    """Median step per bar with min-max whiskers; `color`: one, or one per bar."""
+    med = [t.median_step_seconds for t in timed]
+    ms = [None if m is None else m * 1000 for m in med]
+    plus = [None if m is None or t.max_step_seconds is None else (t.max_step_seconds - m) * 1000
+            for m, t in zip(med, timed)]
+    minus = [None if m is None or t.min_step_seconds is None else (m - t.min_step_seconds) * 1000
+             for m, t in zip(med, timed)]
+    return go.Bar(x=names, y=ms, name=label, marker_color=color,
+                  error_y={"type": "data", "array": plus, "arrayminus": minus, "visible": True},
+                  hovertemplate="%{x}: %{y:.1f} ms<extra>" + label + "</extra>")
 
-    fig = go.Figure([bar([r["strategy"] for r in rows], rows, "", "onnxplan (median)", "#4C78A8")])
+
+def latency_figure(model: str, rows: list[BenchRow], peers: dict[str, PeerFigures]) -> go.Figure:
+    """Median step latency by strategy (bars, min-max whiskers) next to ORT's and PyTorch's."""
+    fig = go.Figure([_latency_bar([r.strategy for r in rows], rows, "onnxplan (median)", "#4C78A8")])
     pnames, prows = [], []
     for key, label in (("ort", "ONNX Runtime"), ("torch", "PyTorch")):
-        if (peers.get(key) or {}).get("median_step_seconds") is not None:
+        figures = peers.get(key)
+        if figures is not None and figures.median_step_seconds is not None:
             pnames.append(label)
-            prows.append(peers[key])
+            prows.append(figures)
     if pnames:
-        fig.add_trace(bar(pnames, prows, "", "peers (median)", [_PEER_COLORS[n] for n in pnames]))
-    measured = any(r.get("median_step_seconds") is not None for r in rows)
+        fig.add_trace(_latency_bar(pnames, prows, "peers (median)", [_PEER_COLORS[n] for n in pnames]))
+    measured = any(r.median_step_seconds is not None for r in rows)
     title = f"{model}: step latency" + ("" if measured else " (onnxplan not measured in this run)")
     fig.update_layout(**_BASE, title=title, yaxis_title="ms per training step", barmode="group")
     if not measured and not pnames:
@@ -200,16 +200,15 @@ def latency_figure(model: str, rows: list[dict], peers: dict[str, Any]) -> go.Fi
     return fig
 
 
-def overview_figure(best_rows: list[dict], peers_by_model: dict[str, dict]) -> go.Figure:
+def overview_figure(groups: list[ModelGroup]) -> go.Figure:
     """Every model: best planned peak, onnxplan measured, ORT and PyTorch peaks (log scale)."""
-    models = [r["model"] for r in best_rows]
-    series = [("planned (best strategy)", [r["planned_peak_bytes"] for r in best_rows], "#4C78A8"),
-              ("lower bound", [r["lower_bound_bytes"] for r in best_rows], "#54A24B"),
-              ("onnxplan measured", [r.get("measured_peak_bytes") for r in best_rows], "#72B7B2"),
-              ("ONNX Runtime", [(peers_by_model.get(m, {}).get("ort") or {}).get("peak_bytes") for m in models],
-               "#888888"),
-              ("PyTorch", [(peers_by_model.get(m, {}).get("torch") or {}).get("peak_bytes") for m in models],
-               "#EE4C2C")]
+    best = [g.best for g in groups]
+    models = [r.model for r in best]
+    series = [("planned (best strategy)", [r.planned_peak_bytes for r in best], "#4C78A8"),
+              ("lower bound", [r.lower_bound_bytes for r in best], "#54A24B"),
+              ("onnxplan measured", [r.measured_peak_bytes for r in best], "#72B7B2"),
+              ("ONNX Runtime", [g.peer("ort").peak_bytes for g in groups], "#888888"),
+              ("PyTorch", [g.peer("torch").peak_bytes for g in groups], "#EE4C2C")]
     fig = go.Figure()
     for name, values, color in series:
         if any(v is not None for v in values):

@@ -9,6 +9,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
+from onnxplan.bench.result_models import BenchRow, PeerFigures
 from onnxplan.bench.results import merge_results
 from onnxplan.report.figures import (
     latency_figure,
@@ -56,31 +57,30 @@ def _table(headers: list[str], rows: list[list[str]], best: int | None = None) -
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def _spread(fig: BenchRow | PeerFigures) -> str:
+    return "–" if fig.min_step_seconds is None else f"{_ms(fig.min_step_seconds)}–{_ms(fig.max_step_seconds)}"
+
+
 def _model_table(g: ModelGroup) -> str:
     headers = ["strategy", "order+planner", "interleave", "in-place", "planned MiB", "lower bound MiB",
                "persistent MiB", "arena MiB", "fragmentation", "measured MiB", "step ms (median)",
                "step ms (min–max)", "solve s", "fits budget"]
     rows = []
     for r in g.rows:
-        spread = ("–" if r.get("min_step_seconds") is None else
-                  f"{_ms(r['min_step_seconds'])}–{_ms(r.get('max_step_seconds'))}")
-        rows.append([r["strategy"], f"{r.get('order')}+{r.get('planner')}", "yes" if r.get("interleave") else "no",
-                     "yes" if r.get("inplace") else "no", _mib(r["planned_peak_bytes"]),
-                     _mib(r["lower_bound_bytes"]), _mib(r.get("persistent_bytes")), _mib(r.get("arena_bytes")),
-                     f"{(r.get('fragmentation') or 0):.2%}", _mib(r.get("measured_peak_bytes")),
-                     _ms(r.get("median_step_seconds")), spread, f"{(r.get('solve_seconds') or 0):.2f}",
-                     "–" if r.get("fits_budget") is None else ("yes" if r["fits_budget"] else "NO")])
+        rows.append([r.strategy, f"{r.order}+{r.planner}", "yes" if r.interleave else "no",
+                     "yes" if r.inplace else "no", _mib(r.planned_peak_bytes),
+                     _mib(r.lower_bound_bytes), _mib(r.persistent_bytes), _mib(r.arena_bytes),
+                     f"{(r.fragmentation or 0):.2%}", _mib(r.measured_peak_bytes),
+                     _ms(r.median_step_seconds), _spread(r), f"{(r.solve_seconds or 0):.2f}",
+                     "–" if r.fits_budget is None else ("yes" if r.fits_budget else "NO")])
     table = _table(headers, rows, best=g.rows.index(g.best))
     peer_rows = []
     for key, label in (("ort", "ONNX Runtime training"), ("torch", "PyTorch eager")):
         p = g.peers.get(key)
         if p:
-            spread = ("–" if p.get("min_step_seconds") is None else
-                      f"{_ms(p['min_step_seconds'])}–{_ms(p.get('max_step_seconds'))}")
-            peer_rows.append([label, _mib(p.get("peak_bytes")), _ms(p.get("median_step_seconds")), spread,
-                              "–" if p.get("first_loss") is None else f"{p['first_loss']:.6g}",
-                              p.get("error") or ""])
-    errors = sorted({r["measure_error"] for r in g.rows if r.get("measure_error")})
+            peer_rows.append([label, _mib(p.peak_bytes), _ms(p.median_step_seconds), _spread(p),
+                              "–" if p.first_loss is None else f"{p.first_loss:.6g}", p.error or ""])
+    errors = sorted({r.measure_error for r in g.rows if r.measure_error})
     extra = ""
     if peer_rows:
         extra += _table(["peer", "measured peak MiB", "step ms (median)", "step ms (min–max)", "first loss",
@@ -95,9 +95,9 @@ def _model_section(g: ModelGroup, columns: list[str]) -> str:
     r0 = g.rows[0]
     best = g.best
     parts = [f'<section id="model-{sid}" class="model"><h2>{html.escape(g.title)}</h2>',
-             (f"<p class='meta'>{r0.get('nodes', '?')} nodes, {html.escape(str(r0.get('optimizer')))}, "
-             f"loss {html.escape(str(r0.get('loss')))}. Smallest planned peak: <b>{_mib(best['planned_peak_bytes'])} "
-             f"MiB</b> by {html.escape(best['strategy'])} (lower bound {_mib(best['lower_bound_bytes'])} MiB)."
+             (f"<p class='meta'>{'?' if r0.nodes is None else r0.nodes} nodes, {html.escape(str(r0.optimizer))}, "
+             f"loss {html.escape(str(r0.loss))}. Smallest planned peak: <b>{_mib(best.planned_peak_bytes)} "
+             f"MiB</b> by {html.escape(best.strategy)} (lower bound {_mib(best.lower_bound_bytes)} MiB)."
              "</p><div class='grid'>")]
     if g.plans:
         active = g.best_plan_index
@@ -113,21 +113,16 @@ def _model_section(g: ModelGroup, columns: list[str]) -> str:
 
 
 def _overview(groups: list[ModelGroup]) -> str:
-    best = [g.best for g in groups]
-    peers = {g.best["model"]: g.peers for g in groups}
     rows = []
     for g in groups:
-        b = g.best
-        ort = (g.peers.get("ort") or {}).get("peak_bytes")
-        rows.append([g.title, b["strategy"], _mib(b["planned_peak_bytes"]), _mib(b["lower_bound_bytes"]),
-                     _mib(b.get("measured_peak_bytes")), _mib(ort),
-                     _mib((g.peers.get("torch") or {}).get("peak_bytes")),
-                     "–" if not ort else f"{b['planned_peak_bytes'] / ort:.2f}×",
-                     _ms(b.get("median_step_seconds")), _ms((g.peers.get("ort") or {}).get("median_step_seconds")),
-                     _ms((g.peers.get("torch") or {}).get("median_step_seconds"))])
+        b, ort, torch = g.best, g.peer("ort"), g.peer("torch")
+        rows.append([g.title, b.strategy, _mib(b.planned_peak_bytes), _mib(b.lower_bound_bytes),
+                     _mib(b.measured_peak_bytes), _mib(ort.peak_bytes), _mib(torch.peak_bytes),
+                     "–" if not ort.peak_bytes else f"{b.planned_peak_bytes / ort.peak_bytes:.2f}×",
+                     _ms(b.median_step_seconds), _ms(ort.median_step_seconds), _ms(torch.median_step_seconds)])
     table = _table(["model", "best strategy", "planned MiB", "lower bound MiB", "measured MiB", "ORT MiB",
                     "PyTorch MiB", "planned / ORT", "step ms", "ORT step ms", "PyTorch step ms"], rows)
-    return (f'<section id="overview"><h2>Overview</h2><div>{_fig_html(overview_figure(best, peers), "overview-peaks")}'
+    return (f'<section id="overview"><h2>Overview</h2><div>{_fig_html(overview_figure(groups), "overview-peaks")}'
             f"</div>{table}</section>")
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from onnxplan.bench.result_models import MachineInfo, RunRecord
 from onnxplan.bench.results import merge_results
+from onnxplan.json_models import record_of
 from onnxplan.report.model_data import group_models
 from onnxplan.sizes import format_bytes
 
@@ -21,22 +23,22 @@ def _ms(s: float | None) -> str:
 
 def run_header(doc: dict[str, Any]) -> str:
     """'2026-11-22 · Intel … · 2 cores · 23.4 GiB · Python 3.11.7 · onnxruntime 1.19.2 · torch 2.13.0'."""
-    m = doc.get("machine", {})
-    parts = [str(doc.get("created", "?"))[:10], m.get("cpu") or m.get("machine") or "unknown CPU"]
-    if m.get("cpus"):
-        parts.append(f"{m['cpus']} cores")
-    if m.get("memory_bytes"):
-        parts.append(format_bytes(m["memory_bytes"]))
-    for key, label in (("python", "Python"), ("onnxruntime", "onnxruntime"), ("torch", "torch")):
-        if m.get(key):
-            parts.append(f"{label} {m[key]}")
-    runs = doc.get("runs") or []
+    m = record_of(MachineInfo, doc.get("machine") or {})
+    parts = [str(doc.get("created", "?"))[:10], m.cpu or m.machine or "unknown CPU"]
+    if m.cpus:
+        parts.append(f"{m.cpus} cores")
+    if m.memory_bytes:
+        parts.append(format_bytes(m.memory_bytes))
+    for version, label in ((m.python, "Python"), (m.onnxruntime, "onnxruntime"), (m.torch, "torch")):
+        if version:
+            parts.append(f"{label} {version}")
+    runs = [record_of(RunRecord, r) for r in doc.get("runs") or ()]
     if runs:
-        loads = [x for r in runs for x in (r.get("loadavg_start"), r.get("loadavg_end")) if x]
-        parts.append(f"bench {sum(r.get('wall_seconds') or 0 for r in runs) / 60:.1f} min"
+        loads = [x for r in runs for x in (r.loadavg_start, r.loadavg_end) if x]
+        parts.append(f"bench {sum(r.wall_seconds or 0 for r in runs) / 60:.1f} min"
                      + (f", load {min(x[0] for x in loads):.1f}–{max(x[0] for x in loads):.1f}" if loads else ""))
-    elif m.get("loadavg"):
-        parts.append(f"load {m['loadavg'][0]:.1f} at start")
+    elif m.loadavg:
+        parts.append(f"load {m.loadavg[0]:.1f} at start")
     return " · ".join(parts)
 
 
@@ -54,27 +56,24 @@ def markdown_summary(docs: list[dict[str, Any]]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios = []
     for g in groups:
-        best = g.best
-        ort = (g.peers.get("ort") or {}).get("peak_bytes")
-        torch_peak = (g.peers.get("torch") or {}).get("peak_bytes")
-        ratio = best["planned_peak_bytes"] / ort if ort else None
+        best, ort, torch = g.best, g.peer("ort"), g.peer("torch")
+        ratio = best.planned_peak_bytes / ort.peak_bytes if ort.peak_bytes else None
         if ratio is not None:
             ratios.append(ratio)
         lines.append(
-            f"| {g.model} | {g.batch if g.batch is not None else '–'} | {best['strategy']} "
-            f"({best['order']}+{best['planner']}) | {_mib(best['planned_peak_bytes'])} "
-            f"| {_mib(best['lower_bound_bytes'])} | {(best.get('fragmentation') or 0):.1%} "
-            f"| {_mib(best.get('measured_peak_bytes'))} | {_mib(ort)} | {_mib(torch_peak)} "
+            f"| {g.model} | {g.batch if g.batch is not None else '–'} | {best.strategy} "
+            f"({best.order}+{best.planner}) | {_mib(best.planned_peak_bytes)} "
+            f"| {_mib(best.lower_bound_bytes)} | {(best.fragmentation or 0):.1%} "
+            f"| {_mib(best.measured_peak_bytes)} | {_mib(ort.peak_bytes)} | {_mib(torch.peak_bytes)} "
             f"| {'–' if ratio is None else f'{ratio:.2f}×'} "
-            f"| {_ms(best.get('median_step_seconds'))} / {_ms((g.peers.get('ort') or {}).get('median_step_seconds'))}"
-            f" / {_ms((g.peers.get('torch') or {}).get('median_step_seconds'))} |")
+            f"| {_ms(best.median_step_seconds)} / {_ms(ort.median_step_seconds)} / {_ms(torch.median_step_seconds)} |")
     lines.append("")
     notes = [("planned = persistent (parameters, optimizer state) + arena; bound = the most bytes live at any "
              "EO of the chosen order; peers' peaks are measured (peak RSS increase in a fresh process).")]
     if ratios:
         notes.append(f"planned / ORT: median {sorted(ratios)[len(ratios) // 2]:.2f}×, "
                      f"range {min(ratios):.2f}×–{max(ratios):.2f}×.")
-    if not any(r.get("measured_peak_bytes") is not None for r in doc["rows"]):
+    if not any(r.measured_peak_bytes is not None for g in groups for r in g.rows):
         notes.append("onnxplan's own measured peak and latency: not measured in this run.")
     lines += [" ".join(notes), ""]
     return "\n".join(lines)
