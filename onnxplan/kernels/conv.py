@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
-from onnxplan.kernels import _torch
+from onnxplan.kernels import _torch, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -259,8 +260,8 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
         taps = np.ndarray(shape, flat.dtype, flat, 0, strides)
     else:
         taps = xp.lib.stride_tricks.as_strided(flat, shape, strides)
-    col6 = col.reshape(c, kh, kw, nb, win.out_dims[0], wd)
-    xp.copyto(col6.reshape(shape), taps)
+    col6 = _view(xp, col, (c, kh, kw, nb, win.out_dims[0], wd))  # a view even of one part's images
+    xp.copyto(_view(xp, col6, shape), taps)
     for j in range(kw):
         first, end, _start = win.span(1, j)
         if first > 0:
@@ -269,7 +270,50 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
             col6[:, :, j, :, :, end:] = 0
 
 
+# A copy of columns moves each element once through a strided gather, about what
+# COPY_PASSES passes of a plain ufunc cost: kernels.parallel splits im2col and col2im from
+# MIN_ELEMS / COPY_PASSES elements (measured on 2 cores: nnt-conv2d's 3-channel 224x224 columns,
+# 1.7M elements a chunk, 0.72 ms in one piece, 0.45 ms in two).
+COPY_PASSES = 4
+
+
+def _image_parts(xp, nb: int, c: int, numel: int) -> list[tuple[str, int, int]]:
+    """How im2col / col2im over `nb` images of `c` channels (`numel` column elements) is cut for
+    the compute threads: ("n", lo, hi) ranges of images, or of channels ("c") for one image;
+    one part when the columns are small."""
+    parts = parallel.parts_for(numel, xp, passes=COPY_PASSES)
+    axis, count = ("n", nb) if nb > 1 else ("c", c)
+    parts = min(parts, count)
+    return [(axis, lo, hi) for lo, hi in parallel.bounds(count, parts)]
+
+
+def _image_part(sp: int, part: tuple[str, int, int], x, col, src=None):
+    """(x, col, src) of one part: views of the images (or, for one image, the channels) it
+    owns; x is (nb, C, ...), col (C, *kernel, nb, ...), src the padded source's scratch (nb, C,
+    ...) or flat: the part's own contiguous block of it, in the same form."""
+    axis, lo, hi = part
+    if src is not None:
+        blocks = src.reshape(x.shape[0], x.shape[1], -1)  # its memory per image and channel
+        block = blocks[lo:hi] if axis == "n" else blocks[:, lo:hi]
+        src = np.reshape(block, (*block.shape[:2], *src.shape[2:]) if src.ndim > 2 else (-1,), copy=False)
+    if axis == "n":
+        return x[lo:hi], col[(slice(None),) * (1 + sp) + (slice(lo, hi),)], src
+    return x[:, lo:hi], col[lo:hi], src
+
+
 def im2col(xp, win: Window, x, col, src=None) -> None:
+    """_im2col_whole, cut by images (or channels) across the compute threads when the columns
+    are large (kernels.parallel): every part copies its own images' columns, the same bits."""
+    parts = _image_parts(xp, x.shape[0], x.shape[1], col.size)
+    if len(parts) <= 1:
+        _im2col_whole(xp, win, x, col, src)
+        return
+    sp = len(win.kernel)
+    parallel.run([functools.partial(_im2col_whole, xp, win, *_image_part(sp, part, x, col, src))
+                  for part in parts])
+
+
+def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
     x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy of x's windows, from
@@ -297,7 +341,22 @@ def im2col(xp, win: Window, x, col, src=None) -> None:
 
 
 def col2im_add(xp, win: Window, col, dx) -> None:
-    """dx[n, c, o * s - p + k * d] += col[c, *k, n, *o]: the adjoint of im2col, accumulated into dx."""
+    """dx[n, c, o * s - p + k * d] += col[c, *k, n, *o]: the adjoint of im2col, accumulated into
+    dx; cut by images (or channels) across the compute threads as im2col is (each part adds into
+    its own images in the same tap order: the same bits)."""
+    parts = _image_parts(xp, dx.shape[0], dx.shape[1], col.size)
+    if len(parts) <= 1:
+        _col2im_add_whole(xp, win, col, dx)
+        return
+    sp = len(win.kernel)
+    tasks = []
+    for part in parts:
+        dx_part, col_part, _ = _image_part(sp, part, dx, col)
+        tasks.append(functools.partial(_col2im_add_whole, xp, win, col_part, dx_part))
+    parallel.run(tasks)
+
+
+def _col2im_add_whole(xp, win: Window, col, dx) -> None:
     dxt = dx.swapaxes(0, 1)
     every = (slice(None), slice(None))
     for tap in win.taps():
@@ -1059,6 +1118,23 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     return max(taps, *sizes)
 
 
+# dW's GEMM with few outputs over a long reduction (a 3-channel stem: 3 x 27 outputs over a
+# chunk's 62720 positions) runs on torch's BLAS (MKL): measured on 2 cores 0.21-0.35 ms, against
+# 0.94 ms for numpy's OpenBLAS, which takes that shape on one thread at any thread count.
+DW_TORCH_OUTPUTS = 4096  # dW elements per group, at most
+DW_TORCH_SPAN = 1 << 13  # positions summed over, at least
+
+
+def _dw_matmul(xp, rows, cols, out) -> None:
+    """out[g] = rows[g] @ cols[g]^T: rows (groups, M/g, span), cols (groups, C/g * taps, span)."""
+    if (rows.shape[1] * cols.shape[1] <= DW_TORCH_OUTPUTS and rows.shape[2] >= DW_TORCH_SPAN
+            and _on_torch(xp, rows, cols, out) and out.flags.c_contiguous):
+        t = _torch.tensor
+        _torch.load().bmm(t(rows), t(cols).transpose(1, 2), out=t(out))
+        return
+    xp.matmul(rows, cols.transpose(0, 2, 1), out=out)
+
+
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
 def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, W) -> dX, dW, dB (each optional): dW = dY_rows @ cols^T, dX = col2im(W^T @ dY_rows),
@@ -1128,10 +1204,10 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         if dw3 is not None:
             im2col(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
             if n0 == 0 and b0 == 0:
-                xp.matmul(rows, cols.transpose(0, 2, 1), out=dw3)
+                _dw_matmul(xp, rows, cols, dw3)
             else:
                 acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype)
-                xp.matmul(rows, cols.transpose(0, 2, 1), out=acc)
+                _dw_matmul(xp, rows, cols, acc)
                 xp.add(dw3, acc, out=dw3)
         if dx is not None:
             xp.matmul(wt, rows, out=cols)
