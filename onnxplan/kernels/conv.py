@@ -898,7 +898,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
             xp.matmul(w3, cols, out=rows.reshape(group, mg, span))
             xp.copyto(y3[n0:n0 + nb], rows.reshape(m, nb, length).swapaxes(0, 1))
     if b is not None:
-        xp.add(y3, b.reshape(m, 1), out=y3)
+        parallel.ufunc(xp, "add", y3, y3, b.reshape(m, 1))  # by images across the compute threads: same bits
 
 
 def _direct_dw(x_shape, length: int, pointwise: bool) -> bool:
