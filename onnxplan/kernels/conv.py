@@ -270,18 +270,17 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
             col6[:, :, j, :, :, end:] = 0
 
 
-# A copy of columns moves each element once through a strided gather, about what
-# COPY_PASSES passes of a plain ufunc cost: kernels.parallel splits im2col and col2im from
-# MIN_ELEMS / COPY_PASSES elements (measured on 2 cores: nnt-conv2d's 3-channel 224x224 columns,
-# 1.7M elements a chunk, 0.72 ms in one piece, 0.45 ms in two).
-COPY_PASSES = 4
+# im2col and col2im are cut across the compute threads from the sizes where a one-pass ufunc is
+# (kernels.parallel.MIN_ELEMS per piece): a copy of columns is one pass over them. Measured on 2
+# cores with a load average of 8 from other processes: nnt-conv2d's chunk of columns
+# (1.7M elements) took 0.51 ms in one piece and 0.56 ms in two, so smaller copies stay whole.
 
 
 def _image_parts(xp, nb: int, c: int, numel: int) -> list[tuple[str, int, int]]:
     """How im2col / col2im over `nb` images of `c` channels (`numel` column elements) is cut for
     the compute threads: ("n", lo, hi) ranges of images, or of channels ("c") for one image;
     one part when the columns are small."""
-    parts = parallel.parts_for(numel, xp, passes=COPY_PASSES)
+    parts = parallel.parts_for(numel, xp)
     axis, count = ("n", nb) if nb > 1 else ("c", c)
     parts = min(parts, count)
     return [(axis, lo, hi) for lo, hi in parallel.bounds(count, parts)]
@@ -1121,7 +1120,8 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
 # dW's GEMM with few outputs over a long reduction (a 3-channel stem: 3 x 27 outputs over a
 # chunk's 62720 positions) runs in blocks of DW_BLOCK positions, each block's product added into
 # dW through the chunk's partial-sum scratch: numpy's OpenBLAS takes the whole reduction in 1.05
-# ms, blocks of 4096 in 0.19 ms (8192: 0.17, 16384: 1.03; measured on 2 cores at 1 and 2 threads).
+# ms, blocks of 4096 in 0.19 ms (8192: 0.17, 16384: 1.03; the least of 20 calls, at 1 and at 2
+# BLAS threads alike: OpenBLAS runs that shape on one).
 DW_BLOCK = 4096  # positions per block
 DW_BLOCK_OUTPUTS = 4096  # dW elements per group up to which dW is summed in blocks
 
