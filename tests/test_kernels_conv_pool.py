@@ -136,6 +136,23 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
         assert_sums_close(g, e)
 
 
+@pytest.mark.parametrize("block", [conv_module.DW_BLOCK, 64])
+def test_stem_conv_grad_dw_in_blocks_matches_ort(monkeypatch, block):
+    """A 3-channel stem's dW (3 x 27 outputs over a long reduction) is summed in blocks of
+    positions through the partial-sum scratch (chunks of 2 images: 4608 positions): it agrees
+    with ORT."""
+    monkeypatch.setattr(conv_module, "DW_BLOCK", block)
+    monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 1 << 20)
+    rng = np.random.default_rng(6)
+    attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
+    x_shape, w_shape = (4, 3, 96, 96), (3, 3, 3, 3)
+    y_shape = _conv_out_shape(x_shape, w_shape, attrs)
+    lay = conv_module._layout(x_shape, w_shape, y_shape[2:], 1, 4, True, True, None)
+    span = lay.nb * (lay.band * y_shape[3])
+    assert lay.acc >= 0 and len(conv_module._dw_blocks(81, span, True)) > 1, (lay, span)
+    _conv_grad_matches_ort([randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)], attrs)
+
+
 FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetric, dilated, 1-D/3-D
     # (more input than output channels: the flipped conv's columns are then the smaller scratch)
     ((2, 6, 9, 8), (2, 6, 3, 3), {"pads": [1, 1, 1, 1]}),
@@ -187,7 +204,7 @@ def test_conv_grad_outputs_do_not_depend_on_which_are_computed(x_shape, w_shape,
     dx_only = run_kernel("ConvGrad", inputs, _conv_grad_outputs(x_shape, w_shape, y_shape, (1, 0, 0)), attrs, MS)
     dw_only = run_kernel("ConvGrad", inputs, _conv_grad_outputs(x_shape, w_shape, y_shape, (0, 1, 0)), attrs, MS)
     np.testing.assert_array_equal(dx_only[0], fused[0])
-    np.testing.assert_array_equal([g for g in dw_only if g is not None][0], fused[1])
+    np.testing.assert_array_equal(next(g for g in dw_only if g is not None), fused[1])
 
 
 def test_flipped_conv_dx_declines_pads_beyond_the_kernel():

@@ -3,6 +3,8 @@ thread, the declared scratch only, every element written once."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -99,3 +101,32 @@ def test_the_optimizer_split_is_bitwise_the_one_thread_update(op, numel, monkeyp
         threads.use_threads(before)
     for a, b in zip(one, three):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("x_shape,kernel,attrs", [
+    ((5, 3, 12, 11), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # taps, padding zeroed
+    ((4, 2, 9, 8), (3, 3), {"pads": [1, 1, 1, 1]}),  # one run per tap from a row-padded source
+    ((3, 4, 10, 9), (2, 3), {"strides": [2, 1]}),  # no padding: one strided copy of X's windows
+    ((1, 5, 9, 8), (3, 3), {"pads": [1, 1, 1, 1]}),  # one image: cut by channels
+])
+def test_split_columns_are_bitwise_the_whole_ones(split, x_shape, kernel, attrs):
+    """im2col and col2im_add cut by images (or one image's channels) across 3 threads: each part
+    writes its own images' columns, from its own block of the padded source, the same bits."""
+    from onnxplan.kernels import conv
+
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    s, p = attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0])
+    out = tuple((i + p[a] + p[a + 2] - k) // s[a] + 1 for a, (i, k) in enumerate(zip(x_shape[2:], kernel)))
+    win = conv.window(attrs, x_shape[2:], out, kernel)
+    cols = []
+    for n in (1, 3):
+        threads.use_threads(n)
+        col = np.full((x_shape[1], *kernel, x_shape[0], *out), np.nan, np.float32)
+        assert len(conv._image_parts(np, x_shape[0], x_shape[1], col.size)) == n
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv._extent(win)), np.nan, np.float32)
+        conv.im2col(np, win, x, col, src.reshape(x_shape[:2] + conv._extent(win)) if conv._reads_padding(win) else None)
+        dx = np.ones(x_shape, np.float32)
+        conv.col2im_add(np, win, col, dx)
+        cols.append((col, dx))
+    np.testing.assert_array_equal(cols[0][0], cols[1][0])
+    np.testing.assert_array_equal(cols[0][1], cols[1][1])

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
-from onnxplan.kernels import _torch
+from onnxplan.kernels import _torch, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -259,8 +260,8 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
         taps = np.ndarray(shape, flat.dtype, flat, 0, strides)
     else:
         taps = xp.lib.stride_tricks.as_strided(flat, shape, strides)
-    col6 = col.reshape(c, kh, kw, nb, win.out_dims[0], wd)
-    xp.copyto(col6.reshape(shape), taps)
+    col6 = _view(xp, col, (c, kh, kw, nb, win.out_dims[0], wd))  # a view even of one part's images
+    xp.copyto(_view(xp, col6, shape), taps)
     for j in range(kw):
         first, end, _start = win.span(1, j)
         if first > 0:
@@ -269,7 +270,49 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
             col6[:, :, j, :, :, end:] = 0
 
 
+# im2col and col2im are cut across the compute threads from the sizes where a one-pass ufunc is
+# (kernels.parallel.MIN_ELEMS per piece): a copy of columns is one pass over them. Measured on 2
+# cores with a load average of 8 from other processes: nnt-conv2d's chunk of columns
+# (1.7M elements) took 0.51 ms in one piece and 0.56 ms in two, so smaller copies stay whole.
+
+
+def _image_parts(xp, nb: int, c: int, numel: int) -> list[tuple[str, int, int]]:
+    """How im2col / col2im over `nb` images of `c` channels (`numel` column elements) is cut for
+    the compute threads: ("n", lo, hi) ranges of images, or of channels ("c") for one image;
+    one part when the columns are small."""
+    parts = parallel.parts_for(numel, xp)
+    axis, count = ("n", nb) if nb > 1 else ("c", c)
+    parts = min(parts, count)
+    return [(axis, lo, hi) for lo, hi in parallel.bounds(count, parts)]
+
+
+def _image_part(sp: int, part: tuple[str, int, int], x, col, src=None):
+    """(x, col, src) of one part: views of the images (or, for one image, the channels) it
+    owns; x is (nb, C, ...), col (C, *kernel, nb, ...), src the padded source's scratch (nb, C,
+    ...) or flat: the part's own contiguous block of it, in the same form."""
+    axis, lo, hi = part
+    if src is not None:
+        blocks = src.reshape(x.shape[0], x.shape[1], -1)  # its memory per image and channel
+        block = blocks[lo:hi] if axis == "n" else blocks[:, lo:hi]
+        src = np.reshape(block, (*block.shape[:2], *src.shape[2:]) if src.ndim > 2 else (-1,), copy=False)
+    if axis == "n":
+        return x[lo:hi], col[(slice(None),) * (1 + sp) + (slice(lo, hi),)], src
+    return x[:, lo:hi], col[lo:hi], src
+
+
 def im2col(xp, win: Window, x, col, src=None) -> None:
+    """_im2col_whole, cut by images (or channels) across the compute threads when the columns
+    are large (kernels.parallel): every part copies its own images' columns, the same bits."""
+    parts = _image_parts(xp, x.shape[0], x.shape[1], col.size)
+    if len(parts) <= 1:
+        _im2col_whole(xp, win, x, col, src)
+        return
+    sp = len(win.kernel)
+    parallel.run([functools.partial(_im2col_whole, xp, win, *_image_part(sp, part, x, col, src))
+                  for part in parts])
+
+
+def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
     x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy of x's windows, from
@@ -297,7 +340,22 @@ def im2col(xp, win: Window, x, col, src=None) -> None:
 
 
 def col2im_add(xp, win: Window, col, dx) -> None:
-    """dx[n, c, o * s - p + k * d] += col[c, *k, n, *o]: the adjoint of im2col, accumulated into dx."""
+    """dx[n, c, o * s - p + k * d] += col[c, *k, n, *o]: the adjoint of im2col, accumulated into
+    dx; cut by images (or channels) across the compute threads as im2col is (each part adds into
+    its own images in the same tap order: the same bits)."""
+    parts = _image_parts(xp, dx.shape[0], dx.shape[1], col.size)
+    if len(parts) <= 1:
+        _col2im_add_whole(xp, win, col, dx)
+        return
+    sp = len(win.kernel)
+    tasks = []
+    for part in parts:
+        dx_part, col_part, _ = _image_part(sp, part, dx, col)
+        tasks.append(functools.partial(_col2im_add_whole, xp, win, col_part, dx_part))
+    parallel.run(tasks)
+
+
+def _col2im_add_whole(xp, win: Window, col, dx) -> None:
     dxt = dx.swapaxes(0, 1)
     every = (slice(None), slice(None))
     for tap in win.taps():
@@ -839,7 +897,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
             xp.matmul(w3, cols, out=rows.reshape(group, mg, span))
             xp.copyto(y3[n0:n0 + nb], rows.reshape(m, nb, length).swapaxes(0, 1))
     if b is not None:
-        xp.add(y3, b.reshape(m, 1), out=y3)
+        parallel.ufunc(xp, "add", y3, y3, b.reshape(m, 1))  # by images across the compute threads: same bits
 
 
 def _direct_dw(x_shape, length: int, pointwise: bool) -> bool:
@@ -1059,6 +1117,36 @@ def conv_grad_scratch(node, in_specs, out_specs) -> int:
     return max(taps, *sizes)
 
 
+# dW's GEMM with few outputs over a long reduction (a 3-channel stem: 3 x 27 outputs over a
+# chunk's 62720 positions) runs in blocks of DW_BLOCK positions, each block's product added into
+# dW through the chunk's partial-sum scratch: numpy's OpenBLAS takes the whole reduction in 1.05
+# ms, blocks of 4096 in 0.19 ms (8192: 0.17, 16384: 1.03; the least of 20 calls, at 1 and at 2
+# BLAS threads alike: OpenBLAS runs that shape on one).
+DW_BLOCK = 4096  # positions per block
+DW_BLOCK_OUTPUTS = 4096  # dW elements per group up to which dW is summed in blocks
+
+
+def _dw_blocks(outputs: int, span: int, has_acc: bool) -> list[tuple[int, int]]:
+    """The (lo, hi) ranges of positions dW's GEMM sums over, one per call: blocks of DW_BLOCK
+    for few outputs over a long reduction (with partial-sum scratch to add them through)."""
+    if not has_acc or outputs > DW_BLOCK_OUTPUTS or span <= DW_BLOCK:
+        return [(0, span)]
+    return [(lo, min(lo + DW_BLOCK, span)) for lo in range(0, span, DW_BLOCK)]
+
+
+def _dw_gemm(xp, rows, cols, dw3, acc, first: bool) -> None:
+    """dW = (first chunk) or += (later ones) rows @ cols^T over the groups: rows (groups, M/g,
+    span), cols (groups, C/g * taps, span); `acc` the partial-sum scratch (None: none declared)."""
+    blocks = _dw_blocks(rows.shape[1] * cols.shape[1], rows.shape[2], acc is not None)
+    for k, (lo, hi) in enumerate(blocks):
+        product = (rows[:, :, lo:hi], cols[:, :, lo:hi].transpose(0, 2, 1))
+        if first and k == 0:
+            xp.matmul(*product, out=dw3)
+        else:
+            xp.matmul(*product, out=acc)
+            xp.add(dw3, acc, out=dw3)
+
+
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
 def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, W) -> dX, dW, dB (each optional): dW = dY_rows @ cols^T, dX = col2im(W^T @ dY_rows),
@@ -1127,12 +1215,8 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows = rows.reshape(group, mg, span)
         if dw3 is not None:
             im2col(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
-            if n0 == 0 and b0 == 0:
-                xp.matmul(rows, cols.transpose(0, 2, 1), out=dw3)
-            else:
-                acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype)
-                xp.matmul(rows, cols.transpose(0, 2, 1), out=acc)
-                xp.add(dw3, acc, out=dw3)
+            acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype) if lay.acc >= 0 else None
+            _dw_gemm(xp, rows, cols, dw3, acc, n0 == 0 and b0 == 0)
         if dx is not None:
             xp.matmul(wt, rows, out=cols)
             col2im_add(xp, sub, col, dx[n0:n0 + nb])
