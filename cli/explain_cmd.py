@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from onnxplan.api import load_plan
 from onnxplan.cli.common import console, handle_errors, print_json
+from onnxplan.ir.graph import recomputed_from
 from onnxplan.plan import Plan
 from onnxplan.progress import Progress
 from onnxplan.sizes import format_bytes
@@ -131,8 +132,8 @@ def _explain_joint(con: Console, plan: Plan, names: bool) -> None:
         swaps.setdefault(group.get(sw.value, sw.value), []).append(sw)
     copies: dict[str, list[str]] = {}
     for x in plan.order:
-        base, sep, _ = x.rpartition("@rc")
-        if sep:
+        base = recomputed_from(x)
+        if base is not None:
             copies.setdefault(base, []).append(x)
     gap = "no bound" if j.gap is None else f"gap {j.gap:.0%}"
     con.print(f"[bold]{plan.model}[/]: joint schedule ({j.status}, {gap}), budget "

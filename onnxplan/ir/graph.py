@@ -12,10 +12,31 @@ import numpy as np
 
 from onnxplan.ir.tensor import TensorSpec
 
-__all__ = ["ValueClass", "Value", "Node", "StepGraph", "PERSISTENT_CLASSES", "original_name"]
+__all__ = ["PERSISTENT_CLASSES", "Node", "StepGraph", "Value", "ValueClass", "original_name", "recompute_suffix",
+           "recomputed_from", "swap_in_suffix"]
 
 
+# The names of copies, written and read here only: a recomputed node or value is `NAME@rcK` (its
+# K-th recomputation), a swapped-in value `NAME@inK` (the swap-in of segment K) or `NAME@start`
+# (the first segment of an evicted persistent value).
 _COPY_SUFFIX = re.compile(r"@(?:rc\d+|in\d+|start)$")
+_RECOMPUTE_SUFFIX = re.compile(r"@rc\d+$")
+
+
+def recompute_suffix(k: int) -> str:
+    """The suffix of the k-th recomputed copy of a node and of its outputs."""
+    return f"@rc{k}"
+
+
+def swap_in_suffix(segment: str) -> str:
+    """The suffix of a value's copy made by the swap-in of `segment` (a number, or "start")."""
+    return "@start" if segment == "start" else f"@in{segment}"
+
+
+def recomputed_from(name: str) -> str | None:
+    """The node (or value) that `name` is a recomputed copy of (`NAME@rcK`), or None."""
+    m = _RECOMPUTE_SUFFIX.search(name)
+    return None if m is None else name[: m.start()]
 
 
 def original_name(name: str) -> str:

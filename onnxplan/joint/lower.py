@@ -18,21 +18,20 @@ from dataclasses import replace
 from onnxplan.checkpoint.recompute import (
     RECOMPUTE_PHASE,
     copy_node,
-    copy_suffix,
     is_recomputed,
     read_latest,
     register_code_handler,
     stable_topological,
 )
 from onnxplan.errors import ModelError
-from onnxplan.ir.graph import StepGraph
+from onnxplan.ir.graph import StepGraph, recompute_suffix
 from onnxplan.joint.problem import Decisions, JointProblem, model_order
 from onnxplan.offsets import lower_bound
 from onnxplan.passes._infra import PassResult
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan_records import SwapRecord
 from onnxplan.planning import planned_buffers, verify_plan
+from onnxplan.step_analysis import step_analysis
 from onnxplan.swap import swap_totals
 from onnxplan.swap.driver import realize_selection
 from onnxplan.swap.model import Gap, SwapModel, swap_model
@@ -47,7 +46,7 @@ def encode_recompute(prob: JointProblem, d: Decisions) -> str:
     """The recompute pass argument of `d`'s recomputations ('' when there are none)."""
     if not d.recompute:
         return ""
-    index = {n.name: i for i, n in enumerate(prob.graph.nodes)}
+    index = step_analysis(prob.graph).index
     by_stage: dict[int, list[int]] = {}
     for t, n in sorted(d.recompute):
         by_stage.setdefault(t, []).append(n)
@@ -74,8 +73,8 @@ def decode_recompute(code: str, graph: StepGraph) -> tuple[str, dict[str, list[s
 
 def _views(graph: StepGraph) -> dict[str, list[str]]:
     """Forward node -> the forward view nodes over its outputs' buffers, in file order."""
-    roots = alias_roots(graph)
-    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
+    a = step_analysis(graph)
+    roots, producer = a.roots, a.producer
     out: dict[str, list[str]] = {}
     for n in graph.nodes:
         if n.phase == "forward" and n.aliases and all(k == "rv" for _, k in n.aliases.values()):
@@ -94,10 +93,11 @@ def lower_recompute(graph: StepGraph, order: tuple[str, ...], batches: dict[str,
         return PassResult(graph, False, [])
     if not batches:
         return PassResult(graph, False, [])
+    a = step_analysis(graph)
     g = graph.copy()
     by_name = {n.name: n for n in g.nodes}
     eo = {x: i for i, x in enumerate(order)}
-    views = _views(g)
+    views = _views(graph)
     current: dict[str, str] = {}
     count: Counter = Counter()
     seq = []
@@ -109,7 +109,7 @@ def lower_recompute(graph: StepGraph, order: tuple[str, ...], batches: dict[str,
             for y in sorted(batches.get(x, ()), key=eo.__getitem__):
                 for z in (y, *views.get(y, ())):
                     count[z] += 1
-                    seq.append(copy_node(g, by_name[z], copy_suffix(count[z]), current, made, last))
+                    seq.append(copy_node(g, a, by_name[z], recompute_suffix(count[z]), current, made, last))
             read_latest(n, current)
             last = x
         seq.append(n)
@@ -170,7 +170,7 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
     d = schedule.decisions
     if not d.page_in:
         return {}, []
-    roots = alias_roots(graph)
+    roots = step_analysis(graph).roots
     stage_index = {a: t + 1 for t, a in enumerate(prob.anchors)}
     phase = {n.name: n.phase for n in graph.nodes}
     stage_of = [0] * len(order)

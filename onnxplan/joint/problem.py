@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from onnxplan.checkpoint.chain import nondeterminism
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.errors import ModelError
-from onnxplan.ir.analysis import alias_roots, readers_by_value
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound
 from onnxplan.offsets.buffers import align
@@ -37,6 +36,7 @@ from onnxplan.orders import order_nodes
 from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.planning import HEURISTIC_ORDERS
+from onnxplan.step_analysis import step_analysis
 from onnxplan.swap.pricing import TRANSFER_SECONDS, Transfer, io_stalls
 
 __all__ = [
@@ -45,9 +45,8 @@ __all__ = [
     "JointProblem",
     "alive_at",
     "build_problem",
-    "early_issue",
-    "write_release",
     "consumers",
+    "early_issue",
     "in_place",
     "least_bound_policy",
     "memory",
@@ -60,6 +59,7 @@ __all__ = [
     "restored_at",
     "step_seconds",
     "violations",
+    "write_release",
 ]
 
 
@@ -142,9 +142,9 @@ def model_order(graph: StepGraph, policy: str = "nntrainer", post: StepGraph | N
     """The fixed order the model uses: `policy` on the graph after the in-place pass (`post`,
     computed when not given), its forward nodes moved first (they never depend on the rest)."""
     post = post if post is not None else in_place(graph)
-    order = order_nodes(post, policy, buffer_of=alias_roots(post)).order
-    phase = {n.name: n.phase for n in graph.nodes}
-    return tuple([x for x in order if phase[x] == "forward"] + [x for x in order if phase[x] != "forward"])
+    order = order_nodes(post, policy, buffer_of=step_analysis(post).roots).order
+    nodes = step_analysis(graph).nodes
+    return tuple([x for x in order if nodes[x].phase == "forward"] + [x for x in order if nodes[x].phase != "forward"])
 
 
 def least_bound_policy(graph: StepGraph, post: StepGraph | None = None) -> str:
@@ -170,17 +170,14 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
     if policy == "auto":
         policy = least_bound_policy(g, post)
     order = order or model_order(g, policy, post)
-    nodes = {n.name: n for n in g.nodes}
+    sa = step_analysis(g)
+    nodes = sa.nodes
     eo = {x: i for i, x in enumerate(order)}
     fwd = [x for x in order if nodes[x].phase == "forward"]
     F = len(fwd)
     if any(eo[x] >= F for x in fwd):
         raise ModelError("the model order must run the forward pass first")
-    roots = alias_roots(g)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    producer = {o: n.name for n in g.nodes for o in n.outputs if o}
+    roots, members, producer = sa.roots, sa.members, sa.producer
     outputs = {roots[o] for o in g.outputs if o in roots}
     is_view = {n.name: bool(n.aliases) and all(k == "rv" for _, k in n.aliases.values()) for n in g.nodes}
 
@@ -225,7 +222,7 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
     decided = [r for r in cand if need[r] > 0]
     index = {r: k for k, r in enumerate(decided)}
     step_inputs = {roots[v] for v in g.inputs if v in roots}
-    recomputable = [x for x in fwd if not is_view[x] and node_need.get(x, 0) > 0 and not nondeterminism(nodes[x])
+    recomputable = [x for x in fwd if not is_view[x] and node_need.get(x, 0) > 0 and not nondeterminism(nodes[x], sa)
                     and not any(o and roots.get(o) in outputs for o in nodes[x].outputs)]
     rindex = {x: k for k, x in enumerate(recomputable)}
     sec = node_costs(g, costs)
@@ -235,7 +232,7 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
     # own span unmerged; step inputs a recomputable node reads live the whole step
     lt = lifetimes(g, order)
     lt_post = lifetimes(post, order)
-    post_roots = alias_roots(post)
+    post_roots = step_analysis(post).roots
     with_decided = {post_roots[r] for r in index}
     whole = {roots[i] for x in recomputable for i in nodes[x].inputs if i and roots.get(i) in step_inputs}
     n_eo = len(order)
@@ -252,10 +249,8 @@ def build_problem(graph: StepGraph, costs: Mapping[str, float] | None = None, *,
             if e > lo and not b.name.startswith(SCRATCH_PREFIX):
                 carried[e] += b.padded
     buffers = []
-    rbv = readers_by_value(g)
-    post_members: dict[str, list[str]] = {}  # a buffer the in-place pass merges with another is not paged
-    for v, r in post_roots.items():
-        post_members.setdefault(r, []).append(v)
+    rbv = sa.consumers
+    post_members = step_analysis(post).members  # a buffer the in-place pass merges with another is not paged
     for r in decided:
         vs = members[r]
         p = cand[r]

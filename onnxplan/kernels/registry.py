@@ -9,8 +9,9 @@ import importlib
 import math
 import os
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,19 @@ from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
-    "KernelContext", "KernelDecl", "kernel", "declare", "find_decl", "find_kernel", "bound_kernel",
-    "may_overwrite", "updates_state", "scratch_bytes", "DECLS",
+    "DECLS",
+    "KernelContext",
+    "KernelDecl",
+    "bound_kernel",
+    "declare",
+    "find_decl",
+    "find_kernel",
+    "is_random",
+    "kernel",
+    "may_overwrite",
+    "random_ops",
+    "scratch_bytes",
+    "updates_state",
 ]
 
 # output index -> input indices the kernel can write that output into (in place)
@@ -73,6 +85,10 @@ class KernelDecl:
     until: int | None = None
     overwrites: Overwrites | Callable[[Node], Overwrites] = field(default_factory=dict)
     updates_state: bool = False  # the overwrites update persistent state in place
+    # the op draws at random: a second run of the node would not reproduce the first (so it is
+    # never recomputed), and verification feeds it what ONNX Runtime drew
+    random: bool = False
+    draw_output: int | None = None  # random ops: the output holding what was drawn (Dropout: its mask)
     fn: KernelFn | None = None
     scratch: ScratchRule | None = None
     bind: BindRule | None = None
@@ -89,31 +105,38 @@ _LOADED = False
 
 def declare(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
             overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
-            updates_state: bool = False, fn: KernelFn | None = None,
-            scratch: ScratchRule | None = None, bind: BindRule | None = None) -> KernelDecl:
-    """Register a kernel (or, without fn, only its memory behaviour)."""
+            updates_state: bool = False, random: bool = False, draw_output: int | None = None,
+            fn: KernelFn | None = None, scratch: ScratchRule | None = None,
+            bind: BindRule | None = None) -> KernelDecl:
+    """Register a kernel (or, without fn, only its memory and random behaviour)."""
+    if random and draw_output is None:
+        raise ValueError(f"random op {op_type}: declare the output that holds the draw")
     for d in DECLS.get((domain, op_type), []):
         if d.since == since and d.until == until:  # one declaration per op and range
             d.overwrites = overwrites if overwrites is not None else d.overwrites
             d.updates_state = d.updates_state or updates_state
+            d.random = d.random or random
+            d.draw_output = draw_output if draw_output is not None else d.draw_output
             d.fn = fn or d.fn
             d.scratch = scratch or d.scratch
             d.bind = bind or d.bind
             return d
-    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, fn, scratch, bind)
+    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, random, draw_output,
+                      fn, scratch, bind)
     DECLS.setdefault((domain, op_type), []).append(decl)
     return decl
 
 
 def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
            overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
-           updates_state: bool = False, scratch: ScratchRule | None = None,
-           bind: BindRule | None = None) -> Callable[[KernelFn], KernelFn]:
+           updates_state: bool = False, random: bool = False, draw_output: int | None = None,
+           scratch: ScratchRule | None = None, bind: BindRule | None = None) -> Callable[[KernelFn], KernelFn]:
     """Decorator: `@kernel("Relu", overwrites={0: (0,)})` above fn(ctx, inputs, outputs)."""
 
     def deco(fn: KernelFn) -> KernelFn:
         declare(op_type, domain, since=since, until=until, overwrites=overwrites,
-                updates_state=updates_state, fn=fn, scratch=scratch, bind=bind)
+                updates_state=updates_state, random=random, draw_output=draw_output, fn=fn,
+                scratch=scratch, bind=bind)
         return fn
 
     return deco
@@ -187,6 +210,19 @@ def updates_state(node: Node, version: int | None = None) -> bool:
     """True when the node's in-place outputs are persistent state updated in place."""
     decl = find_decl(node.domain, node.op_type, version)
     return bool(decl and decl.updates_state)
+
+
+def is_random(node: Node, version: int | None = None) -> bool:
+    """True when the node's kernel draws at random (KernelDecl.random)."""
+    decl = find_decl(node.domain, node.op_type, version)
+    return bool(decl and decl.random)
+
+
+def random_ops() -> dict[tuple[str, str], int]:
+    """(domain, op_type) -> the output holding the draw, for every op declared random."""
+    _load_all()
+    return {key: d.draw_output for key, decls in DECLS.items() for d in decls
+            if d.random and d.draw_output is not None}
 
 
 def scratch_bytes(node: Node, in_specs: list, out_specs: list, version: int | None = None) -> int:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.analysis import alias_roots
-from onnxplan.ir.graph import Node, StepGraph, Value
+from onnxplan.ir.graph import Node, StepGraph, Value, swap_in_suffix
 from onnxplan.plan import PlannedSwap
+from onnxplan.step_analysis import step_analysis
 from onnxplan.swap.model import Gap, SwapModel
 from onnxplan.swap.policies import Timing
 
@@ -136,11 +136,8 @@ def rewrite_graph(graph: StepGraph, order: list[str] | tuple[str, ...],
     in `order`, which must hold every swap node. Deterministic: a plan's graph is rebuilt
     from the plan alone."""
     g = graph.copy()
-    roots = alias_roots(graph)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
+    a = step_analysis(graph)
+    roots, members, producer = a.roots, a.members, a.producer
     by_out = {s.out_node: s for s in swaps}
     by_in = {s.in_node: s for s in swaps}
     eo = {name: i for i, name in enumerate(order)}
@@ -182,7 +179,7 @@ def rewrite_graph(graph: StepGraph, order: list[str] | tuple[str, ...],
                 raise OnnxplanError(f"swap-in {name!r}: nothing reads {s.value!r} before its next swap-out")
             needed.sort(key=lambda v: (graph.values[v].nbytes != s.bytes, v))
             k = name.rsplit(":", 1)[1]
-            copies = {v: f"{v}@{'start' if k == 'start' else 'in' + k}" for v in needed}
+            copies = {v: v + swap_in_suffix(k) for v in needed}
             for v, c in copies.items():
                 g.values[c] = replace(g.values[v], name=c)
             main = copies[needed[0]]
