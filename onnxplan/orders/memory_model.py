@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, ValueClass
+from onnxplan.offsets.buffers import align
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX
 from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = [
@@ -36,7 +38,7 @@ class MemoryModel:
     preds: dict[str, tuple[str, ...]]  # node -> nodes it must follow
     creates: dict[str, tuple[str, ...]]  # node -> buffers it writes first
     reads: dict[str, tuple[str, ...]]  # node -> buffers it reads (incl. in-place writes)
-    size: dict[str, int]  # buffer -> bytes
+    size: dict[str, int]  # buffer -> bytes, aligned (kernel scratch: `scratch:NODE`)
     inputs: frozenset[str] = field(default_factory=frozenset)  # live from EO 0
     outputs: frozenset[str] = field(default_factory=frozenset)  # live to the last EO
 
@@ -83,6 +85,10 @@ def _dedupe(items: Iterable[str]) -> tuple[str, ...]:
 def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> MemoryModel:
     """The memory model of `graph`; `buffer_of` maps a value to its buffer after merging.
 
+    Bytes are counted as the plan counts them (passes/lifetimes, offsets.lower_bound): each
+    buffer takes its size aligned up to offsets.ALIGNMENT, and a node whose kernel needs scratch
+    creates a buffer `scratch:NODE` of that size (aligned) live at its EO only.
+
     Rules:
     - a node follows the producers of its inputs and its control dependencies (`after`);
     - a buffer's size is the largest of its values' sizes; zero-byte buffers are left out;
@@ -116,8 +122,11 @@ def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> M
         b = buf(name)
         if b is not None:
             size[b] = max(size.get(b, 0), v.nbytes)
-    size = {b: s for b, s in size.items() if s > 0}
+    size = {b: align(s) for b, s in size.items() if s > 0}
     preds, creates, reads = _touches(graph, a, buf, size)
+    for n, nbytes in a.scratch.items():
+        size[SCRATCH_PREFIX + n] = align(nbytes)
+        creates[n].append(SCRATCH_PREFIX + n)
     inputs = {buf(i) for i in graph.inputs if i not in a.producer}
     outputs = {buf(o) for o in [*graph.outputs, graph.loss] if o}
     _check_file_order(a.index, preds)
