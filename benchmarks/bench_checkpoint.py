@@ -85,7 +85,7 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
     from onnxplan.budget import predicted_step_seconds
     from onnxplan.executor.prepare import Prepared
     from onnxplan.executor.profile import profile_times
-    from onnxplan.passes._infra import run_pipeline
+    from onnxplan.pipeline import run_pipeline
     from onnxplan.planning import PlanOptions
     from onnxplan.resolve import ModelRequest, load_model, resolve_artifacts
 

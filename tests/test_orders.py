@@ -212,7 +212,7 @@ def test_ilp_matches_brute_force_on_a_small_backward_graph():
 
 
 def test_ilp_falls_back_to_the_seed_when_too_large(monkeypatch):
-    import onnxplan.orders.ilp as ilp
+    from onnxplan.orders import ilp
 
     monkeypatch.setattr(ilp, "VARS_PER_SECOND", 0)
     g = diamond()
@@ -240,7 +240,7 @@ def test_ilp_with_inputs_only_read_late_and_reader_created_buffers():
 def mlp_steps():
     """The zoo `mlp` (batch 8) as loaded, and after realize / interleave / in-place."""
     from onnxplan.ir.analysis import alias_roots
-    from onnxplan.passes import run_pipeline
+    from onnxplan.pipeline import run_pipeline
     from onnxplan.resolve import ModelRequest, load_model
 
     raw = load_model(ModelRequest("mlp", batch=8))

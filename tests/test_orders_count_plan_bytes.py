@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-import onnxplan.planning  # noqa: F401  (the passes)
 from onnxplan.ir.load import load_step
 from onnxplan.offsets import lower_bound
 from onnxplan.orders import memory_model, order_nodes, peak_of_order
-from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.step_analysis import step_analysis
 from tests.zoo_small import small_artifacts
 

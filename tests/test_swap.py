@@ -8,14 +8,14 @@ import json
 import pytest
 
 from onnxplan.ir import ValueClass
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.ir.load import load_step
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan
 from onnxplan.planning import BudgetNotMet, PlanOptions, pipeline_names, plan_step, verify_plan
 from onnxplan.swap import is_swap_node, rewrite_graph, swap_model, swap_totals, verify_swaps
 from onnxplan.swap.policies import Window
 from onnxplan.verify import PlanError
-from onnxplan.ir.load import load_step
 from tests.graphs import linear_chain, three_linear_step
 from tests.zoo_small import small_artifacts
 

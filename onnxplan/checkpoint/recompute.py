@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
 
 from onnxplan.checkpoint.chain import Chain, build_chain
 from onnxplan.checkpoint.schedule import BWD, FALL, Schedule, decode, encode, simulate
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import Node, StepGraph, Value, recompute_suffix
-from onnxplan.passes._infra import PassResult, register_pass_factory
+from onnxplan.passes._infra import PassResult
 from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = ["RECOMPUTE_PHASE", "apply_schedule", "copy_node", "is_recomputed", "read_latest",
-           "recompute_pass", "register_code_handler", "stable_topological"]
+           "recompute_pass", "stable_topological"]
 
 RECOMPUTE_PHASE = "recompute"
-
-# code prefix -> the pass for a schedule of that form ("dag.": the joint solver's, registered by
-# onnxplan.joint.lower on import): a layer above adds its own schedule form without this module
-# importing it (planning and checkpoint sit below the budget layer and the joint solver)
-CODE_HANDLERS: dict[str, Callable[[str], Callable[[StepGraph], PassResult]]] = {}
-
-
-def register_code_handler(prefix: str, factory: Callable[[str], Callable[[StepGraph], PassResult]]) -> None:
-    """Route recompute codes starting with `prefix` to `factory(code)` (the pass that replays it)."""
-    CODE_HANDLERS[prefix] = factory
 
 
 def is_recomputed(graph: StepGraph) -> bool:
@@ -195,15 +184,9 @@ def stable_topological(seq: list[Node]) -> list[Node]:
 
 
 def recompute_pass(code: str):
-    """The pass for a schedule in encode()'s text form: the chain is re-derived from the
-    graph (deterministic), so a plan file replays the same rewrite. A code starting with a
-    prefix registered by register_code_handler ("dag.": the joint solver's schedule on the whole
-    graph, onnxplan.joint.lower) goes to its handler; one whose handler is not loaded is refused."""
-    for prefix, factory in CODE_HANDLERS.items():
-        if code.startswith(prefix):
-            return factory(code)
-    if code.startswith("dag."):  # onnxplan.joint not imported (importing onnxplan imports it)
-        raise ModelError("a joint recompute schedule ('dag.') needs onnxplan.joint: import onnxplan")
+    """The pass for a chain schedule in encode()'s text form: the chain is re-derived from the
+    graph (deterministic), so a plan file replays the same rewrite. (Codes on the whole graph,
+    "dag.", are onnxplan.checkpoint.dag's; onnxplan.pipeline routes each code to its pass.)"""
     try:
         length, ops = decode(code)
     except ValueError as exc:
@@ -221,5 +204,4 @@ def recompute_pass(code: str):
     return run
 
 
-register_pass_factory("recompute", recompute_pass)
 _ = encode  # the inverse of decode, used by the policies

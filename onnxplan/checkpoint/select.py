@@ -17,7 +17,7 @@ from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.passes.inplace import inplace, inplace_state
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.step_analysis import step_analysis
 
@@ -59,7 +59,7 @@ class PeakEvaluator:
     def __call__(self, schedule: Schedule) -> int:
         if schedule.ops not in self.cache:
             g = apply_schedule(self.pre, self.chain, schedule).graph
-            g, _ = run_pipeline(g, ["inplace" if self.inplace else "inplace-state"])
+            g = (inplace if self.inplace else inplace_state)(g).graph
             roots = step_analysis(g).roots
             best = None
             for policy in self.orders:

@@ -12,8 +12,8 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.ir.load import load_step
 from onnxplan.ir.metadata import read_metadata
 from onnxplan.offsets import align, lower_bound
-from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.resolve import ModelRequest, resolve_artifacts

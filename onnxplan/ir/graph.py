@@ -100,7 +100,7 @@ class Node:
     # control dependencies: names of nodes that must run before this one
     after: list[str] = field(default_factory=list)
 
-    def copy(self) -> "Node":
+    def copy(self) -> Node:
         return Node(self.name, self.op_type, self.domain, list(self.inputs), list(self.outputs),
                     dict(self.attrs), self.phase, dict(self.aliases), list(self.after))
 
@@ -136,6 +136,9 @@ class StepGraph:
     folded: dict[str, np.ndarray] = field(default_factory=dict)
     # how a forward .onnx was made trainable (onnxplan.forward's report, onnxplan.json "forward")
     source: dict[str, Any] = field(default_factory=dict)
+    # what the passes that made this graph ensure ("realized", "inplace", ...: onnxplan.passes);
+    # a pipeline's requirements are checked against it (not part of the fingerprint)
+    ensured: tuple[str, ...] = ()
 
     # ---- queries -------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -216,7 +219,7 @@ class StepGraph:
         produced = self.producers()
         return sum(v.nbytes for v in self.values.values() if v.persistent and v.name not in produced)
 
-    def copy(self) -> "StepGraph":
+    def copy(self) -> StepGraph:
         """A copy whose node list, nodes and values can be rewritten independently."""
         import copy
 
@@ -235,4 +238,5 @@ class StepGraph:
             loss=self.loss,
             folded=dict(self.folded),
             source=dict(self.source),
+            ensured=self.ensured,
         )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,17 +141,19 @@ def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None 
     return deco
 
 
+# The kernel modules, listed: each declares its kernels when imported (_load_all, on first lookup).
+KERNEL_MODULES = ("conv", "conv_grad_input", "elementwise", "indexing", "matmul", "norm", "optimizer", "pool",
+                  "random", "reduce", "resize", "softmax_loss", "tensor_ops")
+
+
 def _load_all() -> None:
-    """Import every module of onnxplan.kernels once, so each registers its kernels."""
+    """Import every module of KERNEL_MODULES once, so each declares its kernels."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
-    import onnxplan.kernels as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in ("registry",):
-            importlib.import_module(f"onnxplan.kernels.{info.name}")
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"onnxplan.kernels.{name}")
 
 
 def find_decl(domain: str, op_type: str, version: int | None = None) -> KernelDecl | None:

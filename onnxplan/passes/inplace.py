@@ -18,7 +18,7 @@ from __future__ import annotations
 from onnxplan.ir.analysis import ancestor_sets
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels.registry import may_overwrite, updates_state
-from onnxplan.passes._infra import PassResult, register_pass
+from onnxplan.passes._infra import PassResult
 from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = ["inplace", "inplace_state"]
@@ -43,13 +43,11 @@ class _Buffers:
         self.readers[b] |= self.readers.pop(a)
 
 
-@register_pass("inplace")
 def inplace(graph: StepGraph) -> PassResult:
     """Alias outputs to dying inputs where the kernel and the graph allow it."""
     return _inplace(graph, state_only=False)
 
 
-@register_pass("inplace-state")
 def inplace_state(graph: StepGraph) -> PassResult:
     """Only the state updates in place (optimizer, running statistics), as the runtime does;
     what `--no-inplace` keeps, so that switching in-place off measures the Modify-View

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from onnxplan.ir.graph import Node, StepGraph
-from onnxplan.passes._infra import PassResult, register_pass
+from onnxplan.passes._infra import PassResult
 from onnxplan.step_analysis import step_analysis
 
 __all__ = ["UPDATE_OPS", "interleave"]
@@ -43,7 +43,6 @@ def _split(n: Node, readers: Mapping[str, tuple[str, ...]]) -> list[Node]:
     return updates
 
 
-@register_pass("interleave")
 def interleave(graph: StepGraph) -> PassResult:
     """Split the joined optimizer node into per-parameter updates (see module docstring)."""
     joined = [n for n in graph.nodes if n.key in JOINED]
