@@ -32,13 +32,25 @@ from onnxplan.kernels.conv import window
 from onnxplan.kernels.registry import random_ops
 from onnxplan.threads import ort_session_options
 
-__all__ = ["BN_OPS", "ORT_DEFAULT_LEARNING_RATE", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep",
-           "explicit_conv_grad_pads"]
+__all__ = [
+    "BN_OPS",
+    "ORT_DEFAULT_LEARNING_RATE",
+    "OrtOptimizerStep",
+    "OrtStep",
+    "OrtTrainingStep",
+    "explicit_conv_grad_pads",
+    "is_batch_norm",
+]
 
 ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
 # BatchNorm in training mode: running statistics in inputs 3, 4, their updates in outputs 1, 2
 BN_OPS = frozenset({("com.microsoft", "BatchNormInternal"), ("", "BatchNormalization")})
+
+
+def is_batch_norm(domain: str, op_type: str) -> bool:
+    """True for an op of BN_OPS ("ai.onnx" is the default domain "")."""
+    return ("" if domain == "ai.onnx" else domain, op_type) in BN_OPS
 
 
 @dataclass
@@ -127,7 +139,7 @@ class OrtTrainingStep:
             key = (n.domain if n.domain != "ai.onnx" else "", n.op_type)
             if n.op_type == "InPlaceAccumulatorV2" and n.input[0].endswith(ACC_SUFFIX):
                 self.grad_of[n.input[0][: -len(ACC_SUFFIX)]] = n.input[1]
-            elif key in BN_OPS and len(n.output) >= 3 and len(n.input) >= 5:
+            elif is_batch_norm(*key) and len(n.output) >= 3 and len(n.input) >= 5:
                 for i, o in ((3, 1), (4, 2)):
                     if n.output[o]:
                         self.running_of[n.input[i]] = n.output[o]

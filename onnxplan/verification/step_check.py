@@ -57,12 +57,8 @@ from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
 from onnxplan.ir.graph import original_name
 from onnxplan.step_analysis import step_analysis
-from onnxplan.verification.ort_step import (
-    BN_OPS,
-    ORT_DEFAULT_LEARNING_RATE,
-    OrtOptimizerStep,
-    OrtTrainingStep,
-)
+from onnxplan.verification import ort_step
+from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 
@@ -371,7 +367,8 @@ class _Hooks:
     def wrap(self, node, fn):
         # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
         grads = [k for k, i in enumerate(node.inputs) if original_name(i) in self.grad_names]
-        stats = (node.domain if node.domain != "ai.onnx" else "", node.op_type) in BN_OPS and len(node.inputs) >= 5 and len([o for o in node.outputs if o]) > 1
+        stats = ort_step.is_batch_norm(node.domain, node.op_type) and len(node.inputs) >= 5 \
+            and len([o for o in node.outputs if o]) > 1
         bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
         ln_grad = node.op_type == "LayerNormalizationGrad" and len(node.inputs) >= 5
         reduction = node.op_type in REDUCTION_OPS
