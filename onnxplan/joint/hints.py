@@ -131,7 +131,7 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
     d = base or keep_all(prob)
 
     def excess(x: Decisions) -> int:
-        peak, fwd, stage = memory(prob, x)
+        _, fwd, stage = memory(prob, x)
         return sum(max(0, prob.persistent + m - budget) for m in (*fwd, *stage))
 
     recomputed = {b for t, n in d.recompute for b in prob.node_outputs[n]}
