@@ -88,7 +88,7 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
     from onnxplan.loading import load_step
     from onnxplan.loading.request import LoadRequest
     from onnxplan.loading.resolve import resolve_artifacts
-    from onnxplan.passes._infra import run_pipeline
+    from onnxplan.pipeline import run_pipeline
     from onnxplan.planning import PlanOptions
 
     req = LoadRequest(name, batch)

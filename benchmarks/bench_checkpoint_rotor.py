@@ -16,7 +16,7 @@ from onnxplan.checkpoint.schedule import simulate, store_all
 from onnxplan.ir.load import read_step
 from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import build_transformer
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.pipeline import run_pipeline
 
 
 def main() -> None:
@@ -25,7 +25,6 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--slots", type=int, default=500)
     args = ap.parse_args()
-    import onnxplan.planning  # noqa: F401  (registers the passes)
 
     print("| layers | stages | step nodes | chain cut (s) | rotor table (s) | 10 schedules (s) | min / store-all model peak |")
     print("|---|---|---|---|---|---|---|")

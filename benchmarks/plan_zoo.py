@@ -20,8 +20,8 @@ from onnxplan.loading.artifacts import build_artifacts
 from onnxplan.models import build_forward, get_model, list_models
 from onnxplan.offsets import PLANNERS, lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
-from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, pipeline_names, plan_step
 from onnxplan.sizes import format_bytes
 from onnxplan.verify import verify_offsets

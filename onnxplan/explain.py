@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxplan.ir.graph import StepGraph, original_name
+from onnxplan.ir.graph import StepGraph, recomputed_from
 from onnxplan.plan import Plan, PlannedSwap
 from onnxplan.plan_records import CheckpointRecord
 
@@ -68,11 +68,11 @@ def stage_rows(info: CheckpointRecord) -> list[StageRow]:
 
 
 def recompute_copies(order: list[str]) -> dict[str, list[str]]:
-    """Node -> its recomputed copies (NODE@rcK) in `order` (one parser of copy names: original_name)."""
+    """Node -> its recomputed copies (NODE@rcK) in `order` (one parser of copy names: ir.graph.recomputed_from)."""
     copies: dict[str, list[str]] = {}
     for name in order:
-        base = original_name(name)
-        if name != base and "@rc" in name[len(base):]:
+        base = recomputed_from(name)
+        if base is not None:
             copies.setdefault(base, []).append(name)
     return copies
 

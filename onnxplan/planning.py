@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onnxplan._version import __version__
-from onnxplan.checkpoint import recompute as _recompute  # noqa: F401  (registers the pass "recompute:<schedule>")
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
 from onnxplan.orders import memory_model, order_policy
-from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from onnxplan.cli.app import app
-from onnxplan.ir.graph import original_name
+from onnxplan.ir.graph import original_name, recompute_suffix, recomputed_from, swap_in_suffix
 
 torch = pytest.importorskip("torch")
 
@@ -21,6 +21,16 @@ def test_original_name_strips_only_copy_suffixes():
     assert original_name("blk@3/relu@v2") == "blk@3/relu@v2"  # the model's own '@'
     assert original_name("blk@3/relu@v2@rc1") == "blk@3/relu@v2"
     assert original_name("x@rcx") == "x@rcx" and original_name("x@in") == "x@in"
+
+
+def test_copy_names_are_written_and_read_by_one_parser():
+    """The names the recompute and swap passes write are the names original_name and
+    recomputed_from (explain's grouping of copies) read back."""
+    assert recomputed_from("blk@3/relu" + recompute_suffix(2)) == "blk@3/relu"
+    assert recomputed_from("relu1") is None and recomputed_from("x@rcx") is None
+    assert recomputed_from("x@rc1" + swap_in_suffix("4")) is None  # a swap-in copy, not a recomputation
+    assert original_name("x" + recompute_suffix(1) + swap_in_suffix("start")) == "x"
+    assert swap_in_suffix("3") == "@in3" and swap_in_suffix("start") == "@start"
 
 
 def _rename(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -13,21 +13,15 @@ import pytest
 
 from onnxplan import planning
 from onnxplan.joint import build_problem, solve_problem
+from onnxplan.joint.bounds import recompute_stages, relaxation_bound
+from onnxplan.joint.evaluate import memory, minimal_keeps, step_seconds, violations
 from onnxplan.joint.hints import RotorColumns, keep_all
 from onnxplan.joint.lower import lower_joint
-from onnxplan.joint.problem import (
-    Decisions,
-    memory,
-    minimal_keeps,
-    recompute_stages,
-    relaxation_bound,
-    step_seconds,
-    violations,
-)
+from onnxplan.joint.problem import Decisions
 from onnxplan.joint.solve import TIME_UNIT, descend
 from onnxplan.offsets.buffers import live_bytes_by_eo
-from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from tests.graphs import GraphBuilder, three_linear_step
 from tests.zoo_small import SMALL, small_artifacts
 
@@ -371,10 +365,9 @@ def test_cli_strategy_is_checked():
 
 
 def test_a_fresh_process_replays_joint_codes():
-    """Importing any part of onnxplan (here the executor's plan preparation) registers the joint
-    solver's "dag." recompute codes with the recompute pass: nothing below imports onnxplan.joint."""
-    code = ("import onnxplan.executor.prepare\n"
-            "from onnxplan.passes import find_pass\n"
+    """The pass list (onnxplan.pipeline) routes the joint solver's "dag." recompute codes to their
+    pass without importing onnxplan.joint or anything else first: nothing registers on import."""
+    code = ("from onnxplan.pipeline import find_pass\n"
             "fn = find_pass('recompute:dag.nntrainer.3.1:0')\n"
             "print(fn.__qualname__)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -476,7 +469,7 @@ def test_an_early_page_in_is_issued_where_the_stages_before_hide_it():
     earlier stage is allowed (the buffer is read there)."""
     from types import SimpleNamespace
 
-    from onnxplan.joint.problem import early_issue
+    from onnxplan.joint.evaluate import early_issue
 
     prob = SimpleNamespace(stage_seconds=[1.0, 1.0, 1.0, 1.0],
                            buffers=[SimpleNamespace(nbytes=3, reads=frozenset({4})),

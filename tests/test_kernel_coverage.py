@@ -32,3 +32,31 @@ RULE_ONLY = {
 def test_every_rule_has_a_kernel_or_a_reason():
     missing = {(d, op) for d, op in registered_ops() if not (find_decl(d, op) and find_decl(d, op).fn)}
     assert missing <= RULE_ONLY, sorted(missing - RULE_ONLY)
+
+
+def test_the_kernel_modules_are_listed():
+    """registry.KERNEL_MODULES names every module of onnxplan.kernels that declares kernels (the
+    registry imports that list, it does not discover modules)."""
+    from pathlib import Path
+
+    import onnxplan.kernels
+    from onnxplan.kernels.registry import KERNEL_MODULES
+
+    folder = Path(onnxplan.kernels.__file__).parent
+    declaring = {p.stem for p in folder.glob("*.py") if p.stem != "registry"
+                 and ("@kernel(" in p.read_text() or "declare(" in p.read_text())}
+    assert declaring == set(KERNEL_MODULES)
+
+
+def test_random_ops_declare_the_output_holding_their_draw():
+    """One table of random ops, from the kernel declarations: what recompute never re-runs and what
+    verification feeds ONNX Runtime's draws into (Dropout: its mask, output 1)."""
+    from onnxplan.ir.graph import Node
+    from onnxplan.kernels.registry import is_random, random_ops
+
+    ops = random_ops()
+    assert ops[("", "Dropout")] == 1 and ops[(MS, "BitmaskDropout")] == 1 and ops[("", "RandomUniformLike")] == 0
+    assert {("", "RandomNormal"), ("", "Bernoulli"), (MS, "BiasDropout")} <= set(ops)
+    assert (MS, "DropoutGrad") not in ops  # reads the forward's mask: deterministic
+    assert is_random(Node("d", "Dropout", "", ["x"], ["y", "m"]), 13)
+    assert not is_random(Node("r", "Relu", "", ["x"], ["y"]), 13)

@@ -6,6 +6,7 @@ import pytest
 
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.orders import ORDERS, check_order, live_bytes_of_order, memory_model, order_nodes, peak_of_order
 from onnxplan.orders.ilp import pin_updates, solve_order, update_pins
 from onnxplan.orders.nntrainer import Stage, assign_layers
@@ -15,15 +16,16 @@ FAST = 2.0  # ilp time limit in tests (seconds)
 
 
 def diamond() -> StepGraph:
-    """a -> (b1 -> c1), (b2 -> c2) -> d; the b's make 100 bytes, the c's 1 byte.
+    """a -> (b1 -> c1), (b2 -> c2) -> d; the b's make 100 units, the c's 1 unit (a unit: the
+    64-byte ALIGNMENT, so that the bytes the orders count, aligned, keep these ratios).
 
-    File order runs both b's first: 10 + 100 + 100 = 210 bytes at b2. Finishing one branch
-    before the other peaks at x + y1 + z1 = 111 bytes (at c1, and again at b2).
+    File order runs both b's first: 10 + 100 + 100 = 210 units at b2. Finishing one branch
+    before the other peaks at x + y1 + z1 = 111 units (at c1, and again at b2).
     """
     nodes = [("a", ["in"], ["x"]), ("b1", ["x"], ["y1"]), ("b2", ["x"], ["y2"]),
              ("c1", ["y1"], ["z1"]), ("c2", ["y2"], ["z2"]), ("d", ["z1", "z2"], ["out"])]
     sizes = {"in": 0, "x": 10, "y1": 100, "y2": 100, "z1": 1, "z2": 1, "out": 1}
-    return make_graph(nodes, sizes, inputs=["in"], outputs=["out"])
+    return make_graph(nodes, {v: b * ALIGNMENT for v, b in sizes.items()}, inputs=["in"], outputs=["out"])
 
 
 def three_linear(*, frozen_middle=False, split=True, cd_first=True) -> StepGraph:
@@ -67,7 +69,7 @@ def test_memory_model_excludes_persistent_and_keeps_inputs_and_outputs_live():
     assert "W1" not in mm.size and "W1.updated" not in mm.size
     assert mm.inputs == {"x", "t", "lr"} and mm.outputs == {"L"}
     live = live_bytes_of_order(mm, mm.nodes)
-    assert live[0] == 40 + 40 + 4 + 40  # x, t, lr fed before EO 0, a1 created at EO 0
+    assert live[0] == 4 * ALIGNMENT  # x, t, lr fed before EO 0, a1 created at EO 0 (40, 40, 4, 40 B, aligned)
     order = mm.nodes
     assert all(live[i] >= 4 for i in range(order.index("loss"), len(order)))  # the loss stays
 
@@ -89,7 +91,7 @@ def test_memory_model_merged_buffers_and_views():
     assert mm.creates["a"] == ("x",) and mm.creates["relu"] == () and "x" in mm.reads["relu"]
     assert "u" not in mm.preds["r"]  # a read-only view needs no write-after-read edge
     assert "u" in mm.preds["relu"]  # the in-place relu clobbers x: its reader u goes first
-    assert mm.size["x"] == 8
+    assert mm.size["x"] == ALIGNMENT  # 8 B, aligned as the plan places it
 
 
 def test_memory_model_refuses_unknown_control_dependency():
@@ -119,10 +121,10 @@ def test_unknown_policy_is_a_usage_error():
 
 def test_diamond_finishes_one_branch_first():
     g = diamond()
-    assert order_nodes(g, "given").peak_bytes == 210
-    assert order_nodes(g, "greedy").peak_bytes == 111
+    assert order_nodes(g, "given").peak_bytes == 210 * ALIGNMENT
+    assert order_nodes(g, "greedy").peak_bytes == 111 * ALIGNMENT
     res = order_nodes(g, "ilp", time_limit=FAST)
-    assert res.peak_bytes == 111 and res.optimal and res.gap == 0.0
+    assert res.peak_bytes == 111 * ALIGNMENT and res.optimal and res.gap == 0.0
 
 
 def test_nntrainer_three_linear_layers_order():
@@ -210,13 +212,13 @@ def test_ilp_matches_brute_force_on_a_small_backward_graph():
 
 
 def test_ilp_falls_back_to_the_seed_when_too_large(monkeypatch):
-    import onnxplan.orders.ilp as ilp
+    from onnxplan.orders import ilp
 
     monkeypatch.setattr(ilp, "VARS_PER_SECOND", 0)
     g = diamond()
     res = order_nodes(g, "ilp", time_limit=FAST)
     assert res.optimal is False and res.gap is None and "too large" in res.notes[0]
-    assert res.peak_bytes == 111  # the best heuristic (greedy) is the seed
+    assert res.peak_bytes == 111 * ALIGNMENT  # the best heuristic (greedy) is the seed
 
 
 def test_ilp_with_inputs_only_read_late_and_reader_created_buffers():
@@ -240,7 +242,7 @@ def mlp_steps():
     from onnxplan.ir.analysis import alias_roots
     from onnxplan.loading import load_step
     from onnxplan.loading.request import LoadRequest
-    from onnxplan.passes import run_pipeline
+    from onnxplan.pipeline import run_pipeline
 
     raw = load_step(LoadRequest("mlp", batch=8))
     rewritten, _ = run_pipeline(raw, ["realize", "interleave", "inplace"])

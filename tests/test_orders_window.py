@@ -7,6 +7,7 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.orders import check_order, live_bytes_of_order, memory_model, order_nodes, peak_of_order
 from onnxplan.orders.ilp import solve_order
 from onnxplan.orders.window import improve_by_windows, sub_model
@@ -47,7 +48,8 @@ def test_sub_model_profile_is_the_global_profile_inside_the_window(g, data):
 
 def _diamond_chain(k: int):
     """k diamonds in a row (each a -> b1,b2 -> c1,c2 -> d, as test_orders.diamond), file order
-    running both b's first: 10 + 100 + 100 = 210 B in each; one branch at a time: 111 B."""
+    running both b's first: 10 + 100 + 100 = 210 units in each; one branch at a time: 111 units
+    (a unit: the 64-byte ALIGNMENT, as the orders count bytes aligned)."""
     nodes, sizes, prev = [], {"in": 10}, "in"
     for i in range(k):
         x, y1, y2, z1, z2, out = (f"{v}{i}" for v in ("x", "y1_", "y2_", "z1_", "z2_", "out"))
@@ -55,7 +57,7 @@ def _diamond_chain(k: int):
                   (f"c1_{i}", [y1], [z1]), (f"c2_{i}", [y2], [z2]), (f"d{i}", [z1, z2], [out])]
         sizes.update({x: 10, y1: 100, y2: 100, z1: 1, z2: 1, out: 10})
         prev = out
-    return make_graph(nodes, sizes, inputs=["in"], outputs=[prev])
+    return make_graph(nodes, {v: b * ALIGNMENT for v, b in sizes.items()}, inputs=["in"], outputs=[prev])
 
 
 def test_windows_reach_the_optimum_of_a_graph_too_large_to_solve_whole(monkeypatch):
@@ -63,16 +65,16 @@ def test_windows_reach_the_optimum_of_a_graph_too_large_to_solve_whole(monkeypat
 
     g = _diamond_chain(30)  # 180 nodes
     mm = memory_model(g)
-    assert peak_of_order(mm, mm.nodes) == 210
+    assert peak_of_order(mm, mm.nodes) == 210 * ALIGNMENT
     whole = solve_order(mm, mm.nodes, time_limit=5.0)
-    assert whole[1] and peak_of_order(mm, whole[0]) == 111  # the optimum, solved whole
+    assert whole[1] and peak_of_order(mm, whole[0]) == 111 * ALIGNMENT  # the optimum, solved whole
     monkeypatch.setattr(ilp, "VARS_PER_SECOND", 50)  # the whole model no longer fits
     res = improve_by_windows(mm, mm.nodes, time_limit=20.0, solve=solve_order, width=24)
     check_order(mm, res.order)
-    assert res.peak_bytes == peak_of_order(mm, res.order) == 111
+    assert res.peak_bytes == peak_of_order(mm, res.order) == 111 * ALIGNMENT
     assert res.improved >= 15 and res.local_optimum and "windowed" in res.note  # a window holds <= 4 diamonds
     policy = order_nodes(g, "ilp", time_limit=10.0)  # too large whole: the ilp policy decomposes
-    assert policy.peak_bytes <= 111 and any("windowed" in note for note in policy.notes)
+    assert policy.peak_bytes <= 111 * ALIGNMENT and any("windowed" in note for note in policy.notes)
 
 
 @settings(max_examples=25, **SETTINGS)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from onnxplan.errors import UsageError
 from onnxplan.ir import ValueClass
-from onnxplan.passes._infra import PassError, register_pass, run_pipeline
+from onnxplan.passes import Pass, PassError
 from onnxplan.passes.inplace import inplace
 from onnxplan.passes.interleave import interleave
 from onnxplan.passes.lifetimes import IntegrityError, lifetimes
 from onnxplan.passes.realize import realize
+from onnxplan.pipeline import PASSES, run_pipeline
 from tests.graphs import GraphBuilder, three_linear_step
 
 
@@ -134,12 +136,37 @@ def test_integrity_rule_rejects_order_reading_an_overwritten_value():
 
 
 def test_pipeline_failure_names_passes_run_before():
-    @register_pass("explode-for-test")
     def _explode(graph):
         raise RuntimeError("boom")
 
+    table = PASSES.with_passes(Pass("explode-for-test", _explode))
     with pytest.raises(PassError, match="passes run before it: realize, interleave"):
-        run_pipeline(three_linear_step(), ["realize", "interleave", "explode-for-test"])
+        run_pipeline(three_linear_step(), ["realize", "interleave", "explode-for-test"], table)
+
+
+@pytest.mark.parametrize("names", [["inplace"], ["interleave", "realize"], ["recompute:dag.given.3.1:0", "realize"]])
+def test_a_pipeline_whose_requirement_is_not_met_is_refused_in_one_line(names):
+    """Every pass but realize needs a realized graph: a pipeline that runs one before realize is
+    refused before any pass runs (UsageError, one line naming the pass and the requirement)."""
+    with pytest.raises(UsageError) as err:
+        run_pipeline(three_linear_step(), names)
+    msg = str(err.value)
+    assert "\n" not in msg and f"pass {names[0]!r} requires 'realized'" in msg
+
+
+def test_a_graph_remembers_what_its_passes_ensured():
+    """A pipeline may start where another stopped: the graph records what its passes ensured."""
+    pre, _ = run_pipeline(three_linear_step(), ["realize", "interleave"])
+    assert pre.ensured == ("realized", "interleaved")
+    post, _ = run_pipeline(pre, ["inplace"])
+    assert post.ensured == ("realized", "interleaved", "inplace") and pre.ensured == ("realized", "interleaved")
+    assert pre.copy().ensured == pre.ensured
+
+
+def test_the_pass_list_is_explicit():
+    """Every pass a plan can name is listed in onnxplan.pipeline, nothing registers on import."""
+    assert set(PASSES.passes) == {"realize", "interleave", "split-grad", "inplace", "inplace-state"}
+    assert set(PASSES.families) == {"recompute"}
 
 
 def test_nntrainer_figure5_sigmoid_flatten_merges():

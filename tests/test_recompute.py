@@ -14,7 +14,7 @@ from onnxplan.errors import ModelError
 from onnxplan.ir.analysis import alias_roots, ancestor_sets
 from onnxplan.ir.load import read_step
 from onnxplan.orders import check_order, memory_model
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.pipeline import run_pipeline
 from tests.zoo_small import small_artifacts
 
 MODELS = ["mlp", "transformer", "gpt", "resnet18", "vgg16", "nnt-conv-ac-fl"]

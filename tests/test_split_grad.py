@@ -9,8 +9,8 @@ import pytest
 from onnxplan.executor.runner import Executor, initial_parameters, step_batches
 from onnxplan.ir.load import read_step
 from onnxplan.orders import memory_model
-from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.split_grad import split_grad
+from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, plan_step
 from tests.zoo_small import small_artifacts
 

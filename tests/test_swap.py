@@ -9,8 +9,8 @@ import pytest
 
 from onnxplan.ir import ValueClass
 from onnxplan.ir.load import read_step
-from onnxplan.passes._infra import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan
 from onnxplan.planning import BudgetNotMet, PlanOptions, pipeline_names, plan_step, verify_plan
 from onnxplan.swap import is_swap_node, rewrite_graph, swap_model, swap_totals, verify_swaps

@@ -75,7 +75,8 @@ def test_the_joint_model_prices_on_the_same_worker(monkeypatch):
     stage): a write issued after its buffer's last forward use and due where its memory is freed
     (held_until + 1), a stage's page-ins behind the stage before, an early one from its issue
     stage (here on a hand-made problem)."""
-    from onnxplan.joint.problem import Decisions, step_seconds
+    from onnxplan.joint.evaluate import step_seconds
+    from onnxplan.joint.problem import Decisions
 
     def buf(nbytes, held_until):
         return SimpleNamespace(nbytes=nbytes, last_forward=0, held_until=held_until)

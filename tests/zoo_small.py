@@ -40,12 +40,11 @@ def small_artifacts(name: str, optimizer: str | None = None) -> Path:
 def least_rotor_code(folder) -> str:
     """rotor's schedule for the least memory of its chain model (deeply nested re-runs), even
     where the planned peak would not choose it."""
-    import onnxplan.planning  # noqa: F401
     from onnxplan.checkpoint.chain import build_chain
     from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
     from onnxplan.checkpoint.schedule import encode
     from onnxplan.ir.load import read_step
-    from onnxplan.passes._infra import run_pipeline
+    from onnxplan.pipeline import run_pipeline
 
     pre = run_pipeline(read_step(folder), ["realize", "interleave"])[0]
     chain = build_chain(pre)

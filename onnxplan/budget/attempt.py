@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.passes import run_pipeline
+from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
 
 __all__ = ["attempt", "step_before_inplace"]

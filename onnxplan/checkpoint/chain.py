@@ -7,24 +7,17 @@ from dataclasses import dataclass
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.schedule import ChainCosts
 from onnxplan.errors import ModelError
-from onnxplan.ir.analysis import alias_roots, forward_of_gradient
+from onnxplan.ir.analysis import forward_of_gradient
 from onnxplan.ir.graph import Node, StepGraph
-from onnxplan.kernels.registry import may_overwrite, scratch_bytes
+from onnxplan.kernels.registry import may_overwrite
+from onnxplan.step_analysis import StepAnalysis, step_analysis
 
-__all__ = ["RANDOM_OPS", "Chain", "Stage", "build_chain", "nondeterminism"]
+__all__ = ["Chain", "Stage", "build_chain", "nondeterminism"]
 
-# ops whose output is drawn at random: a second run would not reproduce the first
-RANDOM_OPS = {
-    ("", "Dropout"), ("", "RandomNormal"), ("", "RandomUniform"), ("", "RandomNormalLike"),
-    ("", "RandomUniformLike"), ("", "Multinomial"), ("", "Bernoulli"),
-    ("com.microsoft", "BiasDropout"), ("com.microsoft", "BitmaskDropout"),
-    ("com.microsoft", "BitmaskBiasDropout"), ("com.microsoft", "DropoutGrad"),
-}
-
-
-def nondeterminism(node: Node) -> str:
-    """Why `node` may not run twice ("" when it may): a random op draws again on each run."""
-    if node.key not in RANDOM_OPS:
+def nondeterminism(node: Node, analysis: StepAnalysis) -> str:
+    """Why `node` may not run twice ("" if it may): its kernel draws at random (KernelDecl.random),
+    unless it is a Dropout whose `ratio` attribute (opset < 12) is 0, which keeps every element."""
+    if node.name not in analysis.random:
         return ""
     ratio = node.attrs.get("ratio")
     if node.op_type == "Dropout" and ratio is not None and float(ratio) == 0.0:
@@ -83,10 +76,10 @@ class Chain:
         return out
 
 
-def _cuts(g: StepGraph, fwd: list[Node], transient: set[str]) -> list[tuple[str, int]]:
+def _cuts(a: StepAnalysis, fwd: list[Node], transient: set[str]) -> list[tuple[str, int]]:
     """(value, ancestor bitset) of every single-tensor cut, nested, in chain order."""
-    index = {n.name: i for i, n in enumerate(fwd)}
-    producer = {o: n for n in fwd for o in n.outputs if o}
+    index = {n.name: i for i, n in enumerate(fwd)}  # position among the forward nodes
+    producer = {v: a.nodes[p] for v, p in a.producer.items() if p in index}  # made in the forward pass
     anc: dict[str, int] = {}
     for n in fwd:
         bits = 0
@@ -94,9 +87,9 @@ def _cuts(g: StepGraph, fwd: list[Node], transient: set[str]) -> list[tuple[str,
             p = producer.get(i)
             if p is not None:
                 bits |= anc[p.name] | (1 << index[p.name])
-        for a in n.after:
-            if a in anc:
-                bits |= anc[a] | (1 << index[a])
+        for x in n.after:
+            if x in anc:
+                bits |= anc[x] | (1 << index[x])
         anc[n.name] = bits
     readers: dict[str, int] = {}
     for n in fwd:
@@ -120,12 +113,13 @@ def _cuts(g: StepGraph, fwd: list[Node], transient: set[str]) -> list[tuple[str,
     return chain
 
 
-def _backward_stages(g: StepGraph, bwd: list[Node], fwd_stage: dict[str, int],
+def _backward_stages(a: StepAnalysis, bwd: list[Node], fwd_stage: dict[str, int],
                      value_stage: dict[str, int], cut_values: set[str], last: int) -> dict[str, int]:
     """B-node -> stage: the forward node it is named after (`<fwd>_Grad/`); else the latest
     stage whose inner values it reads; else the earliest stage of the backward nodes that
     feed it; else the stage of its first reader; else the last stage."""
-    producer = {o: n.name for n in bwd for o in n.outputs if o}
+    in_bwd = {n.name for n in bwd}
+    producer = {v: p for v, p in a.producer.items() if p in in_bwd}
     stage: dict[str, int | None] = {}
     for n in bwd:
         forward = forward_of_gradient(n.name, fwd_stage)
@@ -137,13 +131,9 @@ def _backward_stages(g: StepGraph, bwd: list[Node], fwd_stage: dict[str, int],
             fed = [stage[producer[i]] for i in n.inputs if i in producer and stage.get(producer[i])]
             found = min(fed) if fed else None
         stage[n.name] = found
-    readers: dict[str, list[str]] = {}
-    for n in bwd:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n.name)
     for n in reversed(bwd):
         if stage[n.name] is None:
-            users = [stage[r] for o in n.outputs for r in readers.get(o, []) if stage.get(r)]
+            users = [stage[r] for o in n.outputs for r in a.consumers.get(o, ()) if r in in_bwd and stage.get(r)]
             stage[n.name] = users[0] if users else last
     return {k: int(v) for k, v in stage.items()}
 
@@ -156,6 +146,7 @@ def _peak(g: StepGraph, nodes: list[Node], roots: dict[str, str], counted, relea
     takes its buffer (as the in-place pass will)."""
     live: dict[str, int] = dict(live0 or {})
     peak = sum(live.values())
+    scratch = step_analysis(g).scratch
     for k, n in enumerate(nodes):
         version = g.opsets.get(n.domain or "")
         overwrite = may_overwrite(n, version)
@@ -171,9 +162,7 @@ def _peak(g: StepGraph, nodes: list[Node], roots: dict[str, str], counted, relea
                     break
             else:
                 live[r] = max(live.get(r, 0), g.values[o].nbytes)
-        spec = lambda v: g.values[v].spec if v else None
-        scratch = scratch_bytes(n, [spec(i) for i in n.inputs], [spec(o) for o in n.outputs], version)
-        peak = max(peak, sum(live.values()) + scratch)
+        peak = max(peak, sum(live.values()) + scratch.get(n.name, 0))
         for r in [r for r in live if release.get(r, len(nodes)) <= k]:
             del live[r]
     return peak
@@ -189,8 +178,9 @@ def build_chain(graph: StepGraph, times: TimeModel | None = None) -> Chain:
         raise ModelError(f"{graph.name}: no forward nodes to checkpoint")
     bwd = [n for n in graph.nodes if n.phase == "backward"]
     transient = {k for k, v in graph.values.items() if not v.persistent}
-    cuts = _cuts(graph, fwd, transient)
-    roots = alias_roots(graph)
+    a = step_analysis(graph)
+    cuts = _cuts(a, fwd, transient)
+    roots = a.roots
     index = {n.name: i for i, n in enumerate(fwd)}
     groups: list[list[Node]] = []
     prev = 0
@@ -206,7 +196,7 @@ def build_chain(graph: StepGraph, times: TimeModel | None = None) -> Chain:
     value_stage = {o: fwd_stage[n.name] for n in fwd for o in n.outputs if o and o in transient}
     outputs = [v for v, _ in cuts] + [graph.loss or next(o for o in groups[-1][-1].outputs if o)]
     cut_values = set(outputs)
-    bstage = _backward_stages(graph, bwd, fwd_stage, value_stage, cut_values, len(groups))
+    bstage = _backward_stages(a, bwd, fwd_stage, value_stage, cut_values, len(groups))
     later_readers: dict[str, set[str]] = {}
     for n in graph.nodes:
         if n.phase != "forward":
@@ -236,7 +226,7 @@ def build_chain(graph: StepGraph, times: TimeModel | None = None) -> Chain:
             forward_overhead=f_none - graph.values[out].nbytes, forward_all_overhead=f_all - sum(abar.values()),
             backward_overhead=_backward_peak(graph, b_nodes, b_names, roots, transient, handed, abar)
             - sum(abar.values()),
-            nondeterministic="; ".join(filter(None, (nondeterminism(n) for n in grp))),
+            nondeterministic="; ".join(filter(None, (nondeterminism(n, a) for n in grp))),
         ))
     return Chain(tuple(stages), times.source)
 

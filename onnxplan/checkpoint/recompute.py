@@ -4,63 +4,35 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
 
 from onnxplan.checkpoint.chain import Chain, build_chain
 from onnxplan.checkpoint.schedule import BWD, FALL, Schedule, decode, encode, simulate
 from onnxplan.errors import ModelError
-from onnxplan.ir.graph import Node, StepGraph, Value
-from onnxplan.kernels.registry import may_overwrite, updates_state
-from onnxplan.passes._infra import PassResult, register_pass_factory
+from onnxplan.ir.graph import Node, StepGraph, Value, recompute_suffix
+from onnxplan.passes._infra import PassResult
+from onnxplan.step_analysis import StepAnalysis, step_analysis
 
-__all__ = ["RECOMPUTE_PHASE", "apply_schedule", "copy_node", "copy_suffix", "is_recomputed", "read_latest",
-           "recompute_pass", "register_code_handler", "stable_topological"]
+__all__ = ["RECOMPUTE_PHASE", "apply_schedule", "copy_node", "is_recomputed", "read_latest",
+           "recompute_pass", "stable_topological"]
 
 RECOMPUTE_PHASE = "recompute"
-
-# code prefix -> the pass for a schedule of that form ("dag.": the joint solver's, registered by
-# onnxplan.joint.lower on import): a layer above adds its own schedule form without this module
-# importing it (planning and checkpoint sit below the budget layer and the joint solver)
-CODE_HANDLERS: dict[str, Callable[[str], Callable[[StepGraph], PassResult]]] = {}
-
-
-def register_code_handler(prefix: str, factory: Callable[[str], Callable[[StepGraph], PassResult]]) -> None:
-    """Route recompute codes starting with `prefix` to `factory(code)` (the pass that replays it)."""
-    CODE_HANDLERS[prefix] = factory
-
-
-def copy_suffix(k: int) -> str:
-    return f"@rc{k}"
 
 
 def is_recomputed(graph: StepGraph) -> bool:
     return any(n.phase == RECOMPUTE_PHASE for n in graph.nodes)
 
 
-def _state_updates(g: StepGraph, n: Node) -> dict[int, int]:
-    """Output index -> input index of the persistent state the node updates in place."""
-    version = g.opsets.get(n.domain or "")
-    if not updates_state(n, version):
-        return {}
-    out = {}
-    for j, ins in may_overwrite(n, version).items():
-        for i in ins:
-            if j < len(n.outputs) and i < len(n.inputs) and n.inputs[i] and g.values[n.inputs[i]].persistent:
-                out[j] = i
-    return out
-
-
-def _needed(nodes: list[Node], targets: set[str]) -> list[Node]:
+def _needed(a: StepAnalysis, nodes: list[Node], targets: set[str]) -> list[Node]:
     """The nodes of a stage needed to produce `targets`, in stage order."""
-    producer = {o: n for n in nodes for o in n.outputs if o}
+    stage = {n.name for n in nodes}
     keep: set[str] = set()
-    todo = [producer[t] for t in targets if t in producer]
+    todo = [a.producer[t] for t in targets if a.producer.get(t) in stage]
     while todo:
-        n = todo.pop()
-        if n.name in keep:
+        x = todo.pop()
+        if x in keep:
             continue
-        keep.add(n.name)
-        todo.extend(producer[i] for i in n.inputs if i in producer)
+        keep.add(x)
+        todo.extend(a.producer[i] for i in a.nodes[x].inputs if a.producer.get(i) in stage)
     return [n for n in nodes if n.name in keep]
 
 
@@ -107,6 +79,7 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
     runs = schedule.executions(L)
     if all(r == 1 for r in runs[1:]):
         return PassResult(graph, False, [])
+    a = step_analysis(graph)
     g = graph.copy()
     by_name = {n.name: n for n in g.nodes}
     stage_nodes = {st.index: [by_name[x] for x in st.nodes] for st in chain.stages}
@@ -130,8 +103,8 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
         st = chain.stages[s - 1]
         targets = {st.output, *st.saved} if kind == FALL else {st.output}
         made: set[str] = set()
-        for n in _needed(stage_nodes[s], targets):
-            c = copy_node(g, n, copy_suffix(done[s]), current, made, last_bwd)
+        for n in _needed(a, stage_nodes[s], targets):
+            c = copy_node(g, a, n, recompute_suffix(done[s]), current, made, last_bwd)
             seq.append(c)
             copies += 1
     seq.extend(n for n in g.nodes if n.name not in placed)
@@ -151,12 +124,12 @@ def read_latest(n: Node, current: dict[str, str]) -> None:
     n.aliases = {o: (current.get(src, src), k) for o, (src, k) in n.aliases.items()}
 
 
-def copy_node(g: StepGraph, n: Node, suffix: str, current: dict[str, str], made: set[str],
+def copy_node(g: StepGraph, a: StepAnalysis, n: Node, suffix: str, current: dict[str, str], made: set[str],
               last_bwd: str | None) -> Node:
-    """A recomputed copy of `n` (rules 2, 4, 5 of apply_schedule): its outputs named with
-    `suffix` and made the latest versions; a copy reading nothing made in this recomputation
-    runs after `last_bwd`."""
-    state = _state_updates(g, n)
+    """A recomputed copy of `n` (rules 2, 4, 5 of apply_schedule) into `g`, a copy of the graph
+    `a` analyses: its outputs named with `suffix` and made the latest versions; a copy reading
+    nothing made in this recomputation runs after `last_bwd`."""
+    state = {u.out_index: u.in_index for u in a.updates_of.get(n.name, ())}
     inputs = [current.get(i, i) if i else i for i in n.inputs]
     for j, i in state.items():
         inputs[i] = n.outputs[j]  # the updated statistics: the original wrote them this step
@@ -211,15 +184,9 @@ def stable_topological(seq: list[Node]) -> list[Node]:
 
 
 def recompute_pass(code: str):
-    """The pass for a schedule in encode()'s text form: the chain is re-derived from the
-    graph (deterministic), so a plan file replays the same rewrite. A code starting with a
-    prefix registered by register_code_handler ("dag.": the joint solver's schedule on the whole
-    graph, onnxplan.joint.lower) goes to its handler; one whose handler is not loaded is refused."""
-    for prefix, factory in CODE_HANDLERS.items():
-        if code.startswith(prefix):
-            return factory(code)
-    if code.startswith("dag."):  # onnxplan.joint not imported (importing onnxplan imports it)
-        raise ModelError("a joint recompute schedule ('dag.') needs onnxplan.joint: import onnxplan")
+    """The pass for a chain schedule in encode()'s text form: the chain is re-derived from the
+    graph (deterministic), so a plan file replays the same rewrite. (Codes on the whole graph,
+    "dag.", are onnxplan.checkpoint.dag's; onnxplan.pipeline routes each code to its pass.)"""
     try:
         length, ops = decode(code)
     except ValueError as exc:
@@ -237,5 +204,4 @@ def recompute_pass(code: str):
     return run
 
 
-register_pass_factory("recompute", recompute_pass)
 _ = encode  # the inverse of decode, used by the policies

@@ -14,12 +14,12 @@ from onnxplan.checkpoint.rotor import DEFAULT_SLOTS, rotor_schedule, rotor_table
 from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, simulate, store_all
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import UsageError
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph
 from onnxplan.offsets import lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
-from onnxplan.passes._infra import run_pipeline
+from onnxplan.passes.inplace import inplace, inplace_state
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.step_analysis import step_analysis
 
 __all__ = [
     "CHECKPOINT_POLICIES",
@@ -59,8 +59,8 @@ class PeakEvaluator:
     def __call__(self, schedule: Schedule) -> int:
         if schedule.ops not in self.cache:
             g = apply_schedule(self.pre, self.chain, schedule).graph
-            g, _ = run_pipeline(g, ["inplace" if self.inplace else "inplace-state"])
-            roots = alias_roots(g)
+            g = (inplace if self.inplace else inplace_state)(g).graph
+            roots = step_analysis(g).roots
             best = None
             for policy in self.orders:
                 lt = lifetimes(g, order_nodes(g, policy, buffer_of=roots).order)

@@ -7,11 +7,10 @@ from typing import Any
 
 from onnxplan.errors import ModelError
 from onnxplan.executor.arena import Arena, region_layout
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
-from onnxplan.kernels.registry import may_overwrite, updates_state
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX
 from onnxplan.plan import Plan
+from onnxplan.step_analysis import step_analysis
 
 __all__ = ["Binding", "StateLayout", "bind", "is_view_node", "state_layout", "state_values"]
 
@@ -47,17 +46,9 @@ def is_view_node(node) -> bool:
     return bool(outs) and all(node.aliases.get(o, ("", ""))[1] == "rv" for o in outs)
 
 
-def _groups(graph: StepGraph) -> tuple[dict[str, str], dict[str, list[str]]]:
-    roots = alias_roots(graph)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    return roots, members
-
-
 def state_layout(graph: StepGraph) -> StateLayout:
     """One slot per alias group holding a persistent value, sized by its largest member."""
-    _roots, members = _groups(graph)
+    members = step_analysis(graph).members
     sizes = {}
     for r in sorted(members):
         vals = [graph.values[v] for v in members[r]]
@@ -69,7 +60,8 @@ def state_layout(graph: StepGraph) -> StateLayout:
 
 def bind(graph: StepGraph, plan: Plan, arena: Arena, state: Arena, layout: StateLayout) -> Binding:
     """Views of every value at its planned place; ModelError if the plan misses a buffer."""
-    roots, _members = _groups(graph)
+    a = step_analysis(graph)
+    roots = a.roots
     planned = {b.name: b for b in plan.buffers}
     arrays: dict[str, Any] = {}
     transient: dict[str, str] = {}
@@ -85,7 +77,7 @@ def bind(graph: StepGraph, plan: Plan, arena: Arena, state: Arena, layout: State
                 raise ModelError(f"plan buffer {r!r} has {b.bytes} B, value {name!r} needs {value.nbytes} B")
             arrays[name] = arena.view(b.offset, value.spec)
             transient[name] = r
-        elif _is_used(graph, name):
+        elif name in a.consumers or name in a.producer:
             raise ModelError(f"the plan places no buffer for value {name!r} (buffer {r!r})")
     scratch = {}
     for b in plan.buffers:
@@ -96,46 +88,29 @@ def bind(graph: StepGraph, plan: Plan, arena: Arena, state: Arena, layout: State
     return binding
 
 
-def _is_used(graph: StepGraph, name: str) -> bool:
-    return any(name in n.inputs or name in n.outputs for n in graph.nodes)
-
-
 def _state_writebacks(graph: StepGraph, plan: Plan, binding: Binding, layout: StateLayout) -> None:
     """Persistent state a node updates (optimizer, running statistics) but that the passes did
     not alias to its input: the runtime updates it in place, so copy the new value back."""
+    a = step_analysis(graph)
     eo = {name: i for i, name in enumerate(plan.order)}
-    last_read: dict[str, int] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            if i:
-                last_read[i] = max(last_read.get(i, -1), eo[n.name])
-    for n in graph.nodes:
-        version = graph.opsets.get(n.domain or "")
-        if not updates_state(n, version):
+    last_read = {v: max(eo[r] for r in readers) for v, readers in a.consumers.items()}
+    for u in a.state_updates:
+        if a.in_place(u):
             continue
-        for j, candidates in may_overwrite(n, version).items():
-            out = n.outputs[j] if j < len(n.outputs) else ""
-            if not out:
-                continue
-            for i in candidates:
-                src = n.inputs[i] if i < len(n.inputs) else ""
-                if not src or not graph.values[src].persistent or binding.root[src] == binding.root[out]:
-                    continue
-                pair = (binding.arrays[src], binding.arrays[out])
-                if binding.root[out] in layout.offsets:
-                    binding.writeback_end.append(pair)
-                elif last_read.get(src, -1) > eo[n.name]:
-                    raise ModelError(f"state {src!r} is updated by {n.name!r} but read after it; "
-                                     "cannot write the update back in place")
-                else:
-                    binding.writeback_after.setdefault(n.name, []).append(pair)
-                break
+        pair = (binding.arrays[u.state], binding.arrays[u.updated])
+        if a.roots[u.updated] in layout.offsets:
+            binding.writeback_end.append(pair)
+        elif last_read.get(u.state, -1) > eo[u.node]:
+            raise ModelError(f"state {u.state!r} is updated by {u.node!r} but read after it; "
+                             "cannot write the update back in place")
+        else:
+            binding.writeback_after.setdefault(u.node, []).append(pair)
 
 
 def state_values(graph: StepGraph) -> dict[str, list[str]]:
     """Persistent values by class: parameters (not their updated copies), optimizer state,
     constants."""
-    produced = {o for n in graph.nodes for o in n.outputs if o}
+    produced = step_analysis(graph).producer
     out: dict[str, list[str]] = {c.value: [] for c in (ValueClass.PARAMETER, ValueClass.OPTIMIZER_STATE,
                                                        ValueClass.CONSTANT)}
     for v in graph.values.values():

@@ -11,8 +11,8 @@ from onnxplan.ir.analysis import node_preds
 from onnxplan.ir.graph import StepGraph
 from onnxplan.loading import LoadRequest, open_step
 from onnxplan.offsets import align, lower_bound
-from onnxplan.passes import run_pipeline
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
 from onnxplan.swap.insert import rewrite_graph

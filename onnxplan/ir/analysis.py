@@ -25,10 +25,10 @@ def forward_of_gradient(name: str, forward_names: Container[str]) -> str | None:
 
 def node_preds(g: StepGraph) -> dict[str, list[str]]:
     """node -> nodes it must follow (data producers and control dependencies)."""
-    producer = {o: n.name for n in g.nodes for o in n.outputs if o}
+    producer = g.producers()
     preds = {}
     for n in g.nodes:
-        ps = {producer[i] for i in n.inputs if i in producer} | set(n.after)
+        ps = {producer[i].name for i in n.inputs if i in producer} | set(n.after)
         ps.discard(n.name)
         preds[n.name] = sorted(ps)
     return preds

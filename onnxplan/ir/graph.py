@@ -12,10 +12,31 @@ import numpy as np
 
 from onnxplan.ir.tensor import TensorSpec
 
-__all__ = ["ValueClass", "Value", "Node", "StepGraph", "PERSISTENT_CLASSES", "original_name"]
+__all__ = ["PERSISTENT_CLASSES", "Node", "StepGraph", "Value", "ValueClass", "original_name", "recompute_suffix",
+           "recomputed_from", "swap_in_suffix"]
 
 
+# The names of copies, written and read here only: a recomputed node or value is `NAME@rcK` (its
+# K-th recomputation), a swapped-in value `NAME@inK` (the swap-in of segment K) or `NAME@start`
+# (the first segment of an evicted persistent value).
 _COPY_SUFFIX = re.compile(r"@(?:rc\d+|in\d+|start)$")
+_RECOMPUTE_SUFFIX = re.compile(r"@rc\d+$")
+
+
+def recompute_suffix(k: int) -> str:
+    """The suffix of the k-th recomputed copy of a node and of its outputs."""
+    return f"@rc{k}"
+
+
+def swap_in_suffix(segment: str) -> str:
+    """The suffix of a value's copy made by the swap-in of `segment` (a number, or "start")."""
+    return "@start" if segment == "start" else f"@in{segment}"
+
+
+def recomputed_from(name: str) -> str | None:
+    """The node (or value) that `name` is a recomputed copy of (`NAME@rcK`), or None."""
+    m = _RECOMPUTE_SUFFIX.search(name)
+    return None if m is None else name[: m.start()]
 
 
 def original_name(name: str) -> str:
@@ -79,7 +100,7 @@ class Node:
     # control dependencies: names of nodes that must run before this one
     after: list[str] = field(default_factory=list)
 
-    def copy(self) -> "Node":
+    def copy(self) -> Node:
         return Node(self.name, self.op_type, self.domain, list(self.inputs), list(self.outputs),
                     dict(self.attrs), self.phase, dict(self.aliases), list(self.after))
 
@@ -115,6 +136,9 @@ class StepGraph:
     folded: dict[str, np.ndarray] = field(default_factory=dict)
     # how a forward .onnx was made trainable (onnxplan.forward's report, onnxplan.json "forward")
     source: dict[str, Any] = field(default_factory=dict)
+    # what the passes that made this graph ensure ("realized", "inplace", ...: onnxplan.passes);
+    # a pipeline's requirements are checked against it (not part of the fingerprint)
+    ensured: tuple[str, ...] = ()
 
     # ---- queries -------------------------------------------------------
     def producers(self) -> dict[str, Node]:
@@ -195,7 +219,7 @@ class StepGraph:
         produced = self.producers()
         return sum(v.nbytes for v in self.values.values() if v.persistent and v.name not in produced)
 
-    def copy(self) -> "StepGraph":
+    def copy(self) -> StepGraph:
         """A copy whose node list, nodes and values can be rewritten independently."""
         import copy
 
@@ -214,4 +238,5 @@ class StepGraph:
             loss=self.loss,
             folded=dict(self.folded),
             source=dict(self.source),
+            ensured=self.ensured,
         )

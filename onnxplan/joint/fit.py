@@ -10,12 +10,13 @@ from dataclasses import replace
 
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
+from onnxplan.joint.evaluate import memory, step_seconds, violations
 from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
-from onnxplan.joint.problem import build_problem, memory, step_seconds, violations
+from onnxplan.joint.problem import build_problem
 from onnxplan.joint.solve import MIN_SOLVE_SECONDS, JointSchedule, schedule_summary, solve_problem
 from onnxplan.offsets.buffers import ALIGNMENT
-from onnxplan.passes import run_pipeline
+from onnxplan.pipeline import run_pipeline
 from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
 from onnxplan.swap.pricing import StoreRates, planned_step

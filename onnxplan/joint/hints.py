@@ -13,17 +13,9 @@ from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, apply_schedule
 from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, original_name
-from onnxplan.joint.problem import (
-    Decisions,
-    JointProblem,
-    early_issue,
-    memory,
-    minimal_keeps,
-    needs,
-    recompute_stages,
-    step_seconds,
-    violations,
-)
+from onnxplan.joint.bounds import recompute_stages
+from onnxplan.joint.evaluate import early_issue, memory, minimal_keeps, needs, step_seconds, violations
+from onnxplan.joint.problem import Decisions, JointProblem
 
 __all__ = ["RotorColumns", "from_rewritten", "keep_all", "page_hint", "recompute_all", "rotor_hint"]
 
@@ -131,7 +123,7 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
     """`base` (None: keep_all) with buffers paged, greedily, until the model's peak fits
     `budget`: each round pages the swappable buffer (not recomputed in `base`) that removes the
     most bytes over the budget (summed over the model's points) per predicted second, with its
-    page-ins issued early (problem.early_issue) or one stage ahead, whichever scores better; a
+    page-ins issued early (evaluate.early_issue) or one stage ahead, whichever scores better; a
     page-in at each stage that needs the buffer unless it is kept from the stage before. Stops
     when it fits, when no paging removes anything, or at `deadline` (perf_counter seconds).
     A warm start of paging for CP-SAT, which from rotor's or recompute-all's point rarely finds
@@ -139,7 +131,7 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
     d = base or keep_all(prob)
 
     def excess(x: Decisions) -> int:
-        peak, fwd, stage = memory(prob, x)
+        _, fwd, stage = memory(prob, x)
         return sum(max(0, prob.persistent + m - budget) for m in (*fwd, *stage))
 
     recomputed = {b for t, n in d.recompute for b in prob.node_outputs[n]}

@@ -1,135 +1,42 @@
-"""Lowering a joint schedule: recomputed copies before their stage's anchor, by the recompute pass's
-own copy rules (onnxplan.checkpoint.recompute), replayable from a text code in the pass list;
-then its page-outs and page-ins as swap nodes of onnxplan.swap (lower_swaps), recorded in the
-plan's swaps as any swap policy's.
-
-The code is "dag.<order policy>.<node count>." followed by one "A:n1-n2-..." per stage with
-recomputations (A: the anchor's index in the graph's node list, n: the recomputed forward nodes'
-indices). Replaying it orders the graph with the same policy (deterministic), so a plan file
-rebuilds the same graph. Each recomputed node's forward views (Reshape, ... sharing its buffer)
-are copied right after it, at no cost, so readers of a view read the new version.
+"""Lowering a joint schedule: recomputed copies before their stage's anchor, as the "dag." code of
+the recompute pass (onnxplan.checkpoint.dag, replayable from the plan's pass list); then its
+page-outs and page-ins as swap nodes of onnxplan.swap (lower_swaps), recorded in the plan's swaps
+as any swap policy's.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
-from onnxplan.checkpoint.recompute import (
-    RECOMPUTE_PHASE,
-    copy_node,
-    copy_suffix,
-    is_recomputed,
-    read_latest,
-    register_code_handler,
-    stable_topological,
-)
-from onnxplan.errors import ModelError
+from onnxplan.checkpoint.dag import DAG_PREFIX, decode_recompute, lower_recompute
+from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.problem import Decisions, JointProblem, model_order
+from onnxplan.joint.problem import Decisions, JointProblem
 from onnxplan.offsets import lower_bound
-from onnxplan.passes._infra import PassResult
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan_records import SwapRecord
 from onnxplan.planning import planned_buffers, verify_plan
+from onnxplan.step_analysis import step_analysis
 from onnxplan.swap import swap_totals
 from onnxplan.swap.driver import realize_selection
 from onnxplan.swap.model import Gap, SwapModel, swap_model
 from onnxplan.swap.policies import SwapPolicy, Timing
 from onnxplan.swap.select import select_all
 
-__all__ = ["dag_recompute_pass", "decode_recompute", "encode_recompute", "lower_joint", "lower_recompute",
-           "lower_swaps", "swap_timings"]
+__all__ = ["encode_recompute", "lower_joint", "lower_swaps", "swap_timings"]
 
 
 def encode_recompute(prob: JointProblem, d: Decisions) -> str:
     """The recompute pass argument of `d`'s recomputations ('' when there are none)."""
     if not d.recompute:
         return ""
-    index = {n.name: i for i, n in enumerate(prob.graph.nodes)}
+    index = step_analysis(prob.graph).index
     by_stage: dict[int, list[int]] = {}
     for t, n in sorted(d.recompute):
         by_stage.setdefault(t, []).append(n)
     parts = [f"{index[prob.anchors[t - 1]]}:" + "-".join(str(index[prob.nodes[n]]) for n in sorted(ns))
              for t, ns in sorted(by_stage.items())]
-    return f"dag.{prob.policy}.{len(prob.graph.nodes)}." + ".".join(parts)
-
-
-def decode_recompute(code: str, graph: StepGraph) -> tuple[str, dict[str, list[str]]]:
-    """(order policy, anchor node -> nodes recomputed before it) of a code, for `graph`."""
-    try:
-        _, policy, count, *parts = code.split(".")
-        if int(count) != len(graph.nodes):
-            raise ModelError(f"the joint recompute schedule is for a graph of {count} nodes; "
-                             f"this one has {len(graph.nodes)}")
-        batches = {}
-        for part in parts:
-            a, _, ns = part.partition(":")
-            batches[graph.nodes[int(a)].name] = [graph.nodes[int(k)].name for k in ns.split("-")]
-    except (ValueError, IndexError):
-        raise ModelError(f"malformed joint recompute schedule {code[:40]!r}") from None
-    return policy, batches
-
-
-def _views(graph: StepGraph) -> dict[str, list[str]]:
-    """Forward node -> the forward view nodes over its outputs' buffers, in file order."""
-    roots = alias_roots(graph)
-    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
-    out: dict[str, list[str]] = {}
-    for n in graph.nodes:
-        if n.phase == "forward" and n.aliases and all(k == "rv" for _, k in n.aliases.values()):
-            src = next((i for i in n.inputs if i), "")
-            base = producer.get(roots.get(src, src))
-            if base is not None:
-                out.setdefault(base, []).append(n.name)
-    return out
-
-
-def lower_recompute(graph: StepGraph, order: tuple[str, ...], batches: dict[str, list[str]]) -> PassResult:
-    """`graph` with the nodes of batches[A] copied right before the anchor A (in `order`,
-    whose forward nodes come first), every later reader reading the latest version; the
-    graph's node list follows `order` (so the `given` order policy reproduces the model)."""
-    if is_recomputed(graph):
-        return PassResult(graph, False, [])
-    if not batches:
-        return PassResult(graph, False, [])
-    g = graph.copy()
-    by_name = {n.name: n for n in g.nodes}
-    eo = {x: i for i, x in enumerate(order)}
-    views = _views(g)
-    current: dict[str, str] = {}
-    count: Counter = Counter()
-    seq = []
-    last = None
-    for x in order:
-        n = by_name[x]
-        if n.phase != "forward":
-            made: set[str] = set()
-            for y in sorted(batches.get(x, ()), key=eo.__getitem__):
-                for z in (y, *views.get(y, ())):
-                    count[z] += 1
-                    seq.append(copy_node(g, by_name[z], copy_suffix(count[z]), current, made, last))
-            read_latest(n, current)
-            last = x
-        seq.append(n)
-    g.nodes = stable_topological(seq)
-    copies = sum(1 for n in g.nodes if n.phase == RECOMPUTE_PHASE)
-    runs = sum(len(b) for b in batches.values())
-    return PassResult(g, True, [(f"recompute (joint): {runs} recomputations of {len(set().union(*batches.values()))} "
-                                f"forward nodes before {len(batches)} anchors, {copies} node copies")])
-
-
-def dag_recompute_pass(code: str):
-    """The recompute pass for a joint schedule's code (see the module docstring)."""
-
-    def run(graph: StepGraph) -> PassResult:
-        if is_recomputed(graph):
-            return PassResult(graph, False, [])
-        policy, batches = decode_recompute(code, graph)
-        return lower_recompute(graph, model_order(graph, policy), batches)
-
-    return run
+    return f"{DAG_PREFIX}{prob.policy}.{len(prob.graph.nodes)}." + ".".join(parts)
 
 
 def lower_joint(graph: StepGraph, schedule) -> StepGraph:
@@ -170,7 +77,7 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
     d = schedule.decisions
     if not d.page_in:
         return {}, []
-    roots = alias_roots(graph)
+    roots = step_analysis(graph).roots
     stage_index = {a: t + 1 for t, a in enumerate(prob.anchors)}
     phase = {n.name: n.phase for n in graph.nodes}
     stage_of = [0] * len(order)
@@ -233,5 +140,3 @@ def lower_swaps(outcome, schedule, planner: str = "auto"):
     verify_plan(so.graph, plan)
     return replace(outcome, plan=plan, graph=so.graph, swap=so), missed
 
-
-register_code_handler("dag.", dag_recompute_pass)  # the recompute pass replays "dag." codes with it

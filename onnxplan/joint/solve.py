@@ -6,7 +6,7 @@ Variables, over the stages t = 1..T of a JointProblem (onnxplan.joint.problem):
   O[b]    write b to the swap store after its last forward use (swappable buffers, a bandwidth given);
   I[t,b]  page b in for stage t, issued at the start of stage t-1 (one stage of lookahead);
   E[t,b]  page b in for stage t, issued early: at the start of the latest stage s(t,b) <= t-2
-          whose compute up to stage t hides its transfer (problem.early_issue), held from there.
+          whose compute up to stage t hides its transfer (evaluate.early_issue), held from there.
 Present P[t,b] = S[t,b] + R[t,producer(b)] + I[t,b] + E[t,b] <= 1. Constraints: an anchor's buffers are
 present; a recomputation's input buffers are present (recomputed earlier in the same stage
 counts); S[t+1,b] <= P[t,b]; I <= O; a paged buffer is never recomputed. Memory, in 64-byte
@@ -25,7 +25,7 @@ Objective: extra seconds = sum R[t,n] * cost(n) + TRANSFER_SECONDS per page-out 
 transfer time, where one I/O worker hides the writes behind the forward pass and
 stage t's page-ins behind stage t-1's compute (its recomputations included): stall_t >= in_t /
 bandwidth - compute_{t-1}; an early page-in costs what its window leaves exposed (the worker's
-other transfers not counted: problem.step_seconds prices every schedule returned on
+other transfers not counted: evaluate.step_seconds prices every schedule returned on
 onnxplan.swap.pricing's worker, shared, and the rounds and the descent compare by it). Every
 solve of one call shares its time limit (a deadline for the whole call).
 """
@@ -37,22 +37,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
-from onnxplan.joint.hints import RotorColumns, keep_all, page_hint, recompute_all, rotor_hint
-from onnxplan.joint.lower import encode_recompute
-from onnxplan.joint.problem import (
-    Decisions,
-    JointProblem,
+from onnxplan.joint.bounds import recompute_stages, relaxation_bound
+from onnxplan.joint.evaluate import (
     alive_at,
-    build_problem,
     consumers,
     early_issue,
     memory,
     minimal_keeps,
-    recompute_stages,
-    relaxation_bound,
     step_seconds,
     violations,
 )
+from onnxplan.joint.hints import RotorColumns, keep_all, page_hint, recompute_all, rotor_hint
+from onnxplan.joint.lower import encode_recompute
+from onnxplan.joint.problem import Decisions, JointProblem, build_problem
 from onnxplan.swap.pricing import TRANSFER_SECONDS
 
 __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
@@ -253,7 +250,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
             st = m.NewIntVar(0, ub, f"stall{t}")
             m.Add(st >= sum(ins) - before)
             stalls.append(st)
-        # exposed: the stalls, or the I/O thread's CPU where it is more (problem.step_seconds)
+        # exposed: the stalls, or the I/O thread's CPU where it is more (evaluate.step_seconds)
         cpu = {k: round(B[k].nbytes * prob.io_cpu_per_byte / TIME_UNIT) for k in O}
         exposed = m.NewIntVar(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
         m.Add(exposed >= sum(stalls))

@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxplan.ir.graph import original_name
 from onnxplan.kernels import _xp
-from onnxplan.kernels.registry import kernel
+from onnxplan.kernels.registry import declare, kernel
 
 __all__ = ["DEFAULT_SEED", "Randomness", "pack_bitmask", "unpack_bitmask"]
 
@@ -157,20 +157,20 @@ def _bind_dropout(ctx, inputs, outputs):
     return run
 
 
-@kernel("Dropout", since=12, overwrites={0: (0,)}, bind=_bind_dropout)
+@kernel("Dropout", since=12, overwrites={0: (0,)}, random=True, draw_output=1, bind=_bind_dropout)
 def _dropout_12(ctx, inputs, outputs):
     """Dropout-12+: y = x * keep / (1 - ratio) in training mode, else y = x and keep all."""
     ratio, training = _ratio_and_mode(ctx, inputs)
     _dropout(ctx, inputs, outputs, ratio, training, packed=False)
 
 
-@kernel("Dropout", since=7, until=11, overwrites={0: (0,)})
+@kernel("Dropout", since=7, until=11, overwrites={0: (0,)}, random=True, draw_output=1)
 def _dropout_7(ctx, inputs, outputs):
     """Dropout before opset 12 has no training mode: the identity, every element kept."""
     _dropout(ctx, inputs, outputs, 0.0, False, packed=False)
 
 
-@kernel("BitmaskDropout", MS, overwrites={0: (0,)})
+@kernel("BitmaskDropout", MS, overwrites={0: (0,)}, random=True, draw_output=1)
 def _bitmask_dropout(ctx, inputs, outputs):
     """As Dropout, the keep-mask packed in uint32 words."""
     ratio, training = _ratio_and_mode(ctx, inputs)
@@ -228,15 +228,23 @@ def _random_like(ctx, outputs, sample) -> None:
     y[...] = ctx.xp.asarray(host).reshape(y.shape)
 
 
-@kernel("RandomUniformLike")
+@kernel("RandomUniformLike", random=True, draw_output=0)
 def _random_uniform_like(ctx, inputs, outputs):
     """Uniform in [low, high), the shape of the input, dtype from `dtype` or the input."""
     low, high = float(ctx.attrs.get("low", 0.0)), float(ctx.attrs.get("high", 1.0))
     _random_like(ctx, outputs, lambda gen, shape: gen.uniform(low, high, shape))
 
 
-@kernel("RandomNormalLike")
+@kernel("RandomNormalLike", random=True, draw_output=0)
 def _random_normal_like(ctx, inputs, outputs):
     """Normal(mean, scale), the shape of the input, dtype from `dtype` or the input."""
     mean, scale = float(ctx.attrs.get("mean", 0.0)), float(ctx.attrs.get("scale", 1.0))
     _random_like(ctx, outputs, lambda gen, shape: gen.normal(mean, scale, shape))
+
+
+# Random ops without a kernel here, declared so that planning knows they draw at random (a stage
+# holding one is never recomputed); running them is refused as for any op without a kernel.
+# The gradients (DropoutGrad, BitmaskDropoutGrad) read the forward's mask: they are not random.
+for _op, _domain, _draw in (("RandomNormal", "", 0), ("RandomUniform", "", 0), ("Multinomial", "", 0),
+                            ("Bernoulli", "", 0), ("BiasDropout", MS, 1), ("BitmaskBiasDropout", MS, 1)):
+    declare(_op, _domain, random=True, draw_output=_draw)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib
 import math
-import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +19,19 @@ from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
-    "KernelContext", "KernelDecl", "kernel", "declare", "find_decl", "find_kernel", "bound_kernel",
-    "may_overwrite", "updates_state", "scratch_bytes", "DECLS",
+    "DECLS",
+    "KernelContext",
+    "KernelDecl",
+    "bound_kernel",
+    "declare",
+    "find_decl",
+    "find_kernel",
+    "is_random",
+    "kernel",
+    "may_overwrite",
+    "random_ops",
+    "scratch_bytes",
+    "updates_state",
 ]
 
 # output index -> input indices the kernel can write that output into (in place)
@@ -73,6 +84,10 @@ class KernelDecl:
     until: int | None = None
     overwrites: Overwrites | Callable[[Node], Overwrites] = field(default_factory=dict)
     updates_state: bool = False  # the overwrites update persistent state in place
+    # the op draws at random: a second run of the node would not reproduce the first (so it is
+    # never recomputed), and verification feeds it what ONNX Runtime drew
+    random: bool = False
+    draw_output: int | None = None  # random ops: the output holding what was drawn (Dropout: its mask)
     fn: KernelFn | None = None
     scratch: ScratchRule | None = None
     bind: BindRule | None = None
@@ -87,47 +102,56 @@ _LOADED = False
 
 def declare(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
             overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
-            updates_state: bool = False, fn: KernelFn | None = None,
-            scratch: ScratchRule | None = None, bind: BindRule | None = None) -> KernelDecl:
-    """Register a kernel (or, without fn, only its memory behaviour)."""
+            updates_state: bool = False, random: bool = False, draw_output: int | None = None,
+            fn: KernelFn | None = None, scratch: ScratchRule | None = None,
+            bind: BindRule | None = None) -> KernelDecl:
+    """Register a kernel (or, without fn, only its memory and random behaviour)."""
+    if random and draw_output is None:
+        raise ValueError(f"random op {op_type}: declare the output that holds the draw")
     for d in DECLS.get((domain, op_type), []):
         if d.since == since and d.until == until:  # one declaration per op and range
             d.overwrites = overwrites if overwrites is not None else d.overwrites
             d.updates_state = d.updates_state or updates_state
+            d.random = d.random or random
+            d.draw_output = draw_output if draw_output is not None else d.draw_output
             d.fn = fn or d.fn
             d.scratch = scratch or d.scratch
             d.bind = bind or d.bind
             return d
-    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, fn, scratch, bind)
+    decl = KernelDecl(domain, op_type, since, until, overwrites or {}, updates_state, random, draw_output,
+                      fn, scratch, bind)
     DECLS.setdefault((domain, op_type), []).append(decl)
     return decl
 
 
 def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None = None,
            overwrites: Overwrites | Callable[[Node], Overwrites] | None = None,
-           updates_state: bool = False, scratch: ScratchRule | None = None,
-           bind: BindRule | None = None) -> Callable[[KernelFn], KernelFn]:
+           updates_state: bool = False, random: bool = False, draw_output: int | None = None,
+           scratch: ScratchRule | None = None, bind: BindRule | None = None) -> Callable[[KernelFn], KernelFn]:
     """Decorator: `@kernel("Relu", overwrites={0: (0,)})` above fn(ctx, inputs, outputs)."""
 
     def deco(fn: KernelFn) -> KernelFn:
         declare(op_type, domain, since=since, until=until, overwrites=overwrites,
-                updates_state=updates_state, fn=fn, scratch=scratch, bind=bind)
+                updates_state=updates_state, random=random, draw_output=draw_output, fn=fn,
+                scratch=scratch, bind=bind)
         return fn
 
     return deco
 
 
+# The kernel modules, listed: each declares its kernels when imported (_load_all, on first lookup).
+KERNEL_MODULES = ("conv", "conv_grad_input", "elementwise", "indexing", "matmul", "norm", "optimizer", "pool",
+                  "random", "reduce", "resize", "softmax_loss", "tensor_ops")
+
+
 def _load_all() -> None:
-    """Import every module of onnxplan.kernels once, so each registers its kernels."""
+    """Import every module of KERNEL_MODULES once, so each declares its kernels."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
-    import onnxplan.kernels as pkg
-
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name not in ("registry",):
-            importlib.import_module(f"onnxplan.kernels.{info.name}")
+    for name in KERNEL_MODULES:
+        importlib.import_module(f"onnxplan.kernels.{name}")
 
 
 def find_decl(domain: str, op_type: str, version: int | None = None) -> KernelDecl | None:
@@ -186,6 +210,19 @@ def updates_state(node: Node, version: int | None = None) -> bool:
     """True when the node's in-place outputs are persistent state updated in place."""
     decl = find_decl(node.domain, node.op_type, version)
     return bool(decl and decl.updates_state)
+
+
+def is_random(node: Node, version: int | None = None) -> bool:
+    """True when the node's kernel draws at random (KernelDecl.random)."""
+    decl = find_decl(node.domain, node.op_type, version)
+    return bool(decl and decl.random)
+
+
+def random_ops() -> dict[tuple[str, str], int]:
+    """(domain, op_type) -> the output holding the draw, for every op declared random."""
+    _load_all()
+    return {key: d.draw_output for key, decls in DECLS.items() for d in decls
+            if d.random and d.draw_output is not None}
 
 
 def scratch_bytes(node: Node, in_specs: list, out_specs: list, version: int | None = None) -> int:

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, ValueClass
+from onnxplan.offsets.buffers import align
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX
+from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = [
     "MemoryModel",
     "OrderResult",
-    "memory_model",
-    "peak_of_order",
-    "live_bytes_of_order",
     "buffer_spans",
     "check_order",
     "is_valid_order",
+    "live_bytes_of_order",
+    "memory_model",
+    "peak_of_order",
 ]
 
 
@@ -35,7 +38,7 @@ class MemoryModel:
     preds: dict[str, tuple[str, ...]]  # node -> nodes it must follow
     creates: dict[str, tuple[str, ...]]  # node -> buffers it writes first
     reads: dict[str, tuple[str, ...]]  # node -> buffers it reads (incl. in-place writes)
-    size: dict[str, int]  # buffer -> bytes
+    size: dict[str, int]  # buffer -> bytes, aligned (kernel scratch: `scratch:NODE`)
     inputs: frozenset[str] = field(default_factory=frozenset)  # live from EO 0
     outputs: frozenset[str] = field(default_factory=frozenset)  # live to the last EO
 
@@ -82,6 +85,10 @@ def _dedupe(items: Iterable[str]) -> tuple[str, ...]:
 def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> MemoryModel:
     """The memory model of `graph`; `buffer_of` maps a value to its buffer after merging.
 
+    Bytes are counted as the plan counts them (passes/lifetimes, offsets.lower_bound): each
+    buffer takes its size aligned up to offsets.ALIGNMENT, and a node whose kernel needs scratch
+    creates a buffer `scratch:NODE` of that size (aligned) live at its EO only.
+
     Rules:
     - a node follows the producers of its inputs and its control dependencies (`after`);
     - a buffer's size is the largest of its values' sizes; zero-byte buffers are left out;
@@ -97,13 +104,12 @@ def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> M
     - the loss and the transient graph outputs live to the last EO.
     All added edges point forward in file order, so the file order stays valid.
     """
-    bmap = buffer_of or {}
     names = [n.name for n in graph.nodes]
     if len(set(names)) != len(names):
         dup = next(x for x in names if names.count(x) > 1)
         raise ModelError(f"node name {dup!r} is used twice; execution orders need unique node names")
-    index = {name: i for i, name in enumerate(names)}
-    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
+    a = step_analysis(graph)
+    bmap = buffer_of or {}
 
     def buf(value: str) -> str | None:
         v = graph.values.get(value)
@@ -116,22 +122,45 @@ def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> M
         b = buf(name)
         if b is not None:
             size[b] = max(size.get(b, 0), v.nbytes)
-    size = {b: s for b, s in size.items() if s > 0}
+    size = {b: align(s) for b, s in size.items() if s > 0}
+    preds, creates, reads = _touches(graph, a, buf, size)
+    for n, nbytes in a.scratch.items():
+        size[SCRATCH_PREFIX + n] = align(nbytes)
+        creates[n].append(SCRATCH_PREFIX + n)
+    inputs = {buf(i) for i in graph.inputs if i not in a.producer}
+    outputs = {buf(o) for o in [*graph.outputs, graph.loss] if o}
+    _check_file_order(a.index, preds)
+    return MemoryModel(
+        nodes=tuple(names),
+        preds={n: _dedupe(p) for n, p in preds.items()},
+        creates={n: _dedupe(c) for n, c in creates.items()},
+        reads={n: _dedupe(r) for n, r in reads.items()},
+        size=size,
+        inputs=frozenset(b for b in inputs if b in size),
+        outputs=frozenset(b for b in outputs if b in size),
+    )
 
-    preds: dict[str, list[str]] = {n: [] for n in names}
-    creates: dict[str, list[str]] = {n: [] for n in names}
-    reads: dict[str, list[str]] = {n: [] for n in names}
+
+_Lists = dict[str, list[str]]
+
+
+def _touches(graph: StepGraph, a: StepAnalysis, buf: Callable[[str], str | None],
+             size: dict[str, int]) -> tuple[_Lists, _Lists, _Lists]:
+    """(preds, creates, reads) per node, by the rules of memory_model."""
+    preds: _Lists = {n.name: [] for n in graph.nodes}
+    creates: _Lists = {n.name: [] for n in graph.nodes}
+    reads: _Lists = {n.name: [] for n in graph.nodes}
     creator: dict[str, str] = {}
-    readers_so_far: dict[str, list[str]] = {}
-    param_readers: dict[str, list[str]] = {}
+    readers_so_far: _Lists = {}
+    param_readers: _Lists = {}
     for node in graph.nodes:
         n = node.name
-        preds[n].extend(a for a in node.after if a != n)
+        preds[n].extend(x for x in node.after if x != n)
         for inp in node.inputs:
             if not inp:
                 continue
-            if inp in producer and producer[inp] != n:
-                preds[n].append(producer[inp])
+            if a.producer.get(inp, n) != n:
+                preds[n].append(a.producer[inp])
             b = buf(inp)
             if b in size:
                 reads[n].append(b)
@@ -163,28 +192,19 @@ def memory_model(graph: StepGraph, buffer_of: dict[str, str] | None = None) -> M
                 preds[n].extend(r for r in param_readers.get(inp, []) if r != n)
             else:
                 param_readers.setdefault(inp, []).append(n)
+    return preds, creates, reads
 
-    inputs = {buf(i) for i in graph.inputs if i not in producer}
-    inputs = {b for b in inputs if b in size}
-    outputs = {buf(o) for o in [*graph.outputs, graph.loss] if o}
-    outputs = {b for b in outputs if b in size}
-    for n in names:  # the added edges point forward, so only a bad file order lands here
-        unknown = [p for p in preds[n] if p not in index]
+
+def _check_file_order(index: dict[str, int], preds: _Lists) -> None:
+    """The added edges point forward, so only a bad file order fails here."""
+    for n, ps in preds.items():
+        unknown = [p for p in ps if p not in index]
         if unknown:
             raise ModelError(f"node {n!r} must run after {unknown[0]!r}, which is not in the graph")
-        late = [p for p in preds[n] if index[p] > index[n]]
+        late = [p for p in ps if index[p] > index[n]]
         if late:
             raise ModelError(f"node {n!r} comes before its input's producer {late[0]!r}: "
                              "the graph's nodes are not in topological order")
-    return MemoryModel(
-        nodes=tuple(names),
-        preds={n: _dedupe(p) for n, p in preds.items()},
-        creates={n: _dedupe(c) for n, c in creates.items()},
-        reads={n: _dedupe(r) for n, r in reads.items()},
-        size=size,
-        inputs=frozenset(inputs),
-        outputs=frozenset(outputs),
-    )
 
 
 def check_order(mm: MemoryModel, order: Sequence[str]) -> None:
@@ -228,7 +248,8 @@ def buffer_spans(mm: MemoryModel, order: Sequence[str]) -> dict[str, tuple[int, 
 
 
 def live_bytes_of_order(mm: MemoryModel, order: Sequence[str]) -> list[int]:
-    """Live transient bytes at each EO of `order` (buffers live creator..last reader)."""
+    """Live transient bytes at each EO of `order` (buffers live creator..last reader), aligned,
+    kernel scratch included."""
     deltas = [0] * (len(order) + 1)
     for b, (lo, hi) in buffer_spans(mm, order).items():
         deltas[lo] += mm.size[b]
@@ -241,5 +262,6 @@ def live_bytes_of_order(mm: MemoryModel, order: Sequence[str]) -> list[int]:
 
 
 def peak_of_order(mm: MemoryModel, order: Sequence[str]) -> int:
-    """The max over EOs of live transient bytes under `order` (0 for an empty graph)."""
+    """The max over EOs of live transient bytes under `order` (aligned, scratch included; 0
+    for an empty graph)."""
     return max(live_bytes_of_order(mm, order), default=0)

@@ -8,6 +8,7 @@ import time
 from onnxplan.ir.analysis import forward_of_gradient
 from onnxplan.ir.graph import Node, StepGraph, ValueClass
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, peak_of_order
+from onnxplan.step_analysis import step_analysis
 
 __all__ = ["Stage", "assign_layers", "nntrainer_order", "nntrainer_policy"]
 
@@ -45,8 +46,8 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
     """
     forward = [n for n in graph.nodes if n.phase == "forward"]
     fwd_index = {n.name: i for i, n in enumerate(forward)}
-    producer = {o: n for n in graph.nodes for o in n.outputs if o}
-    consumers = graph.consumers()
+    a = step_analysis(graph)
+    producer, consumers = a.producer, a.consumers
     param_layer: dict[str, int] = {}
     for i, n in enumerate(forward):
         for inp in n.inputs:
@@ -70,8 +71,8 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
                 continue
         made = [param_layer[grad_of[o]] for o in n.outputs if grad_of.get(o) in param_layer]
         params = [param_layer[i] for i in n.inputs if i in param_layer]
-        back = [layer[producer[i].name] for i in n.inputs
-                if i in producer and producer[i].phase != "forward"]
+        back = [layer[producer[i]] for i in n.inputs
+                if i in producer and a.nodes[producer[i]].phase != "forward"]
         back = [x for x in back if x is not None and x >= 0]
         for found in (made, params, back):
             if found:
@@ -80,9 +81,9 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
     for n in reversed(rest):  # then by consumers, latest first
         if layer[n.name] is not None:
             continue
-        users = [layer[c.name] for o in n.outputs if o for c in consumers.get(o, [])]
+        users = [layer[c] for o in n.outputs if o for c in consumers.get(o, ())]
         users = [x for x in users if x is not None and x >= 0]
-        acts = [layer[producer[i].name] for i in n.inputs if i in producer]
+        acts = [layer[producer[i]] for i in n.inputs if i in producer]
         acts = [x for x in acts if x is not None and x >= 0]
         layer[n.name] = max(users) if users else max(acts) if acts else -1
 
@@ -94,8 +95,8 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
             continue
         grads = any(graph.values[o].vclass == ValueClass.GRADIENT
                     for o in n.outputs if o in graph.values)
-        feeds = any(c.name in cg and layer[c.name] == layer[n.name]
-                    for o in n.outputs if o for c in consumers.get(o, []))
+        feeds = any(c in cg and layer[c] == layer[n.name]
+                    for o in n.outputs if o for c in consumers.get(o, ()))
         if grads or feeds:
             cg.add(n.name)
         stage[n.name] = Stage.LAST if layer[n.name] < 0 else Stage.CG if n.name in cg else Stage.CD
@@ -125,8 +126,7 @@ def nntrainer_order(graph: StepGraph, mm: MemoryModel) -> tuple[str, ...]:
     key = dict(own)
     for n in reversed(mm.nodes):
         for s in succs[n]:
-            if key[s] < key[n]:
-                key[n] = key[s]
+            key[n] = min(key[n], key[s])
     waiting = {n: len(mm.preds[n]) for n in mm.nodes}
     heap = [(key[n], own[n], n) for n in mm.nodes if waiting[n] == 0]
     heapq.heapify(heap)

@@ -1,9 +1,7 @@
-"""Graph rewrites of the step, composable by name: importing this package registers realize,
-interleave, inplace, inplace-state and split-grad (onnxplan.checkpoint.recompute registers recompute:<schedule>)."""
+"""Graph rewrites of the step (realize, interleave, split-grad, inplace, inplace-state) and the
+pass infrastructure. Nothing registers on import: onnxplan.pipeline lists every pass a pipeline
+can name, with what each requires and ensures, and runs pipelines."""
 
-from onnxplan.passes import inplace, interleave, realize, split_grad
-from onnxplan.passes._infra import (PASS_FACTORIES, PASSES, PassError, PassResult, find_pass, register_pass,
-                                    register_pass_factory, run_pipeline)
+from onnxplan.passes._infra import Pass, PassError, PassFamily, PassResult, PassTable, run_passes
 
-__all__ = ["PASSES", "PASS_FACTORIES", "PassError", "PassResult", "find_pass", "inplace", "interleave", "realize",
-           "register_pass", "register_pass_factory", "run_pipeline", "split_grad"]
+__all__ = ["Pass", "PassError", "PassFamily", "PassResult", "PassTable", "run_passes"]

@@ -15,10 +15,11 @@ Rewrite rule: output j of node n is aliased ("mv") to input i when
 
 from __future__ import annotations
 
-from onnxplan.ir.analysis import alias_roots, ancestor_sets, readers_by_value
+from onnxplan.ir.analysis import ancestor_sets
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels.registry import may_overwrite, updates_state
-from onnxplan.passes._infra import PassResult, register_pass
+from onnxplan.passes._infra import PassResult
+from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = ["inplace", "inplace_state"]
 
@@ -26,14 +27,11 @@ __all__ = ["inplace", "inplace_state"]
 class _Buffers:
     """Union-find over values sharing a buffer, with each buffer's members and readers."""
 
-    def __init__(self, g: StepGraph, readers: dict[str, list[str]]) -> None:
-        roots = alias_roots(g)
-        self.root = dict(roots)
-        self.members: dict[str, list[str]] = {}
-        self.readers: dict[str, set[str]] = {}
-        for v, r in roots.items():
-            self.members.setdefault(r, []).append(v)
-            self.readers.setdefault(r, set()).update(readers.get(v, ()))
+    def __init__(self, a: StepAnalysis) -> None:
+        self.root = dict(a.roots)
+        self.members: dict[str, list[str]] = {r: list(vs) for r, vs in a.members.items()}
+        self.readers: dict[str, set[str]] = {r: {x for v in vs for x in a.consumers.get(v, ())}
+                                             for r, vs in a.members.items()}
 
     def merge(self, out: str, into: str) -> None:
         a, b = self.root[out], self.root[into]
@@ -45,13 +43,11 @@ class _Buffers:
         self.readers[b] |= self.readers.pop(a)
 
 
-@register_pass("inplace")
 def inplace(graph: StepGraph) -> PassResult:
     """Alias outputs to dying inputs where the kernel and the graph allow it."""
     return _inplace(graph, state_only=False)
 
 
-@register_pass("inplace-state")
 def inplace_state(graph: StepGraph) -> PassResult:
     """Only the state updates in place (optimizer, running statistics), as the runtime does;
     what `--no-inplace` keeps, so that switching in-place off measures the Modify-View
@@ -60,9 +56,9 @@ def inplace_state(graph: StepGraph) -> PassResult:
 
 
 def _inplace(graph: StepGraph, *, state_only: bool) -> PassResult:
+    bufs = _Buffers(step_analysis(graph))
+    index, anc = ancestor_sets(graph)
     g = graph.copy()
-    bufs = _Buffers(g, readers_by_value(g))
-    index, anc = ancestor_sets(g)
     outputs = set(g.outputs)
     made, control = 0, 0
     for n in g.nodes:

@@ -11,22 +11,24 @@ node are carried over to the update of the parameter they concern. The joined no
 
 from __future__ import annotations
 
-from onnxplan.ir.analysis import readers_by_value
-from onnxplan.ir.graph import Node, StepGraph
-from onnxplan.passes._infra import PassResult, register_pass
+from collections.abc import Mapping
 
-__all__ = ["interleave", "UPDATE_OPS"]
+from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.passes._infra import PassResult
+from onnxplan.step_analysis import step_analysis
+
+__all__ = ["UPDATE_OPS", "interleave"]
 
 JOINED = {("com.microsoft", "AdamWOptimizer"): "AdamWUpdate", ("com.microsoft", "SGDOptimizerV2"): "SGDUpdate"}
 UPDATE_OPS = {("onnxplan", "AdamWUpdate"), ("onnxplan", "SGDUpdate")}
 
 
-def _split(n: Node, readers: dict[str, list[str]]) -> list[Node]:
+def _split(n: Node, readers: Mapping[str, tuple[str, ...]]) -> list[Node]:
     k = int(n.attrs["num_params"])
     adamw = n.op_type == "AdamWOptimizer"
     head = n.inputs[:2] if adamw else n.inputs[:1]  # lr, step | lr
     blocks = len(n.inputs[len(head):]) // max(k, 1)
-    col = lambda b, p: n.inputs[len(head) + b * k + p]  # noqa: E731
+    col = lambda b, p: n.inputs[len(head) + b * k + p]
     attrs = {a: v for a, v in n.attrs.items() if a != "num_params"}
     updates = []
     for p in range(k):
@@ -41,14 +43,13 @@ def _split(n: Node, readers: dict[str, list[str]]) -> list[Node]:
     return updates
 
 
-@register_pass("interleave")
 def interleave(graph: StepGraph) -> PassResult:
     """Split the joined optimizer node into per-parameter updates (see module docstring)."""
     joined = [n for n in graph.nodes if n.key in JOINED]
     if not joined:
         return PassResult(graph, False, [])
+    readers = step_analysis(graph).consumers
     g = graph.copy()
-    readers = readers_by_value(g)
     nodes, count = [], 0
     for n in g.nodes:
         if n.key in JOINED:

@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
-from onnxplan.kernels.registry import scratch_bytes
 from onnxplan.offsets.buffers import Buffer
+from onnxplan.step_analysis import step_analysis
 
-__all__ = ["Lifetimes", "LifetimeModel", "lifetime_model", "lifetimes", "IntegrityError", "SCRATCH_PREFIX"]
+__all__ = ["SCRATCH_PREFIX", "IntegrityError", "LifetimeModel", "Lifetimes", "lifetime_model", "lifetimes"]
 
 
 class IntegrityError(OnnxplanError):
@@ -55,10 +54,8 @@ class LifetimeModel:
 
 
 def lifetime_model(g: StepGraph) -> LifetimeModel:
-    roots = alias_roots(g)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
+    a = step_analysis(g)
+    roots, members = a.roots, a.members
     touches = tuple((n.name, tuple(dict.fromkeys(roots[o] for o in n.outputs if o)),
                      tuple(dict.fromkeys(roots[i] for i in n.inputs if i))) for n in g.nodes)
     buffers, persistent = [], 0
@@ -87,7 +84,7 @@ def lifetime_model(g: StepGraph) -> LifetimeModel:
         roots=roots, touches=touches, buffers=tuple(buffers), persistent_bytes=persistent,
         first_roots=tuple(roots[v] for v in g.inputs if v in roots),
         last_roots=tuple(roots[v] for v in g.outputs if v in roots),
-        scratch=_scratch_sizes(g),
+        scratch=tuple(a.scratch.items()),
         reads=tuple((n.name, tuple(i for i in n.inputs if i)) for n in g.nodes),
         merges=tuple(merges),
     )
@@ -128,17 +125,6 @@ def lifetimes(g: StepGraph, order: list[str] | tuple[str, ...], model: LifetimeM
 
 
 SCRATCH_PREFIX = "scratch:"
-
-
-def _scratch_sizes(g: StepGraph) -> tuple[tuple[str, int], ...]:
-    out = []
-    for n in g.nodes:
-        spec = lambda v: g.values[v].spec if v else None  # noqa: E731
-        nbytes = scratch_bytes(n, [spec(i) for i in n.inputs], [spec(o) for o in n.outputs],
-                               g.opsets.get(n.domain or ""))
-        if nbytes > 0:
-            out.append((n.name, nbytes))
-    return tuple(out)
 
 
 def _check_integrity(m: LifetimeModel, eo: dict[str, int]) -> None:

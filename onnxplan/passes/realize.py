@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 
 from onnxplan.ir.graph import StepGraph, ValueClass
-from onnxplan.passes._infra import PassResult, register_pass
+from onnxplan.passes._infra import PassResult
 
-__all__ = ["realize", "READ_ONLY_VIEW_OPS"]
+__all__ = ["READ_ONLY_VIEW_OPS", "realize"]
 
 READ_ONLY_VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze")}
 
@@ -116,7 +116,6 @@ def _drop_unread_inputs(g: StepGraph) -> None:
             g.initializers.pop(name, None)
 
 
-@register_pass("realize")
 def realize(graph: StepGraph) -> PassResult:
     """Apply the realizer rules (see module docstring) to a copy of `graph`."""
     g = graph.copy()

@@ -14,7 +14,7 @@ dependencies on the fused node become dependencies on both halves. Idempotent.
 from __future__ import annotations
 
 from onnxplan.ir.graph import Node, StepGraph
-from onnxplan.passes._infra import PassResult, register_pass
+from onnxplan.passes._infra import PassResult
 
 __all__ = ["SPLIT_OPS", "split_grad", "splittable"]
 
@@ -28,7 +28,6 @@ def splittable(n: Node) -> bool:
     return n.key in SPLIT_OPS and bool(outs[0]) and bool(outs[1] or outs[2]) and len(n.inputs) >= 3
 
 
-@register_pass("split-grad")
 def split_grad(graph: StepGraph) -> PassResult:
     targets = [n for n in graph.nodes if splittable(n)]
     if not targets:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.analysis import alias_roots
-from onnxplan.ir.graph import Node, StepGraph, Value
+from onnxplan.ir.graph import Node, StepGraph, Value, swap_in_suffix
 from onnxplan.plan import PlannedSwap
+from onnxplan.step_analysis import step_analysis
 from onnxplan.swap.model import Gap, SwapModel
 from onnxplan.swap.policies import Timing
 
@@ -136,11 +136,8 @@ def rewrite_graph(graph: StepGraph, order: list[str] | tuple[str, ...],
     in `order`, which must hold every swap node. Deterministic: a plan's graph is rebuilt
     from the plan alone."""
     g = graph.copy()
-    roots = alias_roots(graph)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    producer = {o: n.name for n in graph.nodes for o in n.outputs if o}
+    a = step_analysis(graph)
+    roots, members = a.roots, a.members
     by_out = {s.out_node: s for s in swaps}
     by_in = {s.in_node: s for s in swaps}
     eo = {name: i for i, name in enumerate(order)}
@@ -170,28 +167,10 @@ def rewrite_graph(graph: StepGraph, order: list[str] | tuple[str, ...],
         if name in by_in:
             s = by_in[name]
             end = min([e for e in outs_of.get(s.value, []) if e > t], default=len(order))
-            segment = order[t + 1:end]
-            inside = set(segment)
-            needed = []
-            for other in segment:
-                nd = base.get(other)
-                for i in (nd.inputs if nd else ()):
-                    if i and roots.get(i) == s.value and producer.get(i) not in inside and i not in needed:
-                        needed.append(i)
-            if not needed:
-                raise OnnxplanError(f"swap-in {name!r}: nothing reads {s.value!r} before its next swap-out")
-            needed.sort(key=lambda v: (graph.values[v].nbytes != s.bytes, v))
-            k = name.rsplit(":", 1)[1]
-            copies = {v: f"{v}@{'start' if k == 'start' else 'in' + k}" for v in needed}
-            for v, c in copies.items():
-                g.values[c] = replace(g.values[v], name=c)
-            main = copies[needed[0]]
-            aliases = {c: (main, "rv") for c in list(copies.values())[1:]}
-            after = [last_out[s.value]] if s.value in last_out else []
-            nodes.append(Node(name, "SwapIn", SWAP_DOMAIN, [], list(copies.values()),
-                              {"slot": s.value, "nbytes": s.bytes, "use": s.next_use}, "swap", aliases, after))
+            node, copies = _swap_in(g, graph, s, name, order[t + 1:end], base, last_out.get(s.value))
+            nodes.append(node)
             rename[s.value] = copies
-            holder[s.value] = main
+            holder[s.value] = node.outputs[0]
         elif name in by_out:
             s = by_out[name]
             src = holder.get(s.value)
@@ -216,6 +195,33 @@ def rewrite_graph(graph: StepGraph, order: list[str] | tuple[str, ...],
             nodes.append(nd)
     g.nodes = nodes
     return g
+
+
+def _swap_in(g: StepGraph, graph: StepGraph, s: PlannedSwap, name: str, segment: tuple[str, ...] | list[str],
+             base: dict[str, Node], last_out: str | None) -> tuple[Node, dict[str, str]]:
+    """The swap-in node `name` of `s` and its copies (value -> copy) of every value of the buffer
+    that the nodes of `segment` read and do not make themselves; the copy of a value of the
+    buffer's full size holds the bytes, the others are read-only views of it. Values are added to g."""
+    a = step_analysis(graph)
+    inside = set(segment)
+    needed: list[str] = []
+    for other in segment:
+        nd = base.get(other)
+        for i in (nd.inputs if nd else ()):
+            if i and a.roots.get(i) == s.value and a.producer.get(i) not in inside and i not in needed:
+                needed.append(i)
+    if not needed:
+        raise OnnxplanError(f"swap-in {name!r}: nothing reads {s.value!r} before its next swap-out")
+    needed.sort(key=lambda v: (graph.values[v].nbytes != s.bytes, v))
+    copies = {v: v + swap_in_suffix(name.rsplit(":", 1)[1]) for v in needed}
+    for v, c in copies.items():
+        g.values[c] = replace(g.values[v], name=c)
+    main = copies[needed[0]]
+    aliases = {c: (main, "rv") for c in list(copies.values())[1:]}
+    node = Node(name, "SwapIn", SWAP_DOMAIN, [], list(copies.values()),
+                {"slot": s.value, "nbytes": s.bytes, "use": s.next_use}, "swap", aliases,
+                [last_out] if last_out else [])
+    return node, copies
 
 
 def _renamed(v: str, roots: dict[str, str], rename: dict[str, dict[str, str]]) -> str:

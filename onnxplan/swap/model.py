@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph, ValueClass
-from onnxplan.kernels.registry import may_overwrite, updates_state
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import Lifetimes
+from onnxplan.step_analysis import StepAnalysis, step_analysis
 
 __all__ = ["SWAPPABLE_PERSISTENT", "SWAP_MIN_BYTES", "Gap", "Group", "SwapModel", "swap_model"]
 
@@ -113,11 +112,8 @@ def swap_model(g: StepGraph, order: tuple[str, ...] | list[str], lt: Lifetimes,
     """The groups of `g` under `order` (swap-free), with lifetimes `lt` from the same order."""
     order = tuple(order)
     n = len(order)
-    roots = alias_roots(g)
-    members: dict[str, list[str]] = {}
-    for v, r in roots.items():
-        members.setdefault(r, []).append(v)
-    nodes = {nd.name: nd for nd in g.nodes}
+    a = step_analysis(g)
+    roots, members, nodes = a.roots, a.members, a.nodes
     touches: dict[str, set[int]] = {}
     writes: dict[str, set[int]] = {}
     entries: list[tuple[int, str, int]] = []
@@ -145,10 +141,10 @@ def swap_model(g: StepGraph, order: tuple[str, ...] | list[str], lt: Lifetimes,
             touches.setdefault(roots[v], set()).add(-1)
             writes.setdefault(roots[v], set()).add(-1)
 
-    used = {v for nd in g.nodes for v in (*nd.inputs, *nd.outputs) if v}
+    used = a.consumers.keys() | a.producer.keys()
     spans = {b.name: b for b in lt.buffers}
     outputs = {roots[o] for o in g.outputs if o in roots}
-    blocked = _state_copies(g, roots)
+    blocked = _state_copies(a)
     groups: dict[str, Group] = {}
     for r, vs in members.items():
         if r not in touches:
@@ -186,22 +182,11 @@ def swap_model(g: StepGraph, order: tuple[str, ...] | list[str], lt: Lifetimes,
     return SwapModel(g, order, groups, profile, lt.persistent_bytes, entries, entry_start)
 
 
-def _group_bytes(g: StepGraph, vs: list[str]) -> int:
+def _group_bytes(g: StepGraph, vs: tuple[str, ...] | list[str]) -> int:
     return max(g.values[v].nbytes for v in vs)
 
 
-def _state_copies(g: StepGraph, roots: dict[str, str]) -> set[str]:
+def _state_copies(a: StepAnalysis) -> set[str]:
     """Persistent groups updated by a node into another buffer (copied back after the step):
     the executor owns those copies, so they stay resident."""
-    out: set[str] = set()
-    for nd in g.nodes:
-        version = g.opsets.get(nd.domain or "")
-        if not updates_state(nd, version):
-            continue
-        for j, candidates in may_overwrite(nd, version).items():
-            o = nd.outputs[j] if j < len(nd.outputs) else ""
-            for i in candidates:
-                src = nd.inputs[i] if i < len(nd.inputs) else ""
-                if o and src and g.values[src].persistent and roots[src] != roots[o]:
-                    out.update((roots[src], roots[o]))
-    return out
+    return {a.roots[v] for u in a.state_updates if not a.in_place(u) for v in (u.state, u.updated)}

@@ -28,18 +28,29 @@ import onnx
 from onnxplan.errors import ModelError
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
 from onnxplan.kernels.conv import window
+from onnxplan.kernels.registry import random_ops
 from onnxplan.ort import ort_cause
 from onnxplan.threads import ort_session_options
 
-__all__ = ["ORT_DEFAULT_LEARNING_RATE", "RANDOM_OPS", "OrtOptimizerStep", "OrtStep", "OrtTrainingStep",
-           "explicit_conv_grad_pads"]
+__all__ = [
+    "BN_OPS",
+    "ORT_DEFAULT_LEARNING_RATE",
+    "OrtOptimizerStep",
+    "OrtStep",
+    "OrtTrainingStep",
+    "explicit_conv_grad_pads",
+    "is_batch_norm",
+]
 
 ORT_DEFAULT_LEARNING_RATE = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate
 _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
-# op -> index of the output holding what it drew (Dropout: its keep-mask)
-RANDOM_OPS = {("", "Dropout"): 1, ("com.microsoft", "BitmaskDropout"): 1, ("", "RandomUniformLike"): 0,
-              ("", "RandomNormalLike"): 0}
-_BN_OPS = {("com.microsoft", "BatchNormInternal"), ("", "BatchNormalization")}
+# BatchNorm in training mode: running statistics in inputs 3, 4, their updates in outputs 1, 2
+BN_OPS = frozenset({("com.microsoft", "BatchNormInternal"), ("", "BatchNormalization")})
+
+
+def is_batch_norm(domain: str, op_type: str) -> bool:
+    """True for an op of BN_OPS ("ai.onnx" is the default domain "")."""
+    return ("" if domain == "ai.onnx" else domain, op_type) in BN_OPS
 
 
 @dataclass
@@ -124,18 +135,19 @@ class OrtTrainingStep:
         self.running_of: dict[str, str] = {}  # running statistic input -> its updated output
         self.random_of: dict[str, str] = {}  # random node -> the output holding its draw
         self.value_node: dict[str, str] = {}  # value -> the node that produced it
+        draws = random_ops()  # op -> the output holding what it drew (Dropout: its keep-mask)
         for k, n in enumerate(g.node):
             if not n.name:
                 n.name = f"{n.op_type}_{k}"
             key = (n.domain if n.domain != "ai.onnx" else "", n.op_type)
             if n.op_type == "InPlaceAccumulatorV2" and n.input[0].endswith(ACC_SUFFIX):
                 self.grad_of[n.input[0][: -len(ACC_SUFFIX)]] = n.input[1]
-            elif key in _BN_OPS and len(n.output) >= 3 and len(n.input) >= 5:
+            elif is_batch_norm(*key) and len(n.output) >= 3 and len(n.input) >= 5:
                 for i, o in ((3, 1), (4, 2)):
                     if n.output[o]:
                         self.running_of[n.input[i]] = n.output[o]
-            elif key in RANDOM_OPS:
-                j = RANDOM_OPS[key]
+            elif key in draws:
+                j = draws[key]
                 while len(n.output) <= j:
                     n.output.append("")
                 if not n.output[j]:
@@ -251,12 +263,13 @@ def _take_random_as_inputs(model: onnx.ModelProto, nodes: set[str]) -> None:
     except Exception:  # noqa: BLE001, S110 - inference is a help here, not a need
         pass
     new_nodes = []
+    draws = random_ops()
     for n in g.node:
         if n.name not in nodes:
             new_nodes.append(n)
             continue
         given = _GIVEN_PREFIX + n.name
-        j = RANDOM_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
+        j = draws[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
         if n.op_type in ("RandomUniformLike", "RandomNormalLike"):
             dtype = next((a.i for a in n.attribute if a.name == "dtype"), types.get(n.input[0], onnx.TensorProto.FLOAT))
             g.input.append(helper.make_tensor_value_info(given, dtype, None))

@@ -56,6 +56,8 @@ from onnxplan.executor import runner
 from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
 from onnxplan.ir.graph import original_name
+from onnxplan.step_analysis import step_analysis
+from onnxplan.verification import ort_step
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
@@ -64,7 +66,6 @@ __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 # relative to the largest magnitude of the tensor it updates
 TOLERANCES = {"loss": 1e-5, "gradient": 3e-2, "running": 1e-4, "update": 1e-5, "intermediate": 3e-2}
 NOISE_FACTOR = 10.0  # ... or this many times the tensor's own rounding noise in this step, if larger
-_BN_OPS = ("BatchNormalization", "BatchNormInternal")
 _U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
 LAMBDA = 6.0  # ... of a sum's rounding: exceeded with probability <= 2 exp(-LAMBDA^2 / 2) = 3e-8
 
@@ -366,7 +367,8 @@ class _Hooks:
     def wrap(self, node, fn):
         # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
         grads = [k for k, i in enumerate(node.inputs) if original_name(i) in self.grad_names]
-        stats = node.op_type in _BN_OPS and len(node.inputs) >= 5 and len([o for o in node.outputs if o]) > 1
+        stats = ort_step.is_batch_norm(node.domain, node.op_type) and len(node.inputs) >= 5 \
+            and len([o for o in node.outputs if o]) > 1
         bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
         ln_grad = node.op_type == "LayerNormalizationGrad" and len(node.inputs) >= 5
         reduction = node.op_type in REDUCTION_OPS
@@ -450,19 +452,16 @@ class StepVerifier:
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
                                for i in n.inputs if original_name(i) in self.grad_name}
-        producer = {o: n for n in graph.nodes for o in n.outputs if o and original_name(n.name) == n.name}
+        a = step_analysis(graph)  # recomputed copies make copies of values (`NAME@rcK`), not the originals
         self.grad_node = {}  # parameter -> the node that computed its gradient (before accumulating)
         self.grad_value = {}  # parameter -> the value that node computed
         for p, g in self.grad_name.items():
-            n, self.grad_value[p] = producer.get(g), g
-            if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in producer:
-                n, self.grad_value[p] = producer[n.inputs[1]], n.inputs[1]
+            n, self.grad_value[p] = a.producer_node(g), g
+            if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in a.producer:
+                n, self.grad_value[p] = a.producer_node(n.inputs[1]), n.inputs[1]
             self.grad_node[p] = n.name if n is not None else ""
-        self.stat_node = {}  # running statistic -> the node that updates it (its first reader)
-        for n in graph.nodes:
-            for r in self.ort.running_of:
-                if r in n.inputs:
-                    self.stat_node.setdefault(r, n.name)
+        # running statistic -> the node that updates it (its first reader)
+        self.stat_node = {r: a.consumers[r][0] for r in self.ort.running_of if a.consumers.get(r)}
 
     def close(self) -> None:
         if self.ex.swap is not None:
