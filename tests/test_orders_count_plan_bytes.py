@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from onnxplan.ir.load import load_step
+from onnxplan.ir.load import read_step
 from onnxplan.offsets import lower_bound
 from onnxplan.orders import memory_model, order_nodes, peak_of_order
 from onnxplan.passes.lifetimes import lifetimes
@@ -17,7 +17,7 @@ from tests.zoo_small import small_artifacts
 
 @pytest.mark.parametrize("name", ["mlp", "nnt-conv2d", "transformer"])
 def test_order_peak_is_the_plans_lower_bound(name):
-    g = run_pipeline(load_step(small_artifacts(name)), ["realize", "interleave", "inplace"])[0]
+    g = run_pipeline(read_step(small_artifacts(name)), ["realize", "interleave", "inplace"])[0]
     a = step_analysis(g)
     assert a.scratch, "the step should hold nodes with kernel scratch"
     mm = memory_model(g, a.roots)
