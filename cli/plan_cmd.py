@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from onnxplan.api import load_step_of, solve
-from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, cost_model
 from onnxplan.cli.common import (
     FREEZE_HELP,
     STRATEGY_HELP,
@@ -46,7 +46,7 @@ def plan_command(
     lookahead: int = typer.Option(1, "--lookahead", help="proactive: issue each swap-in N EOs ahead of its use."),
     window_bytes: str = typer.Option(None, "--window-bytes", help="window: prefetch window, e.g. 8MiB (default: the largest working set)."),
     swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder the swap file will be in (run --swap-dir): swap transfers are priced at that store's bandwidth (default: the temporary folder run uses)."),
-    profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
+    profile: bool = typer.Option(DEFAULT_PROFILE, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
     strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
     out: Path = typer.Option(None, "-o", "--out", help="Write the plan JSON here."),
@@ -74,7 +74,7 @@ def plan_command(
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
+          profile=DEFAULT_PROFILE, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
           threads=None, swap_dir=None) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     budget_bytes = memory.budget

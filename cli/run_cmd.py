@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from onnxplan.api import check_run_options, load_step_of, plan_request, solve
-from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, cost_model
 from onnxplan.cli.common import (
     FREEZE_HELP,
     STRATEGY_HELP,
@@ -69,7 +69,7 @@ def run_command(
     swap_dir: Path = typer.Option(None, "--swap-dir", help="Folder of the swap file (default: a temporary folder, removed)."),
     checkpoint: str = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor (with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor --swap: recompute or swap, whichever fits with the least predicted step time."),
     strategy: str = typer.Option("auto", "--strategy", help=STRATEGY_HELP),
-    profile: bool = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
+    profile: bool = typer.Option(DEFAULT_PROFILE, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our kernels (--no-profile: a FLOP estimate)."),
     device: str = typer.Option("cpu", "--device", help="Where the step runs: cpu (numpy) or cuda (CuPy on the GPU; the measured peak is then the most device memory held by live arrays, from CuPy's pool)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -96,7 +96,7 @@ def run_command(
 
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
-         checkpoint_args=(None, False, "auto"), device="cpu", select_args=(None, None)) -> None:
+         checkpoint_args=(None, DEFAULT_PROFILE, "auto"), device="cpu", select_args=(None, None)) -> None:
     check_run_options(steps, warmup, lr, threads)
     check_time_limit(plan_opts["time_limit"])
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once

@@ -16,6 +16,7 @@ from onnxplan.bench.measure import MEASURED_FIELDS, measure_plan
 from onnxplan.bench.peers import measure_peer, peer_row_fields
 from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.data import read_metadata
 from onnxplan.errors import OnnxplanError
 from onnxplan.ir.load import load_step
@@ -109,8 +110,15 @@ def load_graph(folder, config: BenchConfig, model: str):
 
 
 def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
-    """Plan one row: (the row, without measurement, and the plan)."""
-    plan = plan_step(graph, strategy.options(config.time_limit)).plan
+    """Plan one row: (the row, without measurement, and the plan). A model with a budget is
+    planned by the budget layer (onnxplan.budget.decide, its default cost model), as `plan
+    --budget` and onnxplan.plan(budget=...) plan it; the plan records the strategy chosen."""
+    budget = config.budget(model)
+    if budget is None:
+        plan = plan_step(graph, strategy.options(config.time_limit)).plan
+    else:
+        costs = cost_model(DEFAULT_PROFILE, threads=config.thread_count)
+        plan = plan_for_budget(graph, strategy.options(config.time_limit), MemoryRequest(budget), costs).plan
     return _plan_row(model, meta, strategy, plan, config.budget(model), config.thread_count), plan
 
 

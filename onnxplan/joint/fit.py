@@ -17,8 +17,15 @@ from onnxplan.joint.solve import MIN_SOLVE_SECONDS, JointSchedule, schedule_summ
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
 from onnxplan.plan_records import JointBuffer, JointRecord
-from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
-from onnxplan.swap.pricing import StoreRates, planned_step
+from onnxplan.planning import (
+    DEFAULT_TIME_LIMIT,
+    BudgetNotMet,
+    PlanOptions,
+    PlanOutcome,
+    pipeline_names,
+    plan_step,
+)
+from onnxplan.swap.pricing import StoreRates, price_outcome
 
 __all__ = ["SLACK_FRACTION", "given_schedule", "plain_schedule", "plan_joint"]
 
@@ -29,7 +36,7 @@ ROUND_SHARE = 0.6  # under a deadline, a round's CP-SAT gets at most this share 
 
 def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
                costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
-               time_limit: float = 10.0, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
+               time_limit: float = DEFAULT_TIME_LIMIT, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
                swap_on_top: bool = True, deterministic_limit: float | None = None,
                total_seconds: float | None = None, io_cpu_per_byte: float = 0.0) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
@@ -127,25 +134,16 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                 more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
             except BudgetNotMet as miss:
                 more = miss.outcome
-            secs = _price(more, costs, swap_bandwidth, io_cpu_per_byte)
+            secs = price_outcome(more, TimeModel(measured=dict(costs or {})),
+                                 StoreRates(swap_bandwidth, io_cpu_per_byte) if swap_bandwidth else None).seconds
             tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
                           else more.plan.peak_bytes, more, base_sched, secs))
-        miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
+        _, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
         if more.plan.peak_bytes < out.plan.peak_bytes:
             out, sched, predicted = more, base_sched, secs  # transfers at the swap module's estimate
             rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if sched.code else 'no recomputation'}, "
                     f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
     return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
-
-
-def _price(out: PlanOutcome, costs: Mapping[str, float] | None, swap_bandwidth: float | None,
-           io_cpu_per_byte: float = 0.0) -> float:
-    """Predicted seconds of a placed outcome on the swap module's footing (onnxplan.swap.pricing):
-    its nodes at `costs` (else the FLOP estimate), its swaps on one I/O worker at `swap_bandwidth`."""
-    tm = TimeModel(measured=dict(costs or {}))
-    rates = StoreRates(swap_bandwidth, io_cpu_per_byte) if swap_bandwidth else None
-    return planned_step(out.graph, out.plan.order, out.plan.swaps, lambda n: tm.node_seconds(out.graph, n),
-                        rates).seconds
 
 
 def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:
