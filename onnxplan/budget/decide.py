@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import FLOP_COSTS, CostModel, ProfiledCosts
-from onnxplan.budget.strategies import AUTO_STRATEGIES, STRATEGIES, strategy_choices
+from onnxplan.budget import strategies
+from onnxplan.budget.strategies import STRATEGIES, strategy_choices
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
@@ -205,7 +206,7 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
     times, time_note = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
     cands = [weigh("none", plain, budget, times)]
     cands += [weigh(name, STRATEGIES[name](graph, budget, costs, opts.time_limit, opts), budget, times)
-              for name in AUTO_STRATEGIES]
+              for name in strategies.AUTO_STRATEGIES]
     best = choose(cands)
     if best.fits:
         others = ", ".join(c.line() for c in cands[1:] if c is not best)

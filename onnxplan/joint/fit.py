@@ -14,11 +14,11 @@ from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem, memory, step_seconds, violations
 from onnxplan.joint.solve import MIN_SOLVE_SECONDS, JointSchedule, schedule_summary, solve_problem
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes import run_pipeline
 from onnxplan.plan_records import JointBuffer, JointRecord
 from onnxplan.planning import (
-    DEFAULT_TIME_LIMIT,
     BudgetNotMet,
     PlanOptions,
     PlanOutcome,
