@@ -139,3 +139,28 @@ def test_run_json_records_the_strategy(tmp_path):
     assert ran["peak_bytes"] == shown["peak_bytes"] and ran["passes"] == shown["passes"]
     r = runner.invoke(app, ["run", str(folder), "--steps", "1", "--no-measure", "--json"])
     assert json.loads(r.stdout)["strategy"] == "none"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,batch", [("transformer", 16), ("resnet18", 8)])
+def test_plan_bench_and_the_api_choose_alike(model, batch, tmp_path):
+    """At persistent + 40% of the transient peak: `plan --budget`, `bench --budget` and
+    onnxplan.plan(budget=...) give the same peak and the same chosen strategy."""
+    import onnxplan
+    from onnxplan.bench.results import load_results
+
+    step = onnxplan.load(model, batch=batch)
+    plain = plan_step(step.graph, PlanOptions()).plan
+    budget = plain.persistent_bytes + int(0.4 * plain.arena_bytes)
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", model, "--batch", str(batch), "--budget", str(budget), "--json"])
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)
+    out = tmp_path / "bench.json"
+    r = runner.invoke(app, ["bench", model, "--batch", str(batch), "--budget", str(budget), "--strategies", "auto",
+                            "--no-measure", "--peers", "none", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    (row,) = load_results(out)["rows"]
+    plan = onnxplan.plan(step, budget=budget)
+    assert shown["peak_bytes"] == row["planned_peak_bytes"] == plan.peak_bytes <= budget
+    assert shown["strategy"]["chosen"] == row["memory_strategy"] == plan.strategy.chosen != "none"
