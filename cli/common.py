@@ -86,7 +86,7 @@ THREADS_HELP = ("Threads for every pool of the process: numpy's BLAS, torch (int
 TRAIN_HELP = "Train only the initializers matching this glob (forward .onnx; repeatable)."
 FREEZE_HELP = "Freeze the initializers matching this glob (forward .onnx; repeatable)."
 STRATEGY_HELP = ("With --budget, how to meet it: auto (default: the plain plan if it fits, else recompute or swap, "
-                 "whichever fits with the least predicted step time), recompute (rotor's fastest checkpoint schedule "
+                 "whichever fits predicted faster; within 10%, swap: onnxplan/budget/decide.py), recompute (rotor's fastest checkpoint schedule "
                  "that fits), swap (the swap module's auto policy), joint (recomputation on the whole graph and "
                  "paging chosen together by the joint CP-SAT solver; opt-in: seconds per solve, --time-limit each; "
                  "`onnxplan explain` shows what it kept, recomputed and swapped per value).")
