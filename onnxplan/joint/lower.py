@@ -25,11 +25,11 @@ from onnxplan.checkpoint.recompute import (
     stable_topological,
 )
 from onnxplan.errors import ModelError
-from onnxplan.ir.analysis import alias_roots
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.problem import Decisions, JointProblem, model_order
 from onnxplan.offsets import lower_bound
 from onnxplan.passes._infra import PassResult
+from onnxplan.ir.analysis import alias_roots
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan_records import SwapRecord
 from onnxplan.planning import planned_buffers, verify_plan
