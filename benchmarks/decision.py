@@ -143,8 +143,8 @@ def summarize(doc: dict) -> list[str]:
             f"{r['model']} at {format_bytes(r['budget_bytes'])}: {r['chosen']} {r['chosen_off']:+.1%} vs "
             f"{r['fastest']}" for r in misses) + ".", "",
         (f"Machine: {m['host']}, {m['cpus']} CPUs shared with other work; load average {m['load_start']} at the "
-        f"start, {m['load_end']} at the end. Threads: one (profile, planning and every measured process: "
-        f"threads=1). {doc['rounds']} paired rounds, the plans' order rotated each round; each round one fresh "
+        f"start, {m['load_end']} at the end. Threads: one in every measured process and in the profile "
+        "(threads=1; the FLOP estimate runs no kernel). {doc['rounds']} paired rounds, the plans' order rotated each round; each round one fresh "
         f"process per distinct plan, {doc['steps']} steps after one warm-up, its fastest step kept. Off = the "
         "median over rounds of chosen / fastest of the same round, - 1. Wall time "
         f"{doc['wall_seconds'] / 60:.1f} min."), "",
