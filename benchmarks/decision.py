@@ -121,6 +121,8 @@ def bench_model(spec: str, args) -> list[dict]:
                "chosen_ok": chosen["ok"], "other_off": other["off"], "other_ok": other["ok"],
                "loadavg": os.getloadavg()[0]}
         rows.append(row)
+        if args.save is not None:
+            args.save(row)
         print(f"# {spec} {format_bytes(budget)}: chosen {row['chosen']} ({chosen['off']:+.1%} vs the fastest, "
               f"{row['fastest']}), other {row['other']} ({other['off']:+.1%}); load {row['loadavg']:.1f}", flush=True)
     return rows
@@ -128,6 +130,9 @@ def bench_model(spec: str, args) -> list[dict]:
 
 def summarize(doc: dict) -> list[str]:
     rows = doc["rows"]
+    for r in rows:
+        if r["fastest"] not in STRATEGY_NAMES:  # a plan no strategy made as is: a cost model's own choice
+            r["fastest"] = "the other model's plan" if r["other_off"] <= 0 else "the chosen plan"
     ok = sum(r["chosen_ok"] for r in rows)
     other_ok = sum(r["other_ok"] for r in rows)
     misses = [r for r in rows if not r["chosen_ok"]]
@@ -144,7 +149,7 @@ def summarize(doc: dict) -> list[str]:
             f"{r['fastest']}" for r in misses) + ".", "",
         (f"Machine: {m['host']}, {m['cpus']} CPUs shared with other work; load average {m['load_start']} at the "
         f"start, {m['load_end']} at the end. Threads: one in every measured process and in the profile "
-        "(threads=1; the FLOP estimate runs no kernel). {doc['rounds']} paired rounds, the plans' order rotated each round; each round one fresh "
+        f"(threads=1; the FLOP estimate runs no kernel). {doc['rounds']} paired rounds, the plans' order rotated each round; each round one fresh "
         f"process per distinct plan, {doc['steps']} steps after one warm-up, its fastest step kept. Off = the "
         "median over rounds of chosen / fastest of the same round, - 1. Wall time "
         f"{doc['wall_seconds'] / 60:.1f} min."), "",
@@ -173,17 +178,23 @@ def main() -> None:
     ap.add_argument("-o", "--out", default="reports/decision.md")
     ap.add_argument("--summarize", default=None, metavar="JSON")
     args = ap.parse_args()
+    args.save = None
     if args.summarize:
         doc = json.loads(Path(args.summarize).read_text())
     else:
         t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
         doc = {"rounds": args.rounds, "steps": args.steps, "default_profile": DEFAULT_PROFILE, "rows": []}
-        for spec in args.models:
-            doc["rows"] += bench_model(spec, args)
+
+        def save(row: dict) -> None:  # after every budget: an interrupted run keeps what it measured
+            doc["rows"].append(row)
             doc["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "load_start": load_start,
                               "load_end": round(os.getloadavg()[0], 2)}
             doc["wall_seconds"] = time.perf_counter() - t0
             Path(args.json).write_text(json.dumps(doc, indent=1))
+
+        args.save = save
+        for spec in args.models:
+            bench_model(spec, args)
     Path(args.out).write_text("\n".join(summarize(doc)) + "\n")
     print("\n".join(summarize(doc)))
 
