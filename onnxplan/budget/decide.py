@@ -9,7 +9,7 @@ worker at the swap store's rates), and `choose` keeps one by the one tie rule:
   1. Of the candidates that fit the budget, the fastest predicted step sets the mark; every
      fitting candidate predicted within MARGIN (10%) of it is a tie.
   2. A tie goes to the strategy first in PREFERENCE (the plain plan, then swap, recompute, the
-     joint solver's plans: the simpler plan, whose prediction rests on less), then to the
+     joint solver's plans: the order measurement favoured, see PREFERENCE), then to the
      least peak, then to the least predicted seconds (then the name: a strategy not in
      PREFERENCE ranks after those in it).
   3. None fits: the least peak (then PREFERENCE).
@@ -48,10 +48,12 @@ __all__ = ["DEFAULT_PROFILE", "MARGIN", "PREFERENCE", "Candidate", "MemoryReques
 # candidates 2% apart stay in one order under 3% of noise on either (a profile of another call,
 # another load); the predictions themselves are rarely closer than that to the measured step
 MARGIN = 0.10
-# the order a tie is broken in: the plain plan, then the strategies whose prediction rests on
-# less (swap overlaps transfers with compute; recompute adds compute; the joint solver's plans
-# combine both: gpt b16 at 7.87 MiB, joint predicted 1% faster than swap alone, measured 12%
-# slower); a strategy not listed comes after these
+# the order a tie is broken in: the plain plan, swap, recompute, then the joint solver's plans.
+# Measured (reports/decision.md): of 9 budgets where recompute and swap tied, swap was the fastest
+# or within 5% of it at 8, recompute (the least-seconds rule's pick) at about 4; transformer b16
+# at persistent + 25%: the least-seconds pick ran 145 ms, swap 99 ms. The joint plans last: gpt
+# b16 at 7.87 MiB, joint predicted 1% faster than swap alone, measured 12% slower. A strategy not
+# listed comes after these
 PREFERENCE = ("none", "swap", "recompute", "joint-recompute", "joint")
 # the cost model when none is named (the CLI's --profile/--no-profile, api.plan(profile=...),
 # bench and check): see DEFAULT_PROFILE's note in the report (reports/decision.md)
