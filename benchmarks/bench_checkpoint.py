@@ -82,7 +82,7 @@ def _measure(folder, preps: dict, steps: int, rounds: int) -> dict:
 
 def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limits: int,
                 rounds: int) -> list[dict]:
-    from onnxplan.budget import predicted_step_seconds
+    from onnxplan.budget import price
     from onnxplan.executor.prepare import Prepared
     from onnxplan.executor.profile import profile_times
     from onnxplan.loading import load_step
@@ -103,7 +103,7 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
 
     preps = {key(plain): Prepared(folder, plain.graph, plain.plan)}
     rows = [{"model": name, "batch": batch, "policy": "none", "limit": None, "planned_peak": plain.plan.peak_bytes,
-             "plan_seconds": secs, "predicted": predicted_step_seconds(plain, times), "key": key(plain)}]
+             "plan_seconds": secs, "predicted": price(plain, times).seconds, "key": key(plain)}]
     least = {p: _plan(graph, base_opts, p)[0].plan.peak_bytes for p in POLICIES}
     bottom, top = min(least.values()), plain.plan.peak_bytes
     for k in range(limits):
@@ -113,7 +113,7 @@ def bench_model(name: str, batch: int, run: bool, steps: int, planner: str, limi
             ck = out.plan.checkpoint
             row = {"model": name, "batch": batch, "policy": policy, "limit": limit,
                    "planned_peak": out.plan.peak_bytes, "fits": out.plan.peak_bytes <= limit,
-                   "predicted": predicted_step_seconds(out, times), "chain_time": ck.chain_time_seconds if ck else None,
+                   "predicted": price(out, times).seconds, "chain_time": ck.chain_time_seconds if ck else None,
                    "schedule": ck.schedule if ck else "", "plan_seconds": secs, "key": key(out)}
             if row["fits"]:
                 preps.setdefault(key(out), Prepared(folder, out.graph, out.plan))

@@ -12,7 +12,7 @@ The "joint" column is the budget layer's joint strategy (budget/joint.py), which
 three as candidates and returns the fastest predicted; rotor, swap and joint-recompute are the
 candidates it planned (planned here when it planned none: the plain plan fits).
 Each row: planned peak, whether it fits, predicted step seconds on one footing for every
-strategy (budget.strategies.step_price: one profile of our kernels, CPU clock, one thread, gives
+strategy (budget.decide.price: one profile of our kernels, CPU clock, one thread, gives
 every node its time; transfers on one I/O worker at the swap store's measured bandwidth; wall
 prediction = compute + stalls, CPU prediction = compute + the I/O thread's CPU), the wall time of
 planning (joint: the whole strategy, every candidate and placement included) and the joint
@@ -56,7 +56,7 @@ from pathlib import Path
 from onnxplan.budget import STRATEGIES, ProfiledCosts
 from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.budget.joint import JOINT_SECONDS
-from onnxplan.budget.strategies import step_price
+from onnxplan.budget.decide import price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
 from onnxplan.ir.load import read_step
@@ -109,7 +109,7 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
                           swap_on_top=bw is not None, total_seconds=args.total, io_cpu_per_byte=rates.cpu_per_byte)
 
     def price(out) -> dict:
-        p = step_price(out, times, rates)
+        p = price(out, times, rates)
         return {"predicted": p.seconds, "predicted_cpu": p.cpu_seconds, "compute": p.compute, "stall": p.stall,
                 "io_cpu": p.io_cpu, "handling": p.handling, "moved": p.moved}
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import typer
 
+from onnxplan.budget.decide import DEFAULT_PROFILE
+
 __all__ = [
     "BATCH", "CHECKPOINT", "DIM", "FREEZE", "INPLACE", "INTERLEAVE", "LOOKAHEAD", "LOSS", "MODEL", "OPTIMIZER",
     "ORDER", "PLANNER", "PROFILE", "SPLIT_GRAD", "STRATEGY", "SWAP", "THREADS", "THREADS_HELP", "TIME_LIMIT",
@@ -19,7 +21,8 @@ THREADS_HELP = ("Threads for every pool of the process: numpy's BLAS, torch (int
                 "OpenMP and each ONNX Runtime session (default: every core this process may use). "
                 "README: Threads.")
 _STRATEGY_HELP = ("With --budget, how to meet it: auto (default: the plain plan if it fits, else recompute or swap, "
-                  "whichever fits with the least predicted step time), recompute (rotor's fastest checkpoint schedule "
+                  "whichever fits predicted faster; within 10%, swap: onnxplan/budget/decide.py), recompute (rotor's "
+                  "fastest checkpoint schedule "
                   "that fits), swap (the swap module's auto policy), joint (recomputation on the whole graph and "
                   "paging chosen together by the joint CP-SAT solver; opt-in: seconds per solve, --time-limit each; "
                   "`onnxplan explain` shows what it kept, recomputed and swapped per value).")
@@ -54,9 +57,9 @@ WINDOW_BYTES = typer.Option(None, "--window-bytes", help="window: prefetch windo
                             "working set).")
 CHECKPOINT = typer.Option(None, "--checkpoint", help="Recompute instead of keeping activations: none, sqrt, chen, rotor "
                           "(with --budget: the fastest schedule that fits). With --budget and neither --checkpoint nor "
-                          "--swap: recompute or swap, whichever fits with the least predicted step time.")
+                          "--swap: recompute or swap, whichever fits predicted faster (within 10%: swap).")
 STRATEGY = typer.Option("auto", "--strategy", help=_STRATEGY_HELP)
-PROFILE = typer.Option(True, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our "
+PROFILE = typer.Option(DEFAULT_PROFILE, "--profile/--no-profile", help="--checkpoint: time the stages by a short run of our "
                        "kernels (--no-profile: a FLOP estimate).")
 
 # ---- running (run, bench) -----------------------------------------------------------------------------

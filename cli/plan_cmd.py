@@ -71,7 +71,7 @@ def plan_command(
 
 def _plan(model, budget, order, planner, interleave, inplace, time_limit, out, batch, dim,
           optimizer, loss, json_out, swap=None, lookahead=1, window_bytes=None, checkpoint=None,
-          profile=False, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
+          profile=DEFAULT_PROFILE, device="cpu", train=None, freeze=None, split_grad=False, strategy="auto",
           threads=None, swap_dir=None) -> None:
     memory = MemoryRequest.from_flags(budget, swap, lookahead, window_bytes, checkpoint, strategy)
     budget_bytes = memory.budget

@@ -93,7 +93,7 @@ def run_command(
 
 def _run(model, plan_opts, plan_file, batch, dim, optimizer, loss, steps, warmup, seed, lr, verify,
          check_arena, threads, measure, json_out, swap_args=(None, 1, None, None, None),
-         checkpoint_args=(None, False, "auto"), device="cpu", select_args=(None, None)) -> None:
+         checkpoint_args=(None, DEFAULT_PROFILE, "auto"), device="cpu", select_args=(None, None)) -> None:
     check_run_options(steps, warmup, lr, threads)
     check_time_limit(plan_opts["time_limit"])
     xp = array_module(device)  # before planning: a missing GPU is a usage error, said at once

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
 from onnxplan.bench.peers import parse_peers
-from onnxplan.budget import CostModel, MemoryRequest, cost_model, plan_for_budget
+from onnxplan.budget import DEFAULT_PROFILE, CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
 from onnxplan.errors import UsageError
 from onnxplan.executor.prepare import Prepared, adopt_plan, check_plan_record
@@ -73,7 +73,7 @@ def solve(step: Step, opts: PlanOptions = PlanOptions(), memory: MemoryRequest =
           costs: CostModel | None = None) -> PlanOutcome:
     """The planning outcome for `step` (every planner tried, notes, skips, the swap outcome);
     the plan names its model (`source`). It may miss `memory.budget`: compare the peak."""
-    res = plan_for_budget(step.graph, opts, memory, costs if costs is not None else cost_model(False))
+    res = plan_for_budget(step.graph, opts, memory, costs if costs is not None else cost_model(DEFAULT_PROFILE))
     res.plan = replace(res.plan, source=model_reference(step.request, step.folder))
     return res
 
@@ -81,7 +81,7 @@ def solve(step: Step, opts: PlanOptions = PlanOptions(), memory: MemoryRequest =
 def plan(step: Step, *, budget: str | int | None = None, order: str = "auto", planner: str = "auto",
          interleave: bool = True, inplace: bool = True, time_limit: float | None = None,
          swap: str | None = None, lookahead: int = 1, window_bytes: str | int | None = None,
-         checkpoint: str | None = None, profile: bool = False, device: str = "cpu",
+         checkpoint: str | None = None, profile: bool = DEFAULT_PROFILE, device: str = "cpu",
          split_grad: bool = False, strategy: str = "auto", threads: int | None = None,
          swap_dir: str | Path | None = None) -> Plan:
     """Plan `step` (the CLI's `plan` options; sizes as "256MiB" or bytes). Under a budget with

@@ -10,6 +10,7 @@ from typing import Any
 from onnxplan._version import __version__
 from onnxplan.errors import BudgetError, UsageError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.limits import DEFAULT_TIME_LIMIT  # the one default (re-exported: planning.DEFAULT_TIME_LIMIT)
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
 from onnxplan.orders import memory_model, order_policy
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
@@ -27,7 +28,6 @@ HEURISTIC_ORDERS = ("given", "nntrainer", "greedy")
 ORDER_CHOICES = ("auto", *HEURISTIC_ORDERS, "ilp")
 PLANNER_CHOICES = ("auto", *PLANNERS)
 HEURISTIC_PLANNERS = tuple(p for p in PLANNERS if p != "ilp")
-DEFAULT_TIME_LIMIT = 10.0  # seconds for an ILP the user asked for (--planner ilp, --order ilp) without --time-limit
 # The anytime default (planner auto, no --time-limit): the offset ILP gets ILP_SECONDS_PER_GAP
 # seconds per unit of fragmentation left by the best heuristic, times sqrt(buffers / 100), at most
 # ILP_AUTO_MAX_SECONDS; below ILP_AUTO_MIN_SECONDS it cannot pay and is skipped.

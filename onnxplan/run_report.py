@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import numpy as np
 
+from onnxplan.budget.decide import chosen_strategy
 from onnxplan.device import DevicePeak, device_name
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError
 from onnxplan.executor.measure import measure_run
@@ -95,6 +96,7 @@ class RunReport:
     swap: SwapAccounting | None = None  # swap accounting (onnxplan.executor.swap_account)
     predicted_step_seconds: float | None = None
     predicted_from: str = ""
+    strategy: str = "none"  # the memory strategy the plan was made with (onnxplan.budget.decide.chosen_strategy)
     device: str = "cpu"
     measurement: Annotated[Measurement | None, optional("how the peak was measured")] = None
     # per step checks (onnxplan.verification.step_check.Verification.as_dict)
@@ -141,6 +143,7 @@ def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: in
         persistent_bytes=res.persistent_bytes, state_region_bytes=res.state_region_bytes,
         peak_bytes=res.peak_bytes, check_arena=check_arena, threads=current_threads().as_dict(),
         predicted_step_seconds=predicted, predicted_from=source, device=device_name(xp),
+        strategy=chosen_strategy(plan),
     )
     if res.swap is not None:  # accounting, and the latency of the same plan without swap
         tell("the same steps without swap (for comparison)")

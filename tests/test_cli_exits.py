@@ -132,8 +132,8 @@ def test_malformed_graph_is_bad_input(case, command, tmp_path):
 # -- profiling bounded by the machine -----------------------------------------------------------
 
 def test_profile_never_allocates_what_does_not_fit(monkeypatch):
-    """The default --profile ran our kernels at full size (MemoryError, exit 3 'does not fit this
-    machine'); with the plain step larger than the memory available it is skipped, and said."""
+    """--profile ran our kernels at full size (MemoryError, exit 3 'does not fit this machine');
+    with the plain step larger than the memory available it is skipped, and said."""
     import onnxplan.executor.profile as profile
     import onnxplan.hostmem as hostmem
 
@@ -144,7 +144,7 @@ def test_profile_never_allocates_what_does_not_fit(monkeypatch):
     monkeypatch.setattr(profile, "Executor", no_executor)
     monkeypatch.setattr(profile, "_CACHE", {})
     monkeypatch.setenv(profile.PROFILE_CACHE_ENV, "off")  # a stored profile would allocate nothing (no skip to see)
-    r = _invoke("plan", "mlp", "--budget", "3.8MiB")
+    r = _invoke("plan", "mlp", "--budget", "3.8MiB", "--profile")
     assert r.exit_code == 0, (r.stdout, r.stderr)
     assert "step times: profile skipped (the plain step needs" in " ".join(r.stdout.split())
     assert "more than the 1.00 MiB available); FLOP estimate used" in " ".join(r.stdout.split())

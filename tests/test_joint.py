@@ -319,6 +319,7 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     in a fresh process (checked against ONNX Runtime), and `explain` shows each value."""
     from typer.testing import CliRunner
 
+    from onnxplan.budget import decide
     from onnxplan.cli.app import app
     from onnxplan.ir.load import read_step
 
@@ -335,8 +336,10 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     # the strategy returns the fastest predicted of joint, joint-recompute, rotor and swap
     j = d["joint"]
     assert j["chosen"] in ("joint", "joint-recompute", "recompute", "swap")
-    best = min((c for c in j["candidates"] if c["fits"]), key=lambda c: c["predicted_step_seconds"])
-    assert j["chosen"] == best["strategy"]
+    fitting = [c for c in j["candidates"] if c["fits"]]
+    fastest = min(c["predicted_step_seconds"] for c in fitting)
+    ties = [c["strategy"] for c in fitting if c["predicted_step_seconds"] <= fastest * (1 + decide.MARGIN)]
+    assert j["chosen"] == min(ties, key=decide.PREFERENCE.index)  # budget.decide's tie rule
     assert j["schedule"].startswith("dag.") or j["chosen"] != "joint" or d["swaps"]
     r = _fresh_cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
     assert r.returncode == 0, r.stderr
@@ -398,13 +401,13 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     returns the fastest fitting one of joint-recompute, rotor and swap, says so in plan.joint
     (chosen, every candidate weighed), and that plan replays from its file bit for bit."""
     import onnxplan.budget.joint as bj
-    from onnxplan.budget import FlopCosts
+    from onnxplan.budget import FlopCosts, decide
     from onnxplan.executor.runner import run_plan
     from onnxplan.ir.load import read_step
     from onnxplan.plan import Plan
     from onnxplan.swap.pricing import StoreRates
 
-    real = bj.step_price
+    real = decide.price
 
     def planted(out, times=None, rates=None):
         p = real(out, times, rates)
@@ -412,7 +415,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
         slow = j is not None and j.swap_bandwidth is not None and j.chosen == "joint" and not j.candidates
         return replace(p, compute=p.compute + 1.0) if slow else p
 
-    monkeypatch.setattr(bj, "step_price", planted)
+    monkeypatch.setattr(decide, "price", planted)
     folder = small_artifacts("transformer")
     graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
@@ -428,7 +431,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     assert len(fitting) >= 2 and j.chosen != "joint"
     fastest = min(c.predicted_step_seconds for c in fitting)
     chosen = next(c for c in fitting if c.strategy == j.chosen)
-    assert chosen.predicted_step_seconds <= fastest * (1 + bj.TIE)
+    assert chosen.predicted_step_seconds <= fastest * (1 + decide.MARGIN)
     assert out is seen[j.chosen] and out.plan.peak_bytes <= budget
     assert j.notes[-1].startswith(f"{j.chosen} chosen")
     plan = Plan.from_json(json.loads(out.plan.dumps()))  # its file: passes replayed, records checked
@@ -568,26 +571,28 @@ def test_a_paged_buffer_is_held_while_its_write_runs():
     assert len(swap_out) == 1 and swap_out[0] > order.index(prob.order[b.held_until])
 
 
-def test_the_joint_strategy_breaks_a_tie_by_the_least_cpu(monkeypatch):
-    """Candidates predicted within TIE of the fastest: the one of least predicted CPU wins (here
-    swap, planted 1% slower than every other but with the least CPU); outside TIE, the fastest."""
+def test_the_joint_strategy_chooses_by_the_one_tie_rule(monkeypatch):
+    """The joint strategy's candidates go through budget.decide.choose: swap planted MARGIN / 2
+    slower than every other is a tie and wins (first in PREFERENCE); planted 2 x MARGIN slower
+    it is not, and the tie among the others goes to the first of them in PREFERENCE."""
     import onnxplan.budget.joint as bj
-    from onnxplan.budget import FlopCosts
+    from onnxplan.budget import FlopCosts, decide
     from onnxplan.ir.load import read_step
     from onnxplan.swap.pricing import StepPrice, StoreRates
 
     graph = read_step(small_artifacts("transformer"))
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
-    for slower, winner in ((1 + bj.TIE / 2, "swap"), (1 + 2 * bj.TIE, None)):
+    for slower, winner in ((1 + decide.MARGIN / 2, "swap"), (1 + 2 * decide.MARGIN, None)):
         def planted(out, times=None, rates=None, slower=slower):
-            # swap's plan: `slower` s of wall, half a second of CPU; every other: 1 s of both
+            # swap's plan: `slower` s; every other: 1 s
             swap = out.plan.joint is None and out.plan.swap.policy != "none"
-            return StepPrice(0.5, slower - 0.5, 0.0, 0) if swap else StepPrice(1.0, 0.0, 0.0, 0)
+            return StepPrice(slower, 0.0, 0.0, 0) if swap else StepPrice(1.0, 0.0, 0.0, 0)
 
-        monkeypatch.setattr(bj, "step_price", planted)
+        monkeypatch.setattr(decide, "price", planted)
         out = bj.plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=6.0,
                                      rates=StoreRates(2.5e8, 1e-10))
-        weighed = {c.strategy: c for c in out.plan.joint.candidates}
-        assert weighed["swap"].fits, "the test needs swap to fit"
-        assert (out.plan.joint.chosen == "swap") == (winner == "swap")
+        fitting = [c.strategy for c in out.plan.joint.candidates if c.fits]
+        others = [name for name in fitting if name != "swap"]
+        assert "swap" in fitting and others, "the test needs swap and another candidate to fit"
+        assert out.plan.joint.chosen == (winner or min(others, key=decide.PREFERENCE.index))

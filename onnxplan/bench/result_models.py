@@ -46,6 +46,9 @@ class BenchRow:
                                                "tried)")] = None
     budget_bytes: Annotated[int | None, doc("from `--budget`")] = None
     fits_budget: Annotated[bool | None, doc("the planned peak is within `budget_bytes`")] = None
+    memory_strategy: Annotated[str | None, doc(
+        "with `--budget` only: the strategy the budget layer chose (none, recompute, swap; "
+        "onnxplan.budget.decide), as `plan --budget` chooses it")] = None
     measured: Annotated[bool | None, doc("true when onnxplan's executor ran the plan")] = None
     measured_peak_bytes: Annotated[Figure | None, doc(
         "peak RSS increase of the executor's fresh process from just before the arena (probe)")] = None

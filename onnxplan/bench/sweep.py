@@ -17,6 +17,7 @@ from onnxplan.bench.peers import measure_peer, peer_row_fields
 from onnxplan.bench.result_models import BenchRow, PeerFigures
 from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, chosen_strategy, cost_model, plan_for_budget
 from onnxplan.data import read_metadata
 from onnxplan.errors import OnnxplanError
 from onnxplan.json_models import record_of
@@ -107,9 +108,19 @@ def model_meta(folder, config: BenchConfig, model: str) -> dict:
 
 
 def plan_one(graph, model: str, meta: dict, strategy: Strategy, config: BenchConfig):
-    """Plan one row: (the row, without measurement, and the plan)."""
-    plan = plan_step(graph, strategy.options(config.time_limit)).plan
-    return _plan_row(model, meta, strategy, plan, config.budget(model), config.thread_count), plan
+    """Plan one row: (the row, without measurement, and the plan). A model with a budget is
+    planned by the budget layer (onnxplan.budget.decide, its default cost model), as `plan
+    --budget` and onnxplan.plan(budget=...) plan it; the row's memory_strategy says which
+    strategy it chose."""
+    budget = config.budget(model)
+    if budget is None:
+        plan = plan_step(graph, strategy.options(config.time_limit)).plan
+        return _plan_row(model, meta, strategy, plan, None, config.thread_count), plan
+    costs = cost_model(DEFAULT_PROFILE, threads=config.thread_count)
+    plan = plan_for_budget(graph, strategy.options(config.time_limit), MemoryRequest(budget), costs).plan
+    row = _plan_row(model, meta, strategy, plan, budget, config.thread_count)
+    row["memory_strategy"] = chosen_strategy(plan)  # what the budget layer chose (budget.decide)
+    return row, plan
 
 
 def _row_done(row: dict | None, config: BenchConfig) -> bool:

@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
-from onnxplan.budget.costs import CostModel, FlopCosts
+from onnxplan.budget.costs import FLOP_COSTS, CostModel
 from onnxplan.checkpoint.chain import build_chain
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
@@ -19,7 +19,7 @@ from onnxplan.planning import PlanOptions, PlanOutcome
 __all__ = ["plan_with_checkpoint"]
 
 
-def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs: CostModel = FlopCosts(),
+def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs: CostModel = FLOP_COSTS,
                          slots: int = DEFAULT_SLOTS) -> PlanOutcome:
     """Plan with the checkpoint `policy` under `opts.budget`: choose the schedule (stage
     times from `costs`), then plan the step with the recompute pass replaying it

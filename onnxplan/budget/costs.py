@@ -14,7 +14,7 @@ from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.executor.profile import profile_times
 from onnxplan.ir.graph import StepGraph
 
-__all__ = ["CostModel", "FlopCosts", "ProfiledCosts", "cost_model"]
+__all__ = ["FLOP_COSTS", "CostModel", "FlopCosts", "ProfiledCosts", "cost_model"]
 
 
 class CostModel(Protocol):
@@ -43,6 +43,9 @@ class ProfiledCosts:
     def times(self, graph: StepGraph, *, inplace: bool = True, order: str = "auto") -> tuple[TimeModel, str]:
         return profile_times(graph, inplace=inplace, order=order, device=self.device, clock=self.clock,
                              threads=self.threads)
+
+
+FLOP_COSTS = FlopCosts()  # the default of the functions taking a cost model
 
 
 def cost_model(profile: bool, device: str = "cpu", threads: int | None = None) -> CostModel:

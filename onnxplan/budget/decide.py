@@ -1,23 +1,132 @@
-"""The one place a memory budget becomes decisions: swap, recompute, or neither, and with
-which policy; every plan then goes through planning.plan_step with those choices fixed."""
+"""The one place a memory budget becomes decisions: swap, recompute, joint or neither; every
+plan then goes through planning.plan_step with those choices fixed.
+
+The strategies (budget.strategies, budget.joint) only produce plans; this module weighs them.
+Each plan becomes a `Candidate`, priced by the one price function (`price`:
+onnxplan.swap.pricing.price_outcome, node times from the cost model, transfers on one I/O
+worker at the swap store's rates), and `choose` keeps one by the one tie rule:
+
+  1. Of the candidates that fit the budget, the fastest predicted step sets the mark; every
+     fitting candidate predicted within MARGIN (10%) of it is a tie.
+  2. A tie goes to the strategy first in PREFERENCE (the plain plan, then swap, recompute, the
+     joint solver's plans: the order measurement favoured, see PREFERENCE), then to the
+     least peak, then to the least predicted seconds (then the name: a strategy not in
+     PREFERENCE ranks after those in it).
+  3. None fits: the least peak (then PREFERENCE).
+
+The rule is stable: a profile a few percent off (a loaded machine, another call) moves the
+predictions by less than MARGIN, and within MARGIN the order is fixed, so the same request
+gives the same plan from call to call (`plan --budget` shows the plan `run --budget` runs); a
+choice can still flip where the preferred candidate sits right at the margin's edge. With the
+FLOP estimate as the cost model the prices, and so the choice, are exactly reproducible.
+The cost model's default (DEFAULT_PROFILE) is the same for the CLI, the API, bench and check."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from onnxplan.budget.attempt import attempt
+from onnxplan.budget import strategies
+from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
-from onnxplan.budget.costs import CostModel, FlopCosts
-from onnxplan.budget.strategies import fit_budget, plan_with_strategy, strategy_choices
+from onnxplan.budget.costs import FLOP_COSTS, CostModel, ProfiledCosts
+from onnxplan.budget.strategies import STRATEGIES, strategy_choices
+from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.plan_records import StrategyCandidate, StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
-from onnxplan.sizes import parse_size
+from onnxplan.sizes import format_bytes, parse_size
 from onnxplan.swap import SWAP_CHOICES
+from onnxplan.swap.pricing import StepPrice, StoreRates, price_outcome
 
-__all__ = ["MemoryRequest", "plan_for_budget"]
+__all__ = ["DEFAULT_PROFILE", "MARGIN", "PREFERENCE", "Candidate", "MemoryRequest", "choose", "chosen_strategy",
+           "fit_budget", "plan_for_budget", "plan_with_strategy", "price", "weigh"]
+
+# predicted within this fraction of the fastest fitting candidate: a tie (the rule above). 10%: two
+# candidates 2% apart stay in one order under 3% of noise on either (a profile of another call,
+# another load); the predictions themselves are rarely closer than that to the measured step
+MARGIN = 0.10
+# the order a tie is broken in: the plain plan, swap, recompute, then the joint solver's plans.
+# Measured (reports/decision.md): of 9 budgets where recompute and swap tied, swap was the fastest
+# or within 5% of it at 8, recompute (the least-seconds rule's pick) at about 4; transformer b16
+# at persistent + 25%: the least-seconds pick ran 145 ms, swap 99 ms. The joint plans last: gpt
+# b16 at 7.87 MiB, joint predicted 1% faster than swap alone, measured 12% slower. A strategy not
+# listed comes after these
+PREFERENCE = ("none", "swap", "recompute", "joint-recompute", "joint")
+# the cost model when none is named (the CLI's --profile/--no-profile, api.plan(profile=...),
+# bench and check): see DEFAULT_PROFILE's note in the report (reports/decision.md)
+DEFAULT_PROFILE = False
+
+
+def price(outcome: PlanOutcome, times: TimeModel | None = None, rates: StoreRates | None = None) -> StepPrice:
+    """The one price of a planned outcome (onnxplan.swap.pricing.price_outcome): node times from
+    `times` (None: the FLOP estimate), transfers at `rates` (None: the store the plan records)."""
+    return price_outcome(outcome, times or TimeModel(), rates)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy's plan for a budget, as the decision weighs it."""
+
+    name: str  # the strategy: none, recompute, swap, joint, joint-recompute, ...
+    outcome: PlanOutcome
+    price: StepPrice  # the predicted step (price)
+    budget: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return self.price.seconds
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.outcome.plan.peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.peak_bytes <= self.budget
+
+    def record(self) -> StrategyCandidate:
+        return StrategyCandidate(self.name, self.peak_bytes, self.seconds, self.fits)
+
+    def line(self) -> str:
+        return f"{self.name} {self.seconds * 1e3:.2f} ms" + ("" if self.fits else " (misses the budget)")
+
+
+def weigh(name: str, outcome: PlanOutcome, budget: int | None, times: TimeModel | None = None,
+          rates: StoreRates | None = None) -> Candidate:
+    """`outcome` as a candidate for `budget`, priced by `price`."""
+    return Candidate(name, outcome, price(outcome, times, rates), budget)
+
+
+def _rank(name: str) -> int:
+    return PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE)
+
+
+def choose(candidates: list[Candidate]) -> Candidate:
+    """The one tie rule (this module's docstring): of the fitting candidates, those predicted
+    within MARGIN of the fastest, the first in PREFERENCE, then of least peak; none fits: the
+    least peak."""
+    fitting = [c for c in candidates if c.fits]
+    if not fitting:
+        return min(candidates, key=lambda c: (c.peak_bytes, _rank(c.name), c.seconds, c.name))
+    mark = min(c.seconds for c in fitting) * (1 + MARGIN)
+    return min((c for c in fitting if c.seconds <= mark),
+               key=lambda c: (_rank(c.name), c.peak_bytes, c.seconds, c.name))
+
+
+def chosen_strategy(plan) -> str:
+    """The memory strategy a plan was made with: the budget layer's choice (plan.strategy), else
+    what its records say (joint, recompute, swap), else none."""
+    if plan.strategy is not None:
+        return plan.strategy.chosen
+    if plan.joint is not None:
+        return "joint"
+    if plan.checkpoint is not None and plan.checkpoint.schedule:
+        return "recompute"
+    return "swap" if plan.swaps else "none"
 
 
 @dataclass(frozen=True)
@@ -68,7 +177,7 @@ class MemoryRequest:
 
 
 def plan_for_budget(graph: StepGraph, base: PlanOptions, request: MemoryRequest,
-                    costs: CostModel = FlopCosts()) -> PlanOutcome:
+                    costs: CostModel = FLOP_COSTS) -> PlanOutcome:
     """Plan `graph` for `request` with `base`'s order, planner, passes and time limit.
 
     A strategy named (request.strategy, with a budget): that registered strategy (recompute,
@@ -91,3 +200,51 @@ def plan_for_budget(graph: StepGraph, base: PlanOptions, request: MemoryRequest,
     if request.checkpoint not in (None, "none"):
         return plan_with_checkpoint(graph, opts, request.checkpoint, costs, request.slots)
     return attempt(graph, opts)
+
+
+def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COSTS) -> tuple[PlanOutcome, str]:
+    """The plan for `opts.budget` when the user named neither a checkpoint nor a swap policy:
+    the plain plan if it fits; else every auto strategy (budget.strategies) is planned and one
+    is chosen by `choose` (node times by `costs`). Returns (outcome, one line saying what was
+    chosen and why); the choice is also recorded in plan.strategy."""
+    budget = opts.budget
+    plain = attempt(graph, replace(opts, swap="none", recompute=""))
+    if budget is None or plain.plan.peak_bytes <= budget:
+        why = "the plan fits without recomputation or swap"
+        return _record(plain, "none", why, [weigh("none", plain, budget)], budget), why
+    times, time_note = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
+    cands = [weigh("none", plain, budget, times)]
+    cands += [weigh(name, STRATEGIES[name](graph, budget, costs, opts.time_limit, opts), budget, times)
+              for name in strategies.AUTO_STRATEGIES]
+    best = choose(cands)
+    if best.fits:
+        others = ", ".join(c.line() for c in cands[1:] if c is not best)
+        why = (f"{best.name}: the plain plan needs {format_bytes(plain.plan.peak_bytes)} > budget "
+               f"{format_bytes(budget)}; {best.name} fits with predicted step {best.seconds * 1e3:.2f} ms"
+               + (f" (vs {others})" if others else "") + f" (ties within {MARGIN:.0%}: {', '.join(PREFERENCE)})")
+    else:
+        why = (f"{best.name}: no strategy reaches {format_bytes(budget)}; the smallest peak is "
+               f"{format_bytes(best.peak_bytes)} ({best.name})")
+    if isinstance(costs, ProfiledCosts) and times.source != "profile":  # asked for a profile, got none: say why
+        best.outcome.pass_notes.append(f"step times: {time_note}")
+    return _record(best.outcome, best.name, why, cands, budget), why
+
+
+def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,
+                       costs: CostModel = FLOP_COSTS) -> tuple[PlanOutcome, str]:
+    """The plan of the registered strategy `name` for `opts.budget` (not weighed against the
+    others; it may miss the budget: the caller compares). Returns (outcome, one line); the
+    choice is recorded in plan.strategy as for fit_budget."""
+    budget = opts.budget
+    out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
+    times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
+    cand = weigh(name, out, budget, times)
+    verdict = "fits" if cand.fits else "misses it"
+    why = (f"{name} (named): peak {format_bytes(cand.peak_bytes)} for budget {format_bytes(budget)} "
+           f"({verdict}), predicted step {cand.seconds * 1e3:.2f} ms")
+    return _record(out, name, why, [cand], budget), why
+
+
+def _record(out: PlanOutcome, name: str, why: str, cands: list[Candidate], budget: int | None) -> PlanOutcome:
+    out.plan = replace(out.plan, strategy=StrategyRecord(name, why, budget, tuple(c.record() for c in cands)))
+    return out

@@ -5,9 +5,9 @@ seconds and its proven gap is still large, so fit_budget does not plan it by def
 The strategy never returns a plan predicted slower than one it could have chosen: it also plans
 the joint model without paging, rotor's schedule (the "recompute" strategy) and the swap
 module's policy (the "swap" strategy), prices every placed plan on one footing
-(budget.strategies.step_price: the profile's node times, transfers on one I/O worker at the
-swap store's measured bandwidth) and returns the fastest that fits (within TIE of it, the one
-of least predicted CPU; plan.joint.chosen and .candidates say which won and what was weighed).
+(budget.decide.price: the profile's node times, transfers on one I/O worker at the swap
+store's measured bandwidth) and returns the one budget.decide.choose keeps (its one tie rule;
+plan.joint.chosen and .candidates say which won and what was weighed).
 All of it within JOINT_SECONDS per budget.
 
 Importing this module also registers the joint recompute code ("dag.") with the recompute pass
@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from onnxplan.budget import decide
 from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.budget.costs import CostModel
-from onnxplan.budget.strategies import STRATEGIES, register_strategy, step_price
+from onnxplan.budget.strategies import STRATEGIES, register_strategy
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint import plan_joint
 from onnxplan.joint.fit import MIN_ROUND_SECONDS
@@ -32,11 +33,6 @@ from onnxplan.swap.pricing import store_rates
 __all__ = ["JOINT_SECONDS", "plan_joint_strategy"]
 
 JOINT_SECONDS = 60.0  # everything the joint strategy solves for one budget (CP-SAT rounds, descents, variants)
-# candidates predicted within this fraction of the fastest are a tie, broken by the least predicted
-# CPU: a wall prediction counts on the I/O worker overlapping compute, the CPU one does not (gpt
-# b16 at 7.87 MiB: least-memory recomputations plus swap predicted 1% faster than swap alone,
-# 10% more CPU; measured 12% slower)
-TIE = 0.02
 PAGING_SHARE = 0.5  # of the total, the joint model with paging gets this share
 RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the model without paging gets this share
 # (the rest: placement, rotor's schedule and swap on top after the last round, outside CP-SAT's limits)
@@ -46,7 +42,7 @@ RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the mod
 def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
                         base: PlanOptions, *, total_seconds: float = JOINT_SECONDS,
                         rates=None, seen: dict[str, PlanOutcome] | None = None) -> PlanOutcome:
-    """The fastest predicted plan under `budget` among: plan_joint with paging (at the swap
+    """The plan under `budget` budget.decide.choose keeps among: plan_joint with paging (at the swap
     store's measured rates, onnxplan.swap.pricing.store_rates, or `rates`), plan_joint without
     paging, and the budget layer's "recompute" and "swap" strategies; node times from `costs`
     (a profile, or the FLOP estimate). CP-SAT gets `time_limit` seconds per round at most (None:
@@ -71,21 +67,14 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
             cands.append(("joint-recompute", alone))
     if seen is not None:
         seen.update((name, out) for name, out in cands)
-    prices = [(name, out, step_price(out, times, rates)) for name, out in cands]
-    fitting = [p for p in prices if p[1].plan.peak_bytes <= budget]
-    if fitting:  # the fastest predicted; within TIE of it, the least CPU (see TIE)
-        fastest = min(p[2].seconds for p in fitting)
-        name, out, price = min((p for p in fitting if p[2].seconds <= fastest * (1 + TIE)),
-                               key=lambda p: (p[2].cpu_seconds, p[2].seconds, p[1].plan.peak_bytes))
-    else:
-        name, out, price = min(prices, key=lambda p: (p[1].plan.peak_bytes, p[2].seconds))
-    secs = price.seconds
-    weighed = tuple({"strategy": n, "peak_bytes": o.plan.peak_bytes, "fits": o.plan.peak_bytes <= budget,
-                     "predicted_step_seconds": p.seconds} for n, o, p in prices)
+    weighed = [decide.weigh(name, out, budget, times, rates) for name, out in cands]
+    best = decide.choose(weighed)
+    name, out, secs = best.name, best.outcome, best.seconds
     why = (f"{name} chosen: predicted {secs * 1e3:.2f} ms, peak {format_bytes(out.plan.peak_bytes)} for budget "
            f"{format_bytes(budget)} (weighed: " + ", ".join(
-               f"{c['strategy']} {c['predicted_step_seconds'] * 1e3:.2f} ms" + ("" if c["fits"] else " misses")
-               for c in weighed) + ")")
+               f"{c.name} {c.seconds * 1e3:.2f} ms" + ("" if c.fits else " misses") for c in weighed) + ")")
+    weighed = tuple({"strategy": c.name, "peak_bytes": c.peak_bytes, "fits": c.fits,
+                     "predicted_step_seconds": c.seconds} for c in weighed)
     record = out.plan.joint if out.plan.joint is not None else _borrowed(paged.plan.joint, out, name)
     record = replace(record, time_source=note, chosen=name, candidates=weighed, predicted_step_seconds=secs,
                      notes=(*record.notes, why))
@@ -103,10 +92,10 @@ def _borrowed(joint: JointRecord, out: PlanOutcome, name: str) -> JointRecord:
                        gap=None, estimate_bytes=joint.estimate_bytes, placed_peak_bytes=out.plan.peak_bytes,
                        swap_bandwidth=joint.swap_bandwidth, stages=joint.stages, order_policy=joint.order_policy,
                        rounds=joint.rounds,
-                       notes=(f"the {name!r} strategy's plan wins over the joint schedule (predicted faster, or within "
-                              f"{TIE:.0%} and with less CPU) "
-                              f"({joint.status}, {joint.recomputations} recomputations, placed peak "
-                              f"{format_bytes(joint.placed_peak_bytes)})",))
+                       notes=((f"the {name!r} strategy's plan wins over the joint schedule (budget.decide.choose: "
+                               f"predicted faster, or within {decide.MARGIN:.0%} and first in its preference) "
+                               f"({joint.status}, {joint.recomputations} recomputations, placed peak "
+                               f"{format_bytes(joint.placed_peak_bytes)})"),))
 
 
 def _left(t_end: float) -> float:

@@ -15,11 +15,18 @@ from onnxplan.joint.hints import keep_all, rotor_hint
 from onnxplan.joint.lower import lower_swaps
 from onnxplan.joint.problem import build_problem
 from onnxplan.joint.solve import MIN_SOLVE_SECONDS, JointSchedule, schedule_summary, solve_problem
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.pipeline import run_pipeline
 from onnxplan.plan_records import JointBuffer, JointRecord
-from onnxplan.planning import BudgetNotMet, PlanOptions, PlanOutcome, pipeline_names, plan_step
-from onnxplan.swap.pricing import StoreRates, planned_step
+from onnxplan.planning import (
+    BudgetNotMet,
+    PlanOptions,
+    PlanOutcome,
+    pipeline_names,
+    plan_step,
+)
+from onnxplan.swap.pricing import StoreRates, price_outcome
 
 __all__ = ["SLACK_FRACTION", "given_schedule", "plain_schedule", "plan_joint"]
 
@@ -30,7 +37,7 @@ ROUND_SHARE = 0.6  # under a deadline, a round's CP-SAT gets at most this share 
 
 def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *,
                costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
-               time_limit: float = 10.0, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
+               time_limit: float = DEFAULT_TIME_LIMIT, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
                swap_on_top: bool = True, deterministic_limit: float | None = None,
                total_seconds: float | None = None, io_cpu_per_byte: float = 0.0) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
@@ -59,14 +66,37 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     plain = plan_step(graph, base)
     if plain.plan.peak_bytes <= budget:  # nothing to decide (the model's fixed order may over-count it)
         sched = plain_schedule(prob, budget, swap_bandwidth)
-        history = [{"model_budget_bytes": budget, "estimate_bytes": sched.estimate_bytes,
-                    "placed_peak_bytes": plain.plan.peak_bytes, "status": sched.status, "gap": 0.0,
-                    "solve_seconds": 0.0, "warm_start": "none", "recompute_seconds": 0.0, "stall_seconds": 0.0,
-                    "page_ins": 0, "page_ins_not_lowered": []}]
+        history = [_round(budget, sched, plain.plan.peak_bytes, gap=0.0, warm_start="none", recompute_seconds=0.0)]
         return _recorded(plain, sched, prob, budget, sched.predicted_seconds, history, "", costs,
                          swap_bandwidth), sched
+    best, history = _rounds(graph, base, prob, budget, swap_bandwidth, costs, time_limit, rounds, warm_start,
+                            deterministic_limit, t_end, total_seconds)
+    best = _rotor_fallback(graph, base, prob, budget, swap_bandwidth, costs, best, history)
+    _, out, sched = best
+    rest, predicted = "", sched.predicted_seconds
+    if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
+        out, sched, predicted, rest = _swap_on_top(graph, base, prob, budget, swap_bandwidth, costs,
+                                                   io_cpu_per_byte, out, sched)
+    return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
+
+
+def _round(target: int, sched: JointSchedule, placed: int, **fields) -> dict:
+    """One entry of plan.joint.rounds (JointRecord.rounds)."""
+    return {"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes, "placed_peak_bytes": placed,
+            "status": sched.status, "gap": fields.pop("gap"), "solve_seconds": fields.pop("solve_seconds", 0.0),
+            "warm_start": fields.pop("warm_start"), "recompute_seconds": fields.pop("recompute_seconds"),
+            "stall_seconds": fields.pop("stall_seconds", 0.0), "page_ins": fields.pop("page_ins", 0),
+            "page_ins_not_lowered": fields.pop("page_ins_not_lowered", []), **fields}
+
+
+def _rounds(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwidth: float | None, costs,
+            time_limit: float, rounds: int, warm_start, deterministic_limit: float | None, t_end: float | None,
+            total_seconds: float | None) -> tuple[tuple, list[dict]]:
+    """The solve rounds: solved, placed; a miss lowers the model's budget by it, slack raises it
+    once. Returns (best: (key, outcome, schedule), the rounds' history); key (misses the
+    budget, predicted seconds if it fits else the placed peak), least first."""
     target, hint, history = budget, warm_start, []
-    best = None  # (misses the budget, predicted step seconds, placed peak, outcome, schedule)
+    best = None
     for k in range(max(1, rounds)):
         left = float("inf") if t_end is None else t_end - time.perf_counter()
         if k and left < MIN_ROUND_SECONDS:
@@ -77,12 +107,11 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                               deterministic_limit=deterministic_limit)
         out = plan_step(graph, replace(base, recompute=sched.code))
         out, missed = lower_swaps(out, sched, base.planner)
-        history.append({"model_budget_bytes": target, "estimate_bytes": sched.estimate_bytes,
-                        "placed_peak_bytes": out.plan.peak_bytes, "status": sched.status, "gap": _finite(sched.gap),
-                        "solve_seconds": sched.wall_seconds, "warm_start": sched.warm_start,
-                        "recompute_seconds": sched.recompute_seconds, "stall_seconds": sched.stall_seconds,
-                        "page_ins": len(sched.decisions.page_in), "page_ins_not_lowered": missed,
-                        "time_limit": limit, "cpsat_limits": list(sched.cpsat_limits)})
+        history.append(_round(target, sched, out.plan.peak_bytes, gap=_finite(sched.gap),
+                              solve_seconds=sched.wall_seconds, warm_start=sched.warm_start,
+                              recompute_seconds=sched.recompute_seconds, stall_seconds=sched.stall_seconds,
+                              page_ins=len(sched.decisions.page_in), page_ins_not_lowered=missed,
+                              time_limit=limit, cpsat_limits=list(sched.cpsat_limits)))
         key = (out.plan.peak_bytes > budget, sched.predicted_seconds if out.plan.peak_bytes <= budget
                else out.plan.peak_bytes)
         if best is None or key < best[0]:
@@ -101,52 +130,51 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
+    return best, history
+
+
+def _rotor_fallback(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwidth: float | None, costs,
+                    best: tuple, history: list[dict]) -> tuple:
+    """rotor's chain schedule, lowered as is, where the rounds found nothing faster that fits
+    (CP-SAT's best-so-far can be far from it on a large DAG: DenseNet, 5,560 booleans)."""
     rotor = rotor_hint(prob, budget, costs)
-    if rotor is not None and not violations(prob, rotor):
-        # rotor's chain schedule, lowered as is, where the rounds found nothing faster that fits
-        # (CP-SAT's best-so-far can be far from it on a large DAG: DenseNet, 5,560 booleans)
-        cand = given_schedule(prob, rotor, budget, swap_bandwidth, "rotor's chain schedule (no faster round fits)",
-                              "ROTOR")
-        if best[0][0] or cand.predicted_seconds < best[0][1]:
-            out_r = plan_step(graph, replace(base, recompute=cand.code))
-            if out_r.plan.peak_bytes <= budget:
-                history.append({"model_budget_bytes": budget, "estimate_bytes": cand.estimate_bytes,
-                                "placed_peak_bytes": out_r.plan.peak_bytes, "status": cand.status, "gap": None,
-                                "solve_seconds": 0.0, "warm_start": "rotor", "recompute_seconds": cand.recompute_seconds,
-                                "stall_seconds": 0.0, "page_ins": 0, "page_ins_not_lowered": []})
-                best = ((False, cand.predicted_seconds), out_r, cand)
-    _, out, sched = best
-    rest, predicted = "", sched.predicted_seconds
-    if out.plan.peak_bytes > budget and swap_on_top:  # the swap module evicts the rest (parameters, state)
-        # on top of the schedule's recomputations, and with none (below the model's floor its
-        # least-memory recomputations can cost more than swapping alone): the faster that fits
-        tries = []
-        alone = given_schedule(prob, keep_all(prob), budget, swap_bandwidth, "nothing recomputed: swap auto alone",
-                               "SWAP-ONLY")
-        for base_sched in [sched] + ([alone] if sched.code else []):
-            try:
-                more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
-            except BudgetNotMet as miss:
-                more = miss.outcome
-            secs = _price(more, costs, swap_bandwidth, io_cpu_per_byte)
-            tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
-                          else more.plan.peak_bytes, more, base_sched, secs))
-        miss, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
-        if more.plan.peak_bytes < out.plan.peak_bytes:
-            out, sched, predicted = more, base_sched, secs  # transfers at the swap module's estimate
-            rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if sched.code else 'no recomputation'}, "
-                    f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
-    return _recorded(out, sched, prob, budget, predicted, history, rest, costs, swap_bandwidth), sched
+    if rotor is None or violations(prob, rotor):
+        return best
+    cand = given_schedule(prob, rotor, budget, swap_bandwidth, "rotor's chain schedule (no faster round fits)",
+                          "ROTOR")
+    if best[0][0] or cand.predicted_seconds < best[0][1]:
+        out_r = plan_step(graph, replace(base, recompute=cand.code))
+        if out_r.plan.peak_bytes <= budget:
+            history.append(_round(budget, cand, out_r.plan.peak_bytes, gap=None, warm_start="rotor",
+                                  recompute_seconds=cand.recompute_seconds))
+            return ((False, cand.predicted_seconds), out_r, cand)
+    return best
 
 
-def _price(out: PlanOutcome, costs: Mapping[str, float] | None, swap_bandwidth: float | None,
-           io_cpu_per_byte: float = 0.0) -> float:
-    """Predicted seconds of a placed outcome on the swap module's footing (onnxplan.swap.pricing):
-    its nodes at `costs` (else the FLOP estimate), its swaps on one I/O worker at `swap_bandwidth`."""
-    tm = TimeModel(measured=dict(costs or {}))
-    rates = StoreRates(swap_bandwidth, io_cpu_per_byte) if swap_bandwidth else None
-    return planned_step(out.graph, out.plan.order, out.plan.swaps, lambda n: tm.node_seconds(out.graph, n),
-                        rates).seconds
+def _swap_on_top(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwidth: float | None, costs,
+                 io_cpu_per_byte: float, out: PlanOutcome, sched: JointSchedule):
+    """The swap module's auto policy on top of the schedule's recomputations, and with none
+    (below the model's floor its least-memory recomputations can cost more than swapping
+    alone): the faster that fits, where it lowers the peak. Returns (outcome, schedule,
+    predicted seconds, a note; '' when nothing changed)."""
+    tries = []
+    alone = given_schedule(prob, keep_all(prob), budget, swap_bandwidth, "nothing recomputed: swap auto alone",
+                           "SWAP-ONLY")
+    for base_sched in [sched] + ([alone] if sched.code else []):
+        try:
+            more = plan_step(graph, replace(base, recompute=base_sched.code, swap="auto", budget=budget))
+        except BudgetNotMet as miss:
+            more = miss.outcome
+        secs = price_outcome(more, TimeModel(measured=dict(costs or {})),
+                             StoreRates(swap_bandwidth, io_cpu_per_byte) if swap_bandwidth else None).seconds
+        tries.append((more.plan.peak_bytes > budget, secs if more.plan.peak_bytes <= budget
+                      else more.plan.peak_bytes, more, base_sched, secs))
+    _, _, more, base_sched, secs = min(tries, key=lambda x: x[:2])
+    if more.plan.peak_bytes >= out.plan.peak_bytes:
+        return out, sched, sched.predicted_seconds, ""
+    rest = (f"{'the joint schedule' + chr(39) + 's recomputations' if base_sched.code else 'no recomputation'}, "
+            f"then swap auto for the rest: {len(more.plan.swaps)} swaps ({more.plan.swap.described})")
+    return more, base_sched, secs, rest  # transfers at the swap module's estimate
 
 
 def plain_schedule(prob, budget: int, swap_bandwidth: float | None) -> JointSchedule:

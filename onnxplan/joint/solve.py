@@ -50,6 +50,7 @@ from onnxplan.joint.evaluate import (
 from onnxplan.joint.hints import RotorColumns, keep_all, page_hint, recompute_all, rotor_hint
 from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import Decisions, JointProblem, build_problem
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.swap.pricing import TRANSFER_SECONDS
 
 __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
@@ -90,7 +91,7 @@ class JointSchedule:
 
 
 def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] | None = None,
-                swap_bandwidth: float | None = None, time_limit: float = 10.0, warm_start="auto", *,
+                swap_bandwidth: float | None = None, time_limit: float = DEFAULT_TIME_LIMIT, warm_start="auto", *,
                 policy: str = "nntrainer", swap_min_bytes: int = 1024, workers: int = 1,
                 deterministic_limit: float | None = None, io_cpu_per_byte: float = 0.0) -> JointSchedule:
     """Solve the joint model for `graph` (the step after realize / interleave, as the recompute
@@ -105,158 +106,184 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
                          deterministic_limit=deterministic_limit)
 
 
-def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
-                  time_limit: float = 10.0, warm_start="auto", *, costs: Mapping[str, float] | None = None,
-                  workers: int = 1, linearization: int = 1, least_memory: bool = False,
-                  deterministic_limit: float | None = None) -> JointSchedule:
+@dataclass
+class _Model:
+    """The CP-SAT model of one solve and its variables (the module docstring names them)."""
+
+    m: object  # cp_model.CpModel
+    cap: object  # the budget in units (an IntVar when the least memory is what is asked)
+    nb: list[int]  # each decided buffer's size in units
+    R: dict
+    S: dict
+    O: dict
+    I: dict
+    E: dict
+    lead: dict  # (t, b) -> (issue stage, exposed seconds) of an early page-in
+    held: dict  # stage u -> early page-ins in flight or held there
+    jit: list  # node -> the stages it may be recomputed in
+
+    def present(self, prob: JointProblem, t: int, b: int) -> list:
+        """The variables that make buffer b present at stage t (at most one is true)."""
+        p = prob.buffers[b].producer
+        return [x for x in (self.S.get((t, b)), self.I.get((t, b)), self.E.get((t, b)),
+                            self.R.get((t, p)) if p >= 0 else None) if x is not None]
+
+
+def _variables(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None, least_memory: bool) -> _Model:
+    """The model's variables, in the order CP-SAT gets them (it decides the search)."""
     from ortools.sat.python import cp_model  # heavy: import on use
 
-    t0 = time.perf_counter()
-    deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
-    # greedy paging gets at most a fifth of the call
-    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth, t0 + time_limit / 5)
-    B, T, N = prob.buffers, prob.stages, len(prob.nodes)
-    cap = (budget_bytes - prob.persistent) // BYTE_UNIT
-    nb = [b.nbytes // BYTE_UNIT for b in B]
+    B = prob.buffers
     m = cp_model.CpModel()
+    cap = (budget_bytes - prob.persistent) // BYTE_UNIT
     if least_memory:  # the budget is what to find: the least peak, then the least time at it
         top = (max(prob.fixed) + 2 * sum(b.nbytes for b in B) + max(prob.node_scratch, default=0)) // BYTE_UNIT
         cap = m.NewIntVar(0, top, "peak")
     jit = recompute_stages(prob)
-    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(N) for t in sorted(jit[n])}
+    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(len(prob.nodes)) for t in sorted(jit[n])}
     S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
     swap = bool(swap_bandwidth) and any(b.swappable for b in B)
     O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
     # a page-in is issued a stage ahead: none for stage 1 (keep what the first stage reads)
     I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
-    lead = {}  # (t, b) -> (issue stage, exposed seconds) of an early page-in
+    lead = {}
     for t, b in I:
         got = early_issue(prob, t, b, swap_bandwidth)
         if got is not None:
             lead[t, b] = got
     E = {key: m.NewBoolVar(f"E{key[0]}_{key[1]}") for key in lead}
-    held: dict[int, list[tuple[int, int]]] = {}  # stage u -> early page-ins in flight or held there
+    held: dict[int, list[tuple[int, int]]] = {}
     for (t, b), (s, _) in lead.items():
         for u in range(s, t):
             held.setdefault(u, []).append((t, b))
+    return _Model(m, cap, [b.nbytes // BYTE_UNIT for b in B], R, S, O, I, E, lead, held, jit)
 
-    def present(t: int, b: int) -> list:
-        p = B[b].producer
-        terms = [x for x in (S.get((t, b)), I.get((t, b)), E.get((t, b)), R.get((t, p)) if p >= 0 else None)
-                 if x is not None]
-        return terms
 
+def _presence(v: _Model, prob: JointProblem) -> None:
+    """At most one way present; an anchor's and a recomputation's inputs present; kept only
+    when present the stage before; paged in only when paged out, never recomputed then."""
+    m, B = v.m, prob.buffers
     for b in range(len(B)):
         for t in range(1, B[b].last_need + 1):
-            terms = present(t, b)
+            terms = v.present(prob, t, b)
             m.Add(sum(terms) <= 1)
             if t in B[b].reads:
                 m.AddBoolOr(terms)
             if t > 1:
-                m.Add(S[t, b] <= sum(present(t - 1, b)))
-        if b in O:
-            for t in range(2, B[b].last_need + 1):
-                m.AddImplication(I[t, b], O[b])
-                if (t, b) in E:
-                    m.AddImplication(E[t, b], O[b])
-            p = B[b].producer
-            if p >= 0:
-                for t in jit[p]:
-                    m.AddImplication(O[b], R[t, p].Not())
-    for (t, n), r in R.items():
+                m.Add(v.S[t, b] <= sum(v.present(prob, t - 1, b)))
+        if b in v.O:
+            _paged(v, prob, b)
+    for (t, n), r in v.R.items():
         for b in prob.node_inputs[n]:
-            m.Add(sum(present(t, b)) >= r)
-    # memory
-    F = prob.n_forward
+            m.Add(sum(v.present(prob, t, b)) >= r)
+
+
+def _paged(v: _Model, prob: JointProblem, b: int) -> None:
+    for t in range(2, prob.buffers[b].last_need + 1):
+        v.m.AddImplication(v.I[t, b], v.O[b])
+        if (t, b) in v.E:
+            v.m.AddImplication(v.E[t, b], v.O[b])
+    p = prob.buffers[b].producer
+    if p >= 0:
+        for t in v.jit[p]:
+            v.m.AddImplication(v.O[b], v.R[t, p].Not())
+
+
+def _memory(v: _Model, prob: JointProblem) -> None:
+    """The memory of every forward EO, every stage's anchor and every recomputation (module docstring)."""
+    B, nb, F = prob.buffers, v.nb, prob.n_forward
     for e in range(F):
-        terms = [nb[k] * S[1, k] for k, b in enumerate(B) if b.last_forward < e]
-        terms += [nb[k] * O[k] for k, b in enumerate(B) if k in O and b.last_forward < e <= b.held_until]
+        terms = [nb[k] * v.S[1, k] for k, b in enumerate(B) if b.last_forward < e]
+        terms += [nb[k] * v.O[k] for k, b in enumerate(B) if k in v.O and b.last_forward < e <= b.held_until]
         base = prob.forward_base(e) // BYTE_UNIT
         if terms:
-            m.Add(base + sum(terms) <= cap)
+            v.m.Add(base + sum(terms) <= v.cap)
     readers = consumers(prob)
-    for t in range(1, T + 1):
-        ahead = [nb[k] * I[t + 1, k] for k in O if (t + 1, k) in I]
-        ahead += [nb[k] * E[tt, k] for tt, k in held.get(t, ())]
+    for t in range(1, prob.stages + 1):
+        ahead = [nb[k] * v.I[t + 1, k] for k in v.O if (t + 1, k) in v.I]
+        ahead += [nb[k] * v.E[tt, k] for tt, k in v.held.get(t, ())]
         if t == 1:
-            ahead += [nb[k] * O[k] for k in O if B[k].held_until >= F]
-        at_anchor = []
-        restore_held = {}
-        for k in range(len(B)):
-            if B[k].last_need < t:
+            ahead += [nb[k] * v.O[k] for k in v.O if B[k].held_until >= F]
+        restore_held = _anchor_memory(v, prob, t, ahead)
+        for n in sorted({n for (tt, n) in v.R if tt == t}):
+            _recompute_memory(v, prob, t, n, ahead, restore_held, readers)
+
+
+def _anchor_memory(v: _Model, prob: JointProblem, t: int, ahead: list) -> dict:
+    """Stage t's anchor within the budget; returns (t, k) -> the bytes of buffer k restored and
+    held at the anchor."""
+    B, nb = prob.buffers, v.nb
+    at_anchor = []
+    restore_held = {}
+    for k in range(len(B)):
+        if B[k].last_need < t:
+            continue
+        restore = [x for x in v.present(prob, t, k) if x is not v.S[t, k]]
+        at_anchor.append(nb[k] * v.S[t, k])
+        if not restore:
+            continue
+        if t in B[k].reads:
+            restore_held[t, k] = sum(nb[k] * x for x in restore)
+        elif (t + 1, k) in v.S:  # restored and kept on: held at the anchor too
+            z = v.m.NewBoolVar(f"Z{t}_{k}")
+            v.m.Add(z >= v.S[t + 1, k] - v.S[t, k])
+            restore_held[t, k] = nb[k] * z
+        if (t, k) in restore_held:
+            at_anchor.append(restore_held[t, k])
+    v.m.Add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= v.cap)
+    return restore_held
+
+
+def _recompute_memory(v: _Model, prob: JointProblem, t: int, n: int, ahead: list, restore_held: dict,
+                      readers) -> None:
+    """Stage t while it recomputes node n: within the budget (only where it does)."""
+    B, nb = prob.buffers, v.nb
+    terms = []
+    for k in range(len(B)):
+        if B[k].last_need < t:
+            continue
+        terms.append(nb[k] * v.S[t, k])
+        held_for_anchor = restore_held.get((t, k))
+        x = v.R.get((t, B[k].producer)) if B[k].producer >= 0 else None
+        if x is not None:
+            alive = alive_at(prob, k, n, readers)
+            if alive:
+                terms.append(nb[k] * x)
+            elif alive is None and held_for_anchor is not None:
+                terms.append(held_for_anchor)
+        for x in (v.I.get((t, k)), v.E.get((t, k))):
+            if x is None:
                 continue
-            restore = [x for x in present(t, k) if x is not S[t, k]]
-            at_anchor.append(nb[k] * S[t, k])
-            if not restore:
-                continue
-            if t in B[k].reads:
-                restore_held[t, k] = sum(nb[k] * x for x in restore)
-            elif (t + 1, k) in S:  # restored and kept on: held at the anchor too
-                z = m.NewBoolVar(f"Z{t}_{k}")
-                m.Add(z >= S[t + 1, k] - S[t, k])
-                restore_held[t, k] = nb[k] * z
-            if (t, k) in restore_held:
-                at_anchor.append(restore_held[t, k])
-        m.Add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= cap)
-        for n in sorted({n for (tt, n) in R if tt == t}):
-            terms = []
-            for k in range(len(B)):
-                if B[k].last_need < t:
-                    continue
-                terms.append(nb[k] * S[t, k])
-                held_for_anchor = restore_held.get((t, k))
-                for x in [R.get((t, B[k].producer))] if B[k].producer >= 0 else []:
-                    if x is None:
-                        continue
-                    alive = alive_at(prob, k, n, readers)
-                    if alive:
-                        terms.append(nb[k] * x)
-                    elif alive is None and held_for_anchor is not None:
-                        terms.append(held_for_anchor)
-                for x in (I.get((t, k)), E.get((t, k))):
-                    if x is None:
-                        continue
-                    if any(c >= n for c in readers[k]):
-                        terms.append(nb[k] * x)
-                    elif held_for_anchor is not None:
-                        terms.append(held_for_anchor)
-            base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
-            m.Add(base + sum(terms) + sum(ahead) <= cap).OnlyEnforceIf(R[t, n])
-    # objective: recomputation + exposed transfers
+            if any(c >= n for c in readers[k]):
+                terms.append(nb[k] * x)
+            elif held_for_anchor is not None:
+                terms.append(held_for_anchor)
+    base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
+    v.m.Add(base + sum(terms) + sum(ahead) <= v.cap).OnlyEnforceIf(v.R[t, n])
+
+
+def _objective(v: _Model, prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None,
+               least_memory: bool) -> int:
+    """Minimise recomputation + exposed transfers (least_memory: the peak first); returns the
+    relaxation bound added as a constraint (0: none)."""
+    m, B, T, O, I, E = v.m, prob.buffers, prob.stages, v.O, v.I, v.E
     # every recomputation and transfer costs at least one unit: none is made for nothing
     cost = [max(1, round(s / TIME_UNIT)) for s in prob.node_seconds]
     handle = max(1, round(TRANSFER_SECONDS / TIME_UNIT))  # the executor's CPU per transfer (onnxplan.swap.pricing)
-    objective = [cost[n] * r for (t, n), r in R.items()]
+    objective = [cost[n] * r for (t, n), r in v.R.items()]
     early_cost: dict[tuple[int, int], int] = {}
     cpu: dict[int, int] = {}
+    ub = 0
     if O:
         per = {k: round(B[k].nbytes / swap_bandwidth / TIME_UNIT) for k in O}
         ub = sum(per.values())
         objective += [(handle + round(B[k].write_exposed / TIME_UNIT)) * O[k] for k in O]
         objective += [handle * I[key] for key in I]
-        early_cost = {key: handle + round(lead[key][1] / TIME_UNIT) for key in E}
+        early_cost = {key: handle + round(v.lead[key][1] / TIME_UNIT) for key in E}
         objective += [early_cost[key] * x for key, x in E.items()]
-        fst = m.NewIntVar(0, ub, "stall_fwd")
-        m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
-        stalls = [fst]
-        for t in range(1, T + 1):
-            ins = [per[k] * I[t, k] for k in O if (t, k) in I]
-            if not ins:
-                continue
-            before = 0
-            if t > 1:
-                before = round(prob.stage_seconds[t - 2] / TIME_UNIT) + sum(
-                    cost[n] * R[t - 1, n] for n in range(N) if (t - 1, n) in R)
-            st = m.NewIntVar(0, ub, f"stall{t}")
-            m.Add(st >= sum(ins) - before)
-            stalls.append(st)
         # exposed: the stalls, or the I/O thread's CPU where it is more (evaluate.step_seconds)
         cpu = {k: round(B[k].nbytes * prob.io_cpu_per_byte / TIME_UNIT) for k in O}
-        exposed = m.NewIntVar(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
-        m.Add(exposed >= sum(stalls))
-        m.Add(exposed >= sum(cpu[k] * O[k] for k in O) + sum(cpu[k] * x for (t, k), x in I.items())
-              + sum(cpu[k] * x for (t, k), x in E.items()))
-        objective.append(exposed)
+        objective.append(_exposed(v, prob, per, ub, cost, cpu))
     lb = 0
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
         lb = int(relaxation_bound(prob, budget_bytes, cost, 2 * handle if O else None))
@@ -265,29 +292,86 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     if least_memory:  # one unit of memory outweighs every second of the objective
         weight = (sum(cost) + handle * (len(O) + len(I)) + sum(early_cost.values()) + 1
                   + ((T + 2) * ub + 3 * sum(cpu.values()) if O else 0))
-        m.Minimize(cap * weight + sum(objective))
+        m.Minimize(v.cap * weight + sum(objective))
     else:
         m.Minimize(sum(objective))
-    if hint is not None:
-        for key, x in R.items():
-            m.AddHint(x, key in hint.recompute)
-        if any(key not in R for key in hint.recompute):
-            hint_name += " (partly outside the just-in-time stages)"
-        for key, x in S.items():
-            m.AddHint(x, key in hint.keep)
-        for key, x in O.items():
-            m.AddHint(x, key in hint.page_out)
-        early = {(t, b) for t, b, _ in hint.early}
-        for key, x in I.items():
-            m.AddHint(x, key in hint.page_in and key not in early)
-        for key, x in E.items():
-            m.AddHint(x, key in early)
+    return lb
+
+
+def _exposed(v: _Model, prob: JointProblem, per: dict, ub: int, cost: list[int], cpu: dict):
+    """The variable of the exposed transfer seconds: the larger of the stalls (one I/O worker:
+    the writes behind the forward pass, stage t's page-ins behind stage t-1) and the I/O CPU."""
+    m, O, I, E, T = v.m, v.O, v.I, v.E, prob.stages
+    fst = m.NewIntVar(0, ub, "stall_fwd")
+    m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
+    stalls = [fst]
+    for t in range(1, T + 1):
+        ins = [per[k] * I[t, k] for k in O if (t, k) in I]
+        if not ins:
+            continue
+        before = 0
+        if t > 1:
+            before = round(prob.stage_seconds[t - 2] / TIME_UNIT) + sum(
+                cost[n] * v.R[t - 1, n] for n in range(len(prob.nodes)) if (t - 1, n) in v.R)
+        st = m.NewIntVar(0, ub, f"stall{t}")
+        m.Add(st >= sum(ins) - before)
+        stalls.append(st)
+    exposed = m.NewIntVar(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
+    m.Add(exposed >= sum(stalls))
+    m.Add(exposed >= sum(cpu[k] * O[k] for k in O) + sum(cpu[k] * x for (t, k), x in I.items())
+          + sum(cpu[k] * x for (t, k), x in E.items()))
+    return exposed
+
+
+def _hint(v: _Model, hint: Decisions, hint_name: str) -> str:
+    """The warm start as CP-SAT's hint; returns its name (noting hints it cannot take)."""
+    for key, x in v.R.items():
+        v.m.AddHint(x, key in hint.recompute)
+    if any(key not in v.R for key in hint.recompute):
+        hint_name += " (partly outside the just-in-time stages)"
+    for key, x in v.S.items():
+        v.m.AddHint(x, key in hint.keep)
+    for key, x in v.O.items():
+        v.m.AddHint(x, key in hint.page_out)
+    early = {(t, b) for t, b, _ in hint.early}
+    for key, x in v.I.items():
+        v.m.AddHint(x, key in hint.page_in and key not in early)
+    for key, x in v.E.items():
+        v.m.AddHint(x, key in early)
+    return hint_name
+
+
+def _decode(v: _Model, solver) -> Decisions:
+    """The decisions of CP-SAT's solution."""
+    early = frozenset((*k, v.lead[k][0]) for k, x in v.E.items() if solver.Value(x))
+    return Decisions(
+        frozenset(k for k, x in v.R.items() if solver.Value(x)), frozenset(k for k, x in v.S.items() if solver.Value(x)),
+        frozenset(k for k, x in v.O.items() if solver.Value(x)),
+        frozenset(k for k, x in v.I.items() if solver.Value(x)) | {(t, b) for t, b, _ in early}, early)
+
+
+@dataclass
+class _Solved:
+    """What one CP-SAT solve gave."""
+
+    solver: object  # cp_model.CpSolver
+    status: int
+    name: str
+    limits: list[float]
+
+
+def _run_solver(v: _Model, prob: JointProblem, budget_bytes: int, hint: Decisions | None, time_limit: float,
+                deadline: float, least_memory: bool, workers: int, linearization: int,
+                deterministic_limit: float | None) -> _Solved:
+    """Complete a fitting hint, then solve with what is left of the call but a fifth (kept for
+    the descent and the least-memory solve)."""
+    from ortools.sat.python import cp_model
+
     limits = []
     if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
         limits.append(max(MIN_SOLVE_SECONDS, min(time_limit / 4, _left(deadline) / 2)))
-        _complete_hint(m, limits[-1])
+        _complete_hint(v.m, limits[-1])
     solver = cp_model.CpSolver()
-    # CP-SAT gets what is left but a fifth, kept for the descent (and the least-memory solve)
     limits.append(max(MIN_SOLVE_SECONDS, 0.8 * _left(deadline)))
     solver.parameters.max_time_in_seconds = limits[-1]
     if deterministic_limit is not None:  # reproducible on a loaded machine (tests)
@@ -295,37 +379,51 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     solver.parameters.linearization_level = linearization
-    status = solver.Solve(m)
-    name = solver.StatusName(status)
+    status = solver.Solve(v.m)
+    return _Solved(solver, status, solver.StatusName(status), limits)
+
+
+def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
+                  time_limit: float = DEFAULT_TIME_LIMIT, warm_start="auto", *,
+                  costs: Mapping[str, float] | None = None, workers: int = 1, linearization: int = 1,
+                  least_memory: bool = False, deterministic_limit: float | None = None) -> JointSchedule:
+    """The joint schedule of `prob` under `budget_bytes` (the module docstring's model), within
+    `time_limit` for the whole call: warm start, hint completion, CP-SAT, descent. A budget below
+    the model's floor: the least-memory schedule (status INFEASIBLE (...))."""
+    from ortools.sat.python import cp_model
+
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
+    # greedy paging gets at most a fifth of the call
+    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth, t0 + time_limit / 5)
+    v = _variables(prob, budget_bytes, swap_bandwidth, least_memory)
+    _presence(v, prob)
+    _memory(v, prob)
+    lb = _objective(v, prob, budget_bytes, swap_bandwidth, least_memory)
+    if hint is not None:
+        hint_name = _hint(v, hint, hint_name)
+    got = _run_solver(v, prob, budget_bytes, hint, time_limit, deadline, least_memory, workers, linearization,
+                      deterministic_limit)
+    status, bound = got.status, 0.0
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        early = frozenset((*k, lead[k][0]) for k, x in E.items() if solver.Value(x))
-        d = Decisions(
-            frozenset(k for k, x in R.items() if solver.Value(x)), frozenset(k for k, x in S.items() if solver.Value(x)),
-            frozenset(k for k, x in O.items() if solver.Value(x)),
-            frozenset(k for k, x in I.items() if solver.Value(x)) | {(t, b) for t, b, _ in early}, early)
-        obj, bound = solver.ObjectiveValue(), solver.BestObjectiveBound()
+        d = _decode(v, got.solver)
+        obj, bound = got.solver.ObjectiveValue(), got.solver.BestObjectiveBound()
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
         floor = solve_problem(prob, budget_bytes, swap_bandwidth, max(MIN_SOLVE_SECONDS, _left(deadline)),
-                              hint or warm_start, costs=costs,
-                              workers=workers, linearization=linearization, least_memory=True,
-                              deterministic_limit=deterministic_limit)
+                              hint or warm_start, costs=costs, workers=workers, linearization=linearization,
+                              least_memory=True, deterministic_limit=deterministic_limit)
         floor.status, floor.gap = f"INFEASIBLE ({floor.status} least memory)", float("inf")
-        floor.cpsat_limits = limits + floor.cpsat_limits
+        floor.cpsat_limits = got.limits + floor.cpsat_limits
         floor.wall_seconds = time.perf_counter() - t0
         return floor
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
         if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
             d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) and not least_memory and status != cp_model.OPTIMAL:
+    if status == cp_model.FEASIBLE and not least_memory:
         d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
-    if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
-            and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
-        d = hint  # CP-SAT's workers may return a worse point than the (fitting) warm start
-        notes_hint = f"the warm start ({hint_name}) beat CP-SAT's best solution"
-    else:
-        notes_hint = ""
+    d, notes_hint = _better_hint(prob, d, hint, hint_name, budget_bytes, swap_bandwidth, least_memory)
     bad = violations(prob, d)
     if bad:  # the model and the checker disagree: a bug here
         raise AssertionError(f"joint solver returned an invalid schedule: {bad[0]}")
@@ -336,12 +434,22 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         obj = (secs - prob.step_seconds) / TIME_UNIT  # recomputation, transfers handled, stalls
         bound = max(bound if status == cp_model.FEASIBLE else 0, lb)
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
-    notes = [(f"joint: {T} stages, {N} recomputable nodes, {len(B)} decided buffers ({len(O)} swappable); "
-             f"{len(R) + len(S) + len(O) + len(I) + len(E)} booleans; {name} in {solver.WallTime():.2f} s; "
-             f"relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
+    notes = [(f"joint: {prob.stages} stages, {len(prob.nodes)} recomputable nodes, {len(prob.buffers)} decided "
+              f"buffers ({len(v.O)} swappable); {len(v.R) + len(v.S) + len(v.O) + len(v.I) + len(v.E)} booleans; "
+              f"{got.name} in {got.solver.WallTime():.2f} s; relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
-    return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, name, gap, time.perf_counter() - t0,
-                         hint_name, swap_bandwidth, notes, limits)
+    return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, got.name, gap, time.perf_counter() - t0,
+                         hint_name, swap_bandwidth, notes, got.limits)
+
+
+def _better_hint(prob: JointProblem, d: Decisions, hint: Decisions | None, hint_name: str, budget_bytes: int,
+                 swap_bandwidth: float | None, least_memory: bool) -> tuple[Decisions, str]:
+    """The fitting warm start where it is predicted faster than `d` (CP-SAT's workers may return a
+    worse point than it), with the note saying so."""
+    if (hint is not None and d is not hint and not least_memory and memory(prob, hint)[0] <= budget_bytes
+            and step_seconds(prob, hint, swap_bandwidth)[0] < step_seconds(prob, d, swap_bandwidth)[0]):
+        return hint, f"the warm start ({hint_name}) beat CP-SAT's best solution"
+    return d, ""
 
 
 def _left(deadline: float) -> float:

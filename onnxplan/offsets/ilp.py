@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.offsets.best_fit import best_fit_offsets
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan, lower_bound, unique_buffers
 from onnxplan.offsets.greedy_size import greedy_size_offsets
@@ -54,7 +55,7 @@ def pyramid_preplacement(buffers: Iterable[Buffer]) -> dict[str, int]:
 def ilp_offsets(
     buffers: Iterable[Buffer],
     *,
-    time_limit: float | None = 10.0,
+    time_limit: float | None = DEFAULT_TIME_LIMIT,
     seed_plan: OffsetPlan | None = None,
 ) -> OffsetPlan:
     """OLLA's address assignment (eq. 15) as CP-SAT NoOverlap2D boxes (EO span x bytes).

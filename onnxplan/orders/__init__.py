@@ -6,6 +6,7 @@ from typing import Callable
 
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.orders.given import given_policy
 from onnxplan.orders.greedy import greedy_policy
 from onnxplan.orders.ilp import ilp_policy
@@ -43,12 +44,12 @@ ORDERS: dict[str, OrderPolicy] = {
 
 
 def order_nodes(graph: StepGraph, policy: str, *, buffer_of: dict[str, str] | None = None,
-                time_limit: float = 10.0) -> OrderResult:
+                time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """Order the nodes of `graph` with the named policy; the result is checked valid."""
     return order_policy(graph, memory_model(graph, buffer_of), policy, time_limit=time_limit)
 
 
-def order_policy(graph: StepGraph, mm: MemoryModel, policy: str, *, time_limit: float = 10.0) -> OrderResult:
+def order_policy(graph: StepGraph, mm: MemoryModel, policy: str, *, time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """Order with the named policy on a memory model already built; the result is checked valid."""
     if policy not in ORDERS:
         raise UsageError(f"unknown execution order {policy!r}; known: {', '.join(ORDERS)}")

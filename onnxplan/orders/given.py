@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, peak_of_order
 
 __all__ = ["given_order", "given_policy"]
@@ -15,7 +16,7 @@ def given_order(mm: MemoryModel) -> tuple[str, ...]:
     return mm.nodes
 
 
-def given_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = 10.0) -> OrderResult:
+def given_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """Keep the file order."""
     start = time.perf_counter()
     order = given_order(mm)

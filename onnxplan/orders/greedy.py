@@ -6,6 +6,7 @@ import heapq
 import time
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, peak_of_order
 
 __all__ = ["greedy_order", "greedy_policy"]
@@ -73,7 +74,7 @@ def greedy_order(mm: MemoryModel) -> tuple[str, ...]:
     return tuple(order)
 
 
-def greedy_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = 10.0) -> OrderResult:
+def greedy_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """Memory-aware list scheduling."""
     start = time.perf_counter()
     order = greedy_order(mm)

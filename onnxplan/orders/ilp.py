@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from onnxplan.ir.graph import StepGraph, ValueClass
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.orders.given import given_order
 from onnxplan.orders.greedy import greedy_order
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, check_order, peak_of_order
@@ -221,7 +222,7 @@ class _Program:
 
 
 def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | None = None,
-                time_limit: float = 10.0, max_vars: int | None = None
+                time_limit: float = DEFAULT_TIME_LIMIT, max_vars: int | None = None
                 ) -> tuple[tuple[str, ...], bool, int | None, str]:
     """Minimise the peak of live bytes over orders with CP-SAT (OLLA eqs. 1-5, 10-14).
 
@@ -265,7 +266,7 @@ def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | 
     return order, status == cp_model.OPTIMAL, bound, note
 
 
-def ilp_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = 10.0) -> OrderResult:
+def ilp_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """OLLA's ILP seeded with the best heuristic order; never worse than that seed."""
     start = time.perf_counter()
     seeds = [given_order(mm), nntrainer_order(graph, mm), greedy_order(mm)]

@@ -7,6 +7,7 @@ import time
 
 from onnxplan.ir.analysis import forward_of_gradient
 from onnxplan.ir.graph import Node, StepGraph, ValueClass
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.orders.memory_model import MemoryModel, OrderResult, peak_of_order
 from onnxplan.step_analysis import step_analysis
 
@@ -141,7 +142,7 @@ def nntrainer_order(graph: StepGraph, mm: MemoryModel) -> tuple[str, ...]:
     return tuple(order)
 
 
-def nntrainer_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = 10.0) -> OrderResult:
+def nntrainer_policy(graph: StepGraph, mm: MemoryModel, *, time_limit: float = DEFAULT_TIME_LIMIT) -> OrderResult:
     """NNTrainer's execution order, generalised to DAGs."""
     start = time.perf_counter()
     order = nntrainer_order(graph, mm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from onnxplan.ir.graph import StepGraph
+from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.offsets import OffsetPlan, best_heuristic_offsets, plan_offsets
 from onnxplan.offsets.buffers import ALIGNMENT
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, Lifetimes, lifetimes
@@ -125,7 +126,7 @@ def realize_selection(g: StepGraph, model: SwapModel, sel: Selection, target: in
 
 
 def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None, planner: str,
-         time_limit: float = 10.0) -> SwapOutcome:
+         time_limit: float = DEFAULT_TIME_LIMIT) -> SwapOutcome:
     if budget is None:
         out = realize_selection(g, model, select_all(model, policy), None, planner, None)
         out.notes.append(f"swap {out.policy}: every gap it can swap (no budget)")
@@ -181,7 +182,7 @@ def _spend_slack(g: StepGraph, model: SwapModel, sel: Selection, fitting: SwapOu
 
 def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | None = None,
                lookahead: int = 1, window_bytes: int | None = None, planner: str = "auto",
-               min_bytes: int = SWAP_MIN_BYTES, time_limit: float = 10.0,
+               min_bytes: int = SWAP_MIN_BYTES, time_limit: float = DEFAULT_TIME_LIMIT,
                swap_dir: str | None = None) -> SwapOutcome | None:
     """Swap planning over a swap-free order (see onnxplan.swap). `swap` is a policy name, or
     "auto": none when order and planner alone reach `budget` (or there is none), else the first

@@ -37,9 +37,9 @@ from onnxplan import settings
 from onnxplan.files import write_atomic
 from onnxplan.settings import ENV
 
-__all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StoreRates", "Transfer", "io_cpu_seconds", "io_stalls",
-           "measure_store", "measure_store_bandwidth", "moving_estimate", "StepPrice", "plan_transfers", "planned_step",
-           "record_transfers", "store_bandwidth", "store_key", "store_rates", "transfer_seconds"]
+__all__ = ["PROBE_BYTES", "SWAP_BANDWIDTH_ENV", "TRANSFER_SECONDS", "StepPrice", "StoreRates", "Transfer", "io_cpu_seconds",
+           "io_stalls", "measure_store", "measure_store_bandwidth", "moving_estimate", "plan_transfers", "planned_step",
+           "price_outcome", "record_transfers", "store_bandwidth", "store_key", "store_rates", "transfer_seconds"]
 
 SWAP_BANDWIDTH_ENV = ENV["swap_bandwidth"]
 PROBE_BYTES = 16 << 20  # bytes the measurement moves each way, per round trip
@@ -182,6 +182,18 @@ def planned_step(graph, order: Sequence[str], swaps, node_seconds: Callable, rat
     moved = sum(tr.nbytes for tr in transfers)
     stall = sum(io_stalls(seconds, transfers, rates.bandwidth))
     return StepPrice(sum(seconds), stall, moved * rates.cpu_per_byte, moved, TRANSFER_SECONDS * len(transfers))
+
+
+def price_outcome(outcome, times, rates: StoreRates | None = None) -> StepPrice:
+    """THE price of a planned outcome (a PlanOutcome: its graph, plan.order, plan.swaps), the one
+    every budget decision compares: planned_step with `times.node_seconds(graph, node)` per node
+    (a TimeModel: a profile or the FLOP estimate; a recomputed copy costs its original) and the
+    swaps' transfers at `rates` (None: the store the plan records, SwapRecord.store, else
+    store_rates())."""
+    g, plan = outcome.graph, outcome.plan
+    if rates is None and plan.swap.store is not None:
+        rates = StoreRates.of_record(plan.swap.store)
+    return planned_step(g, plan.order, plan.swaps, lambda n: times.node_seconds(g, n), rates)
 
 
 # -- the store's bandwidth --------------------------------------------------------------------
