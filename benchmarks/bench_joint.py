@@ -55,8 +55,8 @@ from pathlib import Path
 
 from onnxplan.budget import STRATEGIES, ProfiledCosts
 from onnxplan.budget.attempt import step_before_inplace
+from onnxplan.budget.decide import price as step_price
 from onnxplan.budget.joint import JOINT_SECONDS
-from onnxplan.budget.decide import price
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.executor.runner import run_plan
 from onnxplan.ir.load import read_step
@@ -109,7 +109,7 @@ def plan_model(label: str, folder, args, rates) -> tuple[list[dict], dict]:
                           swap_on_top=bw is not None, total_seconds=args.total, io_cpu_per_byte=rates.cpu_per_byte)
 
     def price(out) -> dict:
-        p = price(out, times, rates)
+        p = step_price(out, times, rates)
         return {"predicted": p.seconds, "predicted_cpu": p.cpu_seconds, "compute": p.compute, "stall": p.stall,
                 "io_cpu": p.io_cpu, "handling": p.handling, "moved": p.moved}
 
@@ -279,7 +279,7 @@ def summarize(rows: list[dict]) -> list[str]:
                 f"predicted {_ms(plain['predicted'])} ms)", ""]
         if plain.get("bound"):
             bd = plain["bound"]
-            out += [f"Least peaks (budget = the persistent bytes): " + ", ".join(
+            out += ["Least peaks (budget = the persistent bytes): " + ", ".join(
                 f"{k} {v / 2**20:.2f} MiB" for k, v in plain["floors"].items()) + f"; swap alone, asked for 1 B, "
                 f"reaches {bd['swap_reaches'] / 2**20:.2f} MiB against the bound {bd['bytes'] / 2**20:.2f} MiB "
                 f"({bd['text'].partition(': ')[2]})", ""]

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from onnxplan.api import load_step_of, solve
-from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, cost_model
 from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
     check_output,

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from onnxplan.api import check_run_options, load_step_of, plan_request, solve
-from onnxplan.budget import MemoryRequest, cost_model
+from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, cost_model
 from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
     console,

@@ -64,17 +64,17 @@ class PerturbedCosts:
 
 @pytest.fixture(scope="module")
 def transformer():
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
 
-    return load_step(small_artifacts("transformer"))
+    return read_step(small_artifacts("transformer"))
 
 
 def test_the_choice_is_stable_under_a_profile_a_few_percent_off():
     """The same request, its profile perturbed by up to 3% per node (five draws): the same
     strategy and the same peak every time."""
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
 
-    graph = load_step(small_artifacts("resnet18"))
+    graph = read_step(small_artifacts("resnet18"))
     plain = plan_step(graph, PlanOptions()).plan
     budget = plain.persistent_bytes + int(0.9 * plain.arena_bytes)
     got = []
@@ -122,10 +122,10 @@ def test_bench_with_a_budget_plans_through_the_budget_layer(transformer):
 
 def test_run_json_records_the_strategy(tmp_path):
     """`run --budget --json` says which strategy its plan was made with (none without a budget)."""
-    from onnxplan.ir.load import load_step
+    from onnxplan.ir.load import read_step
 
     folder = small_artifacts("transformer")
-    plain = plan_step(load_step(folder), PlanOptions()).plan
+    plain = plan_step(read_step(folder), PlanOptions()).plan
     budget = str(plain.persistent_bytes + int(0.8 * plain.arena_bytes))
     runner = CliRunner()
     r = runner.invoke(app, ["plan", str(folder), "--budget", budget, "--no-profile", "--json"])
