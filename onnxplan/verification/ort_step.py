@@ -70,9 +70,6 @@ def _session(model: onnx.ModelProto):
 
     opts = ort_session_options()  # the process's threads; idle workers sleep between our kernels
     opts.log_severity_level = 3
-    # no memory arena: its blocks would stay held at the step's peak between runs, beside our
-    # executor's arena (the verification's memory: what one ORT step needs while it runs)
-    opts.enable_cpu_mem_arena = False
     if model.ir_version > _MAX_IR_VERSION:
         model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR
     try:
@@ -80,6 +77,19 @@ def _session(model: onnx.ModelProto):
     except Exception as exc:  # noqa: BLE001 - pybind errors share no base but Exception
 
         raise ModelError(f"onnxruntime refused the verification model: {ort_cause(str(exc))}") from None
+
+
+def _shrinking():
+    """Run options that give the CPU arena's free blocks back after the run: its blocks would
+    otherwise stay held at the step's peak between runs, beside our executor's arena (so the
+    verification holds what one ORT step needs only while it runs). The arena itself stays on:
+    a session without it (enable_cpu_mem_arena=False) made a later session's ConvGrad abort the
+    process in onnxruntime 1.19.2."""
+    import onnxruntime
+
+    options = onnxruntime.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def _load(path: Path) -> onnx.ModelProto:
@@ -201,7 +211,7 @@ class OrtTrainingStep:
                 raise ModelError(f"the training model's input {name!r} has no value to feed")
         sess = self._session_for(expose_all, bool(given) and bool(self.random_of))
         names = [o.name for o in sess.get_outputs()]
-        out = dict(zip(names, sess.run(None, feeds)))
+        out = dict(zip(names, sess.run(None, feeds, _shrinking())))
         return OrtStep(
             loss=float(np.asarray(out[self.loss_name]).reshape(-1)[0]),
             grads={p: out[v] for p, v in self.grad_of.items()},
@@ -359,7 +369,7 @@ class OrtOptimizerStep:
                 feeds[name] = seqs[name]
             else:
                 raise ModelError(f"the optimizer model's input {name!r} has no value to feed")
-        got = self.session.run(self.outputs, feeds)
+        got = self.session.run(self.outputs, feeds, _shrinking())
         out = dict(zip(names, got[0]))
         if self.kind == "AdamW":
             out.update({f"{p}.exp_avg": m for p, m in zip(names, got[1])})
