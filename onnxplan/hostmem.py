@@ -56,3 +56,17 @@ def require_memory(need: dict[str, int], what: str) -> None:
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in need.items() if v)
     raise BudgetError(f"{what} needs {format_bytes(total)} of memory ({parts}) but this machine has "
                       f"{format_bytes(avail)} available: use a smaller --batch, or plan with --budget")
+
+
+def give_back_freed() -> None:
+    """Return the memory this process freed to the system: collect garbage, then glibc's
+    malloc_trim (freed tensors under malloc's mmap threshold stay in its heaps otherwise, and
+    the process's RSS with them). Nothing where there is no glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

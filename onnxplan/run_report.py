@@ -17,6 +17,7 @@ from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import DEFAULT_LEARNING_RATE, run_plan
 from onnxplan.executor.swap_account import SwapAccounting, swap_accounting
+from onnxplan.hostmem import give_back_freed
 from onnxplan.json_models import doc, dumped, optional
 from onnxplan.loading.request import LoadRequest
 from onnxplan.memprobe import ProbeError
@@ -169,6 +170,8 @@ def run_prepared(req: LoadRequest, prep: Prepared, *, steps: int = 3, warmup: in
         out.budget_check = budget_check(out.peak_bytes, out.measured_peak_bytes, budget,
                                         RUNTIME_OVERHEAD_BYTES["cpu" if xp is np else "cuda"])
     if verify:
+        del res  # the run's final parameters: not needed beside the verification's own step
+        give_back_freed()
         tell("verifying against ONNX Runtime")
         ver = verify_run(prep, steps=steps, seed=seed, learning_rate=lr, xp=xp, swap_dir=swap_dir,
                          check_arena=check_arena)

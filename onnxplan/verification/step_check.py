@@ -46,7 +46,7 @@ magnitudes), and every op adds the relative floor its inputs carry in times its 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,11 @@ import numpy as np
 from onnxplan.executor import runner
 from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
+from onnxplan.hostmem import give_back_freed
 from onnxplan.ir.graph import original_name
 from onnxplan.step_analysis import step_analysis
 from onnxplan.verification import ort_step
+from onnxplan.verification.checks import Check, StepReport, Verification
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
@@ -283,74 +285,6 @@ def floored(tolerance: float, floor: float, want) -> float:
     return max(tolerance, floor / ref) if floor > 0 and ref > 0 else tolerance
 
 
-@dataclass
-class Check:
-    """One compared tensor."""
-
-    kind: str  # loss, gradient, update, running, intermediate
-    name: str
-    error: float
-    tolerance: float
-    node: str = ""  # the node that computed our value (ours: EO order), where known
-
-    @property
-    def ok(self) -> bool:
-        return self.error <= self.tolerance
-
-    def __str__(self) -> str:
-        at = f" (node {self.node!r})" if self.node else ""
-        return f"{self.kind} {self.name}{at}: error {self.error:.3g}, {self.error / self.tolerance:.3g}x tolerance"
-
-
-@dataclass
-class StepReport:
-    step: int
-    loss: float
-    ort_loss: float
-    checks: dict[str, Check]  # per kind: the worst
-    failures: list[Check] = field(default_factory=list)
-    first_difference: Check | None = None  # on a failure: the first value in EO beyond tolerance
-    explanation: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def as_dict(self) -> dict:
-        """JSON-able; an error that is not finite (NaN against a number, a missing value) is None."""
-        return {"step": self.step, "ok": self.ok, "loss": self.loss, "ort_loss": self.ort_loss,
-                "loss_error": _finite(self.checks["loss"].error),
-                "worst": {k: _check_dict(c) for k, c in self.checks.items()},
-                "failures": [str(c) for c in self.failures],
-                "first_difference": None if self.first_difference is None else _check_dict(self.first_difference),
-                "explanation": self.explanation}
-
-
-def _finite(x: float) -> float | None:
-    return x if np.isfinite(x) else None
-
-
-def _check_dict(c: Check) -> dict:
-    return {**asdict(c), "error": _finite(c.error), "ok": c.ok}
-
-
-@dataclass
-class Verification:
-    ok: bool
-    steps: list[StepReport]
-    tolerances: dict[str, float]
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "tolerances": dict(self.tolerances), "steps": [s.as_dict() for s in self.steps]}
-
-    def summary(self) -> str:
-        bad = next((s for s in self.steps if not s.ok), None)
-        if bad is None:
-            return f"{len(self.steps)} step(s) match ONNX Runtime"
-        where = bad.first_difference or bad.failures[0]
-        return f"step {bad.step}: {where}" + (f"; {bad.explanation}" if bad.explanation else "")
-
-
 class _Hooks:
     """The per-node hook: capture and replace gradients before the optimizer; compare every
     output with ONNX Runtime's in a traced step."""
@@ -485,6 +419,7 @@ class StepVerifier:
         params, moments, done = ex.parameters(), ex.optimizer_state(), ex.steps_done
         ort = self.ort.run(params, batch)
         noise = self._noise(params, batch, ort)
+        give_back_freed()  # the nudged run's tensors, before our step allocates beside them
         loss = self._our_step(batch, ort)
 
         checks: list[Check] = [Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), tol["loss"])]
