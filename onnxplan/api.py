@@ -163,7 +163,7 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
           repeat: int = 3, warmup: int = 1, measure: bool = False, time_limit: float | None = None,
-          budget: str | int | None = None, threads: int | None = None) -> "pd.DataFrame":
+          budget: str | int | None = None, threads: int | None = None) -> pd.DataFrame:
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan
     (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too; every

@@ -14,11 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from onnxplan.loading import artifacts
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.forward import prepare_forward
 from onnxplan.ir.onnx_files import SMALL_TENSOR, external_bytes, load_onnx, load_weights
+from onnxplan.loading import artifacts
 from onnxplan.loading.artifacts import generate_from_onnx
 from tests.cli_asserts import assert_one_line_error
 

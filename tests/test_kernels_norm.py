@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from onnxplan.kernels import conv as conv_module
-from tests.kernel_harness import MS, assert_equal_on_cpu, assert_sums_close, ort_run, randn, ref_run, run_kernel
+from tests.kernel_harness import (
+    MS,
+    assert_equal_on_cpu,
+    assert_sums_close,
+    ort_run,
+    randn,
+    ref_run,
+    run_kernel,
+)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+
 import pytest
 
 import onnxplan

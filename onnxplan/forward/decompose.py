@@ -4,7 +4,7 @@ differentiates (each checked against onnx.reference in tests/test_forward_decomp
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx

@@ -4,8 +4,8 @@ a model exported with a fixed batch, verified by strict ONNX shape inference."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import onnx

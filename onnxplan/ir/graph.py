@@ -49,7 +49,7 @@ def original_name(name: str) -> str:
     return name
 
 
-class ValueClass(str, Enum):
+class ValueClass(str, Enum):  # noqa: UP042 - StrEnum changes str() of a member (in messages and files)
     """What a value is in a training step (NNTrainer's temporal relations, made explicit)."""
 
     PARAMETER = "parameter"  # weights, trainable or frozen; persist across steps

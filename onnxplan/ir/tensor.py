@@ -64,10 +64,10 @@ class TensorSpec:
     def onnx_type(self) -> int:
         return numpy_to_onnx_dtype(self.dtype)
 
-    def with_shape(self, shape) -> "TensorSpec":
+    def with_shape(self, shape) -> TensorSpec:
         return TensorSpec(self.dtype, tuple(shape))
 
-    def with_dtype(self, dtype) -> "TensorSpec":
+    def with_dtype(self, dtype) -> TensorSpec:
         return TensorSpec(np.dtype(dtype).name, self.shape)
 
     def __str__(self) -> str:

@@ -11,8 +11,8 @@ import mmap
 import os
 import tempfile
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
