@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -455,9 +456,11 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
         raise ModelError(f"cannot write artifacts: {exc}") from None
 
 
+@functools.cache
 def _library_sources() -> str:
     """sha256 of onnxplan's own source (what prepares a forward model and builds its artifacts):
-    a changed onnxplan prepares a forward file again instead of trusting an older preparation."""
+    a changed onnxplan prepares a forward file again instead of trusting an older preparation.
+    Read once per process (some 180 files: the source does not change under a running process)."""
     root = Path(__file__).parents[1]  # the onnxplan package
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
