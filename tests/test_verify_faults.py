@@ -8,22 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from onnxplan.budget import MemoryRequest, plan_for_budget
 from onnxplan.executor.prepare import Prepared
-from onnxplan.kernels.registry import find_decl
-from onnxplan.loading import open_step
 from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions
 from onnxplan.verification.step_check import verify_run
+from tests.faults import patch_kernel, prepared
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
-
-
-def _prepared(name: str, batch: int, optimizer: str, *, swap: str | None = None, checkpoint: str | None = None,
-              budget: int | None = None) -> Prepared:
-    folder, graph = open_step(LoadRequest(name, batch, optimizer))
-    res = plan_for_budget(graph, PlanOptions(), MemoryRequest(budget if swap else None, swap, checkpoint=checkpoint))
-    return Prepared(folder, res.graph, res.plan)
 
 
 def _failure(prep: Prepared, steps: int = 1):
@@ -35,16 +26,9 @@ def _failure(prep: Prepared, steps: int = 1):
     return bad.first_difference
 
 
-def _patch_kernel(monkeypatch, graph, op: str, domain: str, make):
-    assert any(n.op_type == op and n.domain == domain for n in graph.nodes), f"the model has no {op}"
-    decl = find_decl(domain, op, graph.opsets.get(domain))
-    monkeypatch.setattr(decl, "fn", make(decl.fn))
-    monkeypatch.setattr(decl, "bind", None)  # the planted kernel is the one called, not a bound specialisation
-
-
 @pytest.fixture(scope="module")
 def mlp():
-    return _prepared("mlp", 2, "sgd")
+    return prepared("mlp", 2, "sgd")
 
 
 def test_correct_runs_pass(mlp):
@@ -60,7 +44,7 @@ def test_gradient_sign_on_part_of_output(monkeypatch, mlp):
             out[: out.size // 4] *= -1
         return bad
 
-    _patch_kernel(monkeypatch, mlp.graph, "ReluGrad", "com.microsoft", make)
+    patch_kernel(monkeypatch, mlp.graph, "ReluGrad", "com.microsoft", make)
     first = _failure(mlp)
     assert first.node == "relu2_Grad/ReluGrad_0"  # the first ReluGrad in execution order
 
@@ -77,14 +61,14 @@ def test_overlapped_live_buffers(mlp):
 
 @pytest.mark.slow
 def test_dropped_accumulation(monkeypatch):
-    prep = _prepared("resnet18", 2, "sgd")
+    prep = prepared("resnet18", 2, "sgd")
 
     def make(fn):
         def bad(ctx, inputs, outputs):
             fn(ctx, inputs[:-1], outputs)  # the last term of the sum is dropped
         return bad
 
-    _patch_kernel(monkeypatch, prep.graph, "Sum", "", make)
+    patch_kernel(monkeypatch, prep.graph, "Sum", "", make)
     first = _failure(prep)
     order = [n for n in prep.plan.order]
     sums = [n.name for n in prep.graph.nodes if n.op_type == "Sum"]
@@ -93,7 +77,7 @@ def test_dropped_accumulation(monkeypatch):
 
 @pytest.mark.slow
 def test_wrong_conv_stride(monkeypatch):
-    prep = _prepared("resnet18", 2, "sgd")
+    prep = prepared("resnet18", 2, "sgd")
 
     def make(fn):
         def bad(ctx, inputs, outputs):
@@ -103,7 +87,7 @@ def test_wrong_conv_stride(monkeypatch):
             return fn(ctx, inputs, outputs)
         return bad
 
-    _patch_kernel(monkeypatch, prep.graph, "Conv", "", make)
+    patch_kernel(monkeypatch, prep.graph, "Conv", "", make)
     first = _failure(prep)
     strided = [n.name for n in prep.graph.nodes if n.op_type == "Conv" and list(n.attrs.get("strides", [1, 1])) == [2, 2]]
     assert first.node == min(strided, key=list(prep.plan.order).index)
@@ -111,7 +95,7 @@ def test_wrong_conv_stride(monkeypatch):
 
 @pytest.mark.slow
 def test_recompute_reads_wrong_value():
-    prep = _prepared("resnet18", 2, "sgd", checkpoint="sqrt")
+    prep = prepared("resnet18", 2, "sgd", checkpoint="sqrt")
     copies = [n for n in prep.graph.nodes if "@rc" in n.name and n.op_type == "Relu"]
     assert copies, "the sqrt schedule recomputes no Relu"
     victim = copies[0]
@@ -127,7 +111,7 @@ def test_recompute_reads_wrong_value():
 def test_stale_swap_in(monkeypatch):
     from onnxplan.executor.swap_io import SwapRuntime
 
-    prep = _prepared("mlp", 2, "sgd", swap="on-demand", budget=None)
+    prep = prepared("mlp", 2, "sgd", swap="on-demand", budget=None)
     if not prep.plan.swaps:
         pytest.skip("no swap planned")
     monkeypatch.setattr(SwapRuntime, "_swap_in", lambda self, name: (lambda ctx, inputs, outputs: None))
@@ -188,7 +172,7 @@ def test_dropout_ignoring_the_mask_is_caught(monkeypatch, dropout_model):
         return bad
 
     assert krandom.Randomness  # the kernels' module is loaded
-    _patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
+    patch_kernel(monkeypatch, dropout_model.graph, "Dropout", "", make)
     first = _failure(dropout_model)
     assert first.node == "drop"
 
@@ -202,7 +186,7 @@ def test_ort_step_is_the_training_apis_step(optimizer):
     from onnxplan.reference import run_reference
     from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
-    mlp = _prepared("mlp", 2, optimizer)
+    mlp = prepared("mlp", 2, optimizer)
     params = initial_parameters(mlp.folder)
     batch = step_batches(mlp.folder, 1, 0)[0]
     ort = OrtTrainingStep(mlp.folder).run(params, batch)
@@ -239,7 +223,7 @@ def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(mon
             outputs[0][...] *= 1.001
         return bad
 
-    _patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
+    patch_kernel(monkeypatch, mlp.graph, "SoftmaxCrossEntropyLoss", "", make)
     assert not verify_run(mlp, steps=1).ok
 
 
@@ -248,7 +232,7 @@ def test_unbiased_running_variance_is_caught(monkeypatch):
     """BatchNorm updating running_var with the unbiased batch variance (PyTorch's convention,
     not ORT's): caught on the running statistics, naming the first BatchNorm node where the
     change (a factor n/(n-1) on the batch term) exceeds the tolerance."""
-    prep = _prepared("resnet18", 2, "sgd")
+    prep = prepared("resnet18", 2, "sgd")
 
     def make(fn):
         def bad(ctx, inputs, outputs):
@@ -260,7 +244,7 @@ def test_unbiased_running_variance_is_caught(monkeypatch):
             outputs[2][...] = m * old + (1 - m) * batch_var * n / (n - 1)
         return bad
 
-    _patch_kernel(monkeypatch, prep.graph, "BatchNormInternal", "com.microsoft", make)
+    patch_kernel(monkeypatch, prep.graph, "BatchNormInternal", "com.microsoft", make)
     v = verify_run(prep, steps=1)
     assert not v.ok
     kinds = {c.kind for c in v.steps[0].failures}
@@ -309,7 +293,7 @@ def test_batchnorm_statistics_of_rounding_noise_are_no_false_alarm(monkeypatch, 
     """The running mean of a BN whose input cancels to zero is rounding on both sides: a correct
     run passes, and a real fault after that BN (the Linear's output 10% off) is named, not the BN's
     statistics (the explanation's intermediate check had a relative tolerance only)."""
-    prep = _prepared(_ZeroMeanBN.export(tmp_path / "zero_mean_bn.onnx"), 2, "sgd")
+    prep = prepared(_ZeroMeanBN.export(tmp_path / "zero_mean_bn.onnx"), 2, "sgd")
     v = verify_run(prep, steps=2)
     assert v.ok, v.summary()
 
@@ -319,7 +303,7 @@ def test_batchnorm_statistics_of_rounding_noise_are_no_false_alarm(monkeypatch, 
             outputs[0][...] *= 1.1
         return bad
 
-    _patch_kernel(monkeypatch, prep.graph, "Gemm", "", make)
+    patch_kernel(monkeypatch, prep.graph, "Gemm", "", make)
     first = _failure(prep)
     assert first.node.endswith("Gemm"), first
 
@@ -333,7 +317,7 @@ def test_fault_where_gradients_are_rounding_sized_is_caught(monkeypatch):
     that far down, the embeddings' BatchNormalizationGrad dX 10% off (a random direction, three
     times the 3e-2 tolerance; a smaller one passes by design, at any node), is named at that node."""
     pytest.importorskip("transformers")
-    prep = _prepared("hf-efficientnet", None, "sgd")
+    prep = prepared("hf-efficientnet", None, "sgd")
     assert verify_run(prep, steps=1).ok
     target = next(n.name for n in prep.graph.nodes
                   if n.op_type == "BatchNormalizationGrad" and "/embeddings/batchnorm/" in n.name)
@@ -348,7 +332,7 @@ def test_fault_where_gradients_are_rounding_sized_is_caught(monkeypatch):
                 dx += (0.1 * np.linalg.norm(dx) / np.linalg.norm(r) * r).astype(dx.dtype)
         return bad
 
-    _patch_kernel(monkeypatch, prep.graph, "BatchNormalizationGrad", "com.microsoft", make)
+    patch_kernel(monkeypatch, prep.graph, "BatchNormalizationGrad", "com.microsoft", make)
     first = _failure(prep)
     assert first.node == target
     assert first.error / first.tolerance > 2
@@ -361,7 +345,7 @@ def test_updates_are_compared_a_group_of_parameters_at_a_time(monkeypatch):
     from onnxplan.executor.runner import Executor
     from onnxplan.verification import step_check
 
-    prep = _prepared("mlp", 2, "adamw")
+    prep = prepared("mlp", 2, "adamw")
     monkeypatch.setattr(step_check, "UPDATE_GROUP_BYTES", 1 << 40)
     whole = verify_run(prep, steps=1)
     monkeypatch.setattr(step_check, "UPDATE_GROUP_BYTES", 1)  # every parameter alone
