@@ -333,7 +333,7 @@ def check_batches(graph: StepGraph, batch: dict[str, np.ndarray]) -> None:
     for name in graph.inputs:
         if name == LEARNING_RATE:
             continue
-        spec, arr = graph.values[name].spec, batch.get(name)
+        spec, arr = graph.values[name].known_spec, batch.get(name)
         if arr is None or tuple(arr.shape) != spec.shape or arr.dtype != np.dtype(spec.dtype):
             got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
             raise ModelError(f"step input {name!r}: the data has {got}, the plan expects {spec}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 # output index -> input indices the kernel can write that output into (in place)
-Overwrites = dict[int, tuple[int, ...]]
+Overwrites = Mapping[int, tuple[int, ...]]
 # (node, input specs, output specs) -> bytes of scratch the kernel needs at its EO
 ScratchRule = Callable[[Node, list, list], int]
 

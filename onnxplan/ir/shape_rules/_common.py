@@ -75,9 +75,10 @@ def has_input(node: Node, i: int) -> bool:
 
 def need(node: Node, specs: list[TensorSpec | None], i: int) -> TensorSpec:
     """The spec of input i, which must be present."""
-    if i >= len(specs) or specs[i] is None:
+    spec = specs[i] if i < len(specs) else None
+    if spec is None:
         raise fail(f"required input {i} is missing")
-    return specs[i]
+    return spec
 
 
 def const(node: Node, consts: dict[str, np.ndarray], i: int) -> np.ndarray | None:
