@@ -111,7 +111,7 @@ def io_stalls(seconds: Sequence[float], transfers: Sequence[Transfer], bandwidth
                     stalls[i] += ends[i] - now
                     now = ends[i]
         if t == n:
-            for i in sorted(ends, key=ends.get):
+            for i in sorted(ends, key=ends.__getitem__):
                 if ends[i] > now:
                     stalls[i] += ends[i] - now
                     now = ends[i]
