@@ -84,14 +84,15 @@ class DevicePeak:
         self.pool_total_bytes = 0
         self._live: dict[int, int] = {}
         self._lock = threading.Lock()
-        self._hook = None
+        self._hook: Any = None  # a cupy MemoryHook while entered
 
     def __enter__(self) -> DevicePeak:
         xp = self.xp
         synchronize(xp)
         outer = self
+        memory_hook: Any = xp.cuda.MemoryHook
 
-        class _Hook(xp.cuda.MemoryHook):
+        class _Hook(memory_hook):
             name = "onnxplan.DevicePeak"
 
             def malloc_postprocess(self, **kw):  # device_id, size, mem_size, mem_ptr, pmem_id
@@ -110,8 +111,7 @@ class DevicePeak:
         self._hook.__enter__()
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         synchronize(self.xp)
         self._hook.__exit__(*exc)
         self.pool_total_bytes = int(self.xp.get_default_memory_pool().total_bytes())
-        return False

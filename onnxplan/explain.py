@@ -89,7 +89,8 @@ def joint_rows(plan: Plan) -> list[JointRow]:
     for sw in plan.swaps:
         swaps.setdefault(group.get(sw.value, sw.value), []).append(sw)
     copies = recompute_copies(list(plan.order))
-    rows, shown = [], set()
+    rows: list[JointRow] = []
+    shown: set[int] = set()
     for b in j.buffers:
         mine = swaps.get(group.get(b.buffer, b.buffer), [])
         shown.update(id(sw) for sw in mine)

@@ -37,7 +37,7 @@ class OverBudget:
 
     model: str
     budget: int
-    smallest: int
+    smallest: float  # a bench row's planned_peak_bytes (a JSON number; whole bytes as onnxplan writes it)
     strategy: str
 
 

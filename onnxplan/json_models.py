@@ -9,14 +9,17 @@ generated from the same descriptions (onnxplan.schema_doc)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import Field, TypeAdapter, ValidationError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = ["adapter", "doc", "dumped", "error_line", "optional", "record_of", "typed_items", "validated"]
 
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 
 def doc(text: str, **kw: Any) -> Any:
@@ -29,10 +32,15 @@ def optional(text: str) -> Any:
     return Field(description=f"{text} (absent when null)", exclude_if=lambda v: v is None)
 
 
-@functools.cache
-def adapter(cls: Any) -> TypeAdapter:
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def adapter(cls: Any) -> TypeAdapter[Any]:
     """The (cached) pydantic adapter of a record type."""
-    return TypeAdapter(cls)
+    made = _ADAPTERS.get(cls)
+    if made is None:
+        made = _ADAPTERS[cls] = TypeAdapter(cls)
+    return made
 
 
 def error_line(exc: ValidationError) -> str:
@@ -67,7 +75,7 @@ def typed_items(cls: type[T], items: Any) -> tuple[T, ...]:
                  for x in items)
 
 
-def record_of(cls: type[T], d: dict[str, Any]) -> T:
+def record_of(cls: type[D], d: dict[str, Any]) -> D:
     """A record from a dict that was validated already (or made by this run): its fields only,
     the rest of the dict ignored, as on load."""
     return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})

@@ -84,13 +84,13 @@ def loss_block(fm):
     LossType, or the token-level Block (ce on [B, S, C], causal-lm)."""
     from onnxruntime.training import artifacts
 
-    from onnxplan.forward.spec import token_ids
+    from onnxplan.forward.spec import chosen_token_ids
 
     if fm.loss == "mse":
         return artifacts.LossType.MSELoss
-    if fm.loss == "ce" and len(fm.labels.shape) == 1:
-        return artifacts.LossType.CrossEntropyLoss
     if fm.loss == "ce":
-        return _token_cross_entropy(None)
+        if fm.labels is None:
+            raise RuntimeError("loss 'ce' without its labels input")
+        return artifacts.LossType.CrossEntropyLoss if len(fm.labels.shape) == 1 else _token_cross_entropy(None)
     shape = _output_shape(fm.model, fm.model.graph.output[0].name)
-    return _token_cross_entropy(token_ids(fm.inputs, shape).name)
+    return _token_cross_entropy(chosen_token_ids(fm.inputs, shape).name)

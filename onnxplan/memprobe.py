@@ -90,7 +90,7 @@ class _RssSampler(threading.Thread):
 class _Probe:
     """Process-wide probe state, set by mark_baseline() in the child."""
 
-    baseline: int | None = None
+    baseline: int = 0  # VmRSS at the last mark_baseline() (the child calls it before the target)
     method: str | None = None
     sampler: _RssSampler | None = None
 
@@ -136,6 +136,8 @@ def mark_baseline() -> None:
 def _peak_rss() -> int:
     if _Probe.method == "clear_refs":
         return read_memory_status()["VmHWM"]
+    if _Probe.sampler is None:
+        raise RuntimeError("the probe's peak RSS read before mark_baseline()")
     return _Probe.sampler.stop()
 
 
@@ -145,6 +147,8 @@ def _load_target(target: str):
         raise ProbeError(f"target {target!r}: expected 'package.module:function' or 'file.py:function'")
     if module_part.endswith(".py"):
         spec = importlib.util.spec_from_file_location(Path(module_part).stem, module_part)
+        if spec is None or spec.loader is None:
+            raise ProbeError(f"target {target!r}: {module_part} cannot be loaded as a Python module")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     else:

@@ -165,7 +165,8 @@ def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: 
     """
     heuristics = list(HEURISTIC_PLANNERS) if opts.planner == "auto" else \
         [opts.planner] if opts.planner != "ilp" else []
-    best = None  # (arena, candidate index, rows, plans)
+    # (arena, candidate index, rows, plans)
+    best: tuple[int, int, list[PlannerRow], dict[str, OffsetPlan]] | None = None
     for i, cand in enumerate(candidates if not swapping else candidates[:1]):
         policy, _, lt, bound, _ = cand
         if best is not None and bound >= best[0]:
@@ -181,6 +182,8 @@ def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: 
             best = (arena if arena is not None else 1 << 62, i, rows, plans)
         if arena is None:
             break  # --planner ilp: the ILP places the first order only
+    if best is None:
+        raise RuntimeError("no order to place buffers on")
     _, i, rows, plans = best
     cand = candidates[i]
     _, _, lt, bound, _ = cand

@@ -20,9 +20,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from onnxplan import settings
 from onnxplan.settings import ENV
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
 
 __all__ = ["MODE_ENV", "Progress"]
 
@@ -51,11 +55,11 @@ class Progress:
         self.item = ""
         self.spoke = False
         self._start = self._last = time.monotonic()
-        self._printed_item = None
+        self._printed_item: str | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bar = None
+        self._bar: RichProgress | None = None
         self._outer: Progress | None = None
 
     # ---- lifecycle -------------------------------------------------------

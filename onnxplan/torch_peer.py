@@ -33,7 +33,7 @@ __all__ = [
     "run_torch",
 ]
 
-_ADAMW = {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0}  # onnxblock AdamW defaults
+_ADAMW: dict[str, Any] = {"betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0}  # onnxblock AdamW defaults
 
 TORCH_OPS: dict[str, Callable[..., Any]] = {}
 
@@ -328,10 +328,10 @@ class TorchTrainer:
             self.label_name = meta["labels"]["name"]
         else:  # causal-lm: the token ids (onnxplan.forward.spec.token_ids)
             from onnxplan.data import InputSpec
-            from onnxplan.forward.spec import token_ids
+            from onnxplan.forward.spec import chosen_token_ids
 
             out = model.graph.output[0].type.tensor_type.shape.dim
-            self.label_name = token_ids([InputSpec.from_dict(row) for row in meta["inputs"]],
+            self.label_name = chosen_token_ids([InputSpec.from_dict(row) for row in meta["inputs"]],
                                         tuple(d.dim_value for d in out)).name
 
     def step(self, batch: dict[str, np.ndarray]) -> tuple[float, float]:

@@ -560,3 +560,9 @@ def test_per_parameter_updates_and_layer_norm_stats():
     assert specs["mean"] == specs["istd"] == TensorSpec("float32", (2, 1, 1)) and specs["y"].dtype == "float16"
 
 
+
+
+@pytest.mark.parametrize("op, opset, name", [("Pad", 2, "pads"), ("Reshape", 1, "shape")])
+def test_a_missing_required_attribute_is_named(op, opset, name):
+    with pytest.raises(ModelError, match=rf"node 'p' \({op}\): attribute '{name}' is missing$"):
+        infer_shapes([Node("p", op, "", ["x"], ["y"])], {"x": TensorSpec("float32", (2, 3))}, {}, {"": opset})

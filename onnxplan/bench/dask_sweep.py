@@ -15,6 +15,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from onnxplan.bench.measure import measure_plan
@@ -33,13 +34,15 @@ from onnxplan.bench.sweep import (
     plan_one,
 )
 from onnxplan.errors import UsageError
+from onnxplan.ir.graph import StepGraph
 from onnxplan.loading.artifacts import ARTIFACT_FILES
 from onnxplan.loading.resolve import resolve_artifacts
 from onnxplan.loading.step import step_at
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
 
-_MODELS: dict[Any, tuple] = {}  # per worker process: request -> (folder, meta, StepGraph), reused by its rows
+# per worker process: request -> (folder, meta, StepGraph), reused by its rows
+_MODELS: dict[Any, tuple[Path, dict, StepGraph]] = {}
 
 
 def open_client(scheduler: str | None = None, workers: int | None = None):
@@ -80,39 +83,36 @@ def _timed_run_lock() -> Iterator[None]:
         yield
 
 
-def _model(config: BenchConfig, model: str, folder: str | None) -> tuple:
+def _model(config: BenchConfig, model: str, folder: str | None) -> tuple[Path, dict, StepGraph]:
     """(artifact folder, metadata, step graph) of `model` on this worker, once per worker process.
 
     `folder` is where the client found the artifacts: on the same machine (a LocalCluster, a
     shared cache) they are used as they are; elsewhere the worker resolves them into its own
     cache (for a zoo model that builds its forward model to find the cache entry)."""
-    from pathlib import Path
-
-
     key = config.request(model)
     if key not in _MODELS:
         here = folder is not None and all((Path(folder) / f).is_file() for f in ARTIFACT_FILES)
-        folder = Path(folder) if here else resolve_artifacts(key)
-        _MODELS[key] = folder, model_meta(folder, config, model), step_at(folder, key)
+        where = Path(folder) if folder is not None and here else resolve_artifacts(key)
+        _MODELS[key] = where, model_meta(where, config, model), step_at(where, key)
     return _MODELS[key]
 
 
 def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | None = None) -> tuple[dict, dict]:
     """On a worker: plan (and measure) one row; (row, plan entry)."""
-    folder, meta, graph = _model(config, model, folder)
+    where, meta, graph = _model(config, model, folder)
     row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
         with _timed_run_lock():
-            row.update(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
+            row.update(measure_plan(where, plan, config.repeat, config.warmup, threads=config.thread_count))
         row["measured"] = row["measured_peak_bytes"] is not None
     return row, plan_entry(plan, strategy.name, meta.get("batch"))
 
 
 def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = None) -> dict:
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
-    folder = _model(config, model, folder)[0]
+    where = _model(config, model, folder)[0]
     with _timed_run_lock():
-        figures = measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count)
+        figures = measure_peer(peer, where, config.repeat, config.warmup, threads=config.thread_count)
     return {**figures, "host": platform.node()}
 
 

@@ -25,7 +25,7 @@ DEFAULT_STRATEGIES = ("auto", "nntrainer+sort", "given+best-fit", "greedy+greedy
 CI_STRATEGIES = ("auto+greedy-size", "nntrainer+sort", "given+best-fit", "greedy+greedy-size",
                  "auto+greedy-size/no-interleave", "auto+greedy-size/no-inplace")
 
-_MODIFIERS = {"no-interleave": ("interleave", False), "no-inplace": ("inplace", False)}
+_MODIFIERS: dict[str, tuple[str, bool]] = {"no-interleave": ("interleave", False), "no-inplace": ("inplace", False)}
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Strategy:
     interleave: bool = True
     inplace: bool = True
 
-    def options(self, time_limit: float) -> PlanOptions:
+    def options(self, time_limit: float | None) -> PlanOptions:
         return PlanOptions(self.order, self.planner, self.interleave, self.inplace, time_limit)
 
 
@@ -53,7 +53,7 @@ def parse_strategy(name: str) -> Strategy:
     """'auto', 'ORDER+PLANNER[/no-interleave][/no-inplace]', 'no-interleave', 'no-inplace'."""
     text = name.strip()
     head, *mods = text.split("/")
-    fields: dict[str, object] = {}
+    fields: dict[str, bool] = {}
     if head in _MODIFIERS:
         mods.insert(0, head)
         head = "auto"

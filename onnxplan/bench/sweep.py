@@ -153,11 +153,9 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
     """
     rows = {row_key(r): r for r in doc["rows"]}
     run, t0 = _start_run(doc), time.perf_counter()
-    inner_save = save
-
-    def save(d: dict) -> None:
+    def save_run(d: dict) -> None:  # `save`, with this run's figures brought up to date
         run.update(wall_seconds=round(time.perf_counter() - t0, 1), rows_after=len(rows), loadavg_end=_loadavg())
-        inner_save(d)
+        save(d)
 
     for model in config.models:
         advance(f"{model}: artifacts", 0)
@@ -188,7 +186,7 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
             rows[key] = row
             doc["plans"][plan_key(model, batch, strategy.name)] = plan_entry(plan, strategy.name, batch)
             doc["rows"] = list(rows.values())
-            save(doc)
+            save_run(doc)
             advance(f"{model} {strategy.name}: done", 1)
         pkey = peer_key(model, batch)
         todo = _peers_todo(doc, pkey, config)
@@ -198,11 +196,11 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
             figures = measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count)
             doc["peers"].setdefault(pkey, {})[peer] = figures
             _fill_peers(doc, model, batch)
-            save(doc)
+            save_run(doc)
             advance(f"{model}: {peer} done", 1)
         _fill_peers(doc, model, batch)
     doc["rows"] = list(rows.values())
-    save(doc)
+    save_run(doc)
     return doc
 
 

@@ -13,7 +13,7 @@ from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
 from onnxplan.checkpoint.select import Selection, choose_schedule, stage_summary
 from onnxplan.ir.graph import StepGraph
-from onnxplan.plan_records import CheckpointRecord
+from onnxplan.plan_records import CheckpointRecord, CheckpointTry
 from onnxplan.planning import PlanOptions, PlanOutcome
 
 __all__ = ["plan_with_checkpoint"]
@@ -32,7 +32,7 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
     pre = step_before_inplace(graph, base)
     times, time_note = costs.times(pre, inplace=opts.inplace, order=opts.order)
     chain = build_chain(pre, times)
-    if plain is not None and plain.plan.peak_bytes <= opts.budget:
+    if plain is not None and opts.budget is not None and plain.plan.peak_bytes <= opts.budget:
         sel = Selection(policy, Schedule(store_all(chain.length), policy), chain,
                         plain.plan.peak_bytes, notes=["the plain plan fits the budget: no recomputation"])
         candidates = []
@@ -49,17 +49,19 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
         out = attempt(graph, replace(base, recompute=code))
         if opts.budget is None or out.plan.peak_bytes <= opts.budget:
             break
+    if out is None:  # no budget: one candidate at least
+        raise RuntimeError(f"checkpoint {policy}: no schedule was planned")
     sim = simulate(chain.costs(), sched.ops)
     record = CheckpointRecord(
         policy=policy, budget_bytes=opts.budget, schedule=code, slots=slots,
-        stages=tuple(stage_summary(chain, sched)), time_source=chain.time_source,
+        stages=stage_summary(chain, sched), time_source=chain.time_source,
         chain_time_seconds=sim.time, chain_model_peak_bytes=sim.peak,
         extra_forward_seconds=sim.time - sum(s.forward_seconds + s.backward_seconds for s in chain.stages),
         predicted_step_seconds=times.step_seconds(out.graph),
         predicted_step_seconds_without=times.step_seconds(pre),
         notes=(time_note, *sel.notes, *sched.notes), select_seconds=time.perf_counter() - t0,
-        tried=tuple({"schedule": encode(s.ops, chain.length), "planned_peak_bytes": p,
-                     "chain_time_seconds": simulate(chain.costs(), s.ops).time} for s, p in sel.tried),
+        tried=tuple(CheckpointTry(encode(s.ops, chain.length), p, simulate(chain.costs(), s.ops).time)
+                    for s, p in sel.tried),
     )
     out.plan = replace(out.plan, checkpoint=record)
     out.pass_notes = [*out.pass_notes, *(f"checkpoint: {n}" for n in record.notes)]

@@ -236,6 +236,8 @@ def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,
     others; it may miss the budget: the caller compares). Returns (outcome, one line); the
     choice is recorded in plan.strategy as for fit_budget."""
     budget = opts.budget
+    if budget is None:  # MemoryRequest refuses --strategy without --budget
+        raise RuntimeError(f"strategy {name}: planned without a budget")
     out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
     times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
     cand = weigh(name, out, budget, times)

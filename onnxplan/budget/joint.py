@@ -58,7 +58,10 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
                           total_seconds=max(MIN_ROUND_SECONDS, _left(t_end) * PAGING_SHARE),
                           io_cpu_per_byte=rates.cpu_per_byte)
     cands.append(("joint", paged))
-    if paged.plan.joint.status != "PLAIN":  # the plain plan fits: nothing is faster
+    paged_record = paged.plan.joint
+    if paged_record is None:
+        raise RuntimeError("plan_joint gave a plan without its joint record")
+    if paged_record.status != "PLAIN":  # the plain plan fits: nothing is faster
         for name in ("recompute", "swap"):
             cands.append((name, STRATEGIES[name](graph, budget, costs, time_limit, base)))
         if _left(t_end) * RECOMPUTE_SHARE >= MIN_ROUND_SECONDS:
@@ -73,11 +76,9 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     why = (f"{name} chosen: predicted {secs * 1e3:.2f} ms, peak {format_bytes(out.plan.peak_bytes)} for budget "
            f"{format_bytes(budget)} (weighed: " + ", ".join(
                f"{c.name} {c.seconds * 1e3:.2f} ms" + ("" if c.fits else " misses") for c in weighed) + ")")
-    weighed = tuple({"strategy": c.name, "peak_bytes": c.peak_bytes, "fits": c.fits,
-                     "predicted_step_seconds": c.seconds} for c in weighed)
-    record = out.plan.joint if out.plan.joint is not None else _borrowed(paged.plan.joint, out, name)
-    record = replace(record, time_source=note, chosen=name, candidates=weighed, predicted_step_seconds=secs,
-                     notes=(*record.notes, why))
+    record = out.plan.joint if out.plan.joint is not None else _borrowed(paged_record, out, name)
+    record = replace(record, time_source=note, chosen=name, candidates=tuple(c.record() for c in weighed),
+                     predicted_step_seconds=secs, notes=(*record.notes, why))
     out.plan = replace(out.plan, joint=record)
     if out.plan.swaps and out.plan.swap.store is None:  # the joint schedule's page-ins: priced at `rates`
         out.plan = replace(out.plan, swap=replace(out.plan.swap, store=rates.record()))

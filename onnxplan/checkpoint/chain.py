@@ -128,14 +128,14 @@ def _backward_stages(a: StepAnalysis, bwd: list[Node], fwd_stage: dict[str, int]
             inner = [value_stage[i] for i in n.inputs if i in value_stage and i not in cut_values]
             found = max(inner) if inner else None
         if found is None:
-            fed = [stage[producer[i]] for i in n.inputs if i in producer and stage.get(producer[i])]
+            fed = [s for i in n.inputs if i in producer and (s := stage.get(producer[i]))]
             found = min(fed) if fed else None
         stage[n.name] = found
     for n in reversed(bwd):
         if stage[n.name] is None:
-            users = [stage[r] for o in n.outputs for r in a.consumers.get(o, ()) if r in in_bwd and stage.get(r)]
+            users = [s for o in n.outputs for r in a.consumers.get(o, ()) if r in in_bwd and (s := stage.get(r))]
             stage[n.name] = users[0] if users else last
-    return {k: int(v) for k, v in stage.items()}
+    return {k: int(v) for k, v in stage.items() if v is not None}  # every node has its stage by now
 
 
 def _peak(g: StepGraph, nodes: list[Node], roots: dict[str, str], counted, release: dict[str, int],

@@ -87,7 +87,7 @@ def apply_schedule(graph: StepGraph, chain: Chain, schedule: Schedule) -> PassRe
     current: dict[str, str] = {}  # forward value -> its latest version
     seq: list[Node] = [n for n in g.nodes if n.name in fwd_names]
     placed = {n.name for n in seq}
-    done = Counter()
+    done: Counter[int] = Counter()
     last_bwd: str | None = None
     copies = 0
     for kind, s in schedule.ops[L:]:

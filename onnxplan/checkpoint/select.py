@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from onnxplan.checkpoint.chain import Chain
 from onnxplan.checkpoint.chen import chen_candidates
 from onnxplan.checkpoint.recompute import apply_schedule
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS, rotor_schedule, rotor_table_for_chain
-from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Schedule, simulate, store_all
+from onnxplan.checkpoint.schedule import FALL, FCK, FNONE, Op, Schedule, simulate, store_all
 from onnxplan.checkpoint.sqrt import sqrt_schedule
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.json_models import typed_items
 from onnxplan.offsets import lower_bound, plan_offsets
 from onnxplan.orders import order_nodes
 from onnxplan.passes.inplace import inplace, inplace_state
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.plan_records import CheckpointStage
 from onnxplan.step_analysis import step_analysis
 
 __all__ = [
@@ -61,13 +62,9 @@ class PeakEvaluator:
             g = apply_schedule(self.pre, self.chain, schedule).graph
             g = (inplace if self.inplace else inplace_state)(g).graph
             roots = step_analysis(g).roots
-            best = None
-            for policy in self.orders:
-                lt = lifetimes(g, order_nodes(g, policy, buffer_of=roots).order)
-                bound = lower_bound(lt.buffers)
-                if best is None or bound < best[0]:
-                    best = (bound, lt)
-            lt = best[1]
+            # the order of the least lower bound (the first such)
+            lt = min((lifetimes(g, order_nodes(g, policy, buffer_of=roots).order) for policy in self.orders),
+                     key=lambda lt: lower_bound(lt.buffers))
             self.cache[schedule.ops] = lt.persistent_bytes + plan_offsets("best-fit", lt.buffers).arena_bytes
         return self.cache[schedule.ops]
 
@@ -118,17 +115,25 @@ def _rotor(costs, evaluate, budget, slots, max_evaluations, notes) -> tuple[Sche
     hi = tab.slots  # the most memory the table knows: every larger column is store-all-like
     if lo is None:
         return Schedule(store_all(costs.length), "rotor", ("no schedule within the table",)), []
-    at = lambda m: rotor_schedule(tab, m)
     tried: dict[int, int] = {}
 
+    def at(m: int) -> Schedule:
+        """Column m's schedule (every column from lo up has one)."""
+        sched = rotor_schedule(tab, m)
+        if sched is None:
+            raise RuntimeError(f"rotor: no schedule in column {m} of the table (its first is {lo})")
+        return sched
+
     def fits(m: int) -> bool:
-        tried[m] = evaluate(at(m)) if at(m) is not None else 1 << 62
+        sched = rotor_schedule(tab, m)
+        tried[m] = evaluate(sched) if sched is not None else 1 << 62
         return budget is not None and tried[m] <= budget
 
     def scan_least(count: int) -> int:
         """Columns lo, lo+1, ..: the first `count` distinct schedules (the model's memory is
         not the plan's: the least planned peak may be a column or two up)."""
-        seen, m = set(), lo
+        seen: set[tuple[Op, ...]] = set()
+        m = lo
         while m <= hi and len(seen) < count:
             ops = at(m).ops
             if ops not in seen:
@@ -163,7 +168,7 @@ def _rotor(costs, evaluate, budget, slots, max_evaluations, notes) -> tuple[Sche
     return at(good), [(at(m), p) for m, p in sorted(tried.items())]
 
 
-def stage_summary(chain: Chain, schedule: Schedule) -> list[dict[str, Any]]:
+def stage_summary(chain: Chain, schedule: Schedule) -> tuple[CheckpointStage, ...]:
     """Per stage: what the forward pass keeps, what is recomputed, how often it runs."""
     L = chain.length
     runs = schedule.executions(L)
@@ -181,4 +186,4 @@ def stage_summary(chain: Chain, schedule: Schedule) -> list[dict[str, Any]]:
             "extra_seconds": st.forward_seconds * max(runs[st.index] - 1, 0),
             "not_recomputable": st.nondeterministic,
         })
-    return rows
+    return typed_items(CheckpointStage, rows)

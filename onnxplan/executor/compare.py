@@ -66,8 +66,8 @@ def compare_results(losses: list[float], params: dict[str, np.ndarray], ref_loss
     offenders: list[Offender] = []
     if len(losses) != len(ref_losses):
         problems.append(f"{len(losses)} losses, ONNX Runtime has {len(ref_losses)}")
-    for k, (a, b) in enumerate(zip(losses, ref_losses)):
-        offenders.append(_worst(f"loss[step {k}]", np.asarray(a), np.asarray(b), rtol, atol))
+    for k, (loss, ref) in enumerate(zip(losses, ref_losses)):
+        offenders.append(_worst(f"loss[step {k}]", np.asarray(loss), np.asarray(ref), rtol, atol))
     for name in sorted(set(params) | set(ref_params)):
         if name not in params or name not in ref_params:
             side = "ours" if name not in params else "ONNX Runtime's"

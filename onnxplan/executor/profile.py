@@ -53,7 +53,7 @@ def step_data(graph: StepGraph, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     out = {}
     for name in graph.inputs:
-        spec = graph.values[name].spec
+        spec = graph.values[name].known_spec
         if np.issubdtype(np.dtype(spec.dtype), np.floating):
             out[name] = rng.standard_normal(spec.shape).astype(spec.dtype)
         else:
@@ -65,7 +65,7 @@ def _stand_in(graph: StepGraph, name: str) -> np.ndarray:
     """A parameter's stand-in of the usual scale (zeros would make the gradients denormal,
     and denormal arithmetic is many times slower): ones for vectors (scales, variances),
     normal(0, 1 / sqrt(largest dimension)) otherwise."""
-    spec = graph.values[name].spec
+    spec = graph.values[name].known_spec
     if not np.issubdtype(np.dtype(spec.dtype), np.floating):
         return np.zeros(spec.shape, spec.dtype)
     if len(spec.shape) <= 1:

@@ -179,7 +179,7 @@ class Executor:
         """Every node's kernel in plan order: _call's body inlined (per-node overhead counts on
         small models with hundreds of nodes); a failure is reported as _call reports it."""
         copyto = self.xp.copyto
-        c = None
+        c: _Call | None = None
         try:
             for c in self.calls:
                 c.fn(c.ctx, c.inputs, c.outputs)
@@ -189,6 +189,8 @@ class Executor:
         except OnnxplanError:
             raise
         except Exception as exc:
+            if c is None:  # not a kernel's failure
+                raise
             raise self._kernel_error(c, exc) from exc
 
     def _call(self, c: _Call) -> None:
@@ -242,6 +244,8 @@ class Executor:
 
     def _checked_step(self, batch: dict[str, np.ndarray]) -> float:
         chk = self.checker
+        if chk is None:
+            raise RuntimeError("a checked step without the arena checker")
         chk.start_step()
         self._feed(batch)
         chk.fed([*self.feeds, LEARNING_RATE])
@@ -333,7 +337,7 @@ def check_batches(graph: StepGraph, batch: dict[str, np.ndarray]) -> None:
     for name in graph.inputs:
         if name == LEARNING_RATE:
             continue
-        spec, arr = graph.values[name].spec, batch.get(name)
+        spec, arr = graph.values[name].known_spec, batch.get(name)
         if arr is None or tuple(arr.shape) != spec.shape or arr.dtype != np.dtype(spec.dtype):
             got = "nothing" if arr is None else f"{arr.dtype}{list(arr.shape)}"
             raise ModelError(f"step input {name!r}: the data has {got}, the plan expects {spec}")

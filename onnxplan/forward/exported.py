@@ -86,9 +86,9 @@ def optimizer_warning(model: onnx.ModelProto) -> str | None:
     parts = []
     if merged:
         first = min(merged)
-        others = sorted(p[2:] for p in merged[first])
+        also = sorted(p[2:] for p in merged[first])
         parts.append(f"{len(merged)} initializer(s) of equal value merged, each now trains as one parameter for "
-                     f"several ('{first}' also for {_shown(others) or 'other modules'})")
+                     f"several ('{first}' also for {_shown(also) or 'other modules'})")
     if lost:
         parts.append(f"{len(lost)} parameter(s) folded into constants or removed ({_shown([p[2:] for p in lost])})")
     if split:

@@ -20,7 +20,7 @@ from onnxplan.forward.decompose import value_types
 
 __all__ = ["cast_integer_args"]
 
-_CAST_FIRST = {TensorProto.INT64: "int64", TensorProto.UINT64: "uint64", TensorProto.UINT32: "uint32",
+_CAST_FIRST: dict[int, str] = {TensorProto.INT64: "int64", TensorProto.UINT64: "uint64", TensorProto.UINT32: "uint32",
                TensorProto.INT16: "int16", TensorProto.UINT16: "uint16"}
 _INT32 = (int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max))
 _BOOL_OPS = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor",
@@ -86,7 +86,7 @@ class _Ranges:
                 return (0, 1)
             dst = _type_range(to)
             r = self.of(ins[0], depth + 1) if dst is not None else None
-            if r is not None and not (dst[0] <= r[0] and r[1] <= dst[1]):
+            if dst is not None and r is not None and not (dst[0] <= r[0] and r[1] <= dst[1]):
                 return None  # the cast could wrap or round
             return r
         if op in _SAME_VALUES:
@@ -95,8 +95,9 @@ class _Ranges:
             a, b = self.of(ins[1], depth + 1), self.of(ins[2], depth + 1)
             r = None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
         elif op in ("Mul", "Add", "Sub", "Min", "Max") and len(ins) >= 2:
-            rs = [self.of(i, depth + 1) for i in ins]
-            if any(x is None for x in rs):
+            found = [self.of(i, depth + 1) for i in ins]
+            rs = [x for x in found if x is not None]
+            if len(rs) < len(found):
                 return None
             r = rs[0]
             for b in rs[1:]:

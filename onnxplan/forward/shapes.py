@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import onnx
@@ -92,7 +93,7 @@ def _eval_node(node: onnx.NodeProto, feeds: dict, opsets) -> list | None:
     outs = [helper.make_value_info(o, onnx.TypeProto()) for o in node.output if o]
     mini = helper.make_model(helper.make_graph([node], "fold", ins, outs), opset_imports=list(opsets))
     try:
-        return ReferenceEvaluator(mini).run(None, feeds)
+        return cast(list, ReferenceEvaluator(mini).run(None, feeds))  # a list: no intermediate=True
     except Exception:  # noqa: BLE001 - anything it cannot evaluate stays a node
         return None
 
@@ -235,9 +236,10 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
     graph = model.graph
     data = [vi for vi in graph.input if vi.name not in init_names]
     exported = _fixed_batch(data)
-    rebatch = exported is not None and batch is not None and batch != exported
+    # (exported batch, new batch) when re-batching
+    rebatch = (exported, batch) if exported is not None and batch is not None and batch != exported else None
     if rebatch:
-        rewritten = _batch_following_reshapes(model, exported)
+        rewritten = _batch_following_reshapes(model, rebatch[0])
         if rewritten:
             notes.append(f"{rewritten} Reshape shape(s) [{exported}, ...] that keep the batch rows now copy "
                          f"the leading dim (0)")
@@ -245,7 +247,7 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
     for vi in data:
         shape = _input_shape(vi, dims, batch)
         if rebatch and shape and shape[0] == exported:
-            shape = (int(batch), *shape[1:])
+            shape = (rebatch[1], *shape[1:])
         shapes[vi.name] = shape
         _set_shape(vi, shape)
     out = graph.output[0]
@@ -270,21 +272,22 @@ def fix_shapes(model: onnx.ModelProto, init_names: set[str], dims: Mapping[str, 
             raise ModelError(f"{refuse}: shape inference leaves {len(missing)} value(s) without a static "
                              f"shape (first: {missing[0]})")
     got = inferred.graph.output[0].type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") else None for d in got.shape.dim] if got.HasField(
+    got_dims = [d.dim_value if d.HasField("dim_value") else None for d in got.shape.dim] if got.HasField(
         "shape") else None
-    if shape is None or None in shape:
+    if got_dims is None or None in got_dims:
         if rebatch or declared is None:
             raise ModelError(f"the output '{out.name}' of {name} gets no static shape; give every dynamic "
                              f"dimension with --batch / --dim NAME=N")
-        shape = list(declared)  # an op onnx cannot infer (a contrib op): trust the declaration
+        shape = declared  # an op onnx cannot infer (a contrib op): trust the declaration
+    else:
+        shape = tuple(d for d in got_dims if d is not None)
     if rebatch:
         if not shape or shape[0] != batch:
             raise ModelError(f"{refuse}: the output's leading dimension stays {shape[0] if shape else '?'} "
                              f"(a constant in the graph bakes the batch in, e.g. a Reshape shape)")
         notes.append(f"re-batched from the exported batch {exported} to {batch} (every shape re-inferred)")
     _set_shape(out, tuple(shape))
-    return StaticShapes(shapes, tuple(shape), (exported, int(batch)) if rebatch else None,
-                        _static_values(inferred))
+    return StaticShapes(shapes, tuple(shape), rebatch, _static_values(inferred))
 
 
 def _static_values(inferred: onnx.ModelProto) -> dict[str, tuple[int, ...]]:

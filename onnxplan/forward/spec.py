@@ -12,7 +12,8 @@ import onnx
 
 from onnxplan.errors import ModelError, UsageError
 
-__all__ = ["LOSSES", "OPTIMIZERS", "ForwardModel", "InputSpec", "labels_for_output", "losses_for", "token_ids"]
+__all__ = ["LOSSES", "OPTIMIZERS", "ForwardModel", "InputSpec", "chosen_token_ids", "labels_for_output", "losses_for",
+           "token_ids"]
 
 LOSSES = ("ce", "mse", "causal-lm")
 OPTIMIZERS = ("adamw", "sgd")
@@ -108,6 +109,14 @@ def token_ids(inputs, shape: tuple[int, ...]) -> InputSpec | None:
     if len(ids) > 1:
         ids = [s for s in ids if s.name == "input_ids"]
     return ids[0] if len(ids) == 1 else None
+
+
+def chosen_token_ids(inputs, shape: tuple[int, ...]) -> InputSpec:
+    """token_ids of a model whose causal-lm loss was accepted (labels_for_output checked it has them)."""
+    ids = token_ids(inputs, shape)
+    if ids is None:
+        raise RuntimeError(f"causal-lm loss on an output of shape {list(shape)} without token ids")
+    return ids
 
 
 def losses_for(shape: tuple[int, ...], inputs=None) -> list[str]:

@@ -80,6 +80,13 @@ class Value:
         return self.spec.nbytes if self.spec is not None else 0
 
     @property
+    def known_spec(self) -> TensorSpec:
+        """The spec, where the code needs one (a planned step's values all have one)."""
+        if self.spec is None:
+            raise RuntimeError(f"value {self.name!r} has no static shape and dtype")
+        return self.spec
+
+    @property
     def persistent(self) -> bool:
         return self.vclass in PERSISTENT_CLASSES
 

@@ -98,7 +98,7 @@ def input_spec(vi: onnx.ValueInfoProto, dims: dict[str, int], batch: int | None)
         dtype = onnx_to_numpy_dtype(tt.elem_type)
     except ModelError as exc:
         raise ModelError(f"input '{vi.name}': {exc}") from None
-    return TensorSpec(dtype, tuple(shape))
+    return TensorSpec(dtype.name, tuple(shape))
 
 
 def _check_total_bytes(values: dict[str, Value], folder: Path) -> None:
@@ -231,10 +231,11 @@ def _optimizer_step(opt: onnx.ModelProto, folder: Path, trainable: list[str], up
     `values` and `known`), and the step's state outputs (updated moments)."""
     opt_node = _optimizer_node(opt, folder / OPTIMIZER_MODEL)
     kind = OPTIMIZER_OPS[opt_node.op_type]
-    grads = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
-    if None in grads:
-        missing = trainable[grads.index(None)]
+    found = [updated_grad.get(p + ACC_SUFFIX) for p in trainable]
+    if None in found:
+        missing = trainable[found.index(None)]
         raise ModelError(f"{folder}: trainable parameter '{missing}' has no gradient accumulator")
+    grads = [g for g in found if g is not None]
     known[LEARNING_RATE] = lr_spec
     values[LEARNING_RATE] = Value(LEARNING_RATE, None, ValueClass.INPUT)
     p_out = [f"{p}.updated" for p in trainable]

@@ -83,7 +83,7 @@ def infer_shapes(
             consts = {n: values[n] for n in node.inputs if n and n in values}
             out_specs = _apply_rule(node, in_specs, consts, _opset(node, opsets))
             for name, spec in zip(node.outputs, out_specs):
-                if name:
+                if name and spec is not None:  # (a named output has its spec: _apply_rule checked)
                     specs[name] = spec
                     ctx.producers[name] = (node, in_specs)
                     done.add(name)
@@ -108,9 +108,11 @@ def _input_specs(node: Node, specs, produced, done) -> list[TensorSpec | None]:
     return result
 
 
-def _apply_rule(node: Node, in_specs, consts, opset: int) -> list[TensorSpec]:
+def _apply_rule(node: Node, in_specs, consts, opset: int) -> list[TensorSpec | None]:
     rule = find_rule(node.domain, node.op_type, opset)
     where = f"node '{node.name}' ({_op_name(node)})"
+    if rule is None:  # check_supported refused the graph first
+        raise UnsupportedOpError(f"no shape rule for {where}")
     try:
         out = list(rule(node, in_specs, consts))
     except ShapeInferenceError as exc:

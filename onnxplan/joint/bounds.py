@@ -3,6 +3,8 @@ cost of any schedule that fits a budget (a fractional-knapsack relaxation)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from onnxplan.joint.evaluate import memory, minimal_keeps
 from onnxplan.joint.problem import Decisions, JointProblem
 
@@ -27,7 +29,7 @@ def recompute_stages(prob: JointProblem) -> list[set[int]]:
     return out
 
 
-def relaxation_bound(prob: JointProblem, budget: int, node_cost: list[float], swap_cost: float | None = None) -> float:
+def relaxation_bound(prob: JointProblem, budget: int, node_cost: Sequence[float], swap_cost: float | None = None) -> float:
     """A valid lower bound on the extra cost of any schedule whose model peak fits `budget`
     (persistent bytes included): at each point of the schedule that keeps every buffer (a
     forward EO, a stage's anchor), the bytes over the budget must leave; a buffer kept there
@@ -55,7 +57,8 @@ def relaxation_bound(prob: JointProblem, budget: int, node_cost: list[float], sw
                 items[("swap", k)] = [swap_cost, b.nbytes]
             elif b.producer >= 0:
                 items.setdefault(b.producer, [node_cost[b.producer], 0])[1] += b.nbytes
-        need, cost = deficit, 0.0
+        need: float = deficit
+        cost = 0.0
         for c, w in sorted(items.values(), key=lambda cw: cw[0] / cw[1]):
             take = min(w, need)
             cost += c * take / w

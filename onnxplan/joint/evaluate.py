@@ -109,9 +109,9 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
             ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.held_until >= F)
         at_anchor = 0
         for k, b in enumerate(B):
-            kept = (t, k) in d.keep
-            restored = d.present(prob, t, k) and not kept
-            at_anchor += b.nbytes * (kept or (restored and (t in b.reads or (t + 1, k) in d.keep)))
+            is_kept = (t, k) in d.keep
+            is_restored = d.present(prob, t, k) and not is_kept
+            at_anchor += b.nbytes * (is_kept or (is_restored and (t in b.reads or (t + 1, k) in d.keep)))
         m = prob.stage_fixed(t) + at_anchor + ahead
         kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
         here = [n for tt, n in d.recompute if tt == t]

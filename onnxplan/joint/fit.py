@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.ir.graph import StepGraph
@@ -95,8 +96,9 @@ def _rounds(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwid
     """The solve rounds: solved, placed; a miss lowers the model's budget by it, slack raises it
     once. Returns (best: (key, outcome, schedule), the rounds' history); key (misses the
     budget, predicted seconds if it fits else the placed peak), least first."""
-    target, hint, history = budget, warm_start, []
-    best = None
+    target, hint = budget, warm_start
+    history: list[dict[str, Any]] = []
+    best: tuple[tuple[bool, float], PlanOutcome, JointSchedule] | None = None
     for k in range(max(1, rounds)):
         left = float("inf") if t_end is None else t_end - time.perf_counter()
         if k and left < MIN_ROUND_SECONDS:
@@ -130,6 +132,8 @@ def _rounds(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwid
             break
         target = min(target, sched.estimate_bytes) - (out.plan.peak_bytes - budget) - ALIGNMENT
         hint = "auto"
+    if best is None:  # the first round always solves
+        raise RuntimeError("joint: no round was solved")
     return best, history
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from onnxplan.checkpoint.chain import build_chain
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.recompute import RECOMPUTE_PHASE, apply_schedule
-from onnxplan.checkpoint.rotor import rotor_schedule, rotor_table_for_chain
+from onnxplan.checkpoint.rotor import RotorTable, rotor_schedule, rotor_table_for_chain
 from onnxplan.errors import ModelError
 from onnxplan.ir.graph import StepGraph, original_name
 from onnxplan.joint.bounds import recompute_stages
@@ -54,13 +54,13 @@ def from_rewritten(prob: JointProblem, rewritten: StepGraph) -> Decisions:
                                       default=prob.stages + 1)
         return stage_of[node.name]
 
-    rec = set()
+    found = set()
     for c in copies:
         k = index.get(original_name(c.name))
         t = stage(c)
         if k is not None and 1 <= t <= prob.stages:
-            rec.add((t, k))
-    rec = frozenset(rec)
+            found.add((t, k))
+    rec = frozenset(found)
     return Decisions(rec, minimal_keeps(prob, rec))
 
 
@@ -69,7 +69,9 @@ class RotorColumns:
     decisions (None: no schedule there, or the chain pass refuses it)."""
 
     def __init__(self, prob: JointProblem, costs: Mapping[str, float] | None) -> None:
-        self.prob, self.tab, self.lo = prob, None, None
+        self.prob = prob
+        self.tab: RotorTable | None = None
+        self.lo: int | None = None
         self._cache: dict[int, Decisions | None] = {}
         try:
             self.chain = build_chain(prob.graph, TimeModel(measured=dict(costs or {}),
@@ -81,6 +83,8 @@ class RotorColumns:
             self.lo = self.tab.min_feasible()
 
     def at(self, col: int) -> Decisions | None:
+        if self.tab is None:  # no chain: no column
+            return None
         if col not in self._cache:
             sched = rotor_schedule(self.tab, col)
             try:
@@ -97,7 +101,7 @@ def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | Non
     columns); its least-memory schedule when none does; None without a chain to recompute.
     `cols`: rotor's table for prob, when the caller asks for several budgets (built here if None)."""
     cols = cols or RotorColumns(prob, costs)
-    if cols.lo is None:
+    if cols.lo is None or cols.tab is None:
         return None
 
     def fits(col: int) -> bool:

@@ -92,7 +92,8 @@ def swap_timings(schedule, graph: StepGraph, order: tuple[str, ...], model: Swap
     first_eo: dict[int, int] = {}
     for e, s in enumerate(stage_of):
         first_eo.setdefault(s, e)
-    out, missed = {}, []
+    out: dict[tuple[str, int], Timing] = {}
+    missed: list[str] = []
     issued = d.issued()
     pos = {x: e for e, x in enumerate(order)}
     n_fwd = sum(1 for x in order if phase[x] == "forward")

@@ -35,6 +35,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint.bounds import recompute_stages, relaxation_bound
@@ -52,6 +53,9 @@ from onnxplan.joint.lower import encode_recompute
 from onnxplan.joint.problem import Decisions, JointProblem, build_problem
 from onnxplan.limits import DEFAULT_TIME_LIMIT
 from onnxplan.swap.pricing import TRANSFER_SECONDS
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_problem"]
 
@@ -110,8 +114,8 @@ def solve_joint(graph: StepGraph, budget_bytes: int, costs: Mapping[str, float] 
 class _Model:
     """The CP-SAT model of one solve and its variables (the module docstring names them)."""
 
-    m: object  # cp_model.CpModel
-    cap: object  # the budget in units (an IntVar when the least memory is what is asked)
+    m: cp_model.CpModel
+    cap: int | cp_model.IntVar  # the budget in units (an IntVar when the least memory is what is asked)
     nb: list[int]  # each decided buffer's size in units
     R: dict
     S: dict
@@ -135,23 +139,23 @@ def _variables(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | No
 
     B = prob.buffers
     m = cp_model.CpModel()
-    cap = (budget_bytes - prob.persistent) // BYTE_UNIT
+    cap: int | cp_model.IntVar = (budget_bytes - prob.persistent) // BYTE_UNIT
     if least_memory:  # the budget is what to find: the least peak, then the least time at it
         top = (max(prob.fixed) + 2 * sum(b.nbytes for b in B) + max(prob.node_scratch, default=0)) // BYTE_UNIT
-        cap = m.NewIntVar(0, top, "peak")
+        cap = m.new_int_var(0, top, "peak")
     jit = recompute_stages(prob)
-    R = {(t, n): m.NewBoolVar(f"R{t}_{n}") for n in range(len(prob.nodes)) for t in sorted(jit[n])}
-    S = {(t, b): m.NewBoolVar(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
+    R = {(t, n): m.new_bool_var(f"R{t}_{n}") for n in range(len(prob.nodes)) for t in sorted(jit[n])}
+    S = {(t, b): m.new_bool_var(f"S{t}_{b}") for b in range(len(B)) for t in range(1, B[b].last_need + 1)}
     swap = bool(swap_bandwidth) and any(b.swappable for b in B)
-    O = {b: m.NewBoolVar(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
+    O = {b: m.new_bool_var(f"O{b}") for b in range(len(B)) if swap and B[b].swappable}
     # a page-in is issued a stage ahead: none for stage 1 (keep what the first stage reads)
-    I = {(t, b): m.NewBoolVar(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
+    I = {(t, b): m.new_bool_var(f"I{t}_{b}") for b in O for t in range(2, B[b].last_need + 1)}
     lead = {}
-    for t, b in I:
-        got = early_issue(prob, t, b, swap_bandwidth)
+    for t, b in I:  # (empty without a bandwidth)
+        got = early_issue(prob, t, b, swap_bandwidth) if swap_bandwidth else None
         if got is not None:
             lead[t, b] = got
-    E = {key: m.NewBoolVar(f"E{key[0]}_{key[1]}") for key in lead}
+    E = {key: m.new_bool_var(f"E{key[0]}_{key[1]}") for key in lead}
     held: dict[int, list[tuple[int, int]]] = {}
     for (t, b), (s, _) in lead.items():
         for u in range(s, t):
@@ -166,27 +170,27 @@ def _presence(v: _Model, prob: JointProblem) -> None:
     for b in range(len(B)):
         for t in range(1, B[b].last_need + 1):
             terms = v.present(prob, t, b)
-            m.Add(sum(terms) <= 1)
+            m.add(sum(terms) <= 1)
             if t in B[b].reads:
-                m.AddBoolOr(terms)
+                m.add_bool_or(terms)
             if t > 1:
-                m.Add(v.S[t, b] <= sum(v.present(prob, t - 1, b)))
+                m.add(v.S[t, b] <= sum(v.present(prob, t - 1, b)))
         if b in v.O:
             _paged(v, prob, b)
     for (t, n), r in v.R.items():
         for b in prob.node_inputs[n]:
-            m.Add(sum(v.present(prob, t, b)) >= r)
+            m.add(sum(v.present(prob, t, b)) >= r)
 
 
 def _paged(v: _Model, prob: JointProblem, b: int) -> None:
     for t in range(2, prob.buffers[b].last_need + 1):
-        v.m.AddImplication(v.I[t, b], v.O[b])
+        v.m.add_implication(v.I[t, b], v.O[b])
         if (t, b) in v.E:
-            v.m.AddImplication(v.E[t, b], v.O[b])
+            v.m.add_implication(v.E[t, b], v.O[b])
     p = prob.buffers[b].producer
     if p >= 0:
         for t in v.jit[p]:
-            v.m.AddImplication(v.O[b], v.R[t, p].Not())
+            v.m.add_implication(v.O[b], v.R[t, p].negated())
 
 
 def _memory(v: _Model, prob: JointProblem) -> None:
@@ -197,7 +201,7 @@ def _memory(v: _Model, prob: JointProblem) -> None:
         terms += [nb[k] * v.O[k] for k, b in enumerate(B) if k in v.O and b.last_forward < e <= b.held_until]
         base = prob.forward_base(e) // BYTE_UNIT
         if terms:
-            v.m.Add(base + sum(terms) <= v.cap)
+            v.m.add(base + sum(terms) <= v.cap)
     readers = consumers(prob)
     for t in range(1, prob.stages + 1):
         ahead = [nb[k] * v.I[t + 1, k] for k in v.O if (t + 1, k) in v.I]
@@ -225,12 +229,12 @@ def _anchor_memory(v: _Model, prob: JointProblem, t: int, ahead: list) -> dict:
         if t in B[k].reads:
             restore_held[t, k] = sum(nb[k] * x for x in restore)
         elif (t + 1, k) in v.S:  # restored and kept on: held at the anchor too
-            z = v.m.NewBoolVar(f"Z{t}_{k}")
-            v.m.Add(z >= v.S[t + 1, k] - v.S[t, k])
+            z = v.m.new_bool_var(f"Z{t}_{k}")
+            v.m.add(z >= v.S[t + 1, k] - v.S[t, k])
             restore_held[t, k] = nb[k] * z
         if (t, k) in restore_held:
             at_anchor.append(restore_held[t, k])
-    v.m.Add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= v.cap)
+    v.m.add(prob.stage_fixed(t) // BYTE_UNIT + sum(at_anchor) + sum(ahead) <= v.cap)
     return restore_held
 
 
@@ -259,7 +263,7 @@ def _recompute_memory(v: _Model, prob: JointProblem, t: int, n: int, ahead: list
             elif held_for_anchor is not None:
                 terms.append(held_for_anchor)
     base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
-    v.m.Add(base + sum(terms) + sum(ahead) <= v.cap).OnlyEnforceIf(v.R[t, n])
+    v.m.add(base + sum(terms) + sum(ahead) <= v.cap).only_enforce_if(v.R[t, n])
 
 
 def _objective(v: _Model, prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None,
@@ -288,13 +292,13 @@ def _objective(v: _Model, prob: JointProblem, budget_bytes: int, swap_bandwidth:
     if not least_memory:  # a valid bound CP-SAT's relaxation does not find by itself (it stays near 0)
         lb = int(relaxation_bound(prob, budget_bytes, cost, 2 * handle if O else None))
         if lb > 0:
-            m.Add(sum(objective) >= lb)
+            m.add(sum(objective) >= lb)
     if least_memory:  # one unit of memory outweighs every second of the objective
         weight = (sum(cost) + handle * (len(O) + len(I)) + sum(early_cost.values()) + 1
                   + ((T + 2) * ub + 3 * sum(cpu.values()) if O else 0))
-        m.Minimize(v.cap * weight + sum(objective))
+        m.minimize(v.cap * weight + sum(objective))
     else:
-        m.Minimize(sum(objective))
+        m.minimize(sum(objective))
     return lb
 
 
@@ -302,8 +306,8 @@ def _exposed(v: _Model, prob: JointProblem, per: dict, ub: int, cost: list[int],
     """The variable of the exposed transfer seconds: the larger of the stalls (one I/O worker:
     the writes behind the forward pass, stage t's page-ins behind stage t-1) and the I/O CPU."""
     m, O, I, E, T = v.m, v.O, v.I, v.E, prob.stages
-    fst = m.NewIntVar(0, ub, "stall_fwd")
-    m.Add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
+    fst = m.new_int_var(0, ub, "stall_fwd")
+    m.add(fst >= sum(per[k] * O[k] for k in O) - round(prob.forward_seconds / TIME_UNIT))
     stalls = [fst]
     for t in range(1, T + 1):
         ins = [per[k] * I[t, k] for k in O if (t, k) in I]
@@ -313,12 +317,12 @@ def _exposed(v: _Model, prob: JointProblem, per: dict, ub: int, cost: list[int],
         if t > 1:
             before = round(prob.stage_seconds[t - 2] / TIME_UNIT) + sum(
                 cost[n] * v.R[t - 1, n] for n in range(len(prob.nodes)) if (t - 1, n) in v.R)
-        st = m.NewIntVar(0, ub, f"stall{t}")
-        m.Add(st >= sum(ins) - before)
+        st = m.new_int_var(0, ub, f"stall{t}")
+        m.add(st >= sum(ins) - before)
         stalls.append(st)
-    exposed = m.NewIntVar(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
-    m.Add(exposed >= sum(stalls))
-    m.Add(exposed >= sum(cpu[k] * O[k] for k in O) + sum(cpu[k] * x for (t, k), x in I.items())
+    exposed = m.new_int_var(0, (T + 2) * ub + 3 * sum(cpu.values()), "exposed")
+    m.add(exposed >= sum(stalls))
+    m.add(exposed >= sum(cpu[k] * O[k] for k in O) + sum(cpu[k] * x for (t, k), x in I.items())
           + sum(cpu[k] * x for (t, k), x in E.items()))
     return exposed
 
@@ -326,36 +330,36 @@ def _exposed(v: _Model, prob: JointProblem, per: dict, ub: int, cost: list[int],
 def _hint(v: _Model, hint: Decisions, hint_name: str) -> str:
     """The warm start as CP-SAT's hint; returns its name (noting hints it cannot take)."""
     for key, x in v.R.items():
-        v.m.AddHint(x, key in hint.recompute)
+        v.m.add_hint(x, key in hint.recompute)
     if any(key not in v.R for key in hint.recompute):
         hint_name += " (partly outside the just-in-time stages)"
     for key, x in v.S.items():
-        v.m.AddHint(x, key in hint.keep)
+        v.m.add_hint(x, key in hint.keep)
     for key, x in v.O.items():
-        v.m.AddHint(x, key in hint.page_out)
+        v.m.add_hint(x, key in hint.page_out)
     early = {(t, b) for t, b, _ in hint.early}
     for key, x in v.I.items():
-        v.m.AddHint(x, key in hint.page_in and key not in early)
+        v.m.add_hint(x, key in hint.page_in and key not in early)
     for key, x in v.E.items():
-        v.m.AddHint(x, key in early)
+        v.m.add_hint(x, key in early)
     return hint_name
 
 
 def _decode(v: _Model, solver) -> Decisions:
     """The decisions of CP-SAT's solution."""
-    early = frozenset((*k, v.lead[k][0]) for k, x in v.E.items() if solver.Value(x))
+    early = frozenset((*k, v.lead[k][0]) for k, x in v.E.items() if solver.value(x))
     return Decisions(
-        frozenset(k for k, x in v.R.items() if solver.Value(x)), frozenset(k for k, x in v.S.items() if solver.Value(x)),
-        frozenset(k for k, x in v.O.items() if solver.Value(x)),
-        frozenset(k for k, x in v.I.items() if solver.Value(x)) | {(t, b) for t, b, _ in early}, early)
+        frozenset(k for k, x in v.R.items() if solver.value(x)), frozenset(k for k, x in v.S.items() if solver.value(x)),
+        frozenset(k for k, x in v.O.items() if solver.value(x)),
+        frozenset(k for k, x in v.I.items() if solver.value(x)) | {(t, b) for t, b, _ in early}, early)
 
 
 @dataclass
 class _Solved:
     """What one CP-SAT solve gave."""
 
-    solver: object  # cp_model.CpSolver
-    status: int
+    solver: cp_model.CpSolver
+    status: cp_model.CpSolverStatus
     name: str
     limits: list[float]
 
@@ -379,8 +383,8 @@ def _run_solver(v: _Model, prob: JointProblem, budget_bytes: int, hint: Decision
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     solver.parameters.linearization_level = linearization
-    status = solver.Solve(v.m)
-    return _Solved(solver, status, solver.StatusName(status), limits)
+    status = solver.solve(v.m)
+    return _Solved(solver, status, solver.status_name(status), limits)
 
 
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
@@ -407,7 +411,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     status, bound = got.status, 0.0
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         d = _decode(v, got.solver)
-        obj, bound = got.solver.ObjectiveValue(), got.solver.BestObjectiveBound()
+        obj, bound = got.solver.objective_value, got.solver.best_objective_bound
         gap = 0.0 if status == cp_model.OPTIMAL else (obj - bound) / max(obj, 1.0)
     elif status == cp_model.INFEASIBLE and not least_memory:  # the budget is below the model's floor
         floor = solve_problem(prob, budget_bytes, swap_bandwidth, max(MIN_SOLVE_SECONDS, _left(deadline)),
@@ -436,7 +440,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
         gap = max(0.0, (obj - bound) / max(obj, 1.0))
     notes = [(f"joint: {prob.stages} stages, {len(prob.nodes)} recomputable nodes, {len(prob.buffers)} decided "
               f"buffers ({len(v.O)} swappable); {len(v.R) + len(v.S) + len(v.O) + len(v.I) + len(v.E)} booleans; "
-              f"{got.name} in {got.solver.WallTime():.2f} s; relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
+              f"{got.name} in {got.solver.wall_time:.2f} s; relaxation bound {lb * TIME_UNIT * 1e3:.2f} ms")]
     notes += [notes_hint] if notes_hint else []
     return JointSchedule(prob, d, budget_bytes, peak, secs, rec, stall, got.name, gap, time.perf_counter() - t0,
                          hint_name, swap_bandwidth, notes, got.limits)
@@ -469,12 +473,12 @@ def _complete_hint(m, limit: float) -> float:
     s.parameters.fix_variables_to_their_hinted_value = True
     s.parameters.max_time_in_seconds = limit
     s.parameters.num_workers = 1
-    if s.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.Proto().variables))]
-        values = [s.Value(x) for x in xs]
-        m.ClearHints()
+    if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.proto.variables))]
+        values = [s.value(x) for x in xs]
+        m.clear_hints()
         for x, v in zip(xs, values):
-            m.AddHint(x, v)
+            m.add_hint(x, v)
     return time.perf_counter() - t0
 
 

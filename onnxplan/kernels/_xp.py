@@ -82,7 +82,10 @@ def blockwise(xp, fn: Callable[..., None], out, *ins) -> None:
     cuts = list(blocks(shape, block_elems(out.dtype, xp)))
 
     def run(part: list) -> Callable[[], None]:
-        return lambda: [fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views)) for b in part]
+        def task() -> None:
+            for b in part:
+                fn(out[b], *(v[b] if hasattr(v, "shape") else v for v in views))
+        return task
 
     # large arrays: runs of blocks on the compute threads (each thread's temporaries block-sized)
     parts = parallel.parts_for(out.size, xp, passes=4)  # block functions take several passes
@@ -145,7 +148,7 @@ def one_object_per_buffer(arrays: list) -> list:
     """The arrays, where two are views of the same bytes with the same shape, strides and dtype
     the later replaced by the earlier object: CuPy copies an input that may overlap an `out=`
     argument unless the two are one object (a full-size temporary outside the plan)."""
-    out = []
+    out: list = []
     for a in arrays:
         twin = next((b for b in out if b is not None and a is not None and b.shape == a.shape
                      and b.strides == a.strides and b.dtype == a.dtype and same_buffer(a, b)), None)

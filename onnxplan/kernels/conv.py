@@ -179,7 +179,7 @@ def _view(xp, a, shape):
     return np.reshape(a, shape, copy=False) if xp is np else a.reshape(shape)
 
 
-def _source(win: Window, x, src):
+def _source(win: Window, x, src) -> tuple[Any, tuple[int, ...]]:
     """(array, first tap's position per spatial axis) of the region of x the window spans: x
     itself, or (when it reads padding) x copied into `src` (nb, C, *extent) with zeros around it."""
     if src is None:
@@ -420,7 +420,7 @@ def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int
         return Layout(n, rows_out, n, rows_out, -1, -1, -1, -1, 0)
     padded = win is not None and _reads_padding(win)
     extent = _extent(win) if padded else (0,)
-    s0, reach0 = (win.strides[0], extent[0] - (rows_out - 1) * win.strides[0]) if padded else (0, 0)
+    s0, reach0 = (win.strides[0], extent[0] - (rows_out - 1) * win.strides[0]) if padded and win else (0, 0)
     src_rest = c * prod(extent[1:]) if padded else 0  # padded elements per extent row
 
     def src_elems(nb: int, band: int) -> int:
@@ -1047,7 +1047,7 @@ def _flip_node(win: Window) -> Node | None:
     pads_end = [(k - 1) * d - p for k, d, p in zip(win.kernel, win.dilations, win.pads_end)]
     if min(pads_begin + pads_end) < 0:  # a pad wider than the kernel's reach: col2im serves
         return None
-    return Node("conv_grad_dx", "Conv", "", ("dy", "w"), ("dx",),
+    return Node("conv_grad_dx", "Conv", "", ["dy", "w"], ["dx"],
                 {"pads": pads_begin + pads_end, "dilations": list(win.dilations)})
 
 

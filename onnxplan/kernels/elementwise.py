@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from onnxplan.kernels import _torch, _xp, parallel
-from onnxplan.kernels.registry import declare, kernel
+from onnxplan.kernels.registry import BindRule, KernelFn, declare, kernel
 
 __all__: list[str] = []
 
@@ -104,7 +104,9 @@ def _variadic_apply(xp, ufunc, xs: list, out, mean: bool) -> None:
         xp.divide(out, len(xs), out=out, casting="unsafe")
 
 
-def _variadic(ufunc_name: str, mean: bool = False):
+def _variadic(ufunc_name: str, mean: bool = False) -> tuple[KernelFn, BindRule]:
+    """The kernel of Sum/Max/Min/Mean and its bind rule."""
+
     def fn(ctx, inputs, outputs):
         xs = _variadic_order([x for x in inputs if x is not None], outputs[0], ctx.node.name)
         _variadic_apply(ctx.xp, getattr(ctx.xp, ufunc_name), xs, outputs[0], mean)
@@ -120,13 +122,12 @@ def _variadic(ufunc_name: str, mean: bool = False):
             return None  # the plain kernel raises it when called
         return lambda ctx, inputs, outputs: _variadic_apply(np, ufunc, xs, out, mean)
 
-    fn.bind = bind
-    return fn
+    return fn, bind
 
 
-for _op, _fn in {"Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
-                 "Mean": _variadic("add", mean=True)}.items():
-    declare(_op, fn=_fn, overwrites=BINARY, bind=_fn.bind)
+for _op, (_fn, _bind) in {"Sum": _variadic("add"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
+                          "Mean": _variadic("add", mean=True)}.items():
+    declare(_op, fn=_fn, overwrites=BINARY, bind=_bind)
 
 
 @kernel("Where")

@@ -64,7 +64,7 @@ def _bind_accumulator_v2(ctx: KernelContext, inputs: list, outputs: list):
 
     def run(ctx, inputs, outputs):
         if buf is None or (overwrite is not None and overwrite[0]):
-            if copy:
+            if src is not None:  # (copy)
                 np.copyto(out, src)
         else:
             np.add(buf, value, out=out)
@@ -197,7 +197,10 @@ def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list[t
 
 def _adamw_parts(xp, c: dict, parts: list[list[tuple]]) -> None:
     def one(pieces):
-        return lambda: [_adamw_chunk(xp, c, *piece) for piece in pieces]
+        def task() -> None:
+            for piece in pieces:
+                _adamw_chunk(xp, c, *piece)
+        return task
 
     parallel.run([one(pieces) for pieces in parts])
 
@@ -242,7 +245,7 @@ def _bind_adamw_update(ctx: KernelContext, inputs: list, outputs: list):
     key = _adamw_key(ctx.attrs)
     lr, step = _flat(inputs[0]), _flat(inputs[1])
     s1, s2 = _scratch_pair(ctx, inputs[2].dtype)
-    pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)
+    pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)  # type: ignore[call-arg]  # mypy: *list fills all
 
     def run(ctx, inputs, outputs):
         _adamw_parts(np, _adamw_constant_arrays(key, float(lr[0]), int(step[0])), pieces)
@@ -257,7 +260,7 @@ def adamw_update(ctx: KernelContext, inputs: list, outputs: list) -> None:
     _check_mode(ctx.attrs)
     c = adamw_constants(ctx.attrs, float(inputs[0].reshape(-1)[0]), int(inputs[1].reshape(-1)[0]))
     s1, s2 = _scratch_pair(ctx, inputs[2].dtype)
-    _adamw_one(ctx.xp, c, *inputs[2:6], *outputs[:3], s1, s2)
+    _adamw_one(ctx.xp, c, *inputs[2:6], *outputs[:3], s1, s2)  # type: ignore[call-arg]  # mypy: *list fills all
 
 
 # ---- SGD ---------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from onnxplan.kernels import _xp
-from onnxplan.kernels.registry import kernel
+from onnxplan.kernels.registry import BindRule, KernelFn, kernel
 
 __all__ = ["reduction_axes"]
 
@@ -38,7 +38,9 @@ _EMPTY = {"sum": lambda d: 0, "prod": lambda d: 1, "mean": lambda d: np.nan,
           "max": lambda d: _extreme(d, True), "min": lambda d: _extreme(d, False)}
 
 
-def _reduce(func_name: str):
+def _reduce(func_name: str) -> tuple[KernelFn, BindRule]:
+    """The kernel of a Reduce op and its bind rule."""
+
     def fn(ctx, inputs, outputs):
         xp, x, out = ctx.xp, inputs[0], outputs[0]
         axes = reduction_axes(ctx.node, inputs, x.ndim)
@@ -86,18 +88,17 @@ def _reduce(func_name: str):
 
         return run
 
-    fn.bind = bind
-    return fn
+    return fn, bind
 
 
 _UFUNC_REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce, "max": np.maximum.reduce,
                  "min": np.minimum.reduce}
 for _op, _func in {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "max", "ReduceMin": "min",
                    "ReduceProd": "prod"}.items():
-    _fn = _reduce(_func)
-    kernel(_op, bind=_fn.bind)(_fn)
-_fn = _reduce("sum")
-kernel("ReduceSumTraining", MS, bind=_fn.bind)(_fn)
+    _fn, _bind = _reduce(_func)
+    kernel(_op, bind=_bind)(_fn)
+_fn, _bind = _reduce("sum")
+kernel("ReduceSumTraining", MS, bind=_bind)(_fn)
 
 
 def _reduce_via(block_fn, func_name: str):

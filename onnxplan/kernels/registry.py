@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +20,10 @@ from onnxplan.ir.tensor import TensorSpec
 
 __all__ = [
     "DECLS",
+    "BindRule",
     "KernelContext",
     "KernelDecl",
+    "KernelFn",
     "bound_kernel",
     "declare",
     "find_decl",
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 # output index -> input indices the kernel can write that output into (in place)
-Overwrites = dict[int, tuple[int, ...]]
+Overwrites = Mapping[int, tuple[int, ...]]
 # (node, input specs, output specs) -> bytes of scratch the kernel needs at its EO
 ScratchRule = Callable[[Node, list, list], int]
 
@@ -177,6 +179,9 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
     specialisation (made now, once) when it gives one, else the plain fn. The specialisation
     runs only when called with the same two list objects; any other arrays (a verification
     hook re-running the kernel on |inputs|) go to the plain fn."""
+    plain = decl.fn
+    if plain is None:  # find_kernel gives only declarations with a kernel
+        raise RuntimeError(f"{decl.op_type}: a declaration without a kernel cannot be bound")
     fast = None
     # ONNXPLAN_BIND_KERNELS=0 (onnxplan.settings): every node calls its plain fn (the benchmark's "before")
     if decl.bind is not None and settings.current().bind_kernels:
@@ -185,8 +190,7 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
         except Exception:  # noqa: BLE001 - a node the rule cannot take: the plain fn reports it when called
             fast = None
     if fast is None:
-        return decl.fn
-    plain = decl.fn
+        return plain
 
     def run(ctx_, inputs_, outputs_):
         if inputs_ is inputs and outputs_ is outputs:

@@ -380,7 +380,8 @@ def _pad_run(xp, out, plan) -> None:
 def _bind_pad(ctx, inputs, outputs):
     """The plan made once per value of the pads/value/axes inputs (constants, loaded after
     binding: read at the first call, their bytes checked each step)."""
-    out, made = outputs[0], {}
+    out = outputs[0]
+    made: dict = {}
     keyed = [a for a in inputs[1:] if a is not None]
     if ctx.xp is not np:
         return None

@@ -63,7 +63,10 @@ def _ort_version() -> str:
 
 
 def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
-    batch = fm.inputs[0].shape[0] if fm.inputs and fm.inputs[0].shape else fm.labels.shape[0]
+    leading = fm.inputs[0] if fm.inputs and fm.inputs[0].shape else fm.labels
+    if leading is None:
+        raise ModelError(f"{fm.name}: no input has a batch dimension")
+    batch = leading.shape[0]
     return {
         "schema_version": SCHEMA_VERSION,
         "model": fm.name,
@@ -143,6 +146,7 @@ def _hash_model(h, model: onnx.ModelProto, weights_dir: Path | None) -> None:
             h.update(item.SerializeToString())
             continue
         before, after, n, t = item
+        assert weights_dir is not None  # an external initializer without it was refused above
         h.update(before)
         h.update(bytes([_RAW_DATA << 3 | 2]) + _varint(n))
         for chunk in external_chunks(t, weights_dir, weights_dir):

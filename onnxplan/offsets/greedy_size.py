@@ -84,13 +84,13 @@ class _PlacedSpans:
     def __init__(self, capacity: int, shift: int = _SHIFT, dtype: type = np.int64) -> None:
         self.shift = shift
         self.count = 0  # sorted prefix length
-        self.spans = np.empty(capacity, dtype=dtype)
+        self.spans: np.ndarray = np.empty(capacity, dtype=dtype)
         self.firsts = np.empty(capacity, dtype=np.int32)
         self.lasts = np.empty(capacity, dtype=np.int32)
         self.mask = np.empty(capacity, dtype=bool)
         self.scratch = np.empty(capacity, dtype=bool)
         self.recent = 0
-        self.recent_spans = np.empty(_RECENT, dtype=dtype)
+        self.recent_spans: np.ndarray = np.empty(_RECENT, dtype=dtype)
         self.recent_firsts = np.empty(_RECENT, dtype=np.int32)
         self.recent_lasts = np.empty(_RECENT, dtype=np.int32)
 

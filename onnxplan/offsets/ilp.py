@@ -133,15 +133,16 @@ def _solve_addresses(
     spans, boxes, offset_vars = [], [], {}
     for b in sized:
         size = b.padded // ALIGNMENT
+        low: int | cp_model.IntVar
         if b.name in fixed:
             low = fixed[b.name]
         else:
             if size > upper:
                 return None
-            low = model.new_int_var(0, upper - size, f"a_{b.name}")
-            offset_vars[b.name] = low
-            model.add(low + size <= arena)
-            model.add_hint(low, hint[b.name])
+            var = model.new_int_var(0, upper - size, f"a_{b.name}")
+            offset_vars[b.name] = low = var
+            model.add(var + size <= arena)
+            model.add_hint(var, hint[b.name])
         spans.append(model.new_fixed_size_interval_var(b.first, b.last + 1 - b.first, ""))
         boxes.append(model.new_fixed_size_interval_var(low, size, ""))
     model.add_no_overlap_2d(spans, boxes)

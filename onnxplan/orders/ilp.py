@@ -6,6 +6,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from onnxplan.ir.graph import StepGraph, ValueClass
 from onnxplan.limits import DEFAULT_TIME_LIMIT
@@ -15,6 +16,9 @@ from onnxplan.orders.memory_model import MemoryModel, OrderResult, check_order, 
 from onnxplan.orders.nntrainer import nntrainer_order
 from onnxplan.orders.window import improve_by_windows
 from onnxplan.progress import solve_cp_sat
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 __all__ = ["VARS_PER_SECOND", "step_windows", "update_pins", "pin_updates", "solve_order", "ilp_policy"]
 
@@ -125,37 +129,37 @@ class _Program:
         for b, touchers in mm.touchers().items():
             self._buffer(b, creator.get(b), [t for t in touchers if t != creator.get(b)], bool(touchers))
         hint_peak = peak_of_order(mm, seed)
-        self.peak = m.NewIntVar(0, max(hint_peak, *self.step_const), "peak")
+        self.peak = m.new_int_var(0, max(hint_peak, *self.step_const), "peak")
         for t in range(self.n):
-            m.Add(sum(self.step_terms[t]) + self.step_const[t] <= self.peak)
-        m.AddHint(self.peak, hint_peak)
-        m.Minimize(self.peak)
+            m.add(sum(self.step_terms[t]) + self.step_const[t] <= self.peak)
+        m.add_hint(self.peak, hint_peak)
+        m.minimize(self.peak)
 
     def _nodes(self, pins: dict[str, int]) -> None:
         """x[v,t]: one step per node, one node per step, precedences, pins."""
         m, n, sp = self.m, self.n, self.seed_pos
-        self.x = {v: {t: m.NewBoolVar(f"x[{v},{t}]") for t in range(self.asap[v], self.alap[v] + 1)}
+        self.x = {v: {t: m.new_bool_var(f"x[{v},{t}]") for t in range(self.asap[v], self.alap[v] + 1)}
                   for v in self.mm.nodes}
         at_step: list[list] = [[] for _ in range(n)]
         self.pos = {}
         for v, xs in self.x.items():
-            m.AddExactlyOne(xs.values())
+            m.add_exactly_one(xs.values())
             for t, var in xs.items():
                 at_step[t].append(var)
-                m.AddHint(var, sp[v] == t)
-            self.pos[v] = m.NewIntVar(self.asap[v], self.alap[v], f"pos[{v}]")
-            m.Add(self.pos[v] == sum(t * var for t, var in xs.items()))
-            m.AddHint(self.pos[v], sp[v])
+                m.add_hint(var, sp[v] == t)
+            self.pos[v] = m.new_int_var(self.asap[v], self.alap[v], f"pos[{v}]")
+            m.add(self.pos[v] == sum(t * var for t, var in xs.items()))
+            m.add_hint(self.pos[v], sp[v])
         for vars_at_t in at_step:
-            m.AddExactlyOne(vars_at_t)
+            m.add_exactly_one(vars_at_t)
         for v in self.mm.nodes:
             for p in self.mm.preds[v]:
-                m.Add(self.pos[p] + 1 <= self.pos[v])
+                m.add(self.pos[p] + 1 <= self.pos[v])
         for u, slack in pins.items():
-            last = m.NewIntVar(0, n - 1, f"last_pred[{u}]")
-            m.AddMaxEquality(last, [self.pos[p] for p in self.mm.preds[u]])
-            m.AddHint(last, max(sp[p] for p in self.mm.preds[u]))
-            m.Add(self.pos[u] <= last + slack)
+            last = m.new_int_var(0, n - 1, f"last_pred[{u}]")
+            m.add_max_equality(last, [self.pos[p] for p in self.mm.preds[u]])
+            m.add_hint(last, max(sp[p] for p in self.mm.preds[u]))
+            m.add(self.pos[u] <= last + slack)
 
     def _buffer(self, b: str, creator: str | None, readers: list[str], touched: bool) -> None:
         """C (creation) and P (preservation) of one buffer, its bytes at each step.
@@ -170,7 +174,7 @@ class _Program:
             return
         first = -1 if is_input else min(sp[t] for t in [*readers, *([creator] if creator else [])])
         last = n - 1 if is_output else max(sp[t] for t in readers) if readers else first
-        c: dict[int, object] = {}
+        c: dict[int, cp_model.IntVar] = {}
         if creator is not None:
             c = x[creator]
             p_lo, fix_lo = self.asap[creator] + 1, self.alap[creator] + 1
@@ -178,47 +182,47 @@ class _Program:
             p_lo, fix_lo = 0, 0
         else:  # created by whichever reader runs first
             for t in sorted({t for r in readers for t in x[r]}):
-                c[t] = m.NewBoolVar(f"c[{b},{t}]")
-                m.Add(c[t] <= sum(x[r][t] for r in readers if t in x[r]))
-                m.AddHint(c[t], t == first)
-            m.AddExactlyOne(c.values())
+                c[t] = m.new_bool_var(f"c[{b},{t}]")
+                m.add(c[t] <= sum(x[r][t] for r in readers if t in x[r]))
+                m.add_hint(c[t], t == first)
+            m.add_exactly_one(c.values())
             p_lo, fix_lo = min(self.asap[r] for r in readers) + 1, min(self.alap[r] for r in readers) + 1
         p_hi = n - 1 if is_output else max((self.alap[r] for r in readers), default=-1)
         fix_hi = n - 1 if is_output else max((self.asap[r] for r in readers), default=-1)
-        p: dict[int, object] = {}
+        p: dict[int, int | cp_model.IntVar] = {}
         for t in range(p_lo, p_hi + 1):
             if fix_lo <= t <= fix_hi:
                 p[t] = 1
                 self.step_const[t] += size
             else:
-                p[t] = m.NewBoolVar(f"p[{b},{t}]")
-                m.AddHint(p[t], first < t <= last)
-                self.step_terms[t].append(size * p[t])
-        for t, var in c.items():
-            self.step_terms[t].append(size * var)
+                p[t] = kept = m.new_bool_var(f"p[{b},{t}]")
+                m.add_hint(kept, first < t <= last)
+                self.step_terms[t].append(size * kept)
+        for t, created in c.items():
+            self.step_terms[t].append(size * created)
         for t, var in p.items():  # (1) not created and preserved at once; (2) preserved chain
             prev = [q for q in (p.get(t - 1), c.get(t - 1)) if q is not None]
             chained = (t > 0 or not is_input) and not any(isinstance(q, int) for q in prev)
             if isinstance(var, int):  # fixed: the chain into it must hold
                 if t in c:
-                    m.Add(c[t] == 0)
+                    m.add(c[t] == 0)
                 if chained:
-                    m.Add(sum(prev) >= 1)
+                    m.add(sum(prev) >= 1)
                 continue
             if t in c:
-                m.Add(var + c[t] <= 1)
+                m.add(var + c[t] <= 1)
             if chained:
-                m.Add(var <= sum(prev))
+                m.add(var <= sum(prev))
         for r in readers:  # (4) a reader runs only while the buffer is in memory
             for t, var in x[r].items():
                 need = p.get(t, 0)
                 if creator is None and not is_input:
-                    m.Add(var <= need + c.get(t, 0))
+                    m.add(var <= need + c.get(t, 0))
                 elif not isinstance(need, int) or need == 0:  # 0: cannot happen, windows nest
-                    m.Add(var <= need)
+                    m.add(var <= need)
         ends = [q for q in (p.get(n - 1), c.get(n - 1)) if q is not None]
         if is_output and not any(isinstance(q, int) for q in ends):
-            m.Add(sum(ends) >= 1)
+            m.add(sum(ends) >= 1)
 
 
 def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | None = None,
@@ -258,11 +262,11 @@ def solve_order(mm: MemoryModel, seed: Sequence[str], *, pins: dict[str, int] | 
     status = solve_cp_sat(solver, prog.m, "ILP order")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return seed, False, None, (f"no solution within {time_limit:g} s "
-                                   f"({solver.StatusName(status)}): kept the seed order")
-    order = tuple(sorted(mm.nodes, key=lambda v: solver.Value(prog.pos[v])))
+                                   f"({solver.status_name(status)}): kept the seed order")
+    order = tuple(sorted(mm.nodes, key=lambda v: solver.value(prog.pos[v])))
     check_order(mm, order)
-    bound = math.ceil(solver.BestObjectiveBound() - 1e-6)  # a float, sometimes 93.999...
-    note = f"cp-sat {solver.StatusName(status).lower()} in {solver.WallTime():.2f} s, {nvars} variables"
+    bound = math.ceil(solver.best_objective_bound - 1e-6)  # a float, sometimes 93.999...
+    note = f"cp-sat {solver.status_name(status).lower()} in {solver.wall_time:.2f} s, {nvars} variables"
     return order, status == cp_model.OPTIMAL, bound, note
 
 

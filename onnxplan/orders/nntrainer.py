@@ -72,9 +72,9 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
                 continue
         made = [param_layer[grad_of[o]] for o in n.outputs if grad_of.get(o) in param_layer]
         params = [param_layer[i] for i in n.inputs if i in param_layer]
-        back = [layer[producer[i]] for i in n.inputs
-                if i in producer and a.nodes[producer[i]].phase != "forward"]
-        back = [x for x in back if x is not None and x >= 0]
+        fed_by = [layer[producer[i]] for i in n.inputs
+                  if i in producer and a.nodes[producer[i]].phase != "forward"]
+        back = [x for x in fed_by if x is not None and x >= 0]
         for found in (made, params, back):
             if found:
                 layer[n.name] = min(found)
@@ -82,26 +82,27 @@ def assign_layers(graph: StepGraph) -> dict[str, tuple[int, int]]:
     for n in reversed(rest):  # then by consumers, latest first
         if layer[n.name] is not None:
             continue
-        users = [layer[c] for o in n.outputs if o for c in consumers.get(o, ())]
-        users = [x for x in users if x is not None and x >= 0]
-        acts = [layer[producer[i]] for i in n.inputs if i in producer]
-        acts = [x for x in acts if x is not None and x >= 0]
+        read_by = [layer[c] for o in n.outputs if o for c in consumers.get(o, ())]
+        users = [x for x in read_by if x is not None and x >= 0]
+        fed_by = [layer[producer[i]] for i in n.inputs if i in producer]
+        acts = [x for x in fed_by if x is not None and x >= 0]
         layer[n.name] = max(users) if users else max(acts) if acts else -1
+    known = {name: x for name, x in layer.items() if x is not None}  # every node has its layer by now
 
     stage: dict[str, int] = {n.name: Stage.F for n in forward}
     cg: set[str] = set()
     for n in reversed(rest):
         if n.phase == "optimizer":
-            stage[n.name] = Stage.AG if layer[n.name] >= 0 else Stage.LAST
+            stage[n.name] = Stage.AG if known[n.name] >= 0 else Stage.LAST
             continue
         grads = any(graph.values[o].vclass == ValueClass.GRADIENT
                     for o in n.outputs if o in graph.values)
-        feeds = any(c in cg and layer[c] == layer[n.name]
+        feeds = any(c in cg and known[c] == known[n.name]
                     for o in n.outputs if o for c in consumers.get(o, ()))
         if grads or feeds:
             cg.add(n.name)
-        stage[n.name] = Stage.LAST if layer[n.name] < 0 else Stage.CG if n.name in cg else Stage.CD
-    return {name: (layer[name], stage[name]) for name in layer}
+        stage[n.name] = Stage.LAST if known[n.name] < 0 else Stage.CG if n.name in cg else Stage.CD
+    return {name: (known[name], stage[name]) for name in known}
 
 
 def nntrainer_order(graph: StepGraph, mm: MemoryModel) -> tuple[str, ...]:

@@ -68,12 +68,15 @@ class PassTable:
 
     @classmethod
     def of(cls, entries: Iterable[Pass | PassFamily]) -> PassTable:
-        passes, families = {}, {}
+        passes: dict[str, Pass] = {}
+        families: dict[str, PassFamily] = {}
         for e in entries:
-            table = passes if isinstance(e, Pass) else families
             if e.name in passes or e.name in families:
                 raise ValueError(f"pass {e.name!r} listed twice")
-            table[e.name] = e
+            if isinstance(e, Pass):
+                passes[e.name] = e
+            else:
+                families[e.name] = e
         return cls(passes, families)
 
     def with_passes(self, *extra: Pass | PassFamily) -> PassTable:
@@ -96,10 +99,11 @@ def run_passes(graph: StepGraph, names: list[str],
                table: PassTable) -> tuple[StepGraph, list[tuple[str, PassResult]]]:
     """Run the named passes in order; an unknown pass or an unmet requirement is refused before
     any runs (UsageError, one line); a failure says which passes ran before it."""
-    steps = [table.find(n) for n in names]
-    unknown = [n for n, p in zip(names, steps) if p is None]
+    found = [table.find(n) for n in names]
+    unknown = [n for n, p in zip(names, found) if p is None]
     if unknown:
         raise UsageError(f"unknown pass {unknown[0][:60]!r}; known: {', '.join(table.names())}")
+    steps = [p for p in found if p is not None]
     have = set(graph.ensured)
     for k, p in enumerate(steps):
         missing = [r for r in p.requires if r not in have]

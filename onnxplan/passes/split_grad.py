@@ -43,7 +43,7 @@ def split_grad(graph: StepGraph) -> PassResult:
         dy, x, w = n.inputs[:3]
         dw_half = Node(f"{n.name}/dW", n.op_type, n.domain, list(n.inputs), ["", outs[1], outs[2]],
                        dict(n.attrs), n.phase, {}, list(n.after))
-        attrs = {**n.attrs, "x_shape": [int(d) for d in g.values[x].spec.shape]}
+        attrs = {**n.attrs, "x_shape": [int(d) for d in g.values[x].known_spec.shape]}
         dx_half = Node(f"{n.name}/dX", "ConvGradInput", "onnxplan", [dy, w], [outs[0]], attrs, n.phase,
                        {}, list(n.after))
         nodes += [dw_half, dx_half]

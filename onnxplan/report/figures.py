@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import plotly.graph_objects as go
 
 from onnxplan.bench.result_models import BenchRow, PeerFigures, PlanEntry
@@ -135,8 +137,9 @@ def live_bytes_figure(model: str, plans: list[tuple[str, PlanEntry]], columns: l
     return fig
 
 
-def _peer_values(peers: dict[str, PeerFigures], name: str) -> tuple[list[str], list[float | None]]:
-    names, values = [], []
+def _peer_values(peers: dict[str, PeerFigures], name: str) -> tuple[list[str], list[float]]:
+    names: list[str] = []
+    values: list[float] = []
     for key, label in (("ort", "ONNX Runtime"), ("torch", "PyTorch")):
         value = getattr(peers.get(key) or PeerFigures(), name)
         if value is not None:
@@ -167,7 +170,7 @@ def peak_figure(model: str, rows: list[BenchRow], peers: dict[str, PeerFigures])
     return fig
 
 
-def _latency_bar(names: list[str], timed: list[BenchRow | PeerFigures], label: str, color) -> go.Bar:
+def _latency_bar(names: list[str], timed: Sequence[BenchRow | PeerFigures], label: str, color) -> go.Bar:
     """Median step per bar with min-max whiskers; `color`: one, or one per bar."""
     med = [t.median_step_seconds for t in timed]
     ms = [None if m is None else m * 1000 for m in med]
@@ -204,7 +207,7 @@ def overview_figure(groups: list[ModelGroup]) -> go.Figure:
     """Every model: best planned peak, onnxplan measured, ORT and PyTorch peaks (log scale)."""
     best = [g.best for g in groups]
     models = [r.model for r in best]
-    series = [("planned (best strategy)", [r.planned_peak_bytes for r in best], "#4C78A8"),
+    series: list[tuple[str, list[float | None], str]] = [("planned (best strategy)", [r.planned_peak_bytes for r in best], "#4C78A8"),
               ("lower bound", [r.lower_bound_bytes for r in best], "#54A24B"),
               ("onnxplan measured", [r.measured_peak_bytes for r in best], "#72B7B2"),
               ("ONNX Runtime", [g.peer("ort").peak_bytes for g in groups], "#888888"),

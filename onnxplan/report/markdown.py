@@ -13,7 +13,7 @@ from onnxplan.sizes import format_bytes
 __all__ = ["markdown_summary", "run_header"]
 
 
-def _mib(n: int | None) -> str:
+def _mib(n: float | None) -> str:
     return "–" if n is None else f"{n / 2**20:.1f}"
 
 

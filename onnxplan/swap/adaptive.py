@@ -25,7 +25,7 @@ import numpy as np
 from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.swap.insert import decide_writes
 from onnxplan.swap.model import Gap, SwapModel
-from onnxplan.swap.policies import SwapPolicy, Timing, just_in_time
+from onnxplan.swap.policies import PolicyOptions, SwapPolicy, Timing, just_in_time
 from onnxplan.swap.pricing import Transfer, io_stalls, store_bandwidth
 
 __all__ = ["Adaptive", "simulate_stalls"]
@@ -119,5 +119,5 @@ class Adaptive(SwapPolicy):
         out[gap] = t
         return True
 
-    def options(self) -> dict:
+    def options(self) -> PolicyOptions:
         return {"policy": self.name}

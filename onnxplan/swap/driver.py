@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from onnxplan.ir.graph import StepGraph
 from onnxplan.limits import DEFAULT_TIME_LIMIT
@@ -13,11 +14,12 @@ from onnxplan.plan import PlannedSwap
 from onnxplan.sizes import format_bytes
 from onnxplan.swap.insert import build_order, decide_writes, rewrite_graph
 from onnxplan.swap.model import SWAP_MIN_BYTES, SwapModel, swap_model
-from onnxplan.swap.policies import SwapPolicy, make_policy
+from onnxplan.swap.policies import PolicyOptions, SwapPolicy, make_policy
 from onnxplan.swap.select import Selection, select_all, select_greedy
 from onnxplan.verify import verify_offsets
 
-__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "plan_swaps", "realize_selection", "swap_totals"]
+__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "SwapTotals", "plan_swaps", "realize_selection",
+           "swap_totals"]
 
 SWAP_CHOICES = ("none", "auto", "on-demand", "reduced", "proactive", "adaptive", "window")
 AUTO_POLICIES = ("proactive", "adaptive")  # what `auto` tries, in order, when a budget is not met
@@ -59,7 +61,7 @@ class SwapOutcome:
     """A swapped step: its graph and order (swap nodes included), lifetimes, offsets, swaps."""
 
     policy: str  # described, e.g. "proactive (lookahead 1)"
-    options: dict
+    options: PolicyOptions
     graph: StepGraph
     order: tuple[str, ...]
     lifetimes: Lifetimes
@@ -78,7 +80,16 @@ class SwapOutcome:
         return self.budget is None or self.peak_bytes <= self.budget
 
 
-def swap_totals(swaps) -> dict[str, int]:
+class SwapTotals(TypedDict):
+    """A step's transfers (the SwapRecord fields of the same names)."""
+
+    swaps: int
+    transfers: int
+    bytes_out: int
+    bytes_in: int
+
+
+def swap_totals(swaps) -> SwapTotals:
     """Transfers per step: count (data moved: swap-ins and writing swap-outs), bytes out, bytes in."""
     out = sum(s.bytes for s in swaps if s.write)
     return {"swaps": len(swaps), "transfers": len(swaps) + sum(1 for s in swaps if s.write),
@@ -132,14 +143,15 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
         out.notes.append(f"swap {out.policy}: every gap it can swap (no budget)")
         return out
     target = budget
-    sel = None
-    out = None
+    sel: Selection | None = None
     for _ in range(MAX_ROUNDS):
         sel = select_greedy(model, policy, target, sel)
         out = realize_selection(g, model, sel, None if policy.spends_slack else target, planner, budget)
         if out.fits or sel.stuck:
             break
         target = min(target, sel.estimate) - (out.peak_bytes - budget) - ALIGNMENT
+    if sel is None:
+        raise RuntimeError("swap: no selection round ran")
     if out.fits and policy.spends_slack:
         out = _spend_slack(g, model, sel, out, planner, budget, time_limit)
     if not out.fits:  # stuck at the peak EO: swapping everything may still pack tighter
@@ -199,12 +211,14 @@ def plan_swaps(g: StepGraph, order, lt: Lifetimes, *, swap: str, budget: int | N
     if alone <= budget:
         return None
     tried = []
-    out = None
+    out: SwapOutcome | None = None
     for name in AUTO_POLICIES:
         out = _run(g, model, make_policy(name, lookahead, window_bytes, swap_dir), budget, planner, time_limit)
         tried.append(f"{out.policy} {format_bytes(out.peak_bytes)}")
         if out.fits:
             break
+    if out is None:
+        raise RuntimeError("swap auto: AUTO_POLICIES is empty")
     t = swap_totals(out.swaps)
     verdict = "chose" if out.fits else "best tried"
     out.notes.append(f"swap auto: order and planner alone reach {format_bytes(alone)} > budget "

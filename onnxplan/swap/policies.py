@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from onnxplan.swap.model import Gap, SwapModel
 __all__ = [
     "SWAP_POLICIES",
     "OnDemand",
+    "PolicyOptions",
     "Proactive",
     "Reduced",
     "SwapPolicy",
@@ -22,6 +24,14 @@ __all__ = [
     "just_in_time",
     "make_policy",
 ]
+
+
+class PolicyOptions(TypedDict, total=False):
+    """A policy's settings as the plan's SwapRecord holds them."""
+
+    policy: str
+    lookahead: int
+    window_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,7 @@ class SwapPolicy:
     def describe(self) -> str:
         return self.name
 
-    def options(self) -> dict:
+    def options(self) -> PolicyOptions:
         return {"policy": self.name}
 
 
@@ -129,7 +139,7 @@ class Proactive(SwapPolicy):
     def describe(self) -> str:
         return f"proactive (lookahead {self.lookahead})"
 
-    def options(self) -> dict:
+    def options(self) -> PolicyOptions:
         return {"policy": self.name, "lookahead": self.lookahead}
 
 
@@ -213,7 +223,7 @@ class Window(SwapPolicy):
         w = "largest working set" if self.window_bytes is None else format_bytes(self.window_bytes)
         return f"window ({w})"
 
-    def options(self) -> dict:
+    def options(self) -> PolicyOptions:
         return {"policy": self.name, "window_bytes": self.window_bytes}
 
 

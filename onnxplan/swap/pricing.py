@@ -85,7 +85,7 @@ class Transfer:
     write: bool = False
 
 
-def io_stalls(seconds: Sequence[float], transfers: Sequence[Transfer], bandwidth: float) -> list[float]:
+def io_stalls(seconds: Sequence[float] | np.ndarray, transfers: Sequence[Transfer], bandwidth: float) -> list[float]:
     """Seconds the compute stream waits for each transfer: segments of `seconds` run one after
     the other; one worker moves the transfers first in, first out at `bandwidth`. At each
     boundary, in this order: the writes issued there are queued, the writes due there waited
@@ -111,7 +111,7 @@ def io_stalls(seconds: Sequence[float], transfers: Sequence[Transfer], bandwidth
                     stalls[i] += ends[i] - now
                     now = ends[i]
         if t == n:
-            for i in sorted(ends, key=ends.get):
+            for i in sorted(ends, key=ends.__getitem__):
                 if ends[i] > now:
                     stalls[i] += ends[i] - now
                     now = ends[i]

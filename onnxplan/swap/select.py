@@ -31,7 +31,7 @@ class Selection:
     policy: SwapPolicy
     timings: dict[Gap, Timing]  # every candidate gap's timing
     chosen: dict[str, set[Gap]] = field(default_factory=dict)
-    profile: np.ndarray = None  # transient + evicted-persistent bytes per base EO
+    profile: np.ndarray = field(init=False)  # transient + evicted-persistent bytes per base EO
     resident: int = 0  # persistent bytes still outside the arena
     stuck: bool = False  # the peak EO had nothing left to swap
 

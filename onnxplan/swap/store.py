@@ -103,7 +103,7 @@ class SwapStore:
     def __init__(self, slots: dict[str, int], folder: str | Path | None = None, *, drop_cache: bool = True) -> None:
         check_swap_dir(folder)
         own = folder is None
-        where = Path(tempfile.mkdtemp(prefix="onnxplan-swap-", dir=default_parent())) if own else Path(folder)
+        where = Path(tempfile.mkdtemp(prefix="onnxplan-swap-", dir=default_parent())) if folder is None else Path(folder)
         try:
             fd, path = tempfile.mkstemp(prefix="onnxplan-swap-", suffix=".bin", dir=where)
         except OSError as exc:
@@ -130,7 +130,7 @@ class SwapStore:
                 os.close(fd)
                 raise _io_error(exc, self.folder, f"reserving {end} bytes") from None
             os.ftruncate(fd, end)
-        self.bounce = None  # O_DIRECT: an aligned block the bytes pass through, DIRECT_CHUNK at a time
+        self.bounce: mmap.mmap | None = None  # O_DIRECT: an aligned block the bytes pass through, DIRECT_CHUNK at a time
         if dfd is not None:
             self.bounce = mmap.mmap(-1, DIRECT_CHUNK)
             try:  # the file system may accept the flag and refuse the I/O (EINVAL): then buffered
@@ -154,9 +154,14 @@ class SwapStore:
     def direct(self) -> bool:
         return self.bounce is not None
 
+    def _bounce_block(self) -> mmap.mmap:
+        if self.bounce is None:
+            raise RuntimeError(f"swap file in {self.folder}: an O_DIRECT transfer without its bounce block")
+        return self.bounce
+
     def _direct(self, write: bool, off: int, view: memoryview) -> None:
         """Move `view` to (write) or from the file at `off` through the bounce block."""
-        bounce = memoryview(self.bounce)
+        bounce = memoryview(self._bounce_block())
         done = 0
         while done < len(view):
             k = min(DIRECT_CHUNK, len(view) - done)
@@ -182,7 +187,7 @@ class SwapStore:
     def write(self, slot: str, data: np.ndarray, *, settle: bool = True) -> None:
         """Store `data` (1-D uint8, the slot's size) in `slot`; its pages then leave RAM, at
         once or (settle False) at the next settle()."""
-        off, view = self.offsets[slot], memoryview(data)
+        off, view = self.offsets[slot], data.data
         done = 0
         try:
             if self.direct:
@@ -213,8 +218,9 @@ class SwapStore:
     def write_zeros(self, slot: str) -> None:
         """Fill `slot` with zero bytes, a small block at a time (no slot-sized buffer)."""
         if self.direct:
-            self.bounce[:] = bytes(DIRECT_CHUNK)
-            view = memoryview(self.bounce)
+            block = self._bounce_block()
+            block[:] = bytes(DIRECT_CHUNK)
+            view = memoryview(block)
             try:
                 for done in range(0, self.sizes[slot], DIRECT_CHUNK):
                     os.pwrite(self.fd, view[:min(DIRECT_CHUNK, -(-(self.sizes[slot] - done) // PAGE) * PAGE)],
@@ -227,7 +233,7 @@ class SwapStore:
         while done < self.sizes[slot]:
             n = min(len(zeros), self.sizes[slot] - done)
             try:
-                os.pwrite(self.fd, memoryview(zeros)[:n], self.offsets[slot] + done)
+                os.pwrite(self.fd, zeros.data[:n], self.offsets[slot] + done)
             except OSError as exc:
                 raise _io_error(exc, self.folder, f"writing {slot!r}") from None
             done += n
@@ -236,7 +242,7 @@ class SwapStore:
     def read(self, slot: str, out: np.ndarray, *, settle: bool = True) -> None:
         """Read `slot` into `out` (1-D uint8, the slot's size), bypassing any copy; its pages
         are dropped at once and (settle False) once more at the next settle()."""
-        off, view = self.offsets[slot], memoryview(out)
+        off, view = self.offsets[slot], out.data
         if self.direct:
             self._direct(False, off, view)
             return

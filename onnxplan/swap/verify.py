@@ -83,7 +83,8 @@ def verify_swaps(graph: StepGraph, plan: Plan) -> None:
 def _simulate(graph: StepGraph, plan: Plan, slot_of: dict[str, str]) -> None:
     nodes = {n.name: n for n in graph.nodes}
     wrapped = {s.value for s in plan.swaps if s.wraps}
-    store = {s: ("initial", s) for s in wrapped}
+    # a buffer's bytes by version: ("initial", slot) for what a wrapped slot holds at the start, else a count
+    store: dict[str, object] = {s: ("initial", s) for s in wrapped}
     truth = dict(store)
     ver: dict[str, object] = {}
     fresh = iter(range(1 << 62))

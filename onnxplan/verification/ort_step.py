@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -249,7 +250,8 @@ class OrtTrainingStep:
             [helper.make_tensor_value_info(f"o{j}", onnx.TensorProto.UNDEFINED, None) for j in range(len(n.output))])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
         try:
-            return float(np.asarray(ReferenceEvaluator(model).run(None, feeds)[0]).reshape(-1)[0])
+            got = cast(list, ReferenceEvaluator(model).run(None, feeds))  # a list: no intermediate=True
+            return float(np.asarray(got[0]).reshape(-1)[0])
         except Exception:  # noqa: BLE001 - a help to judge the loss, never a failure of its own
             return None
 
@@ -355,11 +357,12 @@ class OrtOptimizerStep:
         """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
         moments = moments or {}
         # AdamWOptimizer updates its sequence inputs in place: give it copies of the state
-        seqs = {"params": [np.array(params[p], copy=True) for p in names], "gradients": [grads[p] for p in names]}
+        seqs: dict[str, list[np.ndarray]] = {"params": [np.array(params[p], copy=True) for p in names],
+                                             "gradients": [grads[p] for p in names]}
         if self.kind == "AdamW":
             seqs["first_order_moments"] = [np.array(moments[f"{p}.exp_avg"], copy=True) for p in names]
             seqs["second_order_moments"] = [np.array(moments[f"{p}.exp_avg_sq"], copy=True) for p in names]
-        feeds = {}
+        feeds: dict[str, np.ndarray | list[np.ndarray]] = {}
         for name in self.inputs:
             if name == "learning_rate":
                 feeds[name] = np.array([learning_rate], dtype=np.float32)

@@ -323,7 +323,8 @@ class _Hooks:
             elif bn_grad:
                 own = bn_grad_floor(*(_download(a) for a in inputs[:5]))
             elif ln_grad:
-                own = ln_grad_floor(*(_download(a) for a in inputs[:5]), axis=node.attrs.get("axis", -1))
+                dy, x, scale, mean, inv_std = (_download(a) for a in inputs[:5])
+                own = ln_grad_floor(dy, x, scale, mean, inv_std, axis=node.attrs.get("axis", -1))
             elif reduction:
                 own = reduction_floor(fn, ctx, inputs, outputs, self.xp)
             fn(ctx, inputs, outputs)
@@ -356,8 +357,10 @@ class _Hooks:
         return rho
 
     def _compare(self, node, outputs) -> None:
+        reference = self.reference
+        assert reference is not None  # the caller checks
         for name, arr in zip(node.outputs, outputs):
-            want = self.reference.get(original_name(name)) if name else None
+            want = reference.get(original_name(name)) if name else None
             if want is None or arr is None or tuple(want.shape) != tuple(arr.shape):
                 continue
             err = rel_norm_error(_download(arr), want)
@@ -392,7 +395,8 @@ class StepVerifier:
         for p, g in self.grad_name.items():
             n, self.grad_value[p] = a.producer_node(g), g
             if n is not None and n.op_type == "InPlaceAccumulatorV2" and n.inputs[1] in a.producer:
-                n, self.grad_value[p] = a.producer_node(n.inputs[1]), n.inputs[1]
+                self.grad_value[p] = n.inputs[1]
+                n = a.producer_node(n.inputs[1])
             self.grad_node[p] = n.name if n is not None else ""
         # running statistic -> the node that updates it (its first reader)
         self.stat_node = {r: a.consumers[r][0] for r in self.ort.running_of if a.consumers.get(r)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from onnx import TensorProto, numpy_helper
@@ -33,6 +33,7 @@ __all__ = [
     "outputs",
     "prod",
     "register_same_as_input",
+    "required_ints",
     "tensor_value",
 ]
 
@@ -51,11 +52,25 @@ def attr_str(node: Node, name: str, default: str = "") -> str:
     return attrs.attr_str(node.attrs.get(name), default)
 
 
+@overload
+def attr_ints(node: Node, name: str) -> list[int] | None: ...
+@overload
+def attr_ints(node: Node, name: str, default: Sequence[int]) -> list[int]: ...
+@overload
+def attr_ints(node: Node, name: str, default: Sequence[int] | None) -> list[int] | None: ...
 def attr_ints(node: Node, name: str, default: Sequence[int] | None = None) -> list[int] | None:
     value = node.attrs.get(name)
     if value is None:
         return None if default is None else list(default)
     return [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def required_ints(node: Node, name: str) -> list[int]:
+    """An ints attribute the op must have (a model without it is malformed)."""
+    value = attr_ints(node, name)
+    if value is None:
+        raise fail(f"attribute '{name}' is missing")
+    return value
 
 
 def tensor_value(value: Any) -> np.ndarray:
@@ -75,9 +90,10 @@ def has_input(node: Node, i: int) -> bool:
 
 def need(node: Node, specs: list[TensorSpec | None], i: int) -> TensorSpec:
     """The spec of input i, which must be present."""
-    if i >= len(specs) or specs[i] is None:
+    spec = specs[i] if i < len(specs) else None
+    if spec is None:
         raise fail(f"required input {i} is missing")
-    return specs[i]
+    return spec
 
 
 def const(node: Node, consts: dict[str, np.ndarray], i: int) -> np.ndarray | None:

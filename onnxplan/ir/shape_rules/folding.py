@@ -50,16 +50,16 @@ def _mod(node, a, b):
     return np.fmod(a, b) if attr(node, "fmod", 0) else np.mod(a, b)
 
 
-_BINARY = {
+_BINARY: dict[str, Callable[..., np.ndarray]] = {
     "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": _int_div, "Pow": np.power,
     "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
     "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
 }
-_UNARY = {
+_UNARY: dict[str, Callable[..., np.ndarray]] = {
     "Neg": np.negative, "Abs": np.abs, "Not": np.logical_not, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal,
     "Floor": np.floor, "Ceil": np.ceil, "Identity": lambda x: x, "Sign": np.sign, "Relu": lambda x: np.maximum(x, 0),
 }
-_REDUCERS = {"ReduceSum": np.sum, "ReduceProd": np.prod, "ReduceMin": np.min, "ReduceMax": np.max,
+_REDUCERS: dict[str, Callable[..., np.ndarray]] = {"ReduceSum": np.sum, "ReduceProd": np.prod, "ReduceMin": np.min, "ReduceMax": np.max,
              "ReduceMean": np.mean}
 
 

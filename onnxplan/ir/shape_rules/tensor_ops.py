@@ -21,6 +21,7 @@ from onnxplan.ir.shape_rules._common import (
     norm_axis,
     outputs,
     prod,
+    required_ints,
     tensor_value,
 )
 from onnxplan.ir.shape_rules.resize import resize_params
@@ -65,7 +66,7 @@ def _constant_of_shape(node, specs, consts):
     shape = const_ints(node, consts, 0, "shape")
     value = node.attrs.get("value")
     dtype = tensor_value(value).dtype.name if value is not None else "float32"
-    return outputs(node, TensorSpec(dtype, shape))
+    return outputs(node, TensorSpec(dtype, tuple(shape)))
 
 
 @shape_rule("Shape")
@@ -213,7 +214,7 @@ def _reshape(node, specs, consts):
     if has_input(node, 1):
         target = const_ints(node, consts, 1, "shape")
     else:  # opset < 5
-        target = attr_ints(node, "shape")
+        target = required_ints(node, "shape")
     return outputs(node, x.with_shape(reshape_dims(node, x.shape, target, bool(attr(node, "allowzero", 0)))))
 
 
@@ -302,7 +303,7 @@ def _pad(node, specs, consts):
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise fail(f"Pad mode {mode!r} is not supported")
-    pads = const_ints(node, consts, 1, "pads") if has_input(node, 1) else attr_ints(node, "pads")
+    pads = const_ints(node, consts, 1, "pads") if has_input(node, 1) else required_ints(node, "pads")
     axes = const_ints(node, consts, 3, "axes") if has_input(node, 3) else list(range(x.rank))
     axes = norm_axes(node, axes, x.rank)
     out = list(x.shape)

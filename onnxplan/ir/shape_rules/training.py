@@ -18,6 +18,7 @@ from onnxplan.ir.shape_rules._common import (
     need,
     outputs,
     register_same_as_input,
+    required_ints,
 )
 from onnxplan.ir.shape_rules.nn import window_out_dims
 from onnxplan.ir.tensor import TensorSpec
@@ -53,7 +54,7 @@ def _conv_grad(node, specs, consts):
 def _conv_grad_input(node, specs, consts):
     """(dY, W) -> dX of shape x_shape (the dX half of a split ConvGrad, passes/split_grad.py)."""
     dy = need(node, specs, 0)
-    return outputs(node, dy.with_shape(tuple(attr_ints(node, "x_shape"))))
+    return outputs(node, dy.with_shape(tuple(required_ints(node, "x_shape"))))
 
 
 @shape_rule("ResizeGrad", MS)
@@ -131,7 +132,7 @@ def _invertible_ln_grad(node, specs, consts):
 
 
 def _shape_from_input(node, consts, i, dtype) -> TensorSpec:
-    return TensorSpec(dtype, const_ints(node, consts, i, "shape"))
+    return TensorSpec(dtype, tuple(const_ints(node, consts, i, "shape")))
 
 
 @shape_rule("GatherGrad", MS)
