@@ -203,11 +203,14 @@ def test_over_the_limit_built_by_reference(tmp_path, request, monkeypatch):
             assert result.exit_code == 0, result.stderr
         result = runner.invoke(app, ["run", *command, "--steps", "1"])
         assert_one_line_error(result, 2, "the checkpoint holds the parameters' names only")
-    forward = load_onnx(folder / FORWARD_MODEL)
-    weight = next(t for t in forward.graph.initializer if t.name == BIG)
+    copied = generate_from_onnx(path, "mse", optimizer="adamw", cache_dir=tmp_path / "by-reference",
+                                out_dir=tmp_path / "out")  # `models build --out`: the data goes along
     want = next(t for t in original.graph.initializer if t.name == BIG)
-    assert np.array_equal(numpy_helper.to_array(weight), numpy_helper.to_array(want))
-    assert sorted(p.name for p in (folder / FORWARD_DATA).iterdir()) == [_big_file(path).name]
+    for entry in (folder, copied):
+        forward = load_onnx(entry / FORWARD_MODEL)
+        weight = next(t for t in forward.graph.initializer if t.name == BIG)
+        assert np.array_equal(numpy_helper.to_array(weight), numpy_helper.to_array(want))
+        assert sorted(p.name for p in (entry / FORWARD_DATA).iterdir()) == [_big_file(path).name]
 
 
 def test_a_linked_weight_file_is_one_line(tmp_path, request):
