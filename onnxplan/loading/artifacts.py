@@ -83,7 +83,7 @@ def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
         "trainable": list(fm.trainable),
         "frozen": list(fm.frozen),
         **({"forward": fm.prep} if fm.prep is not None else {}),
-        **({"weights": "by reference"} if fm.by_reference else {}),  # and a nominal checkpoint
+        **({"weights": "by reference"} if _by_reference(fm) else {}),  # and a nominal checkpoint
     }
 
 
@@ -210,9 +210,14 @@ def _restart_graph_names() -> None:
         _graph_utils._GRAPH_TOKEN = 0
 
 
-def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path, by_reference: bool = False) -> None:
-    """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out` (with
-    `by_reference`, its pieces on the model with its parameters left on disk: by_reference.py)."""
+def _by_reference(fm: ForwardModel) -> bool:
+    """Whether `fm` is built with its parameters left on disk (by_reference.py)."""
+    return fm.by_reference and fm.weights_dir is not None
+
+
+def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None:
+    """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out` (for a
+    model built by reference, its pieces with the parameters left on disk: by_reference.py)."""
     if not fm.trainable:  # ORT's own message for this is "list index out of range"
         raise ModelError(f"{fm.name!r} has no trainable parameters (no float initializer"
                          f"{'' if not fm.frozen else ' that is not frozen'}): a training step needs at least one")
@@ -228,7 +233,7 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path, by_refe
     optim = {"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer]
     with quiet_fds() as log_path:
         try:
-            if by_reference:
+            if _by_reference(fm):
                 generate_by_reference(fm, loss, optimizer, out)
             else:
                 artifacts.generate_artifacts(fm.model, requires_grad=list(fm.trainable),
@@ -272,14 +277,14 @@ def _fix_eval_batchnorm(path: Path) -> None:
         onnx.save(model, str(path))
 
 
-def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path, by_reference: bool = False) -> None:
-    """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json (with
-    `by_reference`, the parameters left on disk: forward.data/ and a nominal checkpoint)."""
-    if by_reference:
+def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> None:
+    """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json (built by
+    reference: the parameters left on disk, forward.data/ and a nominal checkpoint)."""
+    if _by_reference(fm):
         save_forward_by_reference(fm, tmp)
     else:
         onnx.save(fm.model, str(tmp / FORWARD_MODEL))
-    _run_generate_artifacts(fm, optimizer, tmp, by_reference)
+    _run_generate_artifacts(fm, optimizer, tmp)
     for name in (TRAINING_MODEL, OPTIMIZER_MODEL, EVAL_MODEL):
         _fix_runtime_ir(tmp / name)
     _fix_eval_batchnorm(tmp / EVAL_MODEL)
@@ -310,10 +315,9 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
     if failed.is_file():  # the same build failed before: fail fast with the same line
         raise ArtifactBuildError(failed.read_text().strip())
     weights_dir = fm.weights_dir
-    by_reference = fm.by_reference and weights_dir is not None
     if weights_dir is not None:  # a cache miss: onnxruntime-training needs the constants' values
         source = weights_dir / f"{fm.name}.onnx"
-        if by_reference:  # the parameters stay on disk
+        if _by_reference(fm):  # the parameters stay on disk
             load_constants(fm, weights_dir, source)
         else:  # and every weight's
             from onnxplan.ir.onnx_files import load_weights
@@ -324,7 +328,7 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     try:
         try:
-            _write_entry(fm, optimizer, digest, tmp, by_reference)
+            _write_entry(fm, optimizer, digest, tmp)
         except ArtifactBuildError as exc:
             _write_note(failed, str(exc))
             raise
