@@ -1,11 +1,13 @@
 """A forward model with external data (one file per tensor) is loaded, prepared and shape-checked
 without reading its weights; only onnxruntime-training's artifact build reads them, and a model
-too large for that is refused with one line before any weight is read (issue 26)."""
+too large for that (over protobuf's 2 GiB) is built without them: by reference, with a nominal
+checkpoint (issue 26)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +16,16 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
+import onnxplan
 from onnxplan.cli.app import app
 from onnxplan.errors import ModelError
 from onnxplan.forward import prepare_forward
+from onnxplan.ir.checkpoint_file import CheckpointIndex, read_checkpoint
+from onnxplan.ir.metadata import FORWARD_DATA, FORWARD_MODEL, read_metadata
 from onnxplan.ir.onnx_files import SMALL_TENSOR, external_bytes, load_onnx, load_weights
 from onnxplan.loading import artifacts
 from onnxplan.loading.artifacts import generate_from_onnx
+from onnxplan.ort import CHECKPOINT, EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL
 from tests.cli_asserts import assert_one_line_error
 
 runner = CliRunner()
@@ -162,25 +168,57 @@ def test_cache_hit_reads_no_weight(tmp_path, request, monkeypatch):
         generate_from_onnx(path, "mse", optimizer="sgd")
 
 
-def test_too_large_refused_before_reading(tmp_path, request, monkeypatch):
-    """One byte over the limit: one line, exit 2, naming why, before any weight is read (the
-    weight's file is truncated to nothing); at the limit the same command works."""
+def _graphs(folder: Path) -> list[onnx.GraphProto]:
+    return [onnx.load(str(folder / name)).graph for name in (TRAINING_MODEL, EVAL_MODEL, OPTIMIZER_MODEL)]
+
+
+def test_over_the_limit_built_by_reference(tmp_path, request, monkeypatch):
+    """One byte over MAX_FORWARD_BYTES: the artifacts are built with the parameters left on disk
+    (the reader of external data refuses the weight), the training, eval and optimizer models
+    the same graphs generate_artifacts makes from the values, the checkpoint a nominal one (names
+    only), the same planned step; inspect and plan work, run refuses in one line (exit 2); the
+    entry's forward.onnx holds the weight's values under forward.data/."""
+    original = _model(_seed(request))
+    path = _save_external(original, tmp_path / "model")
+    by_value = generate_from_onnx(path, "mse", optimizer="adamw", cache_dir=tmp_path / "by-value")
+    monkeypatch.setattr(artifacts, "MAX_FORWARD_BYTES", artifacts.forward_bytes(load_onnx(path, weights=False)) - 1)
+    with monkeypatch.context() as guard:
+        real = onnx.external_data_helper._read_external_data_bytes
+
+        def guarded(tensor, base_dir):
+            assert tensor.name != BIG, "a parameter's value was read"
+            return real(tensor, base_dir)
+
+        guard.setattr(onnx.external_data_helper, "_read_external_data_bytes", guarded)
+        folder = generate_from_onnx(path, "mse", optimizer="adamw", cache_dir=tmp_path / "by-reference")
+        assert folder.name != by_value.name  # another entry: the metadata says how it was built
+        assert read_metadata(folder)["weights"] == "by reference" and "weights" not in read_metadata(by_value)
+        assert read_checkpoint(folder / CHECKPOINT) == CheckpointIndex({BIG: None, "w2": None}, nominal=True)
+        assert read_checkpoint(by_value / CHECKPOINT) == CheckpointIndex({BIG: (256, 512), "w2": (512, 10)}, False)
+        assert _graphs(folder) == _graphs(by_value)
+        assert onnxplan.plan(onnxplan.load(folder)).peak_bytes == onnxplan.plan(onnxplan.load(by_value)).peak_bytes
+        command = [str(path), "--optimizer", "adamw", "--loss", "mse"]
+        for name in ("inspect", "plan"):
+            result = runner.invoke(app, [name, *command])
+            assert result.exit_code == 0, result.stderr
+        result = runner.invoke(app, ["run", *command, "--steps", "1"])
+        assert_one_line_error(result, 2, "the checkpoint holds the parameters' names only")
+    copied = generate_from_onnx(path, "mse", optimizer="adamw", cache_dir=tmp_path / "by-reference",
+                                out_dir=tmp_path / "out")  # `models build --out`: the data goes along
+    want = next(t for t in original.graph.initializer if t.name == BIG)
+    for entry in (folder, copied):
+        forward = load_onnx(entry / FORWARD_MODEL)
+        weight = next(t for t in forward.graph.initializer if t.name == BIG)
+        assert np.array_equal(numpy_helper.to_array(weight), numpy_helper.to_array(want))
+        assert sorted(p.name for p in (entry / FORWARD_DATA).iterdir()) == [_big_file(path).name]
+
+
+def test_a_linked_weight_file_is_one_line(tmp_path, request):
+    """onnx refuses external data in a file with several hard links: a ModelError naming the file."""
     path = _save_external(_model(_seed(request)), tmp_path)
-    shapes_only = load_onnx(path, weights=False)
-    size = shapes_only.ByteSize() + external_bytes(shapes_only)
-    monkeypatch.setattr(artifacts, "MAX_FORWARD_BYTES", size - 1)
-    big = _big_file(path)
-    data = big.read_bytes()
-    big.write_bytes(b"")
-    for command in ("inspect", "plan"):
-        result = runner.invoke(app, [command, str(path), "--optimizer", "sgd", "--loss", "mse"])
-        assert_one_line_error(result, 2, "generate_artifacts needs every weight's value in memory, in one protobuf")
-    monkeypatch.setattr(artifacts, "MAX_FORWARD_BYTES", size)
-    result = runner.invoke(app, ["inspect", str(path), "--optimizer", "sgd", "--loss", "mse"])
-    assert_one_line_error(result, 2, "cannot read external data")  # now it reads them: the file is empty
-    big.write_bytes(data)
-    result = runner.invoke(app, ["inspect", str(path), "--optimizer", "sgd", "--loss", "mse"])
-    assert result.exit_code == 0, result.stderr
+    os.link(_big_file(path), tmp_path / "second-link")
+    with pytest.raises(ModelError, match="cannot read external data .*hard"):
+        load_onnx(path)
 
 
 def test_opset_conversion_keeps_the_reference(tmp_path, request):

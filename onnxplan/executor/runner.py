@@ -309,7 +309,10 @@ def initial_parameters(folder: Path) -> dict[str, np.ndarray]:
     """Every parameter's initial value from the folder's checkpoint (imports torch: run time only)."""
     from onnxruntime.training.api import CheckpointState
 
+    from onnxplan.ir.checkpoint_file import require_values
+
     path = Path(folder) / "checkpoint"
+    require_values(path)  # a nominal checkpoint (a model built by reference) holds names only
     try:
         state = CheckpointState.load_checkpoint(str(path))
     except Exception as exc:  # noqa: BLE001 - ORT raises plain RuntimeErrors

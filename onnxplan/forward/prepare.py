@@ -4,7 +4,8 @@ Order: warn when a dynamo export's optimizer changed the parameters (merged, fol
 exported.py) -> check ops and inline local functions (normalize) -> decompose ops without an ORT
 gradient -> convert the opset to 17 and IR to 9 -> cast integer ArgMax/ArgMin inputs that
 provably fit to int32 -> complete optional outputs -> static
-shapes (dynamic axes, re-batching) -> explicit pads for Conv / AveragePool auto_pad -> choose trained / frozen parameters and refuse an op
+shapes (dynamic axes, re-batching) -> explicit pads for Conv / AveragePool auto_pad -> SplitToSequence
+read by SequenceAt rewritten to Split -> choose trained / frozen parameters and refuse an op
 without a gradient on their path. Everything is deterministic, so the artifact cache key
 (the prepared model and this report, with FORWARD_PREP_VERSION) names the result.
 """
@@ -23,6 +24,7 @@ from onnxplan.forward.int_args import cast_integer_args
 from onnxplan.forward.normalize import convert_opset, normalize
 from onnxplan.forward.pads import explicit_auto_pads
 from onnxplan.forward.select import select_parameters, torch_kinds
+from onnxplan.forward.sequences import split_sequences
 from onnxplan.forward.shapes import fix_shapes
 from onnxplan.forward.spec import ForwardModel, InputSpec, labels_for_output
 
@@ -76,6 +78,7 @@ def prepare_forward(model: onnx.ModelProto, name: str, loss: str, *, dims: Mappi
     init_names = {t.name for t in model.graph.initializer}
     shapes = fix_shapes(model, init_names, dict(dims or {}), batch, name, notes)
     explicit_auto_pads(model, shapes.values, notes)
+    split_sequences(model, shapes.values, notes)
     types = value_types(model)
     sel = select_parameters(model, types, train, freeze, synthetic, kinds)
     derived = [n for n in sel.trained if kinds and n not in kinds]

@@ -92,6 +92,9 @@ class ForwardModel:
     # `model` still holds them as references (onnxplan.ir.onnx_files.load_onnx(weights=False));
     # None: every value is in `model`
     weights_dir: Path | None = None
+    # forward .onnx files only: built with its parameters left in weights_dir (a model over
+    # protobuf's 2 GiB: onnxplan.loading.by_reference), the checkpoint a nominal one
+    by_reference: bool = False
 
     @property
     def parameter_count(self) -> int:

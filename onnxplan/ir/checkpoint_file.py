@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from onnx import helper
 
 from onnxplan.errors import ModelError
 
-__all__ = ["checkpoint_parameters"]
+__all__ = ["CheckpointIndex", "checkpoint_parameters", "read_checkpoint", "require_values"]
 
 _IDENTIFIER = b"ODTC"
 
@@ -62,6 +63,16 @@ class _Buf:
         return [self.deref(start + 4 * k) for k in range(length)]
 
 
+@dataclass(frozen=True)
+class CheckpointIndex:
+    """What a checkpoint holds: every parameter's shape, or, for a nominal checkpoint (names
+    only: ONNX Runtime's nominal state, written for a model built with its weights left on disk,
+    loading.by_reference), every parameter's name with no shape and no value."""
+
+    shapes: dict[str, tuple[int, ...] | None]
+    nominal: bool
+
+
 def _tensor(buf: _Buf, t: int, external: bool) -> tuple[str, tuple[int, ...], int]:
     pos = buf.field(t, 0)
     if not pos:
@@ -84,15 +95,15 @@ def _tensor(buf: _Buf, t: int, external: bool) -> tuple[str, tuple[int, ...], in
     pos = buf.field(t, 4)
     raw = buf.vector(pos, 1)[1] if pos else 0
     want = int(np.prod(dims, dtype=object)) * itemsize
-    if not external and raw != want:
+    if not external and raw != want:  # a nominal state's tensors (no data) are read as external
         raise ValueError(f"tensor {name!r} {list(dims)} holds {raw} B of data, its shape needs {want} B")
     return name, dims, dtype
 
 
-def checkpoint_parameters(path: Path | str) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the checkpoint at `path` with its shape; ModelError when the file is
-    not a readable checkpoint (wrong identifier, an offset outside the file, a tensor whose
-    bytes do not match its shape)."""
+def read_checkpoint(path: Path | str) -> CheckpointIndex:
+    """The parameters of the checkpoint at `path`; ModelError when the file is not a readable
+    checkpoint (wrong identifier, an offset outside the file, a tensor whose bytes do not match
+    its shape)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -100,23 +111,46 @@ def checkpoint_parameters(path: Path | str) -> dict[str, tuple[int, ...]]:
             if size < 8:
                 raise ValueError(f"{size} B is too short")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                buf = _Buf(data)
-                if bytes(data[4:8]) != _IDENTIFIER:
-                    raise ValueError(f"not an ONNX Runtime checkpoint (identifier {bytes(data[4:8])!r})")
-                root = buf.deref(0)
-                module = buf.field(root, 1)
-                if not module:
-                    raise ValueError("no module state")
-                module = buf.deref(module)
-                ext = buf.field(module, 3)
-                external = bool(ext and buf.read("<B", ext))
-                out = {}
-                for index in (0, 1):  # requires_grad_params, frozen_params
-                    for t in buf.tables(module, index):
-                        name, dims, _ = _tensor(buf, t, external)
-                        out[name] = dims
-                return out
+                return _index(_Buf(data))
     except OSError as exc:
         raise ModelError(f"{path}: unreadable checkpoint ({exc.strerror or exc})") from None
     except (ValueError, UnicodeDecodeError, struct.error) as exc:
         raise ModelError(f"{path}: corrupt checkpoint ({exc})") from None
+
+
+def _flag(buf: _Buf, table: int, index: int) -> bool:
+    pos = buf.field(table, index)
+    return bool(pos and buf.read("<B", pos))
+
+
+def _index(buf: _Buf) -> CheckpointIndex:
+    if bytes(buf.data[4:8]) != _IDENTIFIER:
+        raise ValueError(f"not an ONNX Runtime checkpoint (identifier {bytes(buf.data[4:8])!r})")
+    root = buf.deref(0)
+    module = buf.field(root, 1)
+    if not module:
+        raise ValueError("no module state")
+    module = buf.deref(module)
+    nominal = _flag(buf, module, 2)  # ModuleState.is_nominal_state
+    external = _flag(buf, module, 3)  # ModuleState.has_external_data
+    shapes: dict[str, tuple[int, ...] | None] = {}
+    for index in (0, 1):  # requires_grad_params, frozen_params
+        for t in buf.tables(module, index):
+            name, dims, _ = _tensor(buf, t, external or nominal)
+            shapes[name] = None if nominal else dims
+    return CheckpointIndex(shapes, nominal)
+
+
+def checkpoint_parameters(path: Path | str) -> dict[str, tuple[int, ...] | None]:
+    """Every parameter of the checkpoint at `path` with its shape (None: a nominal checkpoint
+    records none); ModelError as read_checkpoint."""
+    return read_checkpoint(path).shapes
+
+
+def require_values(path: Path | str) -> None:
+    """Refuse (ModelError, exit 2) a nominal checkpoint where the parameters' values are needed
+    (a run, a verification): it holds their names only."""
+    if read_checkpoint(path).nominal:
+        raise ModelError(f"{path}: the checkpoint holds the parameters' names only (the artifacts of a model "
+                         "over 2 GiB are built with its weights left on disk): it plans, but a run needs "
+                         "the weights' values")

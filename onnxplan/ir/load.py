@@ -133,7 +133,8 @@ def _optimizer_node(opt: onnx.ModelProto, path: Path) -> onnx.NodeProto:
 
 
 def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpec]) -> None:
-    """The checkpoint must be readable and hold every parameter with the model's shape."""
+    """The checkpoint must be readable and hold every parameter with the model's shape (a nominal
+    checkpoint records names only: checkpoint_file.CheckpointIndex)."""
     from onnxplan.ir.checkpoint_file import checkpoint_parameters
 
     path = folder / CHECKPOINT
@@ -143,8 +144,9 @@ def _check_checkpoint(folder: Path, params: set[str], known: dict[str, TensorSpe
     for name in sorted(params):
         if name not in stored:
             raise ModelError(f"{path}: corrupt checkpoint (parameter {name!r} is missing)")
-        if name in known and stored[name] != known[name].shape:
-            raise ModelError(f"{path}: corrupt checkpoint (parameter {name!r} has shape {list(stored[name])}, "
+        shape = stored[name]
+        if shape is not None and name in known and shape != known[name].shape:
+            raise ModelError(f"{path}: corrupt checkpoint (parameter {name!r} has shape {list(shape)}, "
                              f"the model {list(known[name].shape)})")
 
 

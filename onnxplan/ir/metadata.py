@@ -9,12 +9,14 @@ from typing import Any
 from onnxplan.errors import ModelError
 from onnxplan.ort import CHECKPOINT, EVAL_MODEL, OPTIMIZER_MODEL, TRAINING_MODEL
 
-__all__ = ["ARTIFACT_FILES", "FORWARD_MODEL", "METADATA_FILE", "SCHEMA_VERSION", "STEP_FILES", "read_metadata"]
+__all__ = ["ARTIFACT_FILES", "FORWARD_DATA", "FORWARD_MODEL", "METADATA_FILE", "SCHEMA_VERSION", "STEP_FILES", "read_metadata"]
 
 METADATA_FILE = "onnxplan.json"
 SCHEMA_VERSION = 1  # of onnxplan.json: written by onnxplan.loading.artifacts, checked by read_metadata
 # what `onnxplan models build` writes into a folder (the cache counts a folder complete when all are there)
 FORWARD_MODEL = "forward.onnx"  # the forward model the artifacts were generated from
+# its weights, when left on disk (a model over 2 GiB: loading.by_reference): a folder beside it
+FORWARD_DATA = "forward.data"
 ARTIFACT_FILES = (FORWARD_MODEL, TRAINING_MODEL, OPTIMIZER_MODEL, EVAL_MODEL, CHECKPOINT, METADATA_FILE)
 # of those, what loading a step needs: a folder made by another tool may hold only these
 STEP_FILES = (TRAINING_MODEL, OPTIMIZER_MODEL)

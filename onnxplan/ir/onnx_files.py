@@ -18,7 +18,9 @@ __all__ = [
     "check_text",
     "external_bytes",
     "external_chunks",
+    "external_tensors",
     "load_onnx",
+    "load_tensor",
     "load_weights",
     "tensor_bytes",
 ]
@@ -44,7 +46,7 @@ def _graphs(model: onnx.ModelProto):
 def _external_locations(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(tensor name, location) of every tensor with external data."""
     return [(t.name, {e.key: e.value for e in t.external_data}.get("location", ""))
-            for t, _ in _external_tensors(model)]
+            for t, _ in external_tensors(model)]
 
 
 def check_external_data(model: onnx.ModelProto, folder: Path, path: Path) -> None:
@@ -78,7 +80,7 @@ def check_text(model: onnx.ModelProto, path: Path) -> None:
         raise ModelError(f"{path}: a name is not valid UTF-8 ({bytes(bad)[:40]!r})")
 
 
-def _external_tensors(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bool]]:
+def external_tensors(model: onnx.ModelProto) -> list[tuple[onnx.TensorProto, bool]]:
     """Every tensor with external data, and whether it is an initializer of the main graph (only
     those may stay on disk: a node's tensor attribute, a subgraph's initializer are always read)."""
     found = []
@@ -105,7 +107,7 @@ def tensor_bytes(t: onnx.TensorProto) -> int:
 
 def external_bytes(model: onnx.ModelProto) -> int:
     """Bytes of the data `model` still holds as external references (not read)."""
-    return sum(tensor_bytes(t) for t, _ in _external_tensors(model))
+    return sum(tensor_bytes(t) for t, _ in external_tensors(model))
 
 
 def load_weights(model: onnx.ModelProto, folder: Path | str, path: Path | str, *,
@@ -113,19 +115,25 @@ def load_weights(model: onnx.ModelProto, folder: Path | str, path: Path | str, *
     """Read external data into `model` (in place) from `folder`: every tensor, or only those of at
     most `max_elements` elements (and every one that is not a main-graph initializer). A
     ModelError naming `path` when a file cannot be read."""
-    for t, weight in _external_tensors(model):
+    for t, weight in external_tensors(model):
         count = 1
         for d in t.dims:
             count *= int(d)
         if weight and max_elements is not None and count > max_elements:
             continue
-        try:
-            t.raw_data = onnx.external_data_helper._read_external_data_bytes(t, str(folder))
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{path}: cannot read external data ({exc})") from None
-        # the tensor as it would be had it been saved inline (onnx's loader sets DEFAULT explicitly)
-        t.ClearField("data_location")
-        del t.external_data[:]
+        load_tensor(t, folder, path)
+
+
+def load_tensor(t: onnx.TensorProto, folder: Path | str, path: Path | str) -> None:
+    """Read the external data of tensor `t` into it (in place) from `folder`; a ModelError
+    naming `path` when its file cannot be read."""
+    try:
+        t.raw_data = onnx.external_data_helper._read_external_data_bytes(t, str(folder))
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:  # onnx's own refusals (a hard link)
+        raise ModelError(f"{path}: cannot read external data ({exc})") from None
+    # the tensor as it would be had it been saved inline (onnx's loader sets DEFAULT explicitly)
+    t.ClearField("data_location")
+    del t.external_data[:]
 
 
 def external_chunks(t: onnx.TensorProto, folder: Path | str, path: Path | str, chunk: int = 1 << 24):

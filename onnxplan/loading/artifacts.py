@@ -19,7 +19,15 @@ from onnxplan import settings
 from onnxplan.errors import ModelError, UsageError
 from onnxplan.files import write_atomic
 from onnxplan.forward.spec import LOSSES, OPTIMIZERS, ForwardModel
-from onnxplan.ir.metadata import ARTIFACT_FILES, FORWARD_MODEL, METADATA_FILE, SCHEMA_VERSION, read_metadata
+from onnxplan.ir.metadata import (
+    ARTIFACT_FILES,
+    FORWARD_DATA,
+    FORWARD_MODEL,
+    METADATA_FILE,
+    SCHEMA_VERSION,
+    read_metadata,
+)
+from onnxplan.loading.by_reference import generate_by_reference, load_constants, save_forward_by_reference
 from onnxplan.ort import EVAL_MODEL, OPTIMIZER_MODEL, RUNTIME_IR_VERSION, TRAINING_MODEL
 
 __all__ = [
@@ -78,6 +86,7 @@ def _meta_without_hash(fm: ForwardModel, optimizer: str) -> dict:
         "trainable": list(fm.trainable),
         "frozen": list(fm.frozen),
         **({"forward": fm.prep} if fm.prep is not None else {}),
+        **({"weights": "by reference"} if _by_reference(fm) else {}),  # and a nominal checkpoint
     }
 
 
@@ -205,8 +214,14 @@ def _restart_graph_names() -> None:
         _graph_utils._GRAPH_TOKEN = 0
 
 
+def _by_reference(fm: ForwardModel) -> bool:
+    """Whether `fm` is built with its parameters left on disk (by_reference.py)."""
+    return fm.by_reference and fm.weights_dir is not None
+
+
 def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None:
-    """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out`."""
+    """Call onnxruntime-training's generate_artifacts quietly into the existing dir `out` (for a
+    model built by reference, its pieces with the parameters left on disk: by_reference.py)."""
     if not fm.trainable:  # ORT's own message for this is "list index out of range"
         raise ModelError(f"{fm.name!r} has no trainable parameters (no float initializer"
                          f"{'' if not fm.frozen else ' that is not frozen'}): a training step needs at least one")
@@ -222,9 +237,12 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
     optim = {"adamw": artifacts.OptimType.AdamW, "sgd": artifacts.OptimType.SGD}[optimizer]
     with quiet_fds() as log_path:
         try:
-            artifacts.generate_artifacts(fm.model, requires_grad=list(fm.trainable),
-                                         frozen_params=list(fm.frozen), loss=loss, optimizer=optim,
-                                         artifact_directory=str(out))
+            if _by_reference(fm):
+                generate_by_reference(fm, loss, optimizer, out)
+            else:
+                artifacts.generate_artifacts(fm.model, requires_grad=list(fm.trainable),
+                                             frozen_params=list(fm.frozen), loss=loss, optimizer=optim,
+                                             artifact_directory=str(out))
         except OSError:  # the disk, not the model: not a failure to remember
             raise
         except Exception as exc:  # noqa: BLE001 - ORT raises RuntimeError/Fail/InvalidGraph... as one line
@@ -264,8 +282,12 @@ def _fix_eval_batchnorm(path: Path) -> None:
 
 
 def _write_entry(fm: ForwardModel, optimizer: str, digest: str, tmp: Path) -> None:
-    """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json."""
-    onnx.save(fm.model, str(tmp / FORWARD_MODEL))
+    """Fill directory `tmp` with forward.onnx, the ORT artifacts and onnxplan.json (built by
+    reference: the parameters left on disk, forward.data/ and a nominal checkpoint)."""
+    if _by_reference(fm):
+        save_forward_by_reference(fm, tmp)
+    else:
+        onnx.save(fm.model, str(tmp / FORWARD_MODEL))
     _run_generate_artifacts(fm, optimizer, tmp)
     for name in (TRAINING_MODEL, OPTIMIZER_MODEL, EVAL_MODEL):
         _fix_runtime_ir(tmp / name)
@@ -296,11 +318,16 @@ def _ensure_cached(fm: ForwardModel, optimizer: str, root: Path) -> Path:
     failed = root / f"{digest}{FAILED_SUFFIX}"
     if failed.is_file():  # the same build failed before: fail fast with the same line
         raise ArtifactBuildError(failed.read_text().strip())
-    if fm.weights_dir is not None:  # a cache miss: onnxruntime-training needs every weight's value
-        from onnxplan.ir.onnx_files import load_weights
+    weights_dir = fm.weights_dir
+    if weights_dir is not None:  # a cache miss: onnxruntime-training needs the constants' values
+        source = weights_dir / f"{fm.name}.onnx"
+        if _by_reference(fm):  # the parameters stay on disk
+            load_constants(fm, weights_dir, source)
+        else:  # and every weight's
+            from onnxplan.ir.onnx_files import load_weights
 
-        load_weights(fm.model, fm.weights_dir, fm.weights_dir / f"{fm.name}.onnx")
-        fm.weights_dir = None
+            load_weights(fm.model, weights_dir, source)
+            fm.weights_dir = None
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}-", dir=root))
     try:
@@ -329,10 +356,11 @@ def _copy_out(entry: Path, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".onnxplan-", dir=out_dir))
     try:
-        for name in ARTIFACT_FILES:
+        names = [*ARTIFACT_FILES, *([FORWARD_DATA] if (entry / FORWARD_DATA).is_dir() else [])]
+        for name in names:
             src = entry / name
             (shutil.copytree if src.is_dir() else shutil.copy2)(src, staging / name)
-        for name in ARTIFACT_FILES:
+        for name in names:
             dest = out_dir / name
             if dest.is_dir() and not dest.is_symlink():
                 shutil.rmtree(dest)
@@ -385,7 +413,9 @@ def recipe_artifacts(recipe: Mapping, make: Callable[[], ForwardModel], optimize
 # -- a user's own forward model ----------------------------------------------------------------
 
 # protobuf refuses a message over 2 GiB, and onnxruntime-training's generate_artifacts takes the
-# model as one in memory, every weight's value inline (it raises for a larger one and wants a path)
+# model as one in memory, every weight's value inline (it raises for a larger one and wants a
+# path, then holds several copies): a forward model larger than this is built by reference
+# (by_reference.py: its parameters left on disk, a nominal checkpoint)
 MAX_FORWARD_BYTES = (1 << 31) - 1
 
 
@@ -395,18 +425,11 @@ def _load_forward(forward_path: Path) -> onnx.ModelProto:
     return load_onnx(forward_path, weights=False)
 
 
-def _check_forward_size(model: onnx.ModelProto, forward_path: Path) -> None:
-    """Refuse, before any weight is read, a forward model too large to build artifacts for."""
+def forward_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of `model` with every weight inline: its protobuf and the data still on disk."""
     from onnxplan.ir.onnx_files import external_bytes
-    from onnxplan.sizes import format_bytes
 
-    total = model.ByteSize() + external_bytes(model)
-    if total > MAX_FORWARD_BYTES:
-        raise ModelError(
-            f"{forward_path}: the model with its weights holds {format_bytes(total)}, over the "
-            f"{format_bytes(MAX_FORWARD_BYTES + 1)} onnxplan can build a training step for: "
-            f"onnxruntime-training's generate_artifacts needs every weight's value in memory, "
-            f"in one protobuf (at most 2 GiB), to build the training graph and its checkpoint")
+    return model.ByteSize() + external_bytes(model)
 
 
 def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
@@ -423,8 +446,9 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     report is the metadata's "forward" entry. `model`, when given, is `forward_path`
     already loaded (it is not modified; its large external tensors may still be references:
     load_onnx(weights=False)). The model is prepared from shapes alone; its weights are streamed
-    through the content hash and read whole only to build artifacts the cache lacks; one over
-    MAX_FORWARD_BYTES is refused before (exit 2). Returns the artifact directory, as build_artifacts does.
+    through the content hash and read whole only to build artifacts the cache lacks, and never
+    for one over MAX_FORWARD_BYTES (built by reference: by_reference.py). Returns the artifact
+    directory, as build_artifacts does.
     """
     from onnxplan.forward import prepare_forward
 
@@ -436,13 +460,15 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     if len(model.graph.output) != 1:
         raise ModelError(f"{forward_path}: the forward model must have exactly one output (the loss "
                          f"input); it has {len(model.graph.output)}")
-    _check_forward_size(model, forward_path)
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+
+    by_reference = forward_bytes(model) > MAX_FORWARD_BYTES  # then its parameters are never read
 
     def prepared() -> ForwardModel:
         fm = prepare_forward(model, forward_path.stem, loss, dims=dims, batch=batch, train=train, freeze=freeze)
         fm.weights_dir = forward_path.parent  # prepared from shapes: the weights are read on a cache miss only
+        fm.by_reference = by_reference
         return fm
 
     # keyed by the file as given (its weights streamed through the hash) and every option: a
@@ -452,6 +478,7 @@ def generate_from_onnx(forward_path: Path, loss: str, optimizer: str = "adamw",
     _hash_model(h, model, forward_path.parent)
     recipe = {"forward": h.hexdigest(), "name": forward_path.stem, "loss": loss, "batch": batch,
               "dims": sorted((dims or {}).items()), "train": list(train or ()), "freeze": list(freeze or ()),
+              **({"weights": "by reference"} if by_reference else {}),
               "library": _library_sources(), "numpy": np.__version__, "onnx": onnx.__version__}
     entry = recipe_artifacts(recipe, prepared, optimizer=optimizer, cache_dir=cache_dir)
     try:
