@@ -54,7 +54,7 @@ def _training_block(loss):
             super().__init__()
             self._loss = block
 
-        def build(self, *outputs: str):  # type: ignore[override]
+        def build(self, *outputs: str):
             return self._loss(*outputs)
 
     return _Training()
