@@ -39,11 +39,22 @@ def test_every_pool_gets_the_count_asked(restore_threads):
         got = threads.use_threads(n)
         assert (got.threads, got.compute, got.torch_intra, got.ort_intra, got.ort_inter) == (n, n, n, n, 1)
         assert torch.get_num_threads() == n and got.torch_interop == torch.get_num_interop_threads()
-        if got.blas is not None:  # read back from the library itself (threadpoolctl)
-            assert got.blas == n
+        if got.blas is not None:  # read back from the library itself (threadpoolctl): one thread,
+            assert got.blas == 1  # our GEMMs split across kernels.parallel (a static BLAS split stalls)
         if got.openmp is not None:
             assert got.openmp == n
         assert threads.current() == got
+
+
+def test_a_peer_process_gives_blas_every_thread(restore_threads):
+    """numpy's BLAS is split by onnxplan only in onnxplan's own step: a peer's process (torch
+    alone) leaves it every thread, as that library's user would."""
+    got = threads.use_threads(2, torch_alone=True)
+    if got.blas is not None:
+        assert got.blas == 2
+    got = threads.use_threads(2)
+    if got.blas is not None:
+        assert got.blas == 1
 
 
 def test_the_default_is_every_core_this_process_may_use(restore_threads, monkeypatch):
