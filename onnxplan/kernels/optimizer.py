@@ -16,7 +16,12 @@ __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
 MS = "com.microsoft"
 OURS = "onnxplan"
 CHUNK = 1 << 16  # elements per pass: the optimizer's temporaries live in 2 x CHUNK scratch
-ADAMW_PASSES = 12  # ufunc passes per element of one AdamW chunk (kernels.parallel splits by it)
+# AdamW splits across the compute threads as a kernel of this many passes per element would
+# (kernels.parallel.parts_for: pieces of MIN_ELEMS / ADAMW_SPLIT_PASSES elements and more). It
+# takes ~12 ufunc passes, but its pieces are chunked through the scratch and each starts cold:
+# mlp's fc1 (200K elements) in two pieces took 0.26-0.39 ms against 0.21-0.23 whole (session 9,
+# load 1-1.5), 0.25 against 0.22 least of 160 (session 10, load 5); reports/threads.md.
+ADAMW_SPLIT_PASSES = 4
 
 
 def optimizer_overwrites(first_param: int):
@@ -192,7 +197,7 @@ def _parts(arrays: list, scratch: list, xp=np, passes: int = 1) -> list[list[tup
 def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list[tuple]]:
     """Per part and chunk of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2
     the scratch (the two CHUNK-long halves, shared out among the parts)."""
-    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp, passes=ADAMW_PASSES)
+    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp, passes=ADAMW_SPLIT_PASSES)
 
 
 def _adamw_parts(xp, c: dict, parts: list[list[tuple]]) -> None:
