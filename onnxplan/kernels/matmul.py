@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
@@ -107,30 +108,47 @@ def _gemm_scratch(node, in_specs, out_specs) -> int:
     return c.nbytes
 
 
-@kernel("Gemm", scratch=_gemm_scratch)
-def gemm(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
+def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
+    """Gemm's work with its views, attributes and scratch looked up now: the plain kernel runs it
+    at once, the bind rule once per step."""
     xp, attrs = ctx.xp, ctx.attrs
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     y = outputs[0]
-    if attrs.get("transA", 0):
-        a = a.T
-    if attrs.get("transB", 0):
-        b = b.T
-    split_matmul(xp, a, b, y)
-    _scale(xp, y, float(attrs.get("alpha", 1.0)))
-    beta = float(attrs.get("beta", 1.0))
-    if c is None or beta == 0.0:
-        return
-    if beta == 1.0:
-        xp.add(y, c, out=y)
-    elif c.size <= 16384:
-        xp.add(y, c * y.dtype.type(beta), out=y)
-    else:
-        scaled = ctx.scratch_array(0, c.shape, c.dtype)
-        xp.multiply(c, c.dtype.type(beta), out=scaled)
-        xp.add(y, scaled, out=y)
+    a = a.T if attrs.get("transA", 0) else a
+    b = b.T if attrs.get("transB", 0) else b
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    scaled = ctx.scratch_array(0, c.shape, c.dtype) if c is not None and beta not in (0.0, 1.0) \
+        and c.size > 16384 else None
+
+    def work() -> None:
+        split_matmul(xp, a, b, y)
+        _scale(xp, y, alpha)
+        if c is None or beta == 0.0:
+            return
+        if beta == 1.0:
+            xp.add(y, c, out=y)
+        elif scaled is None:
+            xp.add(y, c * y.dtype.type(beta), out=y)
+        else:
+            xp.multiply(c, c.dtype.type(beta), out=scaled)
+            xp.add(y, scaled, out=y)
+
+    return work
+
+
+def _bind_gemm(ctx: KernelContext, inputs, outputs):
+    """gemm's views and branches chosen once: the same calls, the same bits."""
+    if ctx.xp is not np:
+        return None
+    work = _gemm_work(ctx, inputs, outputs)
+    return lambda ctx_, inputs_, outputs_: work()
+
+
+@kernel("Gemm", scratch=_gemm_scratch, bind=_bind_gemm)
+def gemm(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
+    _gemm_work(ctx, inputs, outputs)()
 
 
 def _bind_matmul(ctx: KernelContext, inputs, outputs):
