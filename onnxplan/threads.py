@@ -18,11 +18,15 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   caller and its workers and the caller spins until every worker's part is done: when other
   processes keep the cores busy, each GEMM waits a scheduler time slice for a descheduled
   worker (mlp's step 30-300 ms instead of 1; reports/threads.md, session 10).
-- OpenMP (through threadpoolctl) and torch's intra-op pool: N each; they never
-  run at once (one kernel at a time), and idle OpenMP workers sleep: OMP_WAIT_POLICY=PASSIVE
-  is set before torch loads libgomp (prepare_process, called when onnxplan is imported).
-  Where libgomp was loaded before that (a program imported torch before onnxplan) its
-  workers spin, so torch's pool gets 1 thread (`note` says so).
+- OpenMP (through threadpoolctl) and torch's intra-op pool: 1 thread in onnxplan's step.
+  OpenMP's split is static like OpenBLAS's: a parallel region's caller waits at the closing
+  barrier for a worker the machine has not scheduled, and torch opens one even for mlp's
+  64 x 10 log-softmax (3.7 ms median at 2 threads against 0.16 at 1 under load 10); at
+  the sizes our kernels hand torch (gelu, softmax, norms' sums, transposes) its second thread
+  gained nothing even in the least of 8 steps (reports/threads.md, session 10). Idle OpenMP
+  workers sleep all the same: OMP_WAIT_POLICY=PASSIVE is set before torch loads libgomp
+  (prepare_process, called when onnxplan is imported); where libgomp was loaded before that (a
+  program imported torch before onnxplan) its workers spin (`note` says so).
 - torch's inter-op pool: 1 (nothing onnxplan runs uses inter-op parallelism).
 - ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
   between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
@@ -169,8 +173,9 @@ def _blas_library(pools: list[dict]) -> str:
 
 
 def _torch_threads(compute: int) -> int:
-    """torch's intra-op pool: every compute thread, or 1 where its idle workers spin beside others."""
-    return 1 if _gomp_spins and not _torch_alone else compute
+    """torch's intra-op pool (OpenMP): 1 in onnxplan's step (the docstring), every compute thread
+    in the PyTorch peer's process (torch alone)."""
+    return compute if _torch_alone else 1
 
 
 def _blas_threads(compute: int) -> int:
