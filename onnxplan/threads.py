@@ -38,7 +38,8 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   asleep on a queue when idle; a kernel's pieces go to whichever thread is free first.
 - With swaps in the plan the swap I/O worker runs beside the kernels, mostly waiting on the
   disk; the compute pools keep N, so a swapped run computes the same bits as the plain run at
-  the same N (results depend on the thread count: torch's and BLAS's sums split by thread).
+  the same N (results depend on the thread count: a GEMM cut into N pieces may round
+  differently from the whole, kernels/matmul.split_matmul).
 
 `use_threads(n)` applies the policy to every pool this process has loaded (and to torch
 when it loads later) and returns what each pool got: `ThreadSettings`, which `run --json`
