@@ -65,7 +65,7 @@ def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tu
     plan = onnxplan.plan(step)
     prep = Prepared(step.folder, adopt_plan(step.graph, plan), plan)
     samples: dict[tuple[str, int], list[float | None]] = {}
-    pools: dict[str, dict] = {}
+    pools: dict[str, dict | None] = {}
     errors: list[str] = []
     for _ in range(rounds):
         for n in counts:
