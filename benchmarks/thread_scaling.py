@@ -5,13 +5,16 @@ Per model: the default plan (`onnxplan plan MODEL`) is made once; then, round by
 thread count by thread count, three fresh processes run `--steps` timed steps after one warm-up
 step: ours (the plan in the executor, `onnxplan.executor.measure_run`), ONNX Runtime training and
 PyTorch eager (the bench peers, `onnxplan.bench.peers.measure_peer`), every pool of each process
-sized by onnxplan.threads for that count (ORT intra-op N / inter-op 1, torch N / 1, BLAS and
-OpenMP N). A cell is the median over rounds of each round's median step; `spread` is the largest
+sized by onnxplan.threads for that count (ORT intra-op N / inter-op 1, torch N / 1, OpenMP N;
+numpy's BLAS 1 in ours, whose GEMMs split across its own kernel pool). A cell is the median over rounds of each round's median step; `spread` is the largest
 relative distance of a round from that median. "default" is ours with no --threads: every core
 this process may use (what `onnxplan run` does).
 
+`--peers ''` runs ours alone: ours at each thread count in fresh processes, interleaved round by
+round (the paired figure of ours at every core against ours at one thread, reports/threads.md).
+
 Usage: python benchmarks/thread_scaling.py [MODEL[:BATCH] ...] [--corpus] [--threads 1,2]
-           [--rounds 3] [--steps 5] [--out reports/threads.md]
+           [--rounds 3] [--steps 5] [--peers ort,torch] [--out reports/threads.md]
 """
 
 from __future__ import annotations
@@ -56,13 +59,13 @@ def _ours(step, prep: Prepared, steps: int, threads: int) -> tuple[float | None,
     return statistics.median(res["step_seconds"]), res.get("threads"), None
 
 
-def bench_model(item: str, counts: list[int], rounds: int, steps: int) -> dict:
+def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tuple[str, ...] = ("ort", "torch")) -> dict:
     name, _, b = item.partition(":")
     step = onnxplan.load(name, batch=int(b) if b else None)
     plan = onnxplan.plan(step)
     prep = Prepared(step.folder, adopt_plan(step.graph, plan), plan)
     samples: dict[tuple[str, int], list[float | None]] = {}
-    pools: dict[str, dict] = {}
+    pools: dict[str, dict | None] = {}
     errors: list[str] = []
     for _ in range(rounds):
         for n in counts:
@@ -70,12 +73,12 @@ def bench_model(item: str, counts: list[int], rounds: int, steps: int) -> dict:
             samples.setdefault(("ours", n), []).append(sec)
             pools[f"ours@{n}"] = got
             errors += [f"ours@{n}: {err}"] if err else []
-            for peer in ("ort", "torch"):
+            for peer in peers:
                 fig = measure_peer(peer, step.folder, steps, warmup=1, threads=n)
                 samples.setdefault((peer, n), []).append(fig["median_step_seconds"])
                 pools[f"{peer}@{n}"] = fig.get("threads")
                 errors += [f"{peer}@{n}: {fig['error']}"] if fig.get("error") else []
-    cells = {f"{r}@{n}": _median_of_rounds(samples[(r, n)]) for r in RUNNERS for n in counts}
+    cells = {f"{r}@{n}": _median_of_rounds(samples.get((r, n), [])) for r in RUNNERS for n in counts}
     return {"model": item, "batch": step.request.batch, "peak_bytes": plan.peak_bytes,
             "ms": {k: (v[0] * 1e3 if v[0] is not None else None) for k, v in cells.items()},
             "spread": {k: v[1] for k, v in cells.items()}, "pools": pools, "errors": sorted(set(errors))}
@@ -127,10 +130,11 @@ def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[
              f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
              "a fresh process per run (the default plan for ours), 1 warm-up + "
              f"{args.steps} timed steps, the median over the rounds of each round's median step "
-             "(± the largest distance of a round from it). Pools per process (onnxplan.threads): BLAS, "
-             "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, idle OpenMP "
-             "workers asleep (OMP_WAIT_POLICY=PASSIVE); the ORT peer keeps ORT's own spinning "
-             "(it is alone in its process).", ""]
+             "(± the largest distance of a round from it). Pools per process (onnxplan.threads): "
+             "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, numpy's BLAS 1 "
+             "in ours (its GEMMs split across its kernel pool), idle OpenMP workers asleep "
+             "(OMP_WAIT_POLICY=PASSIVE); the ORT peer keeps ORT's own spinning (it is alone in its "
+             "process).", ""]
     for label, rows in groups.items():
         if not rows:
             continue
@@ -157,6 +161,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--corpus-rounds", type=int, default=None, help="rounds for the corpus (default: --rounds)")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--peers", default="ort,torch", help="peers to run beside ours, comma-separated ('' for none)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.models = args.models or ZOO
@@ -169,7 +174,7 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             rounds = args.corpus_rounds if label.startswith("corpus") and args.corpus_rounds else args.rounds
-            row = bench_model(item, counts, rounds, args.steps)
+            row = bench_model(item, counts, rounds, args.steps, tuple(p for p in args.peers.split(",") if p))
         except Exception as exc:  # noqa: BLE001 - one model's failure (an export) should not cost the others
             print(f"{item}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue

@@ -30,6 +30,7 @@ ENV = {
     "progress": "ONNXPLAN_PROGRESS",
     "debug": "ONNXPLAN_DEBUG",
     "parallel_min_elems": "ONNXPLAN_PARALLEL_MIN_ELEMS",
+    "native_kernels": "ONNXPLAN_NATIVE_KERNELS",
     "model_sources": "ONNXPLAN_MODEL_SOURCES",
     "profile_cache": "ONNXPLAN_PROFILE_CACHE",
 }
@@ -43,6 +44,7 @@ class Settings:
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "onnxplan" / "artifacts")
     swap_bandwidth: str = ""  # bytes/s swap transfers are priced at ("": measured); changes plans
     torch_kernels: bool = True  # torch's `out=` operators where they win ("0": numpy everywhere)
+    native_kernels: bool = True  # fused C loops compiled on first use (kernels/native.py; "0": numpy)
     bind_kernels: bool = True  # kernels' bind rules ("0": every node calls its plain kernel)
     threads: str = ""  # the default of --threads ("": every core this process may use)
     keep_openmp_wait: bool = False  # "1": leave OpenMP's wait policy as it is (a peer's process)
@@ -65,6 +67,7 @@ class Settings:
             cache_dir=Path(raw["cache_dir"]).expanduser() if raw["cache_dir"] else base.cache_dir,
             swap_bandwidth=(raw["swap_bandwidth"] or "").strip(),
             torch_kernels=raw["torch_kernels"] != "0",
+            native_kernels=raw["native_kernels"] != "0",
             bind_kernels=raw["bind_kernels"] != "0",
             threads=(raw["threads"] or "").strip(),
             keep_openmp_wait=raw["keep_openmp_wait"] == "1",

@@ -12,11 +12,21 @@ the same with idle OpenMP workers asleep (OMP_WAIT_POLICY=PASSIVE) 23 ms.
 
 The policy, for `threads = N` (default: $ONNXPLAN_THREADS where set, else the cores this
 process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
-- BLAS and OpenMP (through threadpoolctl) and torch's intra-op pool: N each; they never
-  run at once (one kernel at a time), and idle OpenMP workers sleep: OMP_WAIT_POLICY=PASSIVE
-  is set before torch loads libgomp (prepare_process, called when onnxplan is imported).
-  Where libgomp was loaded before that (a program imported torch before onnxplan) its
-  workers spin, so torch's pool gets 1 thread and BLAS N (`note` says so).
+- BLAS (numpy's GEMMs): 1 thread. Our GEMM kernels cut each product into pieces of rows
+  or batches across onnxplan's own kernel pool (kernels/matmul.split_matmul), where the calling
+  thread runs every piece no worker has started. OpenBLAS splits a GEMM statically between the
+  caller and its workers and the caller spins until every worker's part is done: when other
+  processes keep the cores busy, each GEMM waits a scheduler time slice for a descheduled
+  worker (mlp's step 30-300 ms instead of 1; reports/threads.md, session 10).
+- OpenMP (through threadpoolctl) and torch's intra-op pool: 1 thread in onnxplan's step.
+  OpenMP's split is static like OpenBLAS's: a parallel region's caller waits at the closing
+  barrier for a worker the machine has not scheduled, and torch opens one even for mlp's
+  64 x 10 log-softmax (3.7 ms median at 2 threads against 0.16 at 1 under load 10); at
+  the sizes our kernels hand torch (gelu, softmax, norms' sums, transposes) its second thread
+  gained nothing even in the least of 8 steps (reports/threads.md, session 10). Idle OpenMP
+  workers sleep all the same: OMP_WAIT_POLICY=PASSIVE is set before torch loads libgomp
+  (prepare_process, called when onnxplan is imported); where libgomp was loaded before that (a
+  program imported torch before onnxplan) its workers spin (`note` says so).
 - torch's inter-op pool: 1 (nothing onnxplan runs uses inter-op parallelism).
 - ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
   between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
@@ -25,10 +35,11 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   waiting (peer_environment removes the policy onnxplan set; passive waiting made its
   transformer step 47 ms instead of 27) and torch at N (`torch_alone`).
 - onnxplan's own kernel workers (kernels/parallel.py): N - 1 beside the calling thread,
-  asleep on a queue when idle.
+  asleep on a queue when idle; a kernel's pieces go to whichever thread is free first.
 - With swaps in the plan the swap I/O worker runs beside the kernels, mostly waiting on the
   disk; the compute pools keep N, so a swapped run computes the same bits as the plain run at
-  the same N (results depend on the thread count: torch's and BLAS's sums split by thread).
+  the same N (results depend on the thread count: a GEMM cut into N pieces may round
+  differently from the whole, kernels/matmul.split_matmul).
 
 `use_threads(n)` applies the policy to every pool this process has loaded (and to torch
 when it loads later) and returns what each pool got: `ThreadSettings`, which `run --json`
@@ -163,8 +174,15 @@ def _blas_library(pools: list[dict]) -> str:
 
 
 def _torch_threads(compute: int) -> int:
-    """torch's intra-op pool: every compute thread, or 1 where its idle workers spin beside others."""
-    return 1 if _gomp_spins and not _torch_alone else compute
+    """torch's intra-op pool (OpenMP): 1 in onnxplan's step (the docstring), every compute thread
+    in the PyTorch peer's process (torch alone)."""
+    return compute if _torch_alone else 1
+
+
+def _blas_threads(compute: int) -> int:
+    """numpy's BLAS: 1 thread (our GEMMs split across kernels.parallel: the docstring), or every
+    compute thread in a peer's process, where numpy's BLAS is not ours to split."""
+    return compute if _torch_alone else 1
 
 
 def _configure_torch(torch: Any, n: int) -> tuple[int, int]:
@@ -189,7 +207,7 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
     n = resolve_threads(threads)
     compute = n  # the swap worker mostly waits on the disk: the pools keep every thread (docstring)
     torch_n = _torch_threads(compute)
-    threadpoolctl.threadpool_limits(limits=compute, user_api="blas")
+    threadpoolctl.threadpool_limits(limits=_blas_threads(compute), user_api="blas")
     threadpoolctl.threadpool_limits(limits=torch_n, user_api="openmp")
     torch_intra = torch_interop = None
     torch = sys.modules.get("torch")

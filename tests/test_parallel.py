@@ -4,6 +4,7 @@ thread, the declared scratch only, every element written once."""
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -43,6 +44,60 @@ def test_a_failing_piece_raises_after_all_finish(split):
     with pytest.raises(ValueError, match="piece 2"):
         parallel.run([lambda: done.append(1), boom, lambda: done.append(3)])
     assert sorted(done) == [1, 3]
+
+
+def test_the_caller_runs_the_pieces_no_worker_has_started(split):
+    """Every worker busy (or descheduled by the machine's other processes): the calling thread
+    runs every piece itself and returns, instead of waiting for a worker to start."""
+    release = threading.Event()
+    pool = parallel._workers(2)
+    blockers = [pool.submit(release.wait, 30) for _ in range(2)]  # both workers held
+    ran: list[str] = []
+    try:
+        caller = threading.Thread(target=parallel.run, args=([lambda k=k: ran.append(
+            threading.current_thread().name) for k in range(4)],))
+        caller.start()
+        caller.join(10)
+        assert not caller.is_alive(), "run() waited for a worker that never started"
+        assert len(ran) == 4 and set(ran) == {caller.name}
+    finally:
+        release.set()
+        for f in blockers:
+            f.result()
+
+
+def test_every_piece_runs_once_on_whichever_thread_is_free(split):
+    hits = np.zeros(200, np.int64)
+    for _ in range(50):
+        parallel.run([lambda k=k: hits.__setitem__(k, hits[k] + 1) for k in range(200)])
+    assert (hits == 50).all()
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((40, 40), (40, 20)),  # rows
+    ((2, 60), (60, 50)),  # too few rows: columns
+    ((5, 7, 40), (40, 9)),  # batch of a, b a matrix
+    ((5, 7, 40), (5, 40, 9)),  # batch of both
+    ((7, 40), (4, 40, 9)),  # a broadcast over b's batch
+    ((4, 1, 7, 40), (3, 40, 9)),  # broadcast batch axes on both sides
+    ((1, 7, 40), (5, 40, 9)),  # a's batch of 1 broadcast
+])
+def test_a_split_product_is_the_whole_one(split, a_shape, b_shape):
+    """GEMMs cut by batch, rows or columns (BLAS at one thread per piece): numpy's product; the
+    bits may differ from one call's where OpenBLAS picks another kernel for a piece's size, so
+    the check is float32 tolerance (and exact for the batch split, one BLAS call per matrix)."""
+    from onnxplan.kernels.matmul import _product_parts, split_matmul
+
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    want = np.matmul(a, b)
+    got = np.full_like(want, np.nan)
+    assert _product_parts(a, b, got) == 3
+    split_matmul(np, a, b, got)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got_t = np.full(want.shape[:-2] + want.shape[:-3:-1], np.nan, np.float32).swapaxes(-1, -2)
+    split_matmul(np, a, b, got_t)  # a strided output: each piece writes its own part
+    np.testing.assert_allclose(got_t, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["add", "multiply", "power"])

@@ -37,7 +37,8 @@ from onnxplan.threads import resolve_threads, use_threads
 __all__ = ["DEFAULT_CLOCK", "PROFILE_CACHE_ENV", "profile_cache_path", "profile_times", "step_data"]
 
 PROFILE_CACHE_ENV = settings.ENV["profile_cache"]  # "off" (or 0): no disk cache of profiles
-_FORMAT = 2  # the disk entry's layout: bump when it (or how a profile is measured) changes
+_FORMAT = 3  # the disk entry's layout: bump when it (or how a profile is measured) changes
+# (3: the thread policy's BLAS and torch at 1 thread, GEMMs split by kernels.parallel)
 # a step whose first run (its arena touched beforehand) takes at least this long is profiled from
 # that run alone: its kernels take milliseconds each, so one timing is as good as the least of
 # several, and the step's own costs (feeding, the loop) are a negligible part of it. A real-size
@@ -166,6 +167,7 @@ def _disk_key(key: tuple, xp) -> dict:
             "fingerprint": fingerprint, "inplace": inplace, "steps": steps, "clock": clock, "order": order,
             "device": device, "threads": threads, "processor": _processor(xp),
             "kernels": {"torch": _torch.enabled(), "bind": settings.current().bind_kernels,
+                        "native": settings.current().native_kernels,
                         "parallel_min_elems": parallel.MIN_ELEMS,
                         "omp_wait_policy": os.environ.get(WAIT_POLICY_ENV, "default")}}
 

@@ -15,6 +15,7 @@ import numpy as np
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.kernels import _torch, parallel
+from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
@@ -841,7 +842,7 @@ def _bind_conv(ctx: KernelContext, inputs, outputs):
     b2 = b.reshape(m, 1) if b is not None else None
 
     def run(ctx_, inputs_, outputs_):
-        np.matmul(w3, xg, out=yg)
+        split_matmul(np, w3, xg, yg)
         if b2 is not None:
             np.add(y3, b2, out=y3)
 
@@ -870,7 +871,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     w3 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
     if win.pointwise:  # Y[n, g] = W[g] @ X[n, g] for every image and group in one batched call
-        xp.matmul(w3, x.reshape(n, group, cg, length), out=_view(xp, y, (n, group, mg, length)))
+        split_matmul(xp, w3, x.reshape(n, group, cg, length), _view(xp, y, (n, group, mg, length)))
     elif _by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
         _taps_accumulate(ctx, win, x, w, y, False, b)
         return
@@ -887,14 +888,14 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
             im2col(xp, sub, x[n0:n0 + nb], col, _src(ctx, lay, sub, nb, c, x.dtype))
             cols = col.reshape(group, ckg, span)
             if nb == 1:
-                xp.matmul(w3, cols, out=_view(xp, y3[n0, :, b0 * rest:b1 * rest], (group, mg, span)))
+                split_matmul(xp, w3, cols, _view(xp, y3[n0, :, b0 * rest:b1 * rest], (group, mg, span)))
                 continue
             if length >= DIRECT_LENGTH:  # a GEMM per image into Y, its columns a strided block
                 per_image = cols.reshape(group, ckg, nb, length).transpose(2, 0, 1, 3)
-                xp.matmul(w3, per_image, out=_view(xp, y3[n0:n0 + nb], (nb, group, mg, length)))
+                split_matmul(xp, w3, per_image, _view(xp, y3[n0:n0 + nb], (nb, group, mg, length)))
                 continue
             rows = ctx.scratch_array(lay.rows, (m, span), x.dtype)
-            xp.matmul(w3, cols, out=rows.reshape(group, mg, span))
+            split_matmul(xp, w3, cols, rows.reshape(group, mg, span))
             xp.copyto(y3[n0:n0 + nb], rows.reshape(m, nb, length).swapaxes(0, 1))
     if b is not None:
         parallel.ufunc(xp, "add", y3, y3, b.reshape(m, 1))  # by images across the compute threads: same bits
@@ -1020,10 +1021,10 @@ def _conv_grad_dx(ctx: KernelContext, plan: DxPlan, win: Window, dy, w, dx, grou
         im2col(xp, plan.window, dilated, col)
         cols = col.reshape(group, mg * prod(win.kernel), nb * lin)
         if nb == 1:
-            xp.matmul(wt3, cols, out=_view(xp, dx3[n0], (group, cg, lin)))
+            split_matmul(xp, wt3, cols, _view(xp, dx3[n0], (group, cg, lin)))
             continue
         rows = ctx.scratch_array(lay.rows, (c, nb * lin), dy.dtype)
-        xp.matmul(wt3, cols, out=rows.reshape(group, cg, nb * lin))
+        split_matmul(xp, wt3, cols, rows.reshape(group, cg, nb * lin))
         xp.copyto(dx3[n0:n0 + nb], rows.reshape(c, nb, lin).swapaxes(0, 1))
 
 
@@ -1141,9 +1142,9 @@ def _dw_gemm(xp, rows, cols, dw3, acc, first: bool) -> None:
     for k, (lo, hi) in enumerate(blocks):
         product = (rows[:, :, lo:hi], cols[:, :, lo:hi].transpose(0, 2, 1))
         if first and k == 0:
-            xp.matmul(*product, out=dw3)
+            split_matmul(xp, *product, dw3)
         else:
-            xp.matmul(*product, out=acc)
+            split_matmul(xp, *product, acc)
             xp.add(dw3, acc, out=dw3)
 
 
@@ -1167,7 +1168,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
     if dx is not None and win.pointwise:  # dX[n, g] = W[g]^T @ dY[n, g] for every image and group
-        xp.matmul(wt, dy.reshape(n, group, mg, length), out=_view(xp, dx, (n, group, cg, length)))
+        split_matmul(xp, wt, dy.reshape(n, group, mg, length), _view(xp, dx, (n, group, cg, length)))
         dx = None
     if dw is not None and _direct_dw(x.shape, length, win.pointwise):
         # dW[g] = sum over images and positions of dY[g] X[g]^T: one batched GEMM, no columns
@@ -1175,7 +1176,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows, xt = dy.reshape(n, group, mg).transpose(1, 2, 0), x.reshape(n, group, cg).transpose(1, 0, 2)
         else:
             rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
-        xp.matmul(rows, xt, out=_view(xp, dw, (group, mg, cg)))
+        split_matmul(xp, rows, xt, _view(xp, dw, (group, mg, cg)))
         dw = None
     if _by_taps(x.shape, w.shape, dy.shape, group):
         if dx is not None:
@@ -1218,7 +1219,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype) if lay.acc >= 0 else None
             _dw_gemm(xp, rows, cols, dw3, acc, n0 == 0 and b0 == 0)
         if dx is not None:
-            xp.matmul(wt, rows, out=cols)
+            split_matmul(xp, wt, rows, cols)
             col2im_add(xp, sub, col, dx[n0:n0 + nb])
 
 

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _xp, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
-__all__ = ["fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into"]
+__all__ = ["fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
 
 MS = "com.microsoft"
+# A product splits across the compute threads from MIN_ELEMS * GEMM_MACS_PER_ELEM multiply-adds
+# a piece (MIN_ELEMS: kernels.parallel's threshold, in elements, for a one-pass ufunc): a piece
+# must outlast the hand-off to a worker by far. Measured: reports/threads.md, session 10.
+GEMM_MACS_PER_ELEM = 16
 
 
 def matmul_into(xp, a, b, out) -> None:
@@ -21,7 +26,52 @@ def matmul_into(xp, a, b, out) -> None:
     dimensions of `a` and `out` collapse into rows (one BLAS call instead of one per batch).
     """
     a, b, out = _matmul_views(a, b, out)
-    xp.matmul(a, b, out=out)
+    split_matmul(xp, a, b, out)
+
+
+def _product_parts(a, b, out) -> int:
+    """How many pieces out = a @ b is cut into: by its multiply-adds (GEMM_MIN_MACS a piece)."""
+    if a.ndim < 2 or b.ndim < 2:
+        return 1
+    return parallel.parts_for(out.size * a.shape[-1], min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM)
+
+
+def _operand_batch(x, out_ndim: int, lo: int, hi: int):
+    """x's slice for out's batch rows lo:hi (x broadcast against out's leading axis)."""
+    axis = x.ndim - out_ndim
+    if axis < 0 or x.shape[axis] == 1:
+        return x
+    return x[(slice(None),) * axis + (slice(lo, hi),)]
+
+
+def split_matmul(xp, a, b, out) -> None:
+    """xp.matmul(a, b, out=out), cut for the compute threads (BLAS runs on one: onnxplan.threads)
+    into pieces of out's leading batch axis, else of its rows, else of its columns; every piece
+    one BLAS call into its own part of `out` (no copy). A piece runs on whichever thread is free
+    first (kernels.parallel), so a busy core never stalls the product. The bits may differ from
+    one whole call's (OpenBLAS's kernel choice depends on the sizes), as they did between BLAS's
+    own thread counts: GEMM results depend on the thread count."""
+    parts = _product_parts(a, b, out) if xp is np else 1
+    if parts <= 1:
+        xp.matmul(a, b, out=out)
+        return
+    if out.ndim >= 3 and out.shape[0] >= parts:
+        def piece(lo: int, hi: int):
+            return lambda: np.matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
+                                     out=out[lo:hi])
+        size = out.shape[0]
+    elif out.shape[-2] >= parts:
+        def piece(lo: int, hi: int):
+            return lambda: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
+        size = out.shape[-2]
+    elif out.shape[-1] >= parts:
+        def piece(lo: int, hi: int):
+            return lambda: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
+        size = out.shape[-1]
+    else:
+        np.matmul(a, b, out=out)
+        return
+    parallel.run([piece(lo, hi) for lo, hi in parallel.bounds(size, parts)])
 
 
 def _matmul_views(a, b, out):
@@ -58,30 +108,47 @@ def _gemm_scratch(node, in_specs, out_specs) -> int:
     return c.nbytes
 
 
-@kernel("Gemm", scratch=_gemm_scratch)
-def gemm(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
+def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
+    """Gemm's work with its views, attributes and scratch looked up now: the plain kernel runs it
+    at once, the bind rule once per step."""
     xp, attrs = ctx.xp, ctx.attrs
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     y = outputs[0]
-    if attrs.get("transA", 0):
-        a = a.T
-    if attrs.get("transB", 0):
-        b = b.T
-    xp.matmul(a, b, out=y)
-    _scale(xp, y, float(attrs.get("alpha", 1.0)))
-    beta = float(attrs.get("beta", 1.0))
-    if c is None or beta == 0.0:
-        return
-    if beta == 1.0:
-        xp.add(y, c, out=y)
-    elif c.size <= 16384:
-        xp.add(y, c * y.dtype.type(beta), out=y)
-    else:
-        scaled = ctx.scratch_array(0, c.shape, c.dtype)
-        xp.multiply(c, c.dtype.type(beta), out=scaled)
-        xp.add(y, scaled, out=y)
+    a = a.T if attrs.get("transA", 0) else a
+    b = b.T if attrs.get("transB", 0) else b
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    scaled = ctx.scratch_array(0, c.shape, c.dtype) if c is not None and beta not in (0.0, 1.0) \
+        and c.size > 16384 else None
+
+    def work() -> None:
+        split_matmul(xp, a, b, y)
+        _scale(xp, y, alpha)
+        if c is None or beta == 0.0:
+            return
+        if beta == 1.0:
+            xp.add(y, c, out=y)
+        elif scaled is None:
+            xp.add(y, c * y.dtype.type(beta), out=y)
+        else:
+            xp.multiply(c, c.dtype.type(beta), out=scaled)
+            xp.add(y, scaled, out=y)
+
+    return work
+
+
+def _bind_gemm(ctx: KernelContext, inputs, outputs):
+    """gemm's views and branches chosen once: the same calls, the same bits."""
+    if ctx.xp is not np:
+        return None
+    work = _gemm_work(ctx, inputs, outputs)
+    return lambda ctx_, inputs_, outputs_: work()
+
+
+@kernel("Gemm", scratch=_gemm_scratch, bind=_bind_gemm)
+def gemm(ctx: KernelContext, inputs, outputs) -> None:
+    """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
+    _gemm_work(ctx, inputs, outputs)()
 
 
 def _bind_matmul(ctx: KernelContext, inputs, outputs):
@@ -91,7 +158,7 @@ def _bind_matmul(ctx: KernelContext, inputs, outputs):
     a, b, out = _matmul_views(inputs[0], inputs[1], outputs[0])
 
     def run(ctx_, inputs_, outputs_):
-        np.matmul(a, b, out=out)
+        split_matmul(np, a, b, out)
 
     return run
 
@@ -128,7 +195,7 @@ def _bind_fused_matmul(ctx: KernelContext, inputs, outputs):
     y, alpha = outputs[0], float(attrs.get("alpha", 1.0))
 
     def run(ctx_, inputs_, outputs_):
-        np.matmul(a, b, out=out)
+        split_matmul(np, a, b, out)
         _scale(np, y, alpha)
 
     return run

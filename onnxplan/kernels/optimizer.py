@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from onnxplan.ir.graph import Node
-from onnxplan.kernels import _xp, parallel
+from onnxplan.kernels import _xp, native, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
@@ -16,7 +19,12 @@ __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
 MS = "com.microsoft"
 OURS = "onnxplan"
 CHUNK = 1 << 16  # elements per pass: the optimizer's temporaries live in 2 x CHUNK scratch
-ADAMW_PASSES = 12  # ufunc passes per element of one AdamW chunk (kernels.parallel splits by it)
+# AdamW splits across the compute threads as a kernel of this many passes per element would
+# (kernels.parallel.parts_for: pieces of MIN_ELEMS / ADAMW_SPLIT_PASSES elements and more). It
+# takes ~12 ufunc passes, but its pieces are chunked through the scratch and each starts cold:
+# mlp's fc1 (200K elements) in two pieces took 0.26-0.39 ms against 0.21-0.23 whole (session 9,
+# load 1-1.5), 0.25 against 0.22 least of 160 (session 10, load 5); reports/threads.md.
+ADAMW_SPLIT_PASSES = 4
 
 
 def optimizer_overwrites(first_param: int):
@@ -125,12 +133,16 @@ def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
         alpha_corr = f(1) - f(math.pow(float(alpha), step))
         beta_corr = f(1) - f(math.pow(float(beta), step))
         lr_corr = f(f(lr) * f(np.sqrt(beta_corr))) / alpha_corr
-    return {
-        "lr": f(lr), "alpha": alpha, "beta": beta, "one_minus_alpha": f(1) - alpha,
+    lr32, wd = f(lr), f(attrs.get("weight_decay", 0.0))
+    c: dict[str, Any] = {
+        "lr": lr32, "alpha": alpha, "beta": beta, "one_minus_alpha": f(1) - alpha,
         "one_minus_beta": f(1) - beta, "eps": f(attrs.get("epsilon", 1e-8)),
-        "wd": f(attrs.get("weight_decay", 0.0)), "mode": int(attrs.get("adam_mode", 0)),
+        "wd": wd, "mode": int(attrs.get("adam_mode", 0)),
         "alpha_corr": alpha_corr, "beta_corr": beta_corr, "lr_corr": f(lr_corr),
+        "lr_wd": lr32 * wd,  # float32, as the numpy chunk's decay multiplies by it
     }
+    c["vector"] = np.array([c[name] for name in native.ADAMW_CONSTANTS], np.float32)  # the fused loop's
+    return c
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,7 +181,7 @@ def _adamw_chunk(xp, c: dict, pc, gc, mc, vc, pco, mo, vo, t1, t2) -> None:
     t2 /= t1
     xp.subtract(pc, t2, out=pco)
     if c["mode"] != 0 and c["wd"]:
-        xp.multiply(pco, c["lr"] * c["wd"], out=t1)
+        xp.multiply(pco, c["lr_wd"], out=t1)
         pco -= t1
 
 
@@ -189,17 +201,47 @@ def _parts(arrays: list, scratch: list, xp=np, passes: int = 1) -> list[list[tup
     return out
 
 
-def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list[tuple]]:
-    """Per part and chunk of one parameter: (p, g, m, v, p', m', v', t1, t2) flat views, t1/t2
-    the scratch (the two CHUNK-long halves, shared out among the parts)."""
-    return _parts([p, g, m, v, p_out, m_out, v_out], [s1, s2], xp, passes=ADAMW_PASSES)
+@dataclass(frozen=True)
+class _FusedRange:
+    """One part of one parameter for the fused C loop (kernels/native.py): its length and the
+    addresses of (p, g, m, v, p', m', v') at its start."""
+
+    fn: Callable[..., None]
+    n: int
+    addresses: tuple[int, ...]
+
+    def run(self, c: dict) -> None:
+        self.fn(self.n, *self.addresses, c["vector"].ctypes.data, c["mode"])
 
 
-def _adamw_parts(xp, c: dict, parts: list[list[tuple]]) -> None:
+def _fused_parts(arrays: list, xp) -> list[list[_FusedRange]] | None:
+    """The fused loop's parts (one pass per element: pieces of MIN_ELEMS elements and more), or
+    None where it does not apply: not numpy, not float32, a non-contiguous array, no compiler."""
+    fn = native.adamw() if xp is np else None
+    if fn is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+        return None
+    flats = [_flat(a) for a in arrays]
+    bounds = parallel.bounds(flats[0].size, parallel.parts_for(flats[0].size, xp))
+    return [[_FusedRange(fn, hi - lo, tuple(a[lo:].ctypes.data for a in flats))] for lo, hi in bounds if hi > lo]
+
+
+def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list]:
+    """Per part: the fused loop's range of one parameter, or (numpy) per chunk (p, g, m, v, p',
+    m', v', t1, t2) flat views, t1/t2 the scratch (the two CHUNK-long halves, shared out among
+    the parts). Both compute the same bits (tests/test_kernels_native.py)."""
+    arrays = [p, g, m, v, p_out, m_out, v_out]
+    fused = _fused_parts(arrays, xp)
+    return fused if fused is not None else _parts(arrays, [s1, s2], xp, passes=ADAMW_SPLIT_PASSES)
+
+
+def _adamw_parts(xp, c: dict, parts: list[list]) -> None:
     def one(pieces):
         def task() -> None:
             for piece in pieces:
-                _adamw_chunk(xp, c, *piece)
+                if isinstance(piece, _FusedRange):
+                    piece.run(c)
+                else:
+                    _adamw_chunk(xp, c, *piece)
         return task
 
     parallel.run([one(pieces) for pieces in parts])

@@ -15,6 +15,7 @@ BLAS or torch; it is sized to the compute threads less the calling one, anew whe
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -61,27 +62,55 @@ def _workers(need: int) -> ThreadPoolExecutor:
         return _pool
 
 
+class _Pieces:
+    """One run's pieces, claimed one at a time by whichever thread is free (the caller and the
+    workers alike), and counted when done: the caller returns when every piece is done, never
+    waiting for a worker that has not started (it takes that worker's pieces itself)."""
+
+    def __init__(self, tasks: Sequence[Callable[[], None]]) -> None:
+        self.tasks = tasks
+        self.claims = itertools.count()  # next() is atomic under the interpreter lock
+        self.lock = threading.Lock()
+        self.left = len(tasks)
+        self.all_done = threading.Event()
+        self.error: BaseException | None = None
+
+    def drain(self) -> None:
+        """Run unclaimed pieces until none is left (on whichever thread calls it)."""
+        while (i := next(self.claims)) < len(self.tasks):
+            error = None
+            try:
+                self.tasks[i]()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the caller once all are done
+                error = exc
+            with self.lock:
+                self.error = self.error or error
+                self.left -= 1
+                if self.left == 0:
+                    self.all_done.set()
+
+
 def run(tasks: Sequence[Callable[[], None]]) -> None:
-    """Run every task, the first on this thread and the others on the pool; return when all
-    are done (the first failure is raised, after all have finished)."""
+    """Run every task on this thread and the pool's workers, each task on whichever thread
+    claims it first; return when all are done (the first failure is raised, after all have
+    finished). A worker the scheduler has not started yet (other processes busy on the cores)
+    costs nothing: this thread runs the pieces it would have run, so a step never waits a time
+    slice for a descheduled thread (as OpenBLAS's and OpenMP's static splits do:
+    reports/threads.md, session 10); it waits only for pieces already begun elsewhere."""
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
-    pool = _workers(len(tasks) - 1)
-    futures = [pool.submit(task) for task in tasks[1:]]
-    error: BaseException | None = None
-    try:
-        tasks[0]()
-    except BaseException as exc:  # noqa: BLE001 - re-raised once the others are done
-        error = exc
+    pieces = _Pieces(tasks)
+    helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
+    pool = _workers(helpers)
+    futures = [pool.submit(pieces.drain) for _ in range(helpers)]
+    pieces.drain()
     for f in futures:
-        try:
-            f.result()
-        except BaseException as exc:  # noqa: BLE001
-            error = error or exc
-    if error is not None:
-        raise error
+        f.cancel()  # not started: nothing left for it (started ones find no piece and return)
+    pieces.all_done.wait()
+    if pieces.error is not None:
+        raise pieces.error
 
 
 def bounds(n: int, parts: int) -> list[tuple[int, int]]:
