@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from onnxplan import settings
+from onnxplan.ir import windows
 from onnxplan.kernels import conv as conv_module
 from onnxplan.kernels.pool import _empty_outputs, pool_window
 from tests.kernel_harness import (
@@ -209,7 +210,7 @@ def test_conv_grad_outputs_do_not_depend_on_which_are_computed(x_shape, w_shape,
 
 def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
     """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
-    win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
+    win = windows.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
     assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
 
 
@@ -561,14 +562,14 @@ def test_im2col_by_rows_matches_brute_force(x_shape, kernel, attrs):
     x = randn(rng, *x_shape)
     pads, dil = attrs["pads"], attrs.get("dilations", [1, 1])
     out = tuple(i + pads[a] + pads[a + 2] - (k - 1) * d for a, (i, k, d) in enumerate(zip(x_shape[2:], kernel, dil)))
-    win = conv_module.window(attrs, x_shape[2:], out, kernel)
+    win = windows.window(attrs, x_shape[2:], out, kernel)
     assert conv_module._by_rows(win)
     expected = _brute_im2col(x, win)
     for b0, b1 in [(0, out[0]), (0, 2), (1, 3), (out[0] - 2, out[0])]:
         sub = win.band(b0, b1)
         col = np.full((x_shape[1], *kernel, x_shape[0], *sub.out_dims), np.nan, np.float32)
-        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv_module._extent(sub)), np.nan, np.float32)
-        conv_module.im2col(np, sub, x, col, src if conv_module._reads_padding(sub) else None)
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(windows.extent(sub)), np.nan, np.float32)
+        conv_module.im2col(np, sub, x, col, src if windows.reads_padding(sub) else None)
         np.testing.assert_array_equal(col, expected[..., b0:b1, :])
 
 

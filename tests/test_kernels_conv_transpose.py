@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxplan.kernels.conv import transpose_pads
+from onnxplan.ir.windows import transpose_pads
 from tests.kernel_harness import MS, assert_sums_close, ort_run, randn, ref_run, run_kernel
 
 CASES = [

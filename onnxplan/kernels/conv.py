@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -14,6 +14,7 @@ import numpy as np
 
 from onnxplan.ir.graph import Node
 from onnxplan.ir.tensor import TensorSpec
+from onnxplan.ir.windows import Tap, Window, extent, reads_padding, transpose_pads, window
 from onnxplan.kernels import _torch, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -41,139 +42,6 @@ SCRATCH_TARGET = 8 << 20
 _ALIGN = 64
 
 
-def _ints(attrs, name: str, n: int, default: int) -> tuple[int, ...]:
-    value = attrs.get(name)
-    return tuple(int(v) for v in value) if value else (default,) * n
-
-
-def _str(attrs, name: str, default: str) -> str:
-    value = attrs.get(name, default)
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-@dataclass(frozen=True)
-class Tap:
-    """One kernel position: the outputs it reaches inside the input, and the input it reads."""
-
-    index: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...]  # per spatial axis: [lo, hi) of output positions
-    in_slices: tuple[slice, ...]  # per spatial axis: the input positions read, strided
-
-    @property
-    def empty(self) -> bool:
-        return any(hi <= lo for lo, hi in self.spans)
-
-    @property
-    def out_slices(self) -> tuple[slice, ...]:
-        return tuple(slice(lo, hi) for lo, hi in self.spans)
-
-
-@dataclass(frozen=True)
-class Window:
-    """A sliding window over the spatial axes: output o of axis a, tap k reads input
-    o * strides[a] - pads_begin[a] + k * dilations[a]."""
-
-    kernel: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-    pads_begin: tuple[int, ...]
-    pads_end: tuple[int, ...]
-    in_dims: tuple[int, ...]
-    out_dims: tuple[int, ...]
-
-    def span(self, axis: int, k: int) -> tuple[int, int, int]:
-        """(lo, hi, first input) of the outputs whose tap k on `axis` lands inside the input."""
-        s, size, n_out = self.strides[axis], self.in_dims[axis], self.out_dims[axis]
-        off = k * self.dilations[axis] - self.pads_begin[axis]
-        lo = 0 if off >= 0 else (-off + s - 1) // s
-        hi = min(n_out, (size - 1 - off) // s + 1) if size - 1 - off >= 0 else 0
-        lo = min(lo, n_out)
-        return lo, max(lo, hi), lo * s + off
-
-    def taps(self) -> tuple[Tap, ...]:
-        """Every kernel position in row-major order (the order ORT visits a window in); made
-        once per window (a step calls the same layers again)."""
-        return _taps_of(self, False)
-
-    def live_taps(self) -> tuple[Tap, ...]:
-        """The taps that read some input, in taps()'s order: a window far larger than its input
-        (an exported adaptive pool: kernel 320 on 8 positions) has few, and only they are visited."""
-        return _taps_of(self, True)
-
-    def _taps(self, live: bool):
-        axes = range(len(self.kernel))
-        per_axis = [[(k, self.span(a, k)) for k in range(self.kernel[a])] for a in axes]
-        if live:
-            per_axis = [[(k, sp) for k, sp in ks if sp[1] > sp[0]] for ks in per_axis]
-        for combo in itertools.product(*per_axis):
-            spans, slices = [], []
-            for a, (_k, (lo, hi, start)) in zip(axes, combo):
-                spans.append((lo, hi))
-                step = self.strides[a]
-                slices.append(slice(start, start + max(hi - lo - 1, 0) * step + 1, step))
-            yield Tap(tuple(k for k, _sp in combo), tuple(spans), tuple(slices))
-
-    def band(self, lo: int, hi: int) -> Window:
-        """The window of output rows [lo, hi) of the first spatial axis alone."""
-        if (lo, hi) == (0, self.out_dims[0]):
-            return self
-        return _band_of(self, lo, hi)
-
-    def _band(self, lo: int, hi: int) -> Window:
-        pads = (self.pads_begin[0] - lo * self.strides[0], *self.pads_begin[1:])
-        return replace(self, pads_begin=pads, out_dims=(hi - lo, *self.out_dims[1:]))
-
-    @property
-    def pointwise(self) -> bool:
-        """A 1x1 window with unit strides and no padding: the input is its own column matrix."""
-        return (all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
-                and not any(self.pads_begin) and not any(self.pads_end))
-
-
-@functools.lru_cache(maxsize=4096)
-def _band_of(win: Window, lo: int, hi: int) -> Window:
-    return win._band(lo, hi)
-
-
-@functools.lru_cache(maxsize=4096)
-def _taps_of(win: Window, live: bool) -> tuple[Tap, ...]:
-    return tuple(win._taps(live))
-
-
-def window(attrs, in_dims, out_dims, kernel_shape) -> Window:
-    """The window of a Conv/pool node (auto_pad resolved) mapping `in_dims` onto `out_dims`."""
-    n = len(in_dims)
-    kernel_shape = tuple(int(k) for k in kernel_shape)
-    strides = _ints(attrs, "strides", n, 1)
-    dilations = _ints(attrs, "dilations", n, 1)
-    auto_pad = _str(attrs, "auto_pad", "NOTSET")
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
-                 for i, o, k, s, d in zip(in_dims, out_dims, kernel_shape, strides, dilations)]
-        begin = tuple(t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in total)
-        end = tuple(t - b for t, b in zip(total, begin))
-    elif auto_pad == "VALID":
-        begin = end = (0,) * n
-    else:
-        pads = _ints(attrs, "pads", 2 * n, 0)
-        begin, end = pads[:n], pads[n:]
-    return Window(kernel_shape, strides, dilations, tuple(begin), tuple(end),
-                  tuple(int(d) for d in in_dims), tuple(int(d) for d in out_dims))
-
-
-@functools.lru_cache(maxsize=4096)
-def _extent(win: Window) -> tuple[int, ...]:
-    """Per spatial axis: the input positions the window spans, from its first tap to its last."""
-    return tuple(max(o - 1, 0) * s + (k - 1) * d + 1
-                 for o, s, k, d in zip(win.out_dims, win.strides, win.kernel, win.dilations))
-
-
-@functools.lru_cache(maxsize=4096)
-def _reads_padding(win: Window) -> bool:
-    """True when some tap reads padding (the columns then come from a zero-padded copy of X)."""
-    return any(p > 0 or e - p > i for p, e, i in zip(win.pads_begin, _extent(win), win.in_dims))
-
-
 def _view(xp, a, shape):
     """`a` reshaped without a copy (an out= view must be the array itself)."""
     return np.reshape(a, shape, copy=False) if xp is np else a.reshape(shape)
@@ -186,7 +54,7 @@ def _source(win: Window, x, src):
         return x, tuple(-p for p in win.pads_begin)
     src[...] = 0
     inner, outer = [], []
-    for p, e, size in zip(win.pads_begin, _extent(win), win.in_dims):
+    for p, e, size in zip(win.pads_begin, extent(win), win.in_dims):
         lo, hi = max(-p, 0), min(-p + e, size)
         if hi <= lo:
             return src, (0,) * len(win.kernel)
@@ -245,7 +113,7 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
     nb, c, h, wd = x.shape
     (kh, kw), (dh, dw) = win.kernel, win.dilations
     ph, pw = win.pads_begin
-    rows = _extent(win)[0]  # padded rows: input row r - ph at row r
+    rows = extent(win)[0]  # padded rows: input row r - ph at row r
     size = rows * wd + (kw - 1) * dw
     flat = src.reshape(-1)[:nb * c * size].reshape(nb, c, size)
     lo, hi = max(0, -ph), min(h, rows - ph)  # the input rows it holds
@@ -321,10 +189,10 @@ def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     conv: long inner loops, and no input-sized copy).
     """
     sp = len(win.kernel)
-    if src is not None and _by_rows(win) and _reads_padding(win):
+    if src is not None and _by_rows(win) and reads_padding(win):
         _im2col_by_rows(xp, win, x, col, src)
         return
-    if src is None and _reads_padding(win):
+    if src is None and reads_padding(win):
         xt = x.swapaxes(0, 1)
         every = (slice(None), slice(None))
         for tap in win.taps():
@@ -418,10 +286,10 @@ def _layout_for(target: int, x_shape, w_shape, y_dims, group: int, itemsize: int
     rest = prod(y_dims[1:])
     if not need_cols:
         return Layout(n, rows_out, n, rows_out, -1, -1, -1, -1, 0)
-    padded = win is not None and _reads_padding(win)
-    extent = _extent(win) if padded else (0,)
-    s0, reach0 = (win.strides[0], extent[0] - (rows_out - 1) * win.strides[0]) if padded else (0, 0)
-    src_rest = c * prod(extent[1:]) if padded else 0  # padded elements per extent row
+    padded = win is not None and reads_padding(win)
+    spans = extent(win) if padded else (0,)
+    s0, reach0 = (win.strides[0], spans[0] - (rows_out - 1) * win.strides[0]) if padded else (0, 0)
+    src_rest = c * prod(spans[1:]) if padded else 0  # padded elements per extent row
 
     def src_elems(nb: int, band: int) -> int:
         return nb * src_rest * ((band - 1) * s0 + reach0) if padded else 0
@@ -486,7 +354,7 @@ def _channels_last_cols(xp, win: Window, x, col, src) -> None:
     """col[*k, n, *o, c] = x[n, c, o * s - p + k * d] (0 in the padding): one strided copy, the
     channels innermost (an image's few positions make short inner loops in im2col's order)."""
     sp = len(win.kernel)
-    windows = _windows(xp, *_source(win, x, src if _reads_padding(win) else None), win)
+    windows = _windows(xp, *_source(win, x, src if reads_padding(win) else None), win)
     xp.copyto(col, windows.transpose(*range(2 + sp, 2 + 2 * sp), 0, *range(2, 2 + sp), 1))
 
 
@@ -801,9 +669,9 @@ def _one_copy(win: Window, x_shape, w_shape, y_shape, group: int) -> Window | No
 
 def _src(ctx: KernelContext, lay: Layout, sub: Window, nb: int, c: int, dtype):
     """The chunk's padded-source scratch, or None when its window reads no padding."""
-    if lay.src < 0 or not _reads_padding(sub):
+    if lay.src < 0 or not reads_padding(sub):
         return None
-    return ctx.scratch_array(lay.src, (nb, c, *_extent(sub)), dtype)
+    return ctx.scratch_array(lay.src, (nb, c, *extent(sub)), dtype)
 
 
 def conv_scratch(node, in_specs, out_specs) -> int:
@@ -1223,29 +1091,6 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
 
 
 # ---- ConvTranspose and its gradient: the adjoint of a Conv from Y's space to X's -------------------
-def transpose_pads(attrs, x_dims, kernel_shape) -> tuple[list[int], list[int]]:
-    """(pads_begin, pads_end) of a ConvTranspose, as ONNX Runtime resolves them: explicit pads,
-    or a total from output_shape / auto_pad SAME_* (out = in * stride) split between the ends."""
-    n = len(x_dims)
-    strides, dilations = _ints(attrs, "strides", n, 1), _ints(attrs, "dilations", n, 1)
-    adj = _ints(attrs, "output_padding", n, 0)
-    auto_pad = _str(attrs, "auto_pad", "NOTSET")
-    shape = [int(v) for v in attrs.get("output_shape") or []]
-    if not shape and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
-        if auto_pad == "VALID":
-            return [0] * n, [0] * n
-        pads = _ints(attrs, "pads", 2 * n, 0)
-        return list(pads[:n]), list(pads[n:])
-    begin, end = [], []
-    for i in range(n):
-        out = shape[-n:][i] if shape else x_dims[i] * strides[i]
-        total = max(0, (x_dims[i] - 1) * strides[i] + adj[i] + (kernel_shape[i] - 1) * dilations[i] + 1 - out)
-        head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2  # ORT 1.19's split
-        begin.append(head)
-        end.append(total - head)
-    return begin, end
-
-
 def _as_conv(node, x_dims, kernel_shape) -> Node:
     """The node as the Conv from Y's space to X's that it is the adjoint of (explicit pads); the
     same Node for the same node and shapes, so the Conv's own memos (_conv_window) hit on every

@@ -6,9 +6,9 @@ from math import prod
 
 import numpy as np
 
+from onnxplan.ir.windows import Window, window
 from onnxplan.kernels import conv as _conv
 from onnxplan.kernels._xp import scatter_add
-from onnxplan.kernels.conv import Window, window
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = [
