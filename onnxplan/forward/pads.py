@@ -58,7 +58,7 @@ def explicit_auto_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
     """Rewrite, in place, every default-domain Conv / AveragePool with auto_pad SAME_UPPER,
     SAME_LOWER or VALID to explicit `pads` (AveragePool also to ceil_mode 0: with these pads
     the floor gives SAME's ceil(in / stride)); ModelError (one line) where a shape is unknown."""
-    done: dict[str, list[str]] = {}
+    done: dict[tuple[str, str], list[str]] = {}
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in EXPLICIT_PAD_OPS:
             continue

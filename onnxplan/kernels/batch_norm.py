@@ -7,8 +7,9 @@ from math import prod
 
 import numpy as np
 
-from onnxplan.kernels.norm import _align, _ew_pass, _get, _torch_passes, rows_per_chunk
+from onnxplan.kernels.norm import _ew_pass, _get, _torch_passes, rows_per_chunk
 from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.scratch import align
 from onnxplan.ort import MS
 
 __all__ = ["batch_norm", "batch_norm_grad"]
@@ -24,7 +25,7 @@ def _batch_norm_scratch(node, in_specs, out_specs) -> int:
         return 0
     x = in_specs[0]
     n, c, _ = _bn_dims(x.shape)
-    return _align(n * c * x.itemsize)
+    return align(n * c * x.itemsize)
 
 
 def _bind_batch_norm(ctx: KernelContext, inputs, outputs):
@@ -164,7 +165,7 @@ def _batch_norm_grad_scratch(node, in_specs, out_specs) -> int:
     x = in_specs[1]
     n, c, s = _bn_dims(x.shape)
     nb = rows_per_chunk(n, c * s * x.itemsize)
-    return _align(nb * c * s * x.itemsize) + _align(nb * c * x.itemsize)
+    return align(nb * c * s * x.itemsize) + align(nb * c * x.itemsize)
 
 
 def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
@@ -187,7 +188,7 @@ def _bind_batch_norm_grad(ctx: KernelContext, inputs, outputs):
     dy_coef3, bias_term3 = dy_coef.reshape(1, c, 1), bias_term.reshape(1, c, 1)
     centred_coef3 = centred_coef.reshape(1, c, 1)
     nb = rows_per_chunk(n, c * s * x.itemsize)
-    dots_at = _align(nb * c * s * x.itemsize)
+    dots_at = align(nb * c * s * x.itemsize)
     mean3 = mean.reshape(1, c, 1)
     use_torch = _torch_passes(x)
     pass1, pass2 = [], []
@@ -254,7 +255,7 @@ def batch_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
         dscale = xp.empty(c, x.dtype)
     xp.sum(dy3, axis=(0, 2), out=dbias)
     nb = rows_per_chunk(n, c * s * x.itemsize)
-    dots_at = _align(nb * c * s * x.itemsize)
+    dots_at = align(nb * c * s * x.itemsize)
     mean3 = mean.reshape(1, c, 1)
     for n0 in range(0, n, nb):  # pass 1: centre X (into dX when wanted), dot with dY
         k = min(nb, n - n0)

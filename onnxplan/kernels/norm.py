@@ -9,9 +9,9 @@ from math import prod
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp
-from onnxplan.kernels import conv as _conv
+from onnxplan.kernels import _torch, _xp, scratch
 from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.scratch import align
 
 __all__ = [
     "layer_norm",
@@ -21,16 +21,11 @@ __all__ = [
 ]
 
 MS = "com.microsoft"
-_ALIGN = 64
-
-
-def _align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def rows_per_chunk(rows: int, row_bytes: int) -> int:
     """Rows (or images) per chunk: as many as fit the scratch target (8 MiB), at least one."""
-    return max(1, min(rows, _conv.SCRATCH_TARGET // max(row_bytes, 1)))
+    return max(1, min(rows, scratch.SCRATCH_TARGET // max(row_bytes, 1)))
 
 
 def _get(seq, i):
@@ -89,7 +84,7 @@ def _layer_norm_scratch(node, in_specs, out_specs) -> int:
     x = in_specs[0]
     rows, m = _ln_dims(x.shape, int(node.attrs.get("axis", -1)))
     _, cols = _ln_chunk(rows, m, x.itemsize)
-    return _align(m * cols * x.itemsize) + 2 * _align(cols * x.itemsize)
+    return align(m * cols * x.itemsize) + 2 * align(cols * x.itemsize)
 
 
 def _layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
@@ -110,13 +105,13 @@ def _layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
     scale1 = scale.reshape(m)
     bias1 = bias.reshape(m) if bias is not None and not simplified else None
     nr, cols = _ln_chunk(rows, m, x.itemsize)
-    vec_at = _align(m * cols * x.itemsize)
+    vec_at = align(m * cols * x.itemsize)
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
         kk = max(k, 2)
         xt = ctx.scratch_array(0, (m, kk), x.dtype)
         sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
-        squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
+        squares = ctx.scratch_array(vec_at + align(cols * x.itemsize), (kk,), x.dtype)
         mean, std = sums[:k], squares[:k]
         xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
         xp.copyto(xt[:, :k], xc.T)
@@ -163,7 +158,7 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
     scale1 = scale.reshape(m)
     bias1 = bias.reshape(m) if bias is not None and not simplified else None
     nr, cols = _ln_chunk(rows, m, x.itemsize)
-    vec_at = _align(m * cols * x.itemsize)
+    vec_at = align(m * cols * x.itemsize)
     use_torch = _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):
@@ -171,7 +166,7 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
         kk = max(k, 2)
         xt = ctx.scratch_array(0, (m, kk), x.dtype)
         sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
-        squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
+        squares = ctx.scratch_array(vec_at + align(cols * x.itemsize), (kk,), x.dtype)
         mean, std = sums[:k], squares[:k]
         xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
         if simplified:
@@ -234,9 +229,9 @@ def _layer_norm_grad_scratch(node, in_specs, out_specs) -> int:
     x = in_specs[1]
     rows, m = _ln_dims(x.shape, int(node.attrs.get("axis", -1)))
     nr = rows_per_chunk(rows, m * x.itemsize)
-    block = _align(nr * m * x.itemsize)
+    block = align(nr * m * x.itemsize)
     work = block if not out_specs or out_specs[0] is None else 0
-    return block + work + 2 * _align(nr * x.itemsize) + 2 * _align(m * x.itemsize)
+    return block + work + 2 * align(nr * x.itemsize) + 2 * align(m * x.itemsize)
 
 
 def _sum_rows_into(xp, src, out, partial, first: bool) -> None:
@@ -259,7 +254,7 @@ def _ln_grad_views(ctx: KernelContext, inputs, outputs, simplified: bool) -> tup
     dbias = None if simplified else _get(outputs, 2)
     rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
     nr = rows_per_chunk(rows, m * x.itemsize)
-    block, vec = _align(nr * m * x.itemsize), _align(nr * x.itemsize)
+    block, vec = align(nr * m * x.itemsize), align(nr * x.itemsize)
     vec_at = block + (block if dx is None else 0)
     return (x, rows, m, x.dtype.type(m), x.reshape(rows, m), dy.reshape(rows, m),
             dx.reshape(rows, m) if dx is not None else None, scale.reshape(m),
@@ -294,7 +289,7 @@ def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> N
             xp.multiply(dyc, xh, out=ws)
             _sum_rows_into(xp, ws, dscale1, part, first)
         if dbias1 is not None:
-            _sum_rows_into(xp, dyc, dbias1, ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype), first)
+            _sum_rows_into(xp, dyc, dbias1, ctx.scratch_array(part_at + align(m * x.itemsize), (m,), x.dtype), first)
         if dx2 is None:
             continue
         xp.multiply(dyc, scale1, out=ws)
@@ -317,7 +312,7 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
     (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
      part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
     part = ctx.scratch_array(part_at, (m,), x.dtype)
-    part_b = ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
+    part_b = ctx.scratch_array(part_at + align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
     use_torch = _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):

@@ -7,9 +7,10 @@ from math import prod
 import numpy as np
 
 from onnxplan.ir.windows import Window, window
-from onnxplan.kernels import conv as _conv
+from onnxplan.kernels import scratch
 from onnxplan.kernels._xp import scatter_add
 from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.scratch import align
 
 __all__ = [
     "average_pool",
@@ -22,11 +23,6 @@ __all__ = [
     "pool_window",
 ]
 
-_ALIGN = 64
-
-
-def _align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def pool_window(attrs, in_shape, out_shape) -> Window:
@@ -44,7 +40,7 @@ def index_strides(in_dims, storage_order: int) -> tuple[int, ...]:
 
 def _images_per_chunk(n: int, per_image: int) -> int:
     """Images per chunk of a pooling pass: as many as fit the conv scratch target, at least one."""
-    return max(1, min(n, _conv.SCRATCH_TARGET // max(per_image, 1)))
+    return max(1, min(n, scratch.SCRATCH_TARGET // max(per_image, 1)))
 
 
 def _axis_index(ndim: int, axis: int, idx) -> tuple:
@@ -70,7 +66,7 @@ def _max_pool_scratch(node, in_specs, out_specs) -> int:
         return 0
     y = out_specs[0]
     per_image = prod(y.shape[1:])
-    return _align(_images_per_chunk(y.shape[0], per_image) * per_image)
+    return align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
 def _max_pool_taps(attrs, inputs, outputs):
@@ -305,7 +301,7 @@ def global_sum_into(ctx: KernelContext, x2, out, offset: int = 0) -> None:
 
 
 def _global_scratch(rows: int, itemsize: int) -> int:
-    return _align(rows * 4 * itemsize)
+    return align(rows * 4 * itemsize)
 
 
 def _average_pool_scratch(node, in_specs, out_specs) -> int:
@@ -317,11 +313,11 @@ def _average_pool_scratch(node, in_specs, out_specs) -> int:
     path = _mlas_path(win)
     if path == "global":
         return _global_scratch(x.shape[0] * x.shape[1], x.itemsize)
-    grid = _align(prod(y.shape[2:]) * y.itemsize)
+    grid = align(prod(y.shape[2:]) * y.itemsize)
     if path == "generic" or win.kernel[-1] == 1:
         return grid
     per_image = prod(y.shape[1:]) * y.itemsize
-    return grid + _align(_images_per_chunk(y.shape[0], per_image) * per_image)
+    return grid + align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
 @kernel("AveragePool", scratch=_average_pool_scratch)
@@ -349,7 +345,7 @@ def average_pool(ctx: KernelContext, inputs, outputs) -> None:
     columns: dict[int, list] = {}
     for tap in win.live_taps():
         columns.setdefault(tap.index[-1] if path == "vector" else 0, []).append(tap)
-    grid_bytes = _align(prod(win.out_dims) * y.itemsize)
+    grid_bytes = align(prod(win.out_dims) * y.itemsize)
     every = (slice(None), slice(None))
     nb_max = _images_per_chunk(n, prod(y.shape[1:]) * y.itemsize)
     for n0 in range(0, n, nb_max):
@@ -377,8 +373,8 @@ def _average_pool_grad_scratch(node, in_specs, out_specs) -> int:
     """dY / count for a chunk of images (fitting 8 MiB, at least one) plus the reciprocal grid."""
     dy = in_specs[0]
     per_image = prod(dy.shape[1:]) * dy.itemsize
-    grid = _align(prod(dy.shape[2:]) * dy.itemsize)
-    return grid + _align(_images_per_chunk(dy.shape[0], per_image) * per_image)
+    grid = align(prod(dy.shape[2:]) * dy.itemsize)
+    return grid + align(_images_per_chunk(dy.shape[0], per_image) * per_image)
 
 
 @kernel("AveragePoolGrad", scratch=_average_pool_grad_scratch)
@@ -392,7 +388,7 @@ def average_pool_grad(ctx: KernelContext, inputs, outputs) -> None:
         counts = [[k] * o for k, o in zip(win.kernel, win.out_dims)]
     else:
         counts = _window_counts(win)
-    grid_bytes = _align(prod(win.out_dims) * dy.itemsize)
+    grid_bytes = align(prod(win.out_dims) * dy.itemsize)
     scale = ctx.scratch_array(0, win.out_dims, dy.dtype)
     _grid(xp, counts, scale, True)
     dx[...] = 0
