@@ -13,7 +13,7 @@ from onnxplan.kernels.conv_depthwise import depthwise_conv
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
 from onnxplan.kernels.im2col import im2col, view
-from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
 
 __all__ = ["DIRECT_LENGTH", "conv", "conv_scratch"]
 
@@ -34,30 +34,34 @@ def conv_scratch(node, in_specs, out_specs) -> int:
                             one_copy(win, x.shape, w.shape, y.shape, group)).nbytes)
 
 
-def _bind_conv(ctx: KernelContext, inputs, outputs):
-    """A pointwise conv's one batched GEMM (and bias add) on views made once: the plain kernel's
-    calls, same bits; other convs keep the plain kernel (their setup is memoized already)."""
-    if ctx.xp is not np:
-        return None
-    x, w = inputs[0], inputs[1]
+def _prepare_pointwise(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """A pointwise conv, Y[n, g] = W[g] @ X[n, g] for every image and group in one batched GEMM, then
+    the bias (by images across the compute threads: same bits), on views made once."""
+    xp, x, w, y = ctx.xp, inputs[0], inputs[1], outputs[0]
     b = inputs[2] if len(inputs) > 2 else None
-    y = outputs[0]
     group = int(ctx.attrs.get("group", 1))
-    if not conv_window(ctx.attrs, x.shape, w.shape, y.shape).pointwise:
-        return None
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     cg, mg, length = c // group, m // group, prod(y.shape[2:])
     w3, xg = w.reshape(group, mg, prod(w.shape[1:])), x.reshape(n, group, cg, length)
-    yg = view(np, y, (n, group, mg, length))
+    yg = view(xp, y, (n, group, mg, length))
     y3 = y.reshape(n, m, length)
     b2 = b.reshape(m, 1) if b is not None else None
 
-    def run(ctx_, inputs_, outputs_):
-        np.matmul(w3, xg, out=yg)
+    def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        xp.matmul(w3, xg, out=yg)
         if b2 is not None:
-            np.add(y3, b2, out=y3)
+            parallel.ufunc(xp, "add", y3, y3, b2)
 
     return run
+
+
+def _bind_conv(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """A pointwise conv prepared once (_prepare_pointwise); other convs keep the plain kernel
+    (their setup is memoized already)."""
+    x, w, y = inputs[0], inputs[1], outputs[0]
+    if ctx.xp is not np or not conv_window(ctx.attrs, x.shape, w.shape, y.shape).pointwise:
+        return None
+    return _prepare_pointwise(ctx, inputs, outputs, True)
 
 
 # Output positions per image from which a chunk of several images takes one GEMM per image
@@ -76,14 +80,15 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     y = outputs[0]
     group = int(ctx.attrs.get("group", 1))
     win = conv_window(ctx.attrs, x.shape, w.shape, y.shape)
+    if win.pointwise:
+        prepared_call(_prepare_pointwise, ctx, inputs, outputs)
+        return
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
-    cg, mg, length = c // group, m // group, prod(y.shape[2:])
+    mg, length = m // group, prod(y.shape[2:])
     ckg, rest = prod(w.shape[1:]), length // y.shape[2]
     w3 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
-    if win.pointwise:  # Y[n, g] = W[g] @ X[n, g] for every image and group in one batched call
-        xp.matmul(w3, x.reshape(n, group, cg, length), out=view(xp, y, (n, group, mg, length)))
-    elif by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
+    if by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
         taps_accumulate(ctx, win, x, w, y, False, b)
         return
     elif conv_layout.depthwise(x.shape, w.shape, group):

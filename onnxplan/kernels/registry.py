@@ -22,6 +22,8 @@ __all__ = [
     "DECLS",
     "KernelContext",
     "KernelDecl",
+    "Prepare",
+    "bind_prepared",
     "bound_kernel",
     "declare",
     "find_decl",
@@ -29,6 +31,7 @@ __all__ = [
     "is_random",
     "kernel",
     "may_overwrite",
+    "prepared_call",
     "random_ops",
     "scratch_bytes",
     "updates_state",
@@ -72,6 +75,25 @@ KernelFn = Callable[[KernelContext, list, list], None]
 # Called once per node when the executor binds; the arrays' memory is fixed from then on, their
 # values are not (read them when called). It must compute the same bits as the plain fn.
 BindRule = Callable[[KernelContext, list, list], "KernelFn | None"]
+# prepare(ctx, inputs, outputs, bound) -> a KernelFn for exactly these arrays: a kernel written
+# once. Its plain fn prepares and calls at once (prepared_call); its bind rule (bind_prepared)
+# prepares once, on numpy, with bound=True, which may pick torch's out= passes (the same bits).
+Prepare = Callable[[KernelContext, list, list, bool], KernelFn]
+
+
+def prepared_call(prepare: Prepare, ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """The plain kernel of `prepare`: prepared for this call alone, then run."""
+    prepare(ctx, inputs, outputs, False)(ctx, inputs, outputs)
+
+
+def bind_prepared(prepare: Prepare) -> BindRule:
+    """The bind rule of `prepare`: prepared once for the node's arrays (numpy only; None elsewhere:
+    the plain fn serves)."""
+
+    def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+        return prepare(ctx, inputs, outputs, True) if ctx.xp is np else None
+
+    return bind
 
 
 @dataclass
