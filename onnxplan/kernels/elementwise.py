@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -182,21 +183,25 @@ def leaky_relu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-def _bind_clip(ctx, inputs, outputs):
-    """Bound inputs read as flat views each step; np.clip's ufunc called directly (its own path)."""
+def _clip(xp: Any, x: Any, out: Any, lo: Any, hi: Any) -> None:
+    if lo is None and hi is None:
+        xp.copyto(out, x)
+        return
+    xp.clip(x, lo, hi, out=out)
+
+
+def _bind_clip(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """The bound inputs read through flat views made once, then _clip."""
     if ctx.xp is not np:
         return None
     x, out = inputs[0], outputs[0]
-    lo_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
-    hi_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    lo_in, hi_in = _xp.flat_input(inputs, 1), _xp.flat_input(inputs, 2)
     lo_attr, hi_attr = ctx.attrs.get("min"), ctx.attrs.get("max")
-    if lo_in is None and hi_in is None and lo_attr is None and hi_attr is None:
-        return None
 
-    def run(ctx, inputs, outputs):
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
         lo = lo_in[0].item() if lo_in is not None else lo_attr
         hi = hi_in[0].item() if hi_in is not None else hi_attr
-        np.clip(x, lo, hi, out=out)
+        _clip(np, x, out, lo, hi)
 
     return run
 
@@ -204,13 +209,9 @@ def _bind_clip(ctx, inputs, outputs):
 @kernel("Clip", overwrites=UNARY, bind=_bind_clip)
 def clip(ctx, inputs, outputs):
     """Bounds from inputs 1 and 2 (opset 11+) or the min/max attributes (opset 6)."""
-    xp, x, out = ctx.xp, inputs[0], outputs[0]
     lo = _xp.host_scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ctx.attrs.get("min")
     hi = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else ctx.attrs.get("max")
-    if lo is None and hi is None:
-        xp.copyto(out, x)
-        return
-    xp.clip(x, lo, hi, out=out)
+    _clip(ctx.xp, inputs[0], outputs[0], lo, hi)
 
 
 def _gelu_block(xp, o, x) -> None:
@@ -436,18 +437,23 @@ def quick_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-def _bind_scale(ctx, inputs, outputs):
-    """The scale input read as a flat view each step; the plain kernel's float32 arithmetic."""
+def _scale(ctx: KernelContext, xp: Any, x: Any, out: Any, value: Any, down: bool) -> None:
+    """out = x * s, or (down) x * (1/s), s = value in float32: ORT takes the reciprocal in float32."""
+    s = np.float32(value)
+    if s == 0:
+        raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
+    xp.multiply(x, np.dtype(out.dtype).type(np.float32(1.0) / s if down else s), out=out)
+
+
+def _bind_scale(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """The scale input read through a flat view made once, then _scale."""
     if ctx.xp is not np:
         return None
     x, out, s_in = inputs[0], outputs[0], inputs[1].reshape(-1)
-    down, typ = bool(int(ctx.attrs.get("scale_down", 0))), np.dtype(out.dtype).type
+    down = bool(int(ctx.attrs.get("scale_down", 0)))
 
-    def run(ctx, inputs, outputs):
-        s = np.float32(s_in[0].item())
-        if s == 0:
-            raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
-        np.multiply(x, typ(np.float32(1.0) / s if down else s), out=out)
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
+        _scale(ctx, np, x, out, s_in[0].item(), down)
 
     return run
 
@@ -455,10 +461,4 @@ def _bind_scale(ctx, inputs, outputs):
 @kernel("Scale", MS, overwrites=UNARY, bind=_bind_scale)
 def scale(ctx, inputs, outputs):
     """Y = X * s, or with scale_down X * (1/s): ORT takes the reciprocal in float32 and multiplies."""
-    s = np.float32(_xp.host_scalar(inputs[1]))
-    if s == 0:
-        raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
-    if int(ctx.attrs.get("scale_down", 0)):
-        s = np.float32(1.0) / s
-    out = outputs[0]
-    ctx.xp.multiply(inputs[0], np.dtype(out.dtype).type(s), out=out)
+    _scale(ctx, ctx.xp, inputs[0], outputs[0], _xp.host_scalar(inputs[1]), bool(int(ctx.attrs.get("scale_down", 0))))

@@ -132,17 +132,12 @@ def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -
     xp.multiply(y, scale, out=y)
 
 
-def _flat_input(inputs: list, i: int) -> np.ndarray | None:
-    """Input i (a scalar: ratio, mode) as a flat view, read at each call; None when absent."""
-    return inputs[i].reshape(-1) if len(inputs) > i and inputs[i] is not None else None
-
-
 def _bind_dropout(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     """Dropout-12+ on numpy: the ratio and mode inputs read through flat views made once, then
     _dropout itself."""
     if ctx.xp is not np:
         return None
-    ratio_in, mode_in = _flat_input(inputs, 1), _flat_input(inputs, 2)
+    ratio_in, mode_in = _xp.flat_input(inputs, 1), _xp.flat_input(inputs, 2)
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         ratio = float(ratio_in[0]) if ratio_in is not None else 0.5
@@ -194,7 +189,7 @@ def _bind_dropout_grad(ctx: KernelContext, inputs: list, outputs: list) -> Kerne
     """DropoutGrad on numpy: the ratio input read through a flat view made once, then _dropout_grad."""
     if ctx.xp is not np:
         return None
-    ratio_in = _flat_input(inputs, 2)
+    ratio_in = _xp.flat_input(inputs, 2)
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         _dropout_grad(ctx_, inputs_, outputs_, False, ratio_in[0].item() if ratio_in is not None else 0.5)
