@@ -30,12 +30,12 @@ MiB = 1 << 20
 
 def ours(name: str, args, cp) -> dict:
     from onnxplan.device import DevicePeak, device_name
-    from onnxplan.executor.compare import compare_results
     from onnxplan.executor.prepare import prepare
     from onnxplan.executor.runner import execute, initial_parameters, step_batches
     from onnxplan.loading.request import LoadRequest
     from onnxplan.planning import PlanOptions
-    from onnxplan.reference import run_reference
+    from onnxplan.verification.compare import compare_results
+    from onnxplan.verification.reference import run_reference
 
     t0 = time.perf_counter()
     prep = prepare(LoadRequest(name), PlanOptions(time_limit=args.time_limit))

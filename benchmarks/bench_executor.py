@@ -44,9 +44,9 @@ LATENCY_TARGET = {True: 1.5, False: 2.5}  # GEMM-bound: 1.5x ORT; convolutional:
 
 
 def ort_target(artifact_dir: str, steps: int, threads: int | None = None) -> dict:
-    """Probe target: ONNX Runtime's training API as onnxplan.reference runs it, with its
+    """Probe target: ONNX Runtime's training API as onnxplan.verification.reference runs it, with its
     intra-op thread count set (None: ORT's default, one per core). Baseline just before the
-    checkpoint and sessions load, as in onnxplan.reference.probe_target."""
+    checkpoint and sessions load, as in onnxplan.verification.reference.probe_target."""
     import tempfile
 
     import numpy as np
@@ -55,7 +55,7 @@ def ort_target(artifact_dir: str, steps: int, threads: int | None = None) -> dic
 
     from onnxplan.data import make_step_batch, read_input_specs
     from onnxplan.memprobe import mark_baseline
-    from onnxplan.reference import artifact_paths
+    from onnxplan.verification.reference import artifact_paths
 
     onnxruntime.set_default_logger_severity(3)
     inputs, labels = read_input_specs(artifact_dir)

@@ -191,11 +191,11 @@ def part2(args) -> list[dict]:
 
 def _budget_row(args, name: str) -> dict:
     from onnxplan.budget import attempt
-    from onnxplan.executor.compare import compare_results
     from onnxplan.executor.prepare import Prepared
     from onnxplan.executor.runner import run_plan
     from onnxplan.loading import open_step
-    from onnxplan.reference import run_reference
+    from onnxplan.verification.compare import compare_results
+    from onnxplan.verification.reference import run_reference
 
     model, _, optimizer = name.partition(":")  # NAME or NAME:OPTIMIZER
     req = LoadRequest(model, None, optimizer or None)

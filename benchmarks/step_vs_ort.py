@@ -48,7 +48,7 @@ class _Ort:
         import onnxruntime
         from onnxruntime.training import api
 
-        from onnxplan.reference import artifact_paths
+        from onnxplan.verification.reference import artifact_paths
 
         onnxruntime.set_default_logger_severity(3)
         opts = onnxruntime.SessionOptions()

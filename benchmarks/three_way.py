@@ -28,7 +28,7 @@ def ort_one_ulp(folder) -> tuple[list[float], dict]:
     import numpy as np
 
     from onnxplan.data import run_steps
-    from onnxplan.reference import _OrtTrainer, _step_batches, artifact_paths
+    from onnxplan.verification.reference import _OrtTrainer, _step_batches, artifact_paths
 
     specs, batches = _step_batches(folder, 3, 0)
     nudged = [{k: (v * np.float32(1 + 2 ** -23)).astype(v.dtype) if v.dtype.kind == "f" else v
@@ -44,13 +44,13 @@ def compare_model(name: str, optimizer: str) -> dict:
     import onnx
 
     from onnxplan.data import make_step_batch, read_input_specs, read_metadata
-    from onnxplan.executor.compare import compare_results
     from onnxplan.executor.runner import run_plan
     from onnxplan.loading.request import LoadRequest
     from onnxplan.loading.resolve import resolve_artifacts
     from onnxplan.planning import PlanOptions
-    from onnxplan.reference import run_reference
     from onnxplan.torch_peer import TorchTrainer
+    from onnxplan.verification.compare import compare_results
+    from onnxplan.verification.reference import run_reference
 
     req = LoadRequest(name, None, optimizer)
     folder = resolve_artifacts(req)

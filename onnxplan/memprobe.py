@@ -228,7 +228,7 @@ def probe_reference(artifact_dir: str | Path, steps: int = 3, seed: int = 0) -> 
     load, session creation and the steps. result: {"losses": [...], "step_seconds": [...]}.
     """
     kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": steps, "seed": seed}
-    return probe_peak("onnxplan.reference:probe_target", kwargs)
+    return probe_peak("onnxplan.verification.reference:probe_target", kwargs)
 
 
 if __name__ == "__main__":

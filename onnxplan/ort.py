@@ -3,7 +3,7 @@ facts several stages rely on, and its failures as one readable line (the cause, 
 locations and signatures).
 
 generate_artifacts failures (onnxplan.loading.artifacts) and runtime load refusals
-(onnxplan.reference, onnxplan.ir.load) all go through ort_cause. This module imports nothing
+(onnxplan.verification.reference, onnxplan.ir.load) all go through ort_cause. This module imports nothing
 of onnxplan: the loader, the import path and verification all read it.
 """
 

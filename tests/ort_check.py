@@ -9,7 +9,6 @@ import functools
 
 import numpy as np
 
-from onnxplan.executor.compare import compare_results
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import execute, initial_parameters, step_batches
 from onnxplan.loading import open_step
@@ -17,7 +16,8 @@ from onnxplan.offsets import plan_offsets
 from onnxplan.passes.lifetimes import lifetimes
 from onnxplan.plan import PlannedBuffer
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
-from onnxplan.reference import run_reference
+from onnxplan.verification.compare import compare_results
+from onnxplan.verification.reference import run_reference
 from onnxplan.verification.step_check import verify_run
 from tests.zoo_small import SMALL, small_artifacts
 

@@ -99,7 +99,7 @@ def _bad_checkpoint(folder: Path) -> None:
     (_bad_checkpoint, "unreadable checkpoint"),
 ])
 def test_runtime_refusals_name_the_cause(change, cause, tmp_path):
-    from onnxplan.reference import run_reference
+    from onnxplan.verification.reference import run_reference
 
     folder = _tampered(tmp_path, change)
     with pytest.raises(ModelError) as exc:

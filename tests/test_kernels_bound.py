@@ -266,9 +266,9 @@ def test_other_arrays_go_to_the_plain_kernel():
                                   "maxpool-indices", "maxpool-indices-empty-window"])
 def test_bound_equals_plain_in_chunks(name, monkeypatch):
     """Chunked kernels (a scratch target smaller than one image): the bound chunks are the plain ones."""
-    from onnxplan.kernels import conv
+    from onnxplan.kernels import scratch
 
-    monkeypatch.setattr(conv, "SCRATCH_TARGET", 64)
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 64)
     test_bound_equals_plain_step_after_step(name)
 
 

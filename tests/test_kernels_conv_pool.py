@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from onnxplan import settings
+from onnxplan.ir import windows
 from onnxplan.kernels import conv as conv_module
+from onnxplan.kernels import conv_grad, conv_grad_dx, conv_layout, conv_taps, im2col, scratch
 from onnxplan.kernels.pool import _empty_outputs, pool_window
 from tests.kernel_harness import (
     MS,
@@ -27,7 +29,7 @@ from tests.kernel_harness import (
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A tiny scratch target, so small tensors take the multi-chunk (and row-band) paths."""
-    monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 2048)
 
 
 CONV_CASES = [
@@ -91,11 +93,11 @@ def test_conv_gemm_per_image_into_y(monkeypatch, x_shape, w_shape, attrs):
 
 
 def test_chunking_takes_several_images_or_bands_of_one():
-    many = conv_module._layout((64, 64, 4, 4), (64, 64, 3, 3), (4, 4), 1, 4, True, True)
+    many = conv_layout.layout((64, 64, 4, 4), (64, 64, 3, 3), (4, 4), 1, 4, True, True)
     assert many.nb > 1 and many.band == 4 and many.rows >= 0
-    banded = conv_module._layout((8, 64, 224, 224), (64, 64, 3, 3), (224, 224), 1, 4, True, True)
+    banded = conv_layout.layout((8, 64, 224, 224), (64, 64, 3, 3), (224, 224), 1, 4, True, True)
     assert banded.nb == 1 and 1 <= banded.band < 224 and banded.rows == -1 and banded.acc > 0
-    assert banded.nbytes <= conv_module.SCRATCH_TARGET + 64 * 576 * 4 + 128
+    assert banded.nbytes <= scratch.SCRATCH_TARGET + 64 * 576 * 4 + 128
 
 
 def _conv_grad_outputs(x_shape, w_shape, y_shape, which):
@@ -136,20 +138,20 @@ def test_conv_grad_in_chunks_and_row_bands(small_chunks, x_shape, w_shape, attrs
         assert_sums_close(g, e)
 
 
-@pytest.mark.parametrize("block", [conv_module.DW_BLOCK, 64])
+@pytest.mark.parametrize("block", [conv_grad.DW_BLOCK, 64])
 def test_stem_conv_grad_dw_in_blocks_matches_ort(monkeypatch, block):
     """A 3-channel stem's dW (3 x 27 outputs over a long reduction) is summed in blocks of
     positions through the partial-sum scratch (chunks of 2 images: 4608 positions): it agrees
     with ORT."""
-    monkeypatch.setattr(conv_module, "DW_BLOCK", block)
-    monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 1 << 20)
+    monkeypatch.setattr(conv_grad, "DW_BLOCK", block)
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 1 << 20)
     rng = np.random.default_rng(6)
     attrs = {"pads": [1, 1, 1, 1], "strides": [2, 2]}
     x_shape, w_shape = (4, 3, 96, 96), (3, 3, 3, 3)
     y_shape = _conv_out_shape(x_shape, w_shape, attrs)
-    lay = conv_module._layout(x_shape, w_shape, y_shape[2:], 1, 4, True, True, None)
+    lay = conv_layout.layout(x_shape, w_shape, y_shape[2:], 1, 4, True, True, None)
     span = lay.nb * (lay.band * y_shape[3])
-    assert lay.acc >= 0 and len(conv_module._dw_blocks(81, span, True)) > 1, (lay, span)
+    assert lay.acc >= 0 and len(conv_grad._dw_blocks(81, span, True)) > 1, (lay, span)
     _conv_grad_matches_ort([randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)], attrs)
 
 
@@ -169,13 +171,13 @@ FLIP_CASES = [  # dense, unit strides: dX as Conv(dY, W flipped); pads asymmetri
 def test_conv_grad_dx_as_flipped_conv(monkeypatch, x_shape, w_shape, attrs, chunks):
     """A large dense conv with unit strides takes dX as a Conv of dY (FlipDx): against ORT, in
     whole images and in chunks and row bands of a tiny scratch target."""
-    monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+    monkeypatch.setattr(conv_layout, "SMALL_DX", 0)
     if chunks:  # 1 KiB: one image per chunk, most in bands of rows
-        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 1024)
+        monkeypatch.setattr(scratch, "SCRATCH_TARGET", 1024)
     rng = np.random.default_rng(12)
     y_shape = _conv_out_shape(x_shape, w_shape, attrs)
-    win = conv_module._conv_window(attrs, x_shape, w_shape, y_shape)
-    assert conv_module._flip_dx(x_shape, w_shape, y_shape, win, 1, 4) is not None
+    win = conv_layout.conv_window(attrs, x_shape, w_shape, y_shape)
+    assert conv_grad_dx.flip_dx(x_shape, w_shape, y_shape, win, 1, 4) is not None
     inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
     for which in [(1, 1, 1), (1, 0, 0)]:
         outs = _conv_grad_outputs(x_shape, w_shape, y_shape, which)
@@ -209,8 +211,8 @@ def test_conv_grad_outputs_do_not_depend_on_which_are_computed(x_shape, w_shape,
 
 def test_flipped_conv_dx_declines_pads_beyond_the_kernel():
     """A pad wider than the kernel's reach would give the flipped conv a negative pad: col2im."""
-    win = conv_module.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
-    assert conv_module._flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
+    win = windows.window({"pads": [3, 0, 0, 0]}, (5, 5), (9, 3), (3, 3))
+    assert conv_grad_dx.flip_dx((1, 2, 5, 5), (2, 2, 3, 3), (1, 2, 9, 3), win, 1, 4) is None
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
@@ -243,8 +245,8 @@ def test_depthwise_by_taps_at_size(monkeypatch, x_shape, w_shape, attrs, torch_o
     rng = np.random.default_rng(11)
     x, w, b = randn(rng, *x_shape), randn(rng, *w_shape), randn(rng, w_shape[0])
     (y,) = ort_run("Conv", [x, w, b], [("float32", None)], attrs)
-    short = y.shape[-1] < conv_module.TAPS_MIN_WIDTH  # channels-last taps: torch only
-    assert conv_module._by_taps(x.shape, w.shape, y.shape, attrs["group"]) == (torch_on or not short)
+    short = y.shape[-1] < conv_taps.TAPS_MIN_WIDTH  # channels-last taps: torch only
+    assert conv_taps.by_taps(x.shape, w.shape, y.shape, attrs["group"]) == (torch_on or not short)
     assert_sums_close(run_kernel("Conv", [x, w, b], [y], attrs)[0], y)
     (y0,) = ort_run("Conv", [x, w], [("float32", None)], attrs)
     assert_sums_close(run_kernel("Conv", [x, w], [y0], attrs)[0], y0)
@@ -280,10 +282,10 @@ def _random_conv(seed: int):
 def _generic_path(monkeypatch):
     """The batched-GEMM path alone (im2col, one GEMM per chunk, col2im): no channels-last
     depthwise kernels and no dX computed as a conv."""
-    monkeypatch.setattr(conv_module, "_depthwise", lambda *a: False)
-    monkeypatch.setattr(conv_module, "_dx_plan", lambda *a: None)
-    monkeypatch.setattr(conv_module, "_flip_dx", lambda *a: None)
-    conv_module._layout_for.cache_clear()
+    monkeypatch.setattr(conv_layout, "depthwise", lambda *a: False)
+    monkeypatch.setattr(conv_grad_dx, "dx_plan", lambda *a: None)
+    monkeypatch.setattr(conv_grad_dx, "flip_dx", lambda *a: None)
+    conv_layout.layout_for.cache_clear()
 
 
 @pytest.mark.parametrize("mode", ["whole", "chunks", "taps", "by_taps", "by_taps_chunks", "by_taps_numpy",
@@ -297,12 +299,12 @@ def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     tap-by-tap path at every size (torch views; with dW in chunks of images; numpy, in chunks; on
     channels-last copies, whole and in chunks)."""
     if mode in ("chunks", "by_taps_chunks", "by_taps_numpy", "by_taps_last_chunks"):
-        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 2048)
+        monkeypatch.setattr(scratch, "SCRATCH_TARGET", 2048)
     if mode == "taps":
-        monkeypatch.setattr(conv_module, "SMALL_DX", 0)
+        monkeypatch.setattr(conv_layout, "SMALL_DX", 0)
     if mode.startswith("by_taps"):
-        monkeypatch.setattr(conv_module, "TAPS_MIN_ELEMS", 0)
-        monkeypatch.setattr(conv_module, "TAPS_MIN_WIDTH", 1 << 30 if "last" in mode else 0)
+        monkeypatch.setattr(conv_taps, "TAPS_MIN_ELEMS", 0)
+        monkeypatch.setattr(conv_taps, "TAPS_MIN_WIDTH", 1 << 30 if "last" in mode else 0)
     if mode == "by_taps_numpy":
         settings.use(replace(settings.current(), torch_kernels=False))
     x_shape, w_shape, attrs = _random_conv(seed)
@@ -315,7 +317,7 @@ def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
     assert_sums_close(run_kernel("Conv", [x, w], [("float32", expected.shape)], attrs)[0], no_bias)
     grad_attrs = dict(attrs)
     if "auto_pad" in grad_attrs:  # ORT's ConvGrad takes explicit pads: the window's own
-        win = conv_module._conv_window(attrs, x_shape, w_shape, expected.shape)
+        win = conv_layout.conv_window(attrs, x_shape, w_shape, expected.shape)
         del grad_attrs["auto_pad"]
         grad_attrs["pads"] = [*win.pads_begin, *win.pads_end]
     inputs = [randn(rng, *expected.shape), x, w]
@@ -331,7 +333,7 @@ def test_random_convs_match_ort_and_the_generic_path(monkeypatch, seed, mode):
             assert_sums_close(g, e)
         assert_sums_close(dx_only, grads[0])
     finally:
-        conv_module._layout_for.cache_clear()
+        conv_layout.layout_for.cache_clear()
 
 
 @pytest.mark.parametrize("op", ["Conv", "ConvGrad"])
@@ -561,14 +563,14 @@ def test_im2col_by_rows_matches_brute_force(x_shape, kernel, attrs):
     x = randn(rng, *x_shape)
     pads, dil = attrs["pads"], attrs.get("dilations", [1, 1])
     out = tuple(i + pads[a] + pads[a + 2] - (k - 1) * d for a, (i, k, d) in enumerate(zip(x_shape[2:], kernel, dil)))
-    win = conv_module.window(attrs, x_shape[2:], out, kernel)
-    assert conv_module._by_rows(win)
+    win = windows.window(attrs, x_shape[2:], out, kernel)
+    assert im2col.by_rows(win)
     expected = _brute_im2col(x, win)
     for b0, b1 in [(0, out[0]), (0, 2), (1, 3), (out[0] - 2, out[0])]:
         sub = win.band(b0, b1)
         col = np.full((x_shape[1], *kernel, x_shape[0], *sub.out_dims), np.nan, np.float32)
-        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv_module._extent(sub)), np.nan, np.float32)
-        conv_module.im2col(np, sub, x, col, src if conv_module._reads_padding(sub) else None)
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(windows.extent(sub)), np.nan, np.float32)
+        im2col.im2col(np, sub, x, col, src if windows.reads_padding(sub) else None)
         np.testing.assert_array_equal(col, expected[..., b0:b1, :])
 
 
@@ -615,8 +617,8 @@ def test_depthwise_plan_runs_with_torch_kernels_switched(monkeypatch, plan_torch
 
     rng = np.random.default_rng(41)
     shape, w_shape = (64, 32, 6, 6), (32, 1, 3, 3)
-    assert conv_module._by_taps(shape, w_shape, shape, 32, True)
-    assert not conv_module._by_taps(shape, w_shape, shape, 32, False)
+    assert conv_taps.by_taps(shape, w_shape, shape, 32, True)
+    assert not conv_taps.by_taps(shape, w_shape, shape, 32, False)
     w, x = randn(rng, *w_shape, scale=0.3), randn(rng, *shape)
     settings.use(replace(settings.current(), torch_kernels=plan_torch))
     res = plan_step(_depthwise_step(*shape[:3]), PlanOptions("given", "best-fit"))

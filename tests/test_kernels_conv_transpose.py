@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxplan.kernels.conv import transpose_pads
+from onnxplan.ir.windows import transpose_pads
 from tests.kernel_harness import MS, assert_sums_close, ort_run, randn, ref_run, run_kernel
 
 CASES = [
@@ -85,9 +85,9 @@ def test_conv_transpose_grad_matches_torch_autograd(x_shape, w_shape, attrs, whi
 @pytest.mark.parametrize("x_shape,w_shape,attrs", CASES[:5])
 def test_conv_transpose_and_grad_in_chunks(monkeypatch, x_shape, w_shape, attrs):
     """A tiny scratch target: the multi-chunk and row-band paths of the underlying (grad) convolutions."""
-    from onnxplan.kernels import conv as conv_module
+    from onnxplan.kernels import scratch
 
-    monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 512)
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 512)
     rng = np.random.default_rng(7)
     x, w = randn(rng, *x_shape), randn(rng, *w_shape)
     (y,) = ort_run("ConvTranspose", [x, w], [("float32", None)], attrs)
@@ -120,24 +120,24 @@ def test_conv_transpose_memos_stay_bounded(monkeypatch):
     memo entry (each call used to make a new Conv node, hence one more window entry per call), and
     ever new nodes keep each memo within NODE_MEMO_ENTRIES, oldest evicted first. Every call still
     matches the reference evaluator."""
-    from onnxplan.kernels import conv as conv_module
+    from onnxplan.kernels import conv_layout, conv_transpose
     from tests.kernel_harness import make_node
 
     rng = np.random.default_rng(31)
     x_shape, w_shape, attrs = CASES[1]
     x, w = randn(rng, *x_shape), randn(rng, *w_shape)
     (want,) = ref_run("ConvTranspose", [x, w], 1, attrs)
-    monkeypatch.setattr(conv_module, "_WINDOWS", {})
-    monkeypatch.setattr(conv_module, "_AS_CONV", {})
+    monkeypatch.setattr(conv_layout, "WINDOWS", {})
+    monkeypatch.setattr(conv_transpose, "_AS_CONV", {})
     node = make_node("ConvTranspose", [x, w], 1, attrs)
     for _ in range(5):
         (got,) = run_kernel("ConvTranspose", [x, w], [want], node=node)
         assert_sums_close(got, want)
-    assert len(conv_module._WINDOWS) == 1 and len(conv_module._AS_CONV) == 1
-    monkeypatch.setattr(conv_module, "NODE_MEMO_ENTRIES", 3)
+    assert len(conv_layout.WINDOWS) == 1 and len(conv_transpose._AS_CONV) == 1
+    monkeypatch.setattr(conv_layout, "NODE_MEMO_ENTRIES", 3)
     for _ in range(6):
         (got,) = run_kernel("ConvTranspose", [x, w], [want], node=make_node("ConvTranspose", [x, w], 1, attrs))
         assert_sums_close(got, want)
-        assert len(conv_module._WINDOWS) <= 3 and len(conv_module._AS_CONV) <= 3
+        assert len(conv_layout.WINDOWS) <= 3 and len(conv_transpose._AS_CONV) <= 3
     (got,) = run_kernel("ConvTranspose", [x, w], [want], node=node)  # evicted, made again
     assert_sums_close(got, want)

@@ -296,7 +296,7 @@ def test_the_guard_sees_a_planted_allocation(measured):
 
 def test_the_depthwise_guards_run_tap_by_tap():
     """The guarded depthwise shapes are on the torch tap-by-tap path (the one that could hide memory)."""
-    from onnxplan.kernels import conv
+    from onnxplan.kernels import conv_taps
 
     for name in ("Conv depthwise", "Conv depthwise strided", "ConvGrad depthwise", "ConvGrad depthwise strided",
                  "Conv depthwise short rows", "ConvGrad depthwise short rows"):
@@ -305,4 +305,4 @@ def test_the_depthwise_guards_run_tap_by_tap():
             (x, w), y = case["inputs"][:2], case["outputs"][0]
         else:
             y, x, w = case["inputs"]
-        assert conv._by_taps(x, w, y, case["attrs"]["group"]), name
+        assert conv_taps.by_taps(x, w, y, case["attrs"]["group"]), name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxplan.kernels import conv as conv_module
+from onnxplan.kernels import scratch
 from tests.kernel_harness import (
     MS,
     assert_equal_on_cpu,
@@ -20,7 +20,7 @@ from tests.kernel_harness import (
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A tiny scratch target, so small tensors are processed in several chunks."""
-    monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 256)
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 256)
 
 
 LN_CASES = [((4, 6, 32), -1), ((3, 5, 4, 8), 2), ((16, 7), 1), ((2, 3, 4), 0)]
@@ -203,7 +203,7 @@ def test_batch_norm_training_mode_matches_ort(shape):
 @pytest.mark.parametrize("shape", BN_SHAPES)
 def test_batch_norm_grad_matches_ort(shape, chunked, monkeypatch):
     if chunked:
-        monkeypatch.setattr(conv_module, "SCRATCH_TARGET", 64)
+        monkeypatch.setattr(scratch, "SCRATCH_TARGET", 64)
     rng = np.random.default_rng(10)
     x, scale, bias, mean, var = _bn_inputs(rng, shape)
     c = shape[1]

@@ -12,7 +12,7 @@ from onnxplan.memprobe import (
     probe_peak,
     probe_reference,
 )
-from onnxplan.reference import run_reference
+from onnxplan.verification.reference import run_reference
 from tests.zoo_small import small_artifacts
 
 MIB = 1 << 20

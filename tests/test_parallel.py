@@ -167,21 +167,22 @@ def test_the_optimizer_split_is_bitwise_the_one_thread_update(op, numel, monkeyp
 def test_split_columns_are_bitwise_the_whole_ones(split, x_shape, kernel, attrs):
     """im2col and col2im_add cut by images (or one image's channels) across 3 threads: each part
     writes its own images' columns, from its own block of the padded source, the same bits."""
-    from onnxplan.kernels import conv
+    from onnxplan.ir import windows
+    from onnxplan.kernels import im2col
 
     x = RNG.standard_normal(x_shape).astype(np.float32)
     s, p = attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0])
     out = tuple((i + p[a] + p[a + 2] - k) // s[a] + 1 for a, (i, k) in enumerate(zip(x_shape[2:], kernel)))
-    win = conv.window(attrs, x_shape[2:], out, kernel)
+    win = windows.window(attrs, x_shape[2:], out, kernel)
     cols = []
     for n in (1, 3):
         threads.use_threads(n)
         col = np.full((x_shape[1], *kernel, x_shape[0], *out), np.nan, np.float32)
-        assert len(conv._image_parts(np, x_shape[0], x_shape[1], col.size)) == n
-        src = np.full(x_shape[0] * x_shape[1] * math.prod(conv._extent(win)), np.nan, np.float32)
-        conv.im2col(np, win, x, col, src.reshape(x_shape[:2] + conv._extent(win)) if conv._reads_padding(win) else None)
+        assert len(im2col.image_parts(np, x_shape[0], x_shape[1], col.size)) == n
+        src = np.full(x_shape[0] * x_shape[1] * math.prod(windows.extent(win)), np.nan, np.float32)
+        im2col.im2col(np, win, x, col, src.reshape(x_shape[:2] + windows.extent(win)) if windows.reads_padding(win) else None)
         dx = np.ones(x_shape, np.float32)
-        conv.col2im_add(np, win, col, dx)
+        im2col.col2im_add(np, win, col, dx)
         cols.append((col, dx))
     np.testing.assert_array_equal(cols[0][0], cols[1][0])
     np.testing.assert_array_equal(cols[0][1], cols[1][1])

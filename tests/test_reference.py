@@ -13,7 +13,7 @@ from onnxruntime.training import artifacts
 
 from onnxplan.data import InputSpec, make_step_batch, read_input_specs
 from onnxplan.errors import ModelError
-from onnxplan.reference import OPTIMIZER_MODEL, run_reference
+from onnxplan.verification.reference import OPTIMIZER_MODEL, run_reference
 
 BATCH, N_IN, N_HIDDEN, N_OUT = 6, 4, 5, 3
 DEFAULT_LR = 1e-3  # onnxruntime.training.api.Optimizer's initial learning rate

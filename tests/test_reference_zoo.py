@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxplan.ir.load import read_step
-from onnxplan.reference import run_reference
+from onnxplan.verification.reference import run_reference
 from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 

@@ -14,8 +14,8 @@ import torch
 from onnx import TensorProto, helper
 
 from onnxplan.errors import UnsupportedOpError
-from onnxplan.reference import run_reference
 from onnxplan.torch_peer import OnnxModule, make_optimizer, run_torch
+from onnxplan.verification.reference import run_reference
 from tests.zoo_small import SMALL, slow_if_large, small_artifacts
 
 

@@ -183,8 +183,8 @@ def test_ort_step_is_the_training_apis_step(optimizer):
     InferenceSessions, the state fed in) computes what onnxruntime.training.api's Module and
     Optimizer compute for the same step: the same loss and parameters after one step."""
     from onnxplan.executor.runner import initial_parameters, step_batches
-    from onnxplan.reference import run_reference
     from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
+    from onnxplan.verification.reference import run_reference
 
     mlp = prepared("mlp", 2, optimizer)
     params = initial_parameters(mlp.folder)

@@ -13,7 +13,7 @@ from onnxplan.threads import peer_environment
 __all__ = ["PEERS", "measure_peer", "parse_peers", "peer_row_fields", "step_stats"]
 
 PEERS = ("ort", "torch")
-_TARGETS = {"ort": "onnxplan.reference:probe_target", "torch": "onnxplan.torch_peer:probe_target"}
+_TARGETS = {"ort": "onnxplan.verification.reference:probe_target", "torch": "onnxplan.torch_peer:probe_target"}
 
 
 def parse_peers(text: str | None) -> list[str]:

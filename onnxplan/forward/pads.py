@@ -7,7 +7,7 @@ then computes wrong gradients (O(1) of their norm; SAME_LOWER ConvGrad reads mem
 wrote), so artifacts built from such a model would train wrong for anyone using them. The pads
 come from the static input shapes by ONNX's SAME rule (output ceil(in / stride), the total padding
 split with the odd element at the end for SAME_UPPER, at the beginning for SAME_LOWER: the
-arithmetic of onnxplan.kernels.conv.window); VALID becomes zero pads. MaxPool keeps its auto_pad
+arithmetic of onnxplan.ir.windows.same_pads); VALID becomes zero pads. MaxPool keeps its auto_pad
 (MaxPoolGrad scatters through the indices the forward chose: right either way); ConvTranspose
 too (onnxruntime 1.19.2 CPU has no ConvTransposeGrad kernel to be wrong). Checked against a
 float64 brute force in tests/test_forward_pads.py.
@@ -22,7 +22,7 @@ from onnx import helper
 
 from onnxplan.errors import ModelError
 from onnxplan.forward.gradients import ORT_TRAINING
-from onnxplan.kernels.conv import window
+from onnxplan.ir.windows import SAME, auto_pad, same_pads
 
 __all__ = ["EXPLICIT_PAD_OPS", "explicit_auto_pads"]
 
@@ -30,15 +30,10 @@ __all__ = ["EXPLICIT_PAD_OPS", "explicit_auto_pads"]
 EXPLICIT_PAD_OPS = ("Conv", "AveragePool")
 
 
-def _auto_pad(node: onnx.NodeProto) -> str:
-    value = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "auto_pad"), b"NOTSET")
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _pads(node: onnx.NodeProto, auto_pad: str, shapes: Mapping[str, tuple[int, ...]]) -> list[int]:
+def _pads(node: onnx.NodeProto, mode: str, shapes: Mapping[str, tuple[int, ...]]) -> list[int]:
     """The explicit pads (begin..., end...) of `node`'s auto_pad on its static input shape."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if auto_pad == "VALID":  # no padding, whatever the shapes: as many zeros as spatial axes
+    if mode == "VALID":  # no padding, whatever the shapes: as many zeros as spatial axes
         rank = next((len(attrs[k]) for k in ("kernel_shape", "strides", "dilations") if attrs.get(k)), None)
         x = shapes.get(node.input[0])
         rank = rank if rank is not None else (len(x) - 2 if x is not None else None)
@@ -52,17 +47,11 @@ def _pads(node: onnx.NodeProto, auto_pad: str, shapes: Mapping[str, tuple[int, .
     if x is None or not kernel or len(x) < 3:
         label = node.name or node.output[0]
         what = "input's" if x is None or len(x) < 3 else "weight's"
-        raise ModelError(f"cannot make auto_pad={auto_pad} of {node.op_type} node {label} explicit: its {what} "
+        raise ModelError(f"cannot make auto_pad={mode} of {node.op_type} node {label} explicit: its {what} "
                          f"shape is unknown ({ORT_TRAINING}'s {node.op_type}Grad ignores auto_pad, so its "
                          f"gradient would be wrong); give the dynamic dimensions (--batch / --dim NAME=N) or "
                          f"export the model with explicit padding")
-    spatial = x[2:]
-    if auto_pad == "VALID":
-        return [0] * (2 * len(spatial))
-    strides = attrs.get("strides") or [1] * len(spatial)
-    out = [-(-int(i) // int(s)) for i, s in zip(spatial, strides)]  # ONNX's SAME: ceil(in / stride)
-    win = window(attrs, spatial, out, kernel)
-    return [*win.pads_begin, *win.pads_end]
+    return same_pads(attrs, x[2:], kernel)
 
 
 def explicit_auto_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]], notes: list[str]) -> None:
@@ -73,16 +62,16 @@ def explicit_auto_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, .
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in EXPLICIT_PAD_OPS:
             continue
-        auto_pad = _auto_pad(node)
-        if auto_pad not in ("SAME_UPPER", "SAME_LOWER", "VALID"):
+        mode = auto_pad({a.name: helper.get_attribute_value(a) for a in node.attribute})
+        if mode not in (*SAME, "VALID"):
             continue
-        pads = _pads(node, auto_pad, shapes)
+        pads = _pads(node, mode, shapes)
         kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads", "ceil_mode")]
         del node.attribute[:]
         node.attribute.extend(kept)
         node.attribute.append(helper.make_attribute("pads", pads))
-        done.setdefault((node.op_type, auto_pad), []).append(node.name or node.output[0])
-    for (op, auto_pad), where in done.items():
+        done.setdefault((node.op_type, mode), []).append(node.name or node.output[0])
+    for (op, mode), where in done.items():
         shown = ", ".join(where[:3]) + (f", ... ({len(where)} nodes)" if len(where) > 3 else "")
-        notes.append(f"gave {op} auto_pad={auto_pad} nodes explicit pads ({ORT_TRAINING}'s {op}Grad reads pads, "
+        notes.append(f"gave {op} auto_pad={mode} nodes explicit pads ({ORT_TRAINING}'s {op}Grad reads pads, "
                      f"never auto_pad): {shown}")

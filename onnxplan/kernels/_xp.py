@@ -18,6 +18,7 @@ __all__ = [
     "block_elems",
     "blocks",
     "blockwise",
+    "flat_input",
     "erf",
     "host_ints",
     "host_scalar",
@@ -136,6 +137,12 @@ def host_ints(x) -> list[int]:
     if hasattr(x, "get"):  # cupy
         x = x.get()
     return [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def flat_input(inputs: list, i: int) -> Any:
+    """Input i (a scalar: a ratio, a bound) as a flat view a bound kernel reads at each call;
+    None when absent."""
+    return inputs[i].reshape(-1) if len(inputs) > i and inputs[i] is not None else None
 
 
 def host_scalar(x) -> float | int:

@@ -9,7 +9,7 @@ stand-in for X that is never read, so the result is ConvGrad's dX to the bit.
 from __future__ import annotations
 
 from onnxplan.ir.tensor import TensorSpec
-from onnxplan.kernels.conv import conv_grad, conv_grad_scratch
+from onnxplan.kernels.conv_grad import conv_grad, conv_grad_scratch
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["conv_grad_input"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from onnxplan.kernels import _torch, _xp, parallel
-from onnxplan.kernels.registry import BindRule, KernelFn, declare, kernel
+from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, declare, kernel
 
 __all__: list[str] = []
 
@@ -21,15 +23,20 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)  # FastGelu's kAlpha
 GELU_GAMMA = 0.044715
 
 
-def _bind_torch(make):
-    """A bind rule for a kernel's torch branch: when torch can take the node's arrays (output 0
-    and the inputs `make` names), make(ctx, inputs, outputs, aten, t) returns the step's call
-    with its zero-copy tensors and op resolved once (t: numpy array -> tensor); the plain
-    kernel's torch branch makes the same call."""
-    def bind(ctx, inputs, outputs):
-        return make(ctx, inputs, outputs, _torch.aten(), _torch.tensor)
+# A kernel's torch branch, written once: a TorchStep(ctx, inputs, outputs) returns, when torch can
+# take the node's arrays (output 0 and the inputs it names), the call with its zero-copy tensors
+# and aten op resolved, else None. It is the kernel's bind rule (made once), and the plain kernel
+# makes it and calls it at once (_torch_ran), falling back to numpy when it gives None.
+TorchStep = Callable[[KernelContext, list, list], "KernelFn | None"]
 
-    return bind
+
+def _torch_ran(step: TorchStep, ctx: KernelContext, inputs: list, outputs: list) -> bool:
+    """Run `step`'s torch call on these arrays; False (nothing done) when torch cannot take them."""
+    call = step(ctx, inputs, outputs)
+    if call is None:
+        return False
+    call(ctx, inputs, outputs)
+    return True
 
 
 # ---- plain ufuncs -----------------------------------------------------------------------------
@@ -153,17 +160,16 @@ def sigmoid(ctx, inputs, outputs):
         xp.reciprocal(out, out=out)
 
 
-def _bind_erf(ctx, inputs, outputs, aten, t):
+def _torch_erf(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not _torch.usable(ctx.xp, outputs[0], inputs[0]):
         return None
-    op, tx, to = aten.erf.out, t(inputs[0]), t(outputs[0])
+    op, tx, to = _torch.aten().erf.out, _torch.tensor(inputs[0]), _torch.tensor(outputs[0])
     return lambda ctx, inputs, outputs: op(tx, out=to)
 
 
-@kernel("Erf", overwrites=UNARY, bind=_bind_torch(_bind_erf))
+@kernel("Erf", overwrites=UNARY, bind=_torch_erf)
 def erf(ctx, inputs, outputs):
-    if _torch.usable(ctx.xp, outputs[0], inputs[0]):
-        _torch.aten().erf.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
+    if _torch_ran(_torch_erf, ctx, inputs, outputs):
         return
     _xp.erf(ctx.xp, inputs[0], outputs[0])
 
@@ -178,21 +184,25 @@ def leaky_relu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-def _bind_clip(ctx, inputs, outputs):
-    """Bound inputs read as flat views each step; np.clip's ufunc called directly (its own path)."""
+def _clip(xp: Any, x: Any, out: Any, lo: Any, hi: Any) -> None:
+    if lo is None and hi is None:
+        xp.copyto(out, x)
+        return
+    xp.clip(x, lo, hi, out=out)
+
+
+def _bind_clip(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """The bound inputs read through flat views made once, then _clip."""
     if ctx.xp is not np:
         return None
     x, out = inputs[0], outputs[0]
-    lo_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
-    hi_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    lo_in, hi_in = _xp.flat_input(inputs, 1), _xp.flat_input(inputs, 2)
     lo_attr, hi_attr = ctx.attrs.get("min"), ctx.attrs.get("max")
-    if lo_in is None and hi_in is None and lo_attr is None and hi_attr is None:
-        return None
 
-    def run(ctx, inputs, outputs):
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
         lo = lo_in[0].item() if lo_in is not None else lo_attr
         hi = hi_in[0].item() if hi_in is not None else hi_attr
-        np.clip(x, lo, hi, out=out)
+        _clip(np, x, out, lo, hi)
 
     return run
 
@@ -200,30 +210,9 @@ def _bind_clip(ctx, inputs, outputs):
 @kernel("Clip", overwrites=UNARY, bind=_bind_clip)
 def clip(ctx, inputs, outputs):
     """Bounds from inputs 1 and 2 (opset 11+) or the min/max attributes (opset 6)."""
-    xp, x, out = ctx.xp, inputs[0], outputs[0]
     lo = _xp.host_scalar(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else ctx.attrs.get("min")
     hi = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else ctx.attrs.get("max")
-    if lo is None and hi is None:
-        xp.copyto(out, x)
-        return
-    xp.clip(x, lo, hi, out=out)
-
-
-def _torch_gelu(xp, out, x, approximate: str = "none") -> bool:
-    """out = gelu(x) by torch's kernel when it can take the arrays (False: it did nothing)."""
-    if not _torch.usable(xp, out, x):
-        return False
-    _torch.aten().gelu.out(_torch.tensor(x), approximate=approximate, out=_torch.tensor(out))
-    return True
-
-
-def _torch_gelu_grad(xp, out, dy, x, approximate: str = "none") -> bool:
-    """out = dY gelu'(X) by torch's kernel when it can take the arrays (False: it did nothing)."""
-    if not _torch.usable(xp, out, dy, x):
-        return False
-    _torch.aten().gelu_backward.grad_input(_torch.tensor(dy), _torch.tensor(x), approximate=approximate,
-                                           grad_input=_torch.tensor(out))
-    return True
+    _clip(ctx.xp, inputs[0], outputs[0], lo, hi)
 
 
 def _gelu_block(xp, o, x) -> None:
@@ -235,33 +224,36 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-def _gelu_binder(approximate: str | None):
-    """Y = gelu(X), or with a bias input gelu(X + bias) (the sum written into Y first);
-    approximate None: the node's attribute (ONNX Gelu-20)."""
-    def make(ctx, inputs, outputs, aten, t):
+def torch_gelu(approximate: str | None) -> TorchStep:
+    """torch's gelu: Y = gelu(X), or with a bias input gelu(X + bias) (X + bias written into Y first,
+    Y may be X, then the GELU in place); approximate None: the node's attribute (ONNX Gelu-20)."""
+    def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         appr = approximate or _xp.attr_str(ctx.attrs.get("approximate"), "none")
         x, out = inputs[0], outputs[0]
         bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
         if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
             return None
-        op, to = aten.gelu.out, t(out)
+        op, to = _torch.aten().gelu.out, _torch.tensor(out)
         if bias is None:
-            tx = t(x)
+            tx = _torch.tensor(x)
             return lambda ctx, inputs, outputs: op(tx, approximate=appr, out=to)
 
-        def run(ctx, inputs, outputs):
+        def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
             np.add(x, bias, out=out)
             op(to, approximate=appr, out=to)
 
         return run
 
-    return _bind_torch(make)
+    return step
 
 
-@kernel("Gelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
+_TORCH_GELU, _TORCH_FAST_GELU = torch_gelu("none"), torch_gelu("tanh")
+
+
+@kernel("Gelu", MS, overwrites=UNARY, bind=_TORCH_GELU)
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
-    if _torch_gelu(ctx.xp, outputs[0], inputs[0]):
+    if _torch_ran(_TORCH_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(ctx.xp, lambda o, x: _gelu_block(ctx.xp, o, x), outputs[0], inputs[0])
 
@@ -278,15 +270,12 @@ def _fast_gelu_block(xp, o, x, bias=None) -> None:
     xp.multiply(u, t, out=o)
 
 
-@kernel("FastGelu", MS, overwrites=UNARY, bind=_gelu_binder("tanh"))
+@kernel("FastGelu", MS, overwrites=UNARY, bind=_TORCH_FAST_GELU)
 def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
     ins = [inputs[0]] + ([inputs[1]] if len(inputs) > 1 and inputs[1] is not None else [])
-    if _torch.usable(xp, outputs[0], inputs[0]):  # U into Y (Y may be X), then the tanh GELU in place
-        if len(ins) > 1:
-            xp.add(inputs[0], ins[1], out=outputs[0])
-        _torch_gelu(xp, outputs[0], outputs[0] if len(ins) > 1 else inputs[0], "tanh")
+    if _torch_ran(_TORCH_FAST_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, *v: _fast_gelu_block(xp, o, *v), outputs[0], *ins)
 
@@ -303,19 +292,18 @@ def _silu_alpha(ctx) -> bool:
     return float(ctx.attrs.get("alpha", 1.702)) == 1.0
 
 
-def _bind_quick_gelu(ctx, inputs, outputs, aten, t):
+def _torch_quick_gelu(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0])):
         return None
-    op, tx, to = aten.silu.out, t(inputs[0]), t(outputs[0])
+    op, tx, to = _torch.aten().silu.out, _torch.tensor(inputs[0]), _torch.tensor(outputs[0])
     return lambda ctx, inputs, outputs: op(tx, out=to)
 
 
-@kernel("QuickGelu", MS, overwrites=UNARY, bind=_bind_torch(_bind_quick_gelu))
+@kernel("QuickGelu", MS, overwrites=UNARY, bind=_torch_quick_gelu)
 def quick_gelu(ctx, inputs, outputs):
     """Y = X sigmoid(alpha X); alpha 1 (SiLU) by torch's silu when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
-    if _silu_alpha(ctx) and _torch.usable(xp, outputs[0], inputs[0]):
-        _torch.aten().silu.out(_torch.tensor(inputs[0]), out=_torch.tensor(outputs[0]))
+    if _torch_ran(_torch_quick_gelu, ctx, inputs, outputs):
         return
 
     def block(o, x):
@@ -325,20 +313,19 @@ def quick_gelu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-def _bind_relu_grad(ctx, inputs, outputs, aten, t):
+def _torch_relu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
         return None
-    op, tdy, tx, to = aten.threshold_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    t = _torch.tensor
+    op, tdy, tx, to = _torch.aten().threshold_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
     return lambda ctx, inputs, outputs: op(tdy, tx, 0, grad_input=to)
 
 
-@kernel("ReluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_relu_grad))
+@kernel("ReluGrad", MS, overwrites=BINARY, bind=_torch_relu_grad)
 def relu_grad(ctx, inputs, outputs):
     """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places)."""
     xp = ctx.xp
-    if _torch.usable(xp, outputs[0], *inputs[:2]):
-        _torch.aten().threshold_backward.grad_input(_torch.tensor(inputs[0]), _torch.tensor(inputs[1]), 0,
-                                                    grad_input=_torch.tensor(outputs[0]))
+    if _torch_ran(_torch_relu_grad, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: xp.copyto(o, xp.where(x > 0, dy, 0)), outputs[0], *inputs[:2])
 
@@ -371,24 +358,25 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, cdf, out=o)
 
 
-def _gelu_backward_binder(approximate: str):
-    """A bind rule calling torch's gelu_backward (`approximate`: "none" or "tanh") on the node's views."""
-    def bind(ctx, inputs, outputs, aten, t):
+def _torch_gelu_backward(approximate: str) -> TorchStep:
+    """torch's gelu_backward (`approximate`: "none" or "tanh"): dX from (dY, X)."""
+    def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
             return None
-        op, tdy, tx, to = aten.gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+        t = _torch.tensor
+        op, tdy, tx, to = _torch.aten().gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
         return lambda ctx, inputs, outputs: op(tdy, tx, approximate=approximate, grad_input=to)
-    return bind
+    return step
 
 
-_bind_gelu_grad = _gelu_backward_binder("none")
+_TORCH_GELU_GRAD, _TORCH_FAST_GELU_GRAD = _torch_gelu_backward("none"), _torch_gelu_backward("tanh")
 
 
-@kernel("GeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_gelu_grad))
+@kernel("GeluGrad", MS, overwrites=BINARY, bind=_TORCH_GELU_GRAD)
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
-    if _torch_gelu_grad(xp, outputs[0], inputs[0], inputs[1]):
+    if _torch_ran(_TORCH_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
@@ -413,34 +401,30 @@ def _fast_gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, th, out=o)
 
 
-_bind_fast_gelu_grad = _gelu_backward_binder("tanh")
-
-
-@kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_fast_gelu_grad))
+@kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_TORCH_FAST_GELU_GRAD)
 def fast_gelu_grad(ctx, inputs, outputs):
     """The derivative of the tanh-approximated GELU, times dY (ORT's formula; torch's
     gelu_backward(approximate="tanh"), the same formula, when it can take the arrays)."""
     xp = ctx.xp
-    if _torch_gelu_grad(xp, outputs[0], inputs[0], inputs[1], "tanh"):
+    if _torch_ran(_TORCH_FAST_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _fast_gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
 
-def _bind_quick_gelu_grad(ctx, inputs, outputs, aten, t):
+def _torch_quick_gelu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1])):
         return None
-    op, tdy, tx, to = aten.silu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
+    t = _torch.tensor
+    op, tdy, tx, to = _torch.aten().silu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
     return lambda ctx, inputs, outputs: op(tdy, tx, grad_input=to)
 
 
-@kernel("QuickGeluGrad", MS, overwrites=BINARY, bind=_bind_torch(_bind_quick_gelu_grad))
+@kernel("QuickGeluGrad", MS, overwrites=BINARY, bind=_torch_quick_gelu_grad)
 def quick_gelu_grad(ctx, inputs, outputs):
     """dX = dY s (1 + alpha X (1 - s)), s = sigmoid(alpha X); alpha 1 by torch's silu_backward
     (the same formula) when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
-    if _silu_alpha(ctx) and _torch.usable(xp, outputs[0], inputs[0], inputs[1]):
-        _torch.aten().silu_backward.grad_input(_torch.tensor(inputs[0]), _torch.tensor(inputs[1]),
-                                               grad_input=_torch.tensor(outputs[0]))
+    if _torch_ran(_torch_quick_gelu_grad, ctx, inputs, outputs):
         return
 
     def block(o, dy, x):
@@ -454,18 +438,23 @@ def quick_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-def _bind_scale(ctx, inputs, outputs):
-    """The scale input read as a flat view each step; the plain kernel's float32 arithmetic."""
+def _scale(ctx: KernelContext, xp: Any, x: Any, out: Any, value: Any, down: bool) -> None:
+    """out = x * s, or (down) x * (1/s), s = value in float32: ORT takes the reciprocal in float32."""
+    s = np.float32(value)
+    if s == 0:
+        raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
+    xp.multiply(x, np.dtype(out.dtype).type(np.float32(1.0) / s if down else s), out=out)
+
+
+def _bind_scale(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """The scale input read through a flat view made once, then _scale."""
     if ctx.xp is not np:
         return None
     x, out, s_in = inputs[0], outputs[0], inputs[1].reshape(-1)
-    down, typ = bool(int(ctx.attrs.get("scale_down", 0))), np.dtype(out.dtype).type
+    down = bool(int(ctx.attrs.get("scale_down", 0)))
 
-    def run(ctx, inputs, outputs):
-        s = np.float32(s_in[0].item())
-        if s == 0:
-            raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
-        np.multiply(x, typ(np.float32(1.0) / s if down else s), out=out)
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
+        _scale(ctx, np, x, out, s_in[0].item(), down)
 
     return run
 
@@ -473,10 +462,4 @@ def _bind_scale(ctx, inputs, outputs):
 @kernel("Scale", MS, overwrites=UNARY, bind=_bind_scale)
 def scale(ctx, inputs, outputs):
     """Y = X * s, or with scale_down X * (1/s): ORT takes the reciprocal in float32 and multiplies."""
-    s = np.float32(_xp.host_scalar(inputs[1]))
-    if s == 0:
-        raise ValueError(f"{ctx.node.name}: Scale value must not be 0")
-    if int(ctx.attrs.get("scale_down", 0)):
-        s = np.float32(1.0) / s
-    out = outputs[0]
-    ctx.xp.multiply(inputs[0], np.dtype(out.dtype).type(s), out=out)
+    _scale(ctx, ctx.xp, inputs[0], outputs[0], _xp.host_scalar(inputs[1]), bool(int(ctx.attrs.get("scale_down", 0))))

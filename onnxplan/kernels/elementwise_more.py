@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp
+from onnxplan.kernels import _xp
 from onnxplan.kernels.elementwise import (
     BINARY,
     UNARY,
     _binary,
     _fast_gelu_block,
     _fast_gelu_grad_block,
-    _gelu_binder,
     _gelu_block,
     _gelu_grad_block,
-    _torch_gelu,
+    _torch_ran,
     _unary,
+    torch_gelu,
 )
 from onnxplan.kernels.registry import declare, kernel
 from onnxplan.ort import MS
@@ -161,13 +161,14 @@ def leaky_relu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-@kernel("BiasGelu", MS, overwrites=UNARY, bind=_gelu_binder("none"))
+_TORCH_GELU, _TORCH_GELU_20 = torch_gelu("none"), torch_gelu(None)
+
+
+@kernel("BiasGelu", MS, overwrites=UNARY, bind=_TORCH_GELU)
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
-    if _torch.usable(xp, outputs[0], inputs[0]):  # X + bias into Y (Y may be X), then Gelu in place
-        xp.add(inputs[0], inputs[1], out=outputs[0])
-        _torch_gelu(xp, outputs[0], outputs[0])
+    if _torch_ran(_TORCH_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, x, b: _gelu_block(xp, o, x + b), outputs[0], *inputs[:2])
 
@@ -186,12 +187,12 @@ def bias_fast_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, lambda o, dy, x, b: _fast_gelu_grad_block(xp, o, dy, x + b), outputs[0], *inputs[:3])
 
 
-@kernel("Gelu", since=20, overwrites=UNARY, bind=_gelu_binder(None))
+@kernel("Gelu", since=20, overwrites=UNARY, bind=_TORCH_GELU_20)
 def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp
     approximate = _xp.attr_str(ctx.attrs.get("approximate"), "none")
-    if approximate in ("none", "tanh") and _torch_gelu(xp, outputs[0], inputs[0], approximate):
+    if _torch_ran(_TORCH_GELU_20, ctx, inputs, outputs):
         return
     if approximate == "tanh":
         _xp.blockwise(xp, lambda o, x: _fast_gelu_block(xp, o, x), outputs[0], inputs[0])

@@ -4,14 +4,16 @@ elementwise-pass helpers batch_norm.py shares."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from math import prod
+from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp
-from onnxplan.kernels import conv as _conv
-from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels import _torch, _xp, scratch
+from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
+from onnxplan.kernels.scratch import align
 
 __all__ = [
     "layer_norm",
@@ -21,16 +23,11 @@ __all__ = [
 ]
 
 MS = "com.microsoft"
-_ALIGN = 64
-
-
-def _align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def rows_per_chunk(rows: int, row_bytes: int) -> int:
     """Rows (or images) per chunk: as many as fit the scratch target (8 MiB), at least one."""
-    return max(1, min(rows, _conv.SCRATCH_TARGET // max(row_bytes, 1)))
+    return max(1, min(rows, scratch.SCRATCH_TARGET // max(row_bytes, 1)))
 
 
 def _get(seq, i):
@@ -49,26 +46,26 @@ def _torch_passes(x) -> bool:
     return _torch.enabled() and x.size >= TORCH_ELEMS and x.dtype in (np.float32, np.float64)
 
 
-def _ew_pass(use_torch: bool, op: str, a, b, out):
+def _ew_pass(xp: Any, use_torch: bool, op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
     """A zero-argument call computing out = a <op> b elementwise (op: "subtract", "multiply",
-    "divide", "add"; b broadcast): torch's out= operator on views made once, or numpy's ufunc;
+    "divide", "add"; b broadcast): torch's out= operator on views made once, or xp's ufunc;
     same bits."""
     if use_torch:
         t, torch = _torch.tensor, _torch.load()
         fn = {"subtract": torch.sub, "multiply": torch.mul, "divide": torch.div, "add": torch.add}[op]
         ta, tb, to = t(a), t(b), t(out)
         return lambda: fn(ta, tb, out=to)
-    ufunc = getattr(np, op)
+    ufunc = getattr(xp, op)
     return lambda: ufunc(a, b, out=out)
 
 
-def _copy_pass(use_torch: bool, dst, src):
+def _copy_pass(xp: Any, use_torch: bool, dst: Any, src: Any) -> Callable[[], Any]:
     """A zero-argument call copying src (a strided view, e.g. a transposed chunk) into dst:
-    torch's copy_ (blocked for a matrix transpose) or numpy's copyto; an exact copy either way."""
+    torch's copy_ (blocked for a matrix transpose) or xp's copyto; an exact copy either way."""
     if use_torch:
         td, ts = _torch.tensor(dst), _torch.tensor(src)
         return lambda: td.copy_(ts)
-    return lambda: np.copyto(dst, src)
+    return lambda: xp.copyto(dst, src)
 
 
 def _ln_dims(shape, axis: int) -> tuple[int, int]:
@@ -89,69 +86,19 @@ def _layer_norm_scratch(node, in_specs, out_specs) -> int:
     x = in_specs[0]
     rows, m = _ln_dims(x.shape, int(node.attrs.get("axis", -1)))
     _, cols = _ln_chunk(rows, m, x.itemsize)
-    return _align(m * cols * x.itemsize) + 2 * _align(cols * x.itemsize)
+    return align(m * cols * x.itemsize) + 2 * align(cols * x.itemsize)
 
 
-def _layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
+def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: bool,
+                        simplified: bool) -> KernelFn:
     """ORT's LayerNormImpl: per row, sequential sums of x and x*x, then
     y = (x - mean) / sqrt(E[x^2] - mean^2 + eps) * scale + bias (simplified: x / sqrt(E[x^2] + eps) * scale).
 
-    The sums run over a transposed copy so numpy reduces in ORT's left-to-right order.
+    The sums run over a transposed copy so numpy reduces in ORT's left-to-right order. Every
+    chunk's views made once (`bound`: the tensor-sized copy and elementwise passes by torch from
+    TORCH_ELEMS elements, the same bits).
     """
     xp = ctx.xp
-    x, scale, bias = inputs[0], inputs[1], _get(inputs, 2)
-    y = outputs[0]
-    mean_out = None if simplified else _get(outputs, 1)
-    inv_out = _get(outputs, 1 if simplified else 2)
-    rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
-    t = x.dtype.type
-    eps, size = t(np.float32(ctx.attrs.get("epsilon", 1e-5))), t(m)
-    x2, y2 = x.reshape(rows, m), y.reshape(rows, m)
-    scale1 = scale.reshape(m)
-    bias1 = bias.reshape(m) if bias is not None and not simplified else None
-    nr, cols = _ln_chunk(rows, m, x.itemsize)
-    vec_at = _align(m * cols * x.itemsize)
-    for r0 in range(0, rows, nr):
-        k = min(nr, rows - r0)
-        kk = max(k, 2)
-        xt = ctx.scratch_array(0, (m, kk), x.dtype)
-        sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
-        squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
-        mean, std = sums[:k], squares[:k]
-        xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
-        xp.copyto(xt[:, :k], xc.T)
-        xt[:, k:] = 0
-        xp.sum(xt, axis=0, out=sums)
-        xp.multiply(xt, xt, out=xt)
-        xp.sum(xt, axis=0, out=squares)
-        xp.divide(mean, size, out=mean)
-        xp.divide(std, size, out=std)
-        if not simplified:
-            square = xt[0, :k]
-            xp.multiply(mean, mean, out=square)
-            xp.subtract(std, square, out=std)
-        xp.add(std, eps, out=std)
-        xp.sqrt(std, out=std)
-        if simplified:
-            xp.divide(xc, std[:, None], out=yc)
-        else:
-            xp.subtract(xc, mean[:, None], out=yc)
-            xp.divide(yc, std[:, None], out=yc)
-        xp.multiply(yc, scale1, out=yc)
-        if bias1 is not None:
-            xp.add(yc, bias1, out=yc)
-        if mean_out is not None:
-            xp.copyto(mean_out.reshape(rows)[r0:r0 + k], mean, casting="same_kind")
-        if inv_out is not None:
-            xp.divide(t(1), std, out=std)
-            xp.copyto(inv_out.reshape(rows)[r0:r0 + k], std, casting="same_kind")
-
-
-def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
-    """_layer_norm's steps with every chunk's views made once: same operations in the same order,
-    same bits (the tensor-sized copy and elementwise passes by torch from TORCH_ELEMS elements)."""
-    if ctx.xp is not np:
-        return None
     x, scale, bias = inputs[0], inputs[1], _get(inputs, 2)
     y = outputs[0]
     mean_out = None if simplified else _get(outputs, 1)
@@ -163,69 +110,72 @@ def _bind_layer_norm(ctx: KernelContext, inputs, outputs, simplified: bool):
     scale1 = scale.reshape(m)
     bias1 = bias.reshape(m) if bias is not None and not simplified else None
     nr, cols = _ln_chunk(rows, m, x.itemsize)
-    vec_at = _align(m * cols * x.itemsize)
-    use_torch = _torch_passes(x)
+    vec_at = align(m * cols * x.itemsize)
+    use_torch = bound and _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
         kk = max(k, 2)
         xt = ctx.scratch_array(0, (m, kk), x.dtype)
         sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
-        squares = ctx.scratch_array(vec_at + _align(cols * x.itemsize), (kk,), x.dtype)
+        squares = ctx.scratch_array(vec_at + align(cols * x.itemsize), (kk,), x.dtype)
         mean, std = sums[:k], squares[:k]
         xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
         if simplified:
-            normalize = [_ew_pass(use_torch, "divide", xc, std[:, None], yc)]
+            normalize = [_ew_pass(xp, use_torch, "divide", xc, std[:, None], yc)]
         else:
-            normalize = [_ew_pass(use_torch, "subtract", xc, mean[:, None], yc),
-                         _ew_pass(use_torch, "divide", yc, std[:, None], yc)]
-        normalize.append(_ew_pass(use_torch, "multiply", yc, scale1, yc))
+            normalize = [_ew_pass(xp, use_torch, "subtract", xc, mean[:, None], yc),
+                         _ew_pass(xp, use_torch, "divide", yc, std[:, None], yc)]
+        normalize.append(_ew_pass(xp, use_torch, "multiply", yc, scale1, yc))
         if bias1 is not None:
-            normalize.append(_ew_pass(use_torch, "add", yc, bias1, yc))
-        chunks.append((_copy_pass(use_torch and kk == k, xt[:, :k], xc.T), xt[:, k:] if kk > k else None, xt,
+            normalize.append(_ew_pass(xp, use_torch, "add", yc, bias1, yc))
+        chunks.append((_copy_pass(xp, use_torch and kk == k, xt[:, :k], xc.T), xt[:, k:] if kk > k else None, xt,
                        sums, squares, mean, std, xt[0, :k], normalize,
                        None if mean_out is None else mean_out.reshape(rows)[r0:r0 + k],
                        None if inv_out is None else inv_out.reshape(rows)[r0:r0 + k]))
 
-    def run(ctx_, inputs_, outputs_):
+    def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         for transpose, xt_pad, xt, sums, squares, mean, std, square, normalize, mean_o, inv_o in chunks:
             transpose()
             if xt_pad is not None:
                 xt_pad[...] = 0
-            np.sum(xt, axis=0, out=sums)
-            np.multiply(xt, xt, out=xt)
-            np.sum(xt, axis=0, out=squares)
-            np.divide(mean, size, out=mean)
-            np.divide(std, size, out=std)
+            xp.sum(xt, axis=0, out=sums)
+            xp.multiply(xt, xt, out=xt)
+            xp.sum(xt, axis=0, out=squares)
+            xp.divide(mean, size, out=mean)
+            xp.divide(std, size, out=std)
             if not simplified:
-                np.multiply(mean, mean, out=square)
-                np.subtract(std, square, out=std)
-            np.add(std, eps, out=std)
-            np.sqrt(std, out=std)
+                xp.multiply(mean, mean, out=square)
+                xp.subtract(std, square, out=std)
+            xp.add(std, eps, out=std)
+            xp.sqrt(std, out=std)
             for step in normalize:
                 step()
             if mean_o is not None:
-                np.copyto(mean_o, mean, casting="same_kind")
+                xp.copyto(mean_o, mean, casting="same_kind")
             if inv_o is not None:
-                np.divide(one, std, out=std)
-                np.copyto(inv_o, std, casting="same_kind")
+                xp.divide(one, std, out=std)
+                xp.copyto(inv_o, std, casting="same_kind")
 
     return run
 
 
-@kernel("LayerNormalization", scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=False))
-@kernel("LayerNormalization", MS, scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=False))
+_LN = partial(_prepare_layer_norm, simplified=False)
+_RMS = partial(_prepare_layer_norm, simplified=True)
+
+
+@kernel("LayerNormalization", scratch=_layer_norm_scratch, bind=bind_prepared(_LN))
+@kernel("LayerNormalization", MS, scratch=_layer_norm_scratch, bind=bind_prepared(_LN))
 def layer_norm(ctx: KernelContext, inputs, outputs) -> None:
     """(X, Scale, B?) -> Y, Mean?, InvStdDev? over the axes from `axis` on."""
-    _layer_norm(ctx, inputs, outputs, simplified=False)
+    prepared_call(_LN, ctx, inputs, outputs)
 
 
-@kernel("SimplifiedLayerNormalization", scratch=_layer_norm_scratch, bind=partial(_bind_layer_norm, simplified=True))
-@kernel("SimplifiedLayerNormalization", MS, scratch=_layer_norm_scratch,
-        bind=partial(_bind_layer_norm, simplified=True))
+@kernel("SimplifiedLayerNormalization", scratch=_layer_norm_scratch, bind=bind_prepared(_RMS))
+@kernel("SimplifiedLayerNormalization", MS, scratch=_layer_norm_scratch, bind=bind_prepared(_RMS))
 def simplified_layer_norm(ctx: KernelContext, inputs, outputs) -> None:
     """(X, Scale) -> Y, InvStdDev? (RMS norm: no mean, no bias)."""
-    _layer_norm(ctx, inputs, outputs, simplified=True)
+    prepared_call(_RMS, ctx, inputs, outputs)
 
 
 def _layer_norm_grad_scratch(node, in_specs, out_specs) -> int:
@@ -234,9 +184,9 @@ def _layer_norm_grad_scratch(node, in_specs, out_specs) -> int:
     x = in_specs[1]
     rows, m = _ln_dims(x.shape, int(node.attrs.get("axis", -1)))
     nr = rows_per_chunk(rows, m * x.itemsize)
-    block = _align(nr * m * x.itemsize)
+    block = align(nr * m * x.itemsize)
     work = block if not out_specs or out_specs[0] is None else 0
-    return block + work + 2 * _align(nr * x.itemsize) + 2 * _align(m * x.itemsize)
+    return block + work + 2 * align(nr * x.itemsize) + 2 * align(m * x.itemsize)
 
 
 def _sum_rows_into(xp, src, out, partial, first: bool) -> None:
@@ -249,8 +199,7 @@ def _sum_rows_into(xp, src, out, partial, first: bool) -> None:
 
 
 def _ln_grad_views(ctx: KernelContext, inputs, outputs, simplified: bool) -> tuple:
-    """What the plain kernel and the bind rule of (Simplified)LayerNormalizationGrad both start
-    from: X, (rows, m), m as X's scalar type, the 2-D / 1-D views of every input and output (None
+    """What (Simplified)LayerNormalizationGrad starts from: X, (rows, m), m as X's scalar type, the 2-D / 1-D views of every input and output (None
     where absent), rows per chunk and the scratch offsets (see _layer_norm_grad_scratch)."""
     dy, x, scale = inputs[0], inputs[1], inputs[2]
     mean = None if simplified else inputs[3]
@@ -259,7 +208,7 @@ def _ln_grad_views(ctx: KernelContext, inputs, outputs, simplified: bool) -> tup
     dbias = None if simplified else _get(outputs, 2)
     rows, m = _ln_dims(x.shape, int(ctx.attrs.get("axis", -1)))
     nr = rows_per_chunk(rows, m * x.itemsize)
-    block, vec = _align(nr * m * x.itemsize), _align(nr * x.itemsize)
+    block, vec = align(nr * m * x.itemsize), align(nr * x.itemsize)
     vec_at = block + (block if dx is None else 0)
     return (x, rows, m, x.dtype.type(m), x.reshape(rows, m), dy.reshape(rows, m),
             dx.reshape(rows, m) if dx is not None else None, scale.reshape(m),
@@ -268,57 +217,18 @@ def _ln_grad_views(ctx: KernelContext, inputs, outputs, simplified: bool) -> tup
             nr, block, vec, vec_at, vec_at + 2 * vec)
 
 
-def _layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool) -> None:
+def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bound: bool,
+                             simplified: bool) -> KernelFn:
     """ORT's LayerNormGrad: xhat = (x - mean) * inv_std, B = dY * scale * inv_std,
-    dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY)."""
+    dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY). Every
+    chunk's views made once (`bound`: the tensor-sized elementwise passes by torch from
+    TORCH_ELEMS elements, the same bits)."""
     xp = ctx.xp
     (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
      part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
-    work_at = block
-    for r0 in range(0, rows, nr):
-        k = min(nr, rows - r0)
-        first = r0 == 0
-        xc, dyc = x2[r0:r0 + k], dy2[r0:r0 + k]
-        xh = ctx.scratch_array(0, (k, m), x.dtype)
-        ws = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(work_at, (k, m), x.dtype)
-        mean_b = ctx.scratch_array(vec_at, (k,), x.dtype)
-        mean_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
-        part = ctx.scratch_array(part_at, (m,), x.dtype)
-        inv_c = inv1[r0:r0 + k, None]
-        if mean1 is None:
-            xp.copyto(xh, xc)
-        else:
-            xp.subtract(xc, mean1[r0:r0 + k, None], out=xh)
-        xp.multiply(xh, inv_c, out=xh)
-        if dscale1 is not None:
-            xp.multiply(dyc, xh, out=ws)
-            _sum_rows_into(xp, ws, dscale1, part, first)
-        if dbias1 is not None:
-            _sum_rows_into(xp, dyc, dbias1, ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype), first)
-        if dx2 is None:
-            continue
-        xp.multiply(dyc, scale1, out=ws)
-        xp.multiply(ws, inv_c, out=ws)
-        xp.matmul(ws[:, None, :], xh[:, :, None], out=mean_c.reshape(k, 1, 1))
-        xp.divide(mean_c, size, out=mean_c)
-        if not simplified:
-            xp.sum(ws, axis=1, out=mean_b)
-            xp.divide(mean_b, size, out=mean_b)
-            xp.subtract(ws, mean_b[:, None], out=ws)
-        xp.multiply(xh, mean_c[:, None], out=xh)
-        xp.subtract(ws, xh, out=ws)
-
-
-def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool):
-    """_layer_norm_grad's steps with every chunk's views made once: same operations in the same
-    order, same bits (the tensor-sized elementwise passes by torch from TORCH_ELEMS elements)."""
-    if ctx.xp is not np:
-        return None
-    (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
-     part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
     part = ctx.scratch_array(part_at, (m,), x.dtype)
-    part_b = ctx.scratch_array(part_at + _align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
-    use_torch = _torch_passes(x)
+    part_b = ctx.scratch_array(part_at + align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
+    use_torch = bound and _torch_passes(x)
     chunks = []
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
@@ -328,11 +238,11 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
         mean_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
         xc, dyc, inv_c = x2[r0:r0 + k], dy2[r0:r0 + k], inv1[r0:r0 + k, None]
 
-        def ew(op, a, b, out):
-            return _ew_pass(use_torch, op, a, b, out)
+        def ew(op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
+            return _ew_pass(xp, use_torch, op, a, b, out)
 
         centre = (ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
-                  else _copy_pass(use_torch, xh, xc))
+                  else _copy_pass(xp, use_torch, xh, xc))
         chunks.append((r0 == 0, dyc, ws, mean_b, mean_c, ws[:, None, :], xh[:, :, None],
                        mean_c.reshape(k, 1, 1),
                        centre, ew("multiply", xh, inv_c, xh), ew("multiply", dyc, xh, ws),
@@ -340,25 +250,25 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
                        ew("subtract", ws, mean_b[:, None], ws), ew("multiply", xh, mean_c[:, None], xh),
                        ew("subtract", ws, xh, ws)))
 
-    def run(ctx_, inputs_, outputs_):
+    def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         for (first, dyc, ws, mean_b, mean_c, ws3, xh3, dots, centre, normalize, dscale_terms, scale_dy,
              scale_inv, centre_b, scale_xh, combine) in chunks:
             centre()
             normalize()
             if dscale1 is not None:
                 dscale_terms()
-                _sum_rows_into(np, ws, dscale1, part, first)
+                _sum_rows_into(xp, ws, dscale1, part, first)
             if dbias1 is not None:
-                _sum_rows_into(np, dyc, dbias1, part_b, first)
+                _sum_rows_into(xp, dyc, dbias1, part_b, first)
             if dx2 is None:
                 continue
             scale_dy()
             scale_inv()
-            np.matmul(ws3, xh3, out=dots)
-            np.divide(mean_c, size, out=mean_c)
+            xp.matmul(ws3, xh3, out=dots)
+            xp.divide(mean_c, size, out=mean_c)
             if not simplified:
-                np.sum(ws, axis=1, out=mean_b)
-                np.divide(mean_b, size, out=mean_b)
+                xp.sum(ws, axis=1, out=mean_b)
+                xp.divide(mean_b, size, out=mean_b)
                 centre_b()
             scale_xh()
             combine()
@@ -366,18 +276,20 @@ def _bind_layer_norm_grad(ctx: KernelContext, inputs, outputs, simplified: bool)
     return run
 
 
-@kernel("LayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch,
-        bind=partial(_bind_layer_norm_grad, simplified=False))
+_LN_GRAD = partial(_prepare_layer_norm_grad, simplified=False)
+_RMS_GRAD = partial(_prepare_layer_norm_grad, simplified=True)
+
+
+@kernel("LayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch, bind=bind_prepared(_LN_GRAD))
 def layer_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, scale, mean, inv_std_dev) -> dX, dscale, dbias."""
-    _layer_norm_grad(ctx, inputs, outputs, simplified=False)
+    prepared_call(_LN_GRAD, ctx, inputs, outputs)
 
 
-@kernel("SimplifiedLayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch,
-        bind=partial(_bind_layer_norm_grad, simplified=True))
+@kernel("SimplifiedLayerNormalizationGrad", MS, scratch=_layer_norm_grad_scratch, bind=bind_prepared(_RMS_GRAD))
 def simplified_layer_norm_grad(ctx: KernelContext, inputs, outputs) -> None:
     """(dY, X, scale, inv_std_dev) -> dX, dscale."""
-    _layer_norm_grad(ctx, inputs, outputs, simplified=True)
+    prepared_call(_RMS_GRAD, ctx, inputs, outputs)
 
 
 # ---- InstanceNormalization / GroupNormalization: rows of X normalized, then a per-channel affine ----

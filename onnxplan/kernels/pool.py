@@ -6,10 +6,11 @@ from math import prod
 
 import numpy as np
 
-from onnxplan.kernels import conv as _conv
+from onnxplan.ir.windows import Window, window
+from onnxplan.kernels import scratch
 from onnxplan.kernels._xp import scatter_add
-from onnxplan.kernels.conv import Window, window
-from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
+from onnxplan.kernels.scratch import align
 
 __all__ = [
     "average_pool",
@@ -22,11 +23,6 @@ __all__ = [
     "pool_window",
 ]
 
-_ALIGN = 64
-
-
-def _align(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 def pool_window(attrs, in_shape, out_shape) -> Window:
@@ -44,7 +40,7 @@ def index_strides(in_dims, storage_order: int) -> tuple[int, ...]:
 
 def _images_per_chunk(n: int, per_image: int) -> int:
     """Images per chunk of a pooling pass: as many as fit the conv scratch target, at least one."""
-    return max(1, min(n, _conv.SCRATCH_TARGET // max(per_image, 1)))
+    return max(1, min(n, scratch.SCRATCH_TARGET // max(per_image, 1)))
 
 
 def _axis_index(ndim: int, axis: int, idx) -> tuple:
@@ -70,11 +66,11 @@ def _max_pool_scratch(node, in_specs, out_specs) -> int:
         return 0
     y = out_specs[0]
     per_image = prod(y.shape[1:])
-    return _align(_images_per_chunk(y.shape[0], per_image) * per_image)
+    return align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
 def _max_pool_taps(attrs, inputs, outputs):
-    """MaxPool's plain kernel and bind rule start from: X, Y, the indices output (or None), the
+    """What MaxPool starts from: X, Y, the indices output (or None), the
     window, its live taps, the seeds (the taps up to the first covering every output: each output
     takes its first in-bounds one) and the dtype's lowest value."""
     x, y = inputs[0], outputs[0]
@@ -86,23 +82,29 @@ def _max_pool_taps(attrs, inputs, outputs):
     return x, y, ind, win, taps, (taps[:full[0] + 1] if full else taps), lowest
 
 
-def _bind_max_pool(ctx: KernelContext, inputs, outputs):
-    """max_pool's steps with the taps' views, the index deltas and the window-corner terms made
-    once: same calls in the same order, same bits."""
-    if ctx.xp is not np:
-        return None
+def _prepare_max_pool(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """Y = max over each window; Indices (ORT's layout) = flat index into X of the first maximum.
+
+    Every output first takes its first in-bounds tap (copies, last tap first), then each later
+    tap replaces it where strictly greater: ORT's scan order and tie rule, NaN included. ceil_mode
+    follows ONNX Runtime 1.19 (a window wholly in the right padding is kept: the lowest value), not
+    ONNX (which drops it); one that starts past the input and its padding is refused at plan time.
+    The taps' views, the index deltas and the window-corner terms are made once per call, or once
+    for the node (`bound`).
+    """
+    xp = ctx.xp
     x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
     every = (slice(None), slice(None))
     if ind is None:
         seed_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in reversed(seeds)]
         max_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in taps[1:]]
 
-        def run_values(ctx_, inputs_, outputs_):
+        def run_values(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
             y[...] = lowest
             for dst, src in seed_views:
                 dst[...] = src
             for dst, src in max_views:
-                np.maximum(dst, src, out=dst)
+                xp.maximum(dst, src, out=dst)
 
         return run_values
     sst = index_strides(win.in_dims, int(ctx.attrs.get("storage_order", 0)))
@@ -111,9 +113,9 @@ def _bind_max_pool(ctx: KernelContext, inputs, outputs):
     nd = len(win.out_dims)
     step = prod(win.in_dims)
     nb_max = _images_per_chunk(n, prod(y.shape[1:]))
-    terms = [((np.arange(win.out_dims[a], dtype=ind.dtype) * win.strides[a] - win.pads_begin[a]) * sst[a])
+    terms = [((xp.arange(win.out_dims[a], dtype=ind.dtype) * win.strides[a] - win.pads_begin[a]) * sst[a])
              .reshape((1, 1) + (1,) * a + (-1,) + (1,) * (nd - a - 1)) for a in range(nd)]
-    chan = (np.arange(c, dtype=ind.dtype) * step).reshape((1, c) + (1,) * nd)
+    chan = (xp.arange(c, dtype=ind.dtype) * step).reshape((1, c) + (1,) * nd)
     chunks = []
     for n0 in range(0, n, nb_max):
         nb = min(nb_max, n - n0)
@@ -123,7 +125,7 @@ def _bind_max_pool(ctx: KernelContext, inputs, outputs):
                 for t, delta in reversed(list(zip(seeds, deltas)))]
         rest = [(xc[every + t.in_slices], yc[every + t.out_slices], mask[every + t.out_slices],
                  ic[every + t.out_slices], delta) for t, delta in list(zip(taps, deltas))[1:]]
-        image = (np.arange(nb, dtype=ind.dtype) * (c * step)).reshape((nb, 1) + (1,) * nd)
+        image = (xp.arange(nb, dtype=ind.dtype) * (c * step)).reshape((nb, 1) + (1,) * nd)
         empty = []
         for a, outs in enumerate(_empty_outputs(win)):
             for o in outs:
@@ -132,87 +134,36 @@ def _bind_max_pool(ctx: KernelContext, inputs, outputs):
                               image.reshape((nb, 1) + (1,) * (nd - 1))))
         chunks.append((yc, ic, seed, rest, (n0 * c) * step, image, n0 * c * step - sum(sst), empty))
 
-    def run_indices(ctx_, inputs_, outputs_):
+    def run_indices(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         for yc, ic, seed, rest, offset, image, corner, empty in chunks:
             yc[...] = lowest
             for dst, src, idx, delta in seed:
                 dst[...] = src
                 idx[...] = delta
             for src, dst, m, idx, delta in rest:
-                np.greater(src, dst, out=m)
-                np.copyto(dst, src, where=m)
-                np.copyto(idx, delta, where=m)
+                xp.greater(src, dst, out=m)
+                xp.copyto(dst, src, where=m)
+                xp.copyto(idx, delta, where=m)
             for term in terms:
-                np.add(ic, term, out=ic)
-            np.add(ic, chan, out=ic)
-            np.add(ic, offset, out=ic)
-            np.add(ic, image, out=ic)
+                xp.add(ic, term, out=ic)
+            xp.add(ic, chan, out=ic)
+            xp.add(ic, offset, out=ic)
+            xp.add(ic, image, out=ic)
             for sel, ic_sel, chan_e, image_e in empty:
                 yc[sel] = lowest
                 ic[sel] = corner
-                np.add(ic_sel, chan_e, out=ic_sel)
-                np.add(ic_sel, image_e, out=ic_sel)
+                xp.add(ic_sel, chan_e, out=ic_sel)
+                xp.add(ic_sel, image_e, out=ic_sel)
 
     return run_indices
 
 
-@kernel("MaxPool", scratch=_max_pool_scratch, bind=_bind_max_pool)
-def max_pool(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = max over each window; Indices (ORT's layout) = flat index into X of the first maximum.
 
-    Every output first takes its first in-bounds tap (copies, last tap first), then each later
-    tap replaces it where strictly greater: ORT's scan order and tie rule, NaN included. ceil_mode
-    follows ONNX Runtime 1.19 (a window wholly in the right padding is kept: the lowest value), not
-    ONNX (which drops it); one that starts past the input and its padding is refused at plan time.
-    """
-    xp = ctx.xp
-    x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
-    every = (slice(None), slice(None))
-    if ind is None:
-        y[...] = lowest
-        for tap in reversed(seeds):
-            y[every + tap.out_slices] = x[every + tap.in_slices]
-        for tap in taps[1:]:
-            dst = y[every + tap.out_slices]
-            xp.maximum(dst, x[every + tap.in_slices], out=dst)
-        return
-    sst = index_strides(win.in_dims, int(ctx.attrs.get("storage_order", 0)))
-    deltas = [sum(k * d * s for k, d, s in zip(t.index, win.dilations, sst)) for t in taps]
-    n, c = x.shape[:2]
-    nd = len(win.out_dims)
-    step = prod(win.in_dims)
-    nb_max = _images_per_chunk(n, prod(y.shape[1:]))
-    for n0 in range(0, n, nb_max):
-        nb = min(nb_max, n - n0)
-        xc, yc, ic = x[n0:n0 + nb], y[n0:n0 + nb], ind[n0:n0 + nb]
-        yc[...] = lowest
-        for tap, delta in reversed(list(zip(seeds, deltas))):
-            yc[every + tap.out_slices] = xc[every + tap.in_slices]
-            ic[every + tap.out_slices] = delta
-        mask = ctx.scratch_array(0, yc.shape, np.bool_)
-        for tap, delta in list(zip(taps, deltas))[1:]:
-            src, dst, m = xc[every + tap.in_slices], yc[every + tap.out_slices], mask[every + tap.out_slices]
-            xp.greater(src, dst, out=m)
-            xp.copyto(dst, src, where=m)
-            xp.copyto(ic[every + tap.out_slices], delta, where=m)
-        # the window's corner in X: per-axis terms, then the image and channel offsets
-        for a in range(nd):
-            term = (xp.arange(win.out_dims[a], dtype=ic.dtype) * win.strides[a] - win.pads_begin[a]) * sst[a]
-            xp.add(ic, term.reshape((1, 1) + (1,) * a + (-1,) + (1,) * (nd - a - 1)), out=ic)
-        chan = (xp.arange(c, dtype=ic.dtype) * step).reshape((1, c) + (1,) * nd)
-        xp.add(ic, chan, out=ic)
-        xp.add(ic, (n0 * c) * step, out=ic)
-        image = (xp.arange(nb, dtype=ic.dtype) * (c * step)).reshape((nb, 1) + (1,) * nd)
-        xp.add(ic, image, out=ic)
-        # ORT reports a window wholly in the padding as lowest at index (-1, ..., -1)
-        for a, outs in enumerate(_empty_outputs(win)):
-            for o in outs:
-                sel = every + _axis_index(nd, a, o)
-                yc[sel] = lowest
-                ic[sel] = n0 * c * step - sum(sst)
-                ic_sel = ic[sel]  # one object for in and out (CuPy copies an overlapping input)
-                xp.add(ic_sel, chan.reshape((1, c) + (1,) * (nd - 1)), out=ic_sel)
-                xp.add(ic_sel, image.reshape((nb, 1) + (1,) * (nd - 1)), out=ic_sel)
+
+@kernel("MaxPool", scratch=_max_pool_scratch, bind=bind_prepared(_prepare_max_pool))
+def max_pool(ctx: KernelContext, inputs, outputs) -> None:
+    """(X) -> Y, Indices? (_prepare_max_pool)."""
+    prepared_call(_prepare_max_pool, ctx, inputs, outputs)
 
 
 def _overlapping(win: Window) -> bool:
@@ -305,7 +256,7 @@ def global_sum_into(ctx: KernelContext, x2, out, offset: int = 0) -> None:
 
 
 def _global_scratch(rows: int, itemsize: int) -> int:
-    return _align(rows * 4 * itemsize)
+    return align(rows * 4 * itemsize)
 
 
 def _average_pool_scratch(node, in_specs, out_specs) -> int:
@@ -317,11 +268,11 @@ def _average_pool_scratch(node, in_specs, out_specs) -> int:
     path = _mlas_path(win)
     if path == "global":
         return _global_scratch(x.shape[0] * x.shape[1], x.itemsize)
-    grid = _align(prod(y.shape[2:]) * y.itemsize)
+    grid = align(prod(y.shape[2:]) * y.itemsize)
     if path == "generic" or win.kernel[-1] == 1:
         return grid
     per_image = prod(y.shape[1:]) * y.itemsize
-    return grid + _align(_images_per_chunk(y.shape[0], per_image) * per_image)
+    return grid + align(_images_per_chunk(y.shape[0], per_image) * per_image)
 
 
 @kernel("AveragePool", scratch=_average_pool_scratch)
@@ -349,7 +300,7 @@ def average_pool(ctx: KernelContext, inputs, outputs) -> None:
     columns: dict[int, list] = {}
     for tap in win.live_taps():
         columns.setdefault(tap.index[-1] if path == "vector" else 0, []).append(tap)
-    grid_bytes = _align(prod(win.out_dims) * y.itemsize)
+    grid_bytes = align(prod(win.out_dims) * y.itemsize)
     every = (slice(None), slice(None))
     nb_max = _images_per_chunk(n, prod(y.shape[1:]) * y.itemsize)
     for n0 in range(0, n, nb_max):
@@ -377,8 +328,8 @@ def _average_pool_grad_scratch(node, in_specs, out_specs) -> int:
     """dY / count for a chunk of images (fitting 8 MiB, at least one) plus the reciprocal grid."""
     dy = in_specs[0]
     per_image = prod(dy.shape[1:]) * dy.itemsize
-    grid = _align(prod(dy.shape[2:]) * dy.itemsize)
-    return grid + _align(_images_per_chunk(dy.shape[0], per_image) * per_image)
+    grid = align(prod(dy.shape[2:]) * dy.itemsize)
+    return grid + align(_images_per_chunk(dy.shape[0], per_image) * per_image)
 
 
 @kernel("AveragePoolGrad", scratch=_average_pool_grad_scratch)
@@ -392,7 +343,7 @@ def average_pool_grad(ctx: KernelContext, inputs, outputs) -> None:
         counts = [[k] * o for k, o in zip(win.kernel, win.out_dims)]
     else:
         counts = _window_counts(win)
-    grid_bytes = _align(prod(win.out_dims) * dy.itemsize)
+    grid_bytes = align(prod(win.out_dims) * dy.itemsize)
     scale = ctx.scratch_array(0, win.out_dims, dy.dtype)
     _grid(xp, counts, scale, True)
     dx[...] = 0

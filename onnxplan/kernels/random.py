@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxplan.ir.graph import original_name
 from onnxplan.kernels import _xp
-from onnxplan.kernels.registry import declare, kernel
+from onnxplan.kernels.registry import KernelContext, KernelFn, declare, kernel
 
 __all__ = ["DEFAULT_SEED", "Randomness", "pack_bitmask", "unpack_bitmask"]
 
@@ -132,27 +132,17 @@ def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -
     xp.multiply(y, scale, out=y)
 
 
-def _bind_dropout(ctx, inputs, outputs):
-    """Dropout-12+ on numpy: the ratio and mode inputs read as flat views, the keep-mask drawn
-    as _keep_mask draws it; the same arithmetic as _dropout."""
-    if ctx.xp is not np or len(outputs) > 1 and outputs[1] is not None and outputs[1].dtype != np.bool_:
+def _bind_dropout(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """Dropout-12+ on numpy: the ratio and mode inputs read through flat views made once, then
+    _dropout itself."""
+    if ctx.xp is not np:
         return None
-    x, y = inputs[0], outputs[0]
-    mask = outputs[1] if len(outputs) > 1 else None
-    ratio_in = inputs[1].reshape(-1) if len(inputs) > 1 and inputs[1] is not None else None
-    mode_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    ratio_in, mode_in = _xp.flat_input(inputs, 1), _xp.flat_input(inputs, 2)
 
-    def run(ctx, inputs, outputs):
+    def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         ratio = float(ratio_in[0]) if ratio_in is not None else 0.5
         training = bool(mode_in[0]) if mode_in is not None else False
-        if not training or ratio == 0.0 or not 0.0 <= ratio < 1.0:
-            _dropout(ctx, inputs, outputs, ratio, training, packed=False)  # identity, or its error
-            return
-        keep = _keep_mask(ctx, x.shape, ratio, False)
-        if mask is not None:
-            mask[...] = keep.reshape(mask.shape)
-        np.multiply(x, keep, out=y)
-        np.multiply(y, x.dtype.type(1.0 / (1.0 - ratio)), out=y)
+        _dropout(ctx_, inputs_, outputs_, ratio, training, packed=False)
 
     return run
 
@@ -177,11 +167,13 @@ def _bitmask_dropout(ctx, inputs, outputs):
     _dropout(ctx, inputs, outputs, ratio, training, packed=True)
 
 
-def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
+def _dropout_grad(ctx, inputs, outputs, packed: bool, ratio: float | None = None) -> None:
     """dX = dY * keep / (1 - ratio), as ONNX Runtime's kernel: whatever training_mode says (in
-    inference mode the forward kept every element, so the mask is all ones)."""
+    inference mode the forward kept every element, so the mask is all ones). `ratio`: input 2's
+    value, when read already."""
     xp, dy, dx = ctx.xp, inputs[0], outputs[0]
-    ratio = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.5
+    if ratio is None:
+        ratio = _xp.host_scalar(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else 0.5
     if ratio == 0.0:
         if dx is not dy:
             xp.copyto(dx, dy)
@@ -193,21 +185,14 @@ def _dropout_grad(ctx, inputs, outputs, packed: bool) -> None:
     xp.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
 
 
-def _bind_dropout_grad(ctx, inputs, outputs):
-    """DropoutGrad on numpy: the ratio input read as a flat view; _dropout_grad's arithmetic."""
+def _bind_dropout_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """DropoutGrad on numpy: the ratio input read through a flat view made once, then _dropout_grad."""
     if ctx.xp is not np:
         return None
-    dy, keep, dx = inputs[0], inputs[1], outputs[0]
-    ratio_in = inputs[2].reshape(-1) if len(inputs) > 2 and inputs[2] is not None else None
+    ratio_in = _xp.flat_input(inputs, 2)
 
-    def run(ctx, inputs, outputs):
-        ratio = ratio_in[0].item() if ratio_in is not None else 0.5
-        if ratio == 0.0:
-            if dx is not dy:
-                np.copyto(dx, dy)
-            return
-        np.multiply(dy, keep, out=dx)
-        np.multiply(dx, dy.dtype.type(1.0 / (1.0 - float(ratio))), out=dx)
+    def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        _dropout_grad(ctx_, inputs_, outputs_, False, ratio_in[0].item() if ratio_in is not None else 0.5)
 
     return run
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from onnxplan.kernels import _xp
@@ -38,6 +40,13 @@ _EMPTY = {"sum": lambda d: 0, "prod": lambda d: 1, "mean": lambda d: np.nan,
           "max": lambda d: _extreme(d, True), "min": lambda d: _extreme(d, False)}
 
 
+def _target(x: Any, out: Any, axes: tuple[int, ...] | None, keepdims: bool) -> Any:
+    """`out` in the shape of x reduced over `axes` with keepdims (a view; None: every axis)."""
+    if keepdims:
+        return out
+    return out.reshape(tuple(1 if (axes is None or i in axes) else d for i, d in enumerate(x.shape)))
+
+
 def _reduce(func_name: str) -> tuple[KernelFn, BindRule]:
     """The kernel of a Reduce op and its bind rule."""
 
@@ -54,8 +63,7 @@ def _reduce(func_name: str) -> tuple[KernelFn, BindRule]:
         if x.ndim == 0:
             xp.copyto(out, x)
             return
-        result_shape = tuple(1 if (axes is None or i in axes) else d for i, d in enumerate(x.shape))
-        target = out.reshape(result_shape) if not keepdims else out
+        target = _target(x, out, axes, keepdims)
         if func_name in ("max", "min") and _xp.is_cupy(xp):  # CuPy's CUB min/max path rejects out=
             xp.copyto(target, getattr(xp, func_name)(x, axis=axes, keepdims=True))
             return
@@ -78,8 +86,7 @@ def _reduce(func_name: str) -> tuple[KernelFn, BindRule]:
             plan = made.get(key)
             if plan is None:
                 axes = reduction_axes(ctx.node, inputs, x.ndim)
-                shape = tuple(1 if (axes is None or i in axes) else d for i, d in enumerate(x.shape))
-                plan = made[key] = (axes, out.reshape(shape) if not keepdims else out)
+                plan = made[key] = (axes, _target(x, out, axes, keepdims))
             axes, target = plan
             if axes == ():
                 np.copyto(out, x)

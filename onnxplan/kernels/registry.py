@@ -24,6 +24,8 @@ __all__ = [
     "KernelContext",
     "KernelDecl",
     "KernelFn",
+    "Prepare",
+    "bind_prepared",
     "bound_kernel",
     "declare",
     "find_decl",
@@ -31,6 +33,7 @@ __all__ = [
     "is_random",
     "kernel",
     "may_overwrite",
+    "prepared_call",
     "random_ops",
     "scratch_bytes",
     "updates_state",
@@ -74,6 +77,25 @@ KernelFn = Callable[[KernelContext, list, list], None]
 # Called once per node when the executor binds; the arrays' memory is fixed from then on, their
 # values are not (read them when called). It must compute the same bits as the plain fn.
 BindRule = Callable[[KernelContext, list, list], "KernelFn | None"]
+# prepare(ctx, inputs, outputs, bound) -> a KernelFn for exactly these arrays: a kernel written
+# once. Its plain fn prepares and calls at once (prepared_call); its bind rule (bind_prepared)
+# prepares once, on numpy, with bound=True, which may pick torch's out= passes (the same bits).
+Prepare = Callable[[KernelContext, list, list, bool], KernelFn]
+
+
+def prepared_call(prepare: Prepare, ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """The plain kernel of `prepare`: prepared for this call alone, then run."""
+    prepare(ctx, inputs, outputs, False)(ctx, inputs, outputs)
+
+
+def bind_prepared(prepare: Prepare) -> BindRule:
+    """The bind rule of `prepare`: prepared once for the node's arrays (numpy only; None elsewhere:
+    the plain fn serves)."""
+
+    def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+        return prepare(ctx, inputs, outputs, True) if ctx.xp is np else None
+
+    return bind
 
 
 @dataclass
@@ -142,8 +164,9 @@ def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None 
 
 
 # The kernel modules, listed: each declares its kernels when imported (_load_all, on first lookup).
-KERNEL_MODULES = ("batch_norm", "conv", "conv_grad_input", "elementwise", "elementwise_more", "indexing", "matmul",
-                  "norm", "optimizer", "pool", "random", "reduce", "resize", "softmax_loss", "tensor_ops")
+KERNEL_MODULES = ("batch_norm", "conv", "conv_grad", "conv_grad_input", "conv_transpose", "elementwise",
+                  "elementwise_more", "indexing", "matmul", "norm", "optimizer", "pool", "random", "reduce", "resize",
+                  "softmax_loss", "tensor_ops")
 
 
 def _load_all() -> None:

@@ -4,11 +4,13 @@ NegativeLogLikelihoodLoss."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from onnxplan.kernels import _torch, _xp
-from onnxplan.kernels.registry import kernel
+from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, kernel
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
 
@@ -32,13 +34,23 @@ def _views(shape, axis: int, coerce_2d: bool, *arrays):
     return _xp.one_object_per_buffer([a.reshape(pre, d, post) for a in arrays])
 
 
+def _torch_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] | None:
+    """Along the last axis, torch's _(log_)softmax.out on zero-copy tensors of these views (one
+    pass per row); None when torch cannot take them."""
+    if not (x3.shape[2] == 1 and _torch.usable(xp, out3, x3)):
+        return None
+    op = (_torch.aten()._log_softmax if log else _torch.aten()._softmax).out
+    tx, to = _torch.tensor(x3[:, :, 0]), _torch.tensor(out3[:, :, 0])
+    return lambda: op(tx, 1, False, out=to)
+
+
 def _softmax(xp, x3, out3, log: bool) -> None:
     """out3 = (log)softmax of x3 along axis 1 (out3 may be x3's memory); as ORT/MLAS: subtract the
     max, exponentiate, and scale by 1/sum (softmax) or subtract log(sum) (log-softmax). Along the
-    last axis of a large tensor, torch's _(log_)softmax.out does the same in one pass per row."""
-    if x3.shape[2] == 1 and _torch.usable(xp, out3, x3):
-        op = _torch.aten()._log_softmax if log else _torch.aten()._softmax
-        op.out(_torch.tensor(x3[:, :, 0]), 1, False, out=_torch.tensor(out3[:, :, 0]))
+    last axis, torch's _(log_)softmax.out does the same (_torch_softmax)."""
+    step = _torch_softmax(xp, x3, out3, log)
+    if step is not None:
+        step()
         return
     m = x3.max(axis=1, keepdims=True)
     xp.subtract(x3, m, out=out3)
@@ -54,16 +66,16 @@ def _softmax(xp, x3, out3, log: bool) -> None:
         xp.multiply(out3, s, out=out3)
 
 
-def _bind_softmax(log: bool):
-    def bind(ctx, inputs, outputs):
-        """Along the last axis on torch: the op and the zero-copy tensors made once (the plain
-        kernel's torch branch, the same call)."""
+def _as_kernel(call: Callable[[], Any] | None) -> KernelFn | None:
+    """A bound node's step: `call`, its arguments ignored (the arrays are bound)."""
+    return None if call is None else lambda ctx, inputs, outputs: call()
+
+
+def _bind_softmax(log: bool) -> BindRule:
+    def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+        """The plain kernel's torch branch (_torch_softmax) made once."""
         x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
-        if not (x3.shape[2] == 1 and _torch.usable(ctx.xp, out3, x3)):
-            return None
-        op = (_torch.aten()._log_softmax if log else _torch.aten()._softmax).out
-        tx, to = _torch.tensor(x3[:, :, 0]), _torch.tensor(out3[:, :, 0])
-        return lambda ctx, inputs, outputs: op(tx, 1, False, out=to)
+        return _as_kernel(_torch_softmax(ctx.xp, x3, out3, log))
 
     return bind
 
@@ -81,15 +93,24 @@ def log_softmax(ctx, inputs, outputs):
     _softmax(ctx.xp, x3, out3, log=True)
 
 
+def _torch_softmax_grad(xp: Any, dy3: Any, y3: Any, out3: Any) -> Callable[[], Any] | None:
+    """Along the last axis, torch's _softmax_backward_data.out (its row kernel) on zero-copy
+    tensors of these views; None when torch cannot take them."""
+    if not (y3.shape[2] == 1 and _torch.usable(xp, out3, dy3, y3)):
+        return None
+    op, t = _torch.aten()._softmax_backward_data.out, _torch.tensor
+    tdy, ty, tout, dtype = t(dy3[:, :, 0]), t(y3[:, :, 0]), t(out3[:, :, 0]), t(y3).dtype
+    return lambda: op(tdy, ty, 1, dtype, grad_input=tout)
+
+
 def _softmax_grad(ctx, inputs, outputs, coerce_2d: bool, default_axis: int) -> None:
     """dX = Y (dY - sum(Y dY)) along the axis."""
     xp, (dy, y), out = ctx.xp, inputs[:2], outputs[0]
     axis = int(ctx.attrs.get("axis", default_axis))
     dy3, y3, out3 = _views(y.shape, axis, coerce_2d, dy, y, out)
-    if y3.shape[2] == 1 and _torch.usable(xp, out3, dy3, y3):  # along the last axis: torch's row kernel
-        t = _torch.tensor
-        _torch.aten()._softmax_backward_data.out(t(dy3[:, :, 0]), t(y3[:, :, 0]), 1, t(y3).dtype,
-                                                 grad_input=t(out3[:, :, 0]))
+    step = _torch_softmax_grad(xp, dy3, y3, out3)
+    if step is not None:
+        step()
         return
     s = xp.zeros((y3.shape[0], 1, y3.shape[2]), dtype=out.dtype)
     _xp.sum_along(xp, lambda a, b: a * b, [y3, dy3], s)
@@ -115,17 +136,12 @@ def _log_softmax_grad(ctx, inputs, outputs, coerce_2d: bool, default_axis: int) 
     _xp.blockwise(xp, block, out3, dy3, y3, s)
 
 
-def _bind_softmax_grad(coerce_2d: bool, default_axis: int):
-    def bind(ctx, inputs, outputs):
-        """Along the last axis on torch: the op and the zero-copy tensors made once (the plain
-        kernel's torch branch, the same call)."""
+def _bind_softmax_grad(coerce_2d: bool, default_axis: int) -> BindRule:
+    def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+        """The plain kernel's torch branch (_torch_softmax_grad) made once."""
         (dy, y), out = inputs[:2], outputs[0]
         dy3, y3, out3 = _views(y.shape, int(ctx.attrs.get("axis", default_axis)), coerce_2d, dy, y, out)
-        if not (y3.shape[2] == 1 and _torch.usable(ctx.xp, out3, dy3, y3)):
-            return None
-        op, t = _torch.aten()._softmax_backward_data.out, _torch.tensor
-        tdy, ty, tout, dtype = t(dy3[:, :, 0]), t(y3[:, :, 0]), t(out3[:, :, 0]), t(y3).dtype
-        return lambda ctx, inputs, outputs: op(tdy, ty, 1, dtype, grad_input=tout)
+        return _as_kernel(_torch_softmax_grad(ctx.xp, dy3, y3, out3))
 
     return bind
 

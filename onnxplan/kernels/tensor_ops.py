@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 
 from onnxplan.ir.cast import cast_attrs, cast_into
 from onnxplan.kernels import _torch, _xp
-from onnxplan.kernels.registry import kernel
+from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
 
 __all__ = ["slice_indices"]
 
@@ -60,8 +61,8 @@ def _torch_transpose(xp, x, out, perm):
     return lambda: dst.copy_(src)
 
 
-def _bind_transpose(ctx, inputs, outputs):
-    """The transposed view of the input made once: a step is one copy."""
+def _prepare_transpose(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """The transposed view of the input made once: a step is one copy (torch's or xp's)."""
     x, out = inputs[0], outputs[0]
     perm = _perm(ctx, x)
     fast = _torch_transpose(ctx.xp, x, out, perm)
@@ -72,15 +73,9 @@ def _bind_transpose(ctx, inputs, outputs):
     return lambda ctx, inputs, outputs: copyto(out, src)
 
 
-@kernel("Transpose", bind=_bind_transpose)
+@kernel("Transpose", bind=partial(_prepare_transpose, bound=True))
 def transpose(ctx, inputs, outputs):
-    x = inputs[0]
-    perm = _perm(ctx, x)
-    fast = _torch_transpose(ctx.xp, x, outputs[0], perm)
-    if fast is not None:
-        fast()
-        return
-    ctx.xp.copyto(outputs[0], ctx.xp.transpose(x, perm))
+    prepared_call(_prepare_transpose, ctx, inputs, outputs)
 
 
 @kernel("Expand")
@@ -103,21 +98,15 @@ def _concat_parts(xs, out, axis: int) -> tuple[list, list[int]]:
     return parts, lengths
 
 
-def _concat_into(xp, xs, out, axis: int) -> list[int]:
-    parts, lengths = _concat_parts(xs, out, axis)
-    for dst, x in parts:
-        xp.copyto(dst, x)
-    return lengths
-
-
-def _bind_concat(ctx, inputs, outputs):
-    """The output's slices made once (ConcatTraining's lengths too: they follow from the shapes)."""
+def _prepare_concat(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """The output's slices made once, each input copied into its own; ConcatTraining's optional
+    int64 per_input_length too (each input's extent along axis: they follow from the shapes)."""
     xp = ctx.xp
     parts, lengths = _concat_parts([x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
     lengths_out = outputs[1] if len(outputs) > 1 and outputs[1] is not None else None
     lengths = xp.asarray(np.array(lengths, dtype=np.int64))
 
-    def run(ctx, inputs, outputs):
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
         for dst, x in parts:
             xp.copyto(dst, x)
         if lengths_out is not None:
@@ -126,18 +115,11 @@ def _bind_concat(ctx, inputs, outputs):
     return run
 
 
-@kernel("Concat", bind=_bind_concat)
+@kernel("Concat", bind=partial(_prepare_concat, bound=True))
+@kernel("ConcatTraining", MS, bind=partial(_prepare_concat, bound=True))
 def concat(ctx, inputs, outputs):
-    _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0], int(ctx.attrs["axis"]))
-
-
-@kernel("ConcatTraining", MS, bind=_bind_concat)
-def concat_training(ctx, inputs, outputs):
-    """Concat, plus the optional int64 per_input_length: each input's extent along axis."""
-    lengths = _concat_into(ctx.xp, [x for x in inputs if x is not None], outputs[0],
-                           int(ctx.attrs["axis"]))
-    if len(outputs) > 1 and outputs[1] is not None:
-        ctx.xp.copyto(outputs[1], ctx.xp.asarray(np.array(lengths, dtype=np.int64)))
+    """The inputs one after the other along axis (ConcatTraining: and their extents)."""
+    prepared_call(_prepare_concat, ctx, inputs, outputs)
 
 
 def _split_parts(ctx, inputs, outputs) -> list:
@@ -156,23 +138,22 @@ def _split_parts(ctx, inputs, outputs) -> list:
     return parts
 
 
-def _bind_split(ctx, inputs, outputs):
-    """The input's slices made once."""
+def _prepare_split(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """The input's slices made once, each copied into its output."""
     parts, copyto = _split_parts(ctx, inputs, outputs), ctx.xp.copyto
 
-    def run(ctx, inputs, outputs):
+    def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
         for out, piece in parts:
             copyto(out, piece)
 
     return run
 
 
-@kernel("Split", bind=_bind_split)
-@kernel("SplitTraining", MS, bind=_bind_split)
+@kernel("Split", bind=partial(_prepare_split, bound=True))
+@kernel("SplitTraining", MS, bind=partial(_prepare_split, bound=True))
 def split(ctx, inputs, outputs):
     """Consecutive pieces along axis; each output's shape (folded from `split`) gives its size."""
-    for out, piece in _split_parts(ctx, inputs, outputs):
-        ctx.xp.copyto(out, piece)
+    prepared_call(_prepare_split, ctx, inputs, outputs)
 
 
 def slice_indices(shape, starts, ends, axes=None, steps=None) -> tuple[slice, ...]:

@@ -28,7 +28,7 @@ import onnx
 
 from onnxplan.errors import ModelError
 from onnxplan.ir.load import ACC_SUFFIX, OPTIMIZER_OPS, RESET_FLAG
-from onnxplan.kernels.conv import window
+from onnxplan.ir.windows import SAME, auto_pad, window
 from onnxplan.kernels.registry import random_ops
 from onnxplan.ort import ort_cause
 from onnxplan.threads import ort_session_options
@@ -111,17 +111,15 @@ def explicit_conv_grad_pads(model: onnx.ModelProto, shapes: Mapping[str, tuple[i
     explicit pads agrees with float64 to 7e-8). Both are wrong gradients, not rounding: the
     reference has to be repaired, not the tolerance widened. The pads come from the static
     spatial sizes of X (input 1) and dY (input 0) by the arithmetic our kernels use
-    (onnxplan.kernels.conv.window, ONNX's SAME rule); a node whose shapes are not in `shapes`
+    (onnxplan.ir.windows.window, ONNX's SAME rule); a node whose shapes are not in `shapes`
     is left as it is (the difference then shows, never a silent pass)."""
     done = []
     for n in model.graph.node:
         if n.op_type != "ConvGrad" or n.domain != "com.microsoft":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        auto_pad = attrs.get("auto_pad", b"NOTSET")
-        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
         dy, x, w = (shapes.get(i) for i in n.input[:3])
-        if auto_pad not in ("SAME_UPPER", "SAME_LOWER") or dy is None or x is None or w is None:
+        if auto_pad(attrs) not in SAME or dy is None or x is None or w is None:
             continue
         kernel = attrs.get("kernel_shape") or w[2:]
         win = window(attrs, x[2:], dy[2:], kernel)

@@ -53,13 +53,13 @@ from typing import Any
 import numpy as np
 
 from onnxplan.executor import runner
-from onnxplan.executor.compare import rel_norm_error, update_error
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
 from onnxplan.hostmem import give_back_freed
 from onnxplan.ir.graph import original_name
 from onnxplan.step_analysis import step_analysis
 from onnxplan.verification import ort_step
 from onnxplan.verification.checks import Check, StepReport, Verification
+from onnxplan.verification.compare import rel_norm_error, update_error
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any, overload
 
@@ -13,6 +13,7 @@ from onnxplan.ir import attrs
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import ShapeInferenceError, shape_rule
 from onnxplan.ir.tensor import TensorSpec, onnx_to_numpy_dtype
+from onnxplan.ir.windows import WindowError
 from onnxplan.ort import MS
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "register_same_as_input",
     "required_ints",
     "tensor_value",
+    "window_dims",
 ]
 
 
@@ -71,6 +73,14 @@ def required_ints(node: Node, name: str) -> list[int]:
     if value is None:
         raise fail(f"attribute '{name}' is missing")
     return value
+
+
+def window_dims(dims_of: Callable[..., list[int]], node: Node, *args: Any) -> list[int]:
+    """dims_of(node's attributes, *args), a function of ir/windows.py, its WindowError the node's."""
+    try:
+        return dims_of(node.attrs, *args)
+    except WindowError as e:
+        raise fail(str(e)) from None
 
 
 def tensor_value(value: Any) -> np.ndarray:

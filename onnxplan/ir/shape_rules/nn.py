@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from onnxplan.ir.graph import Node
 from onnxplan.ir.shape_rules import shape_rule
 from onnxplan.ir.shape_rules._common import (
@@ -17,10 +15,17 @@ from onnxplan.ir.shape_rules._common import (
     norm_axis,
     outputs,
     register_same_as_input,
+    window_dims,
 )
 from onnxplan.ir.tensor import TensorSpec
+from onnxplan.ir.windows import (
+    ceil_window_past_input,
+    conv_out_dims,
+    conv_transpose_out_dims,
+    pool_out_dims,
+)
 
-__all__ = ["window_out_dims", "conv_out_dims", "conv_transpose_out_dims", "layer_norm_stat_spec"]
+__all__ = ["layer_norm_stat_spec"]
 
 register_same_as_input(("Softmax", "LogSoftmax", "LRN", "InstanceNormalization",
                         "MeanVarianceNormalization", "LpNormalization"))
@@ -35,75 +40,6 @@ def _hardmax(node, specs, consts):
 def _hardmax_2d(node, specs, consts):
     raise fail("Hardmax before opset 13 (on the input coerced to 2-D) is not supported")
 register_same_as_input(("BiasSoftmax",), MS)
-
-
-def _window_params(node: Node, n: int, kernel: Sequence[int]):
-    strides = attr_ints(node, "strides", [1] * n)
-    dilations = attr_ints(node, "dilations", [1] * n)
-    pads = attr_ints(node, "pads", [0] * (2 * n))
-    return list(kernel), strides, dilations, pads
-
-
-def window_out_dims(node: Node, spatial: Sequence[int], kernel: Sequence[int], ceil_mode: bool = False):
-    """Output spatial dims of a pooling window (ONNX Runtime's PoolAttributes arithmetic)."""
-    n = len(spatial)
-    kernel, strides, dilations, pads = _window_params(node, n, kernel)
-    auto_pad = attr_str(node, "auto_pad", "NOTSET")
-    out = []
-    for i, size in enumerate(spatial):
-        k, s, d = kernel[i], strides[i], dilations[i]
-        head, tail = pads[i], pads[i + n]
-        if auto_pad == "VALID":
-            head = tail = 0
-        elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            needed = ((size + s - 1) // s - 1) * s + k - size
-            head = (needed + 1) // 2 if auto_pad == "SAME_LOWER" else needed // 2
-            tail = needed - head
-        numerator = size + head + tail - d * (k - 1) - 1
-        # ONNX Runtime 1.19 does not drop a ceil-mode window that starts in the right padding.
-        dim = (-(-numerator // s) if ceil_mode else numerator // s) + 1
-        if dim < 0:
-            raise fail(f"window {k} (stride {s}) does not fit an input of size {size}")
-        out.append(dim)
-    return out
-
-
-def conv_out_dims(node: Node, spatial: Sequence[int], kernel: Sequence[int]):
-    """Output spatial dims of Conv (ONNX Runtime's ConvAttributes arithmetic)."""
-    n = len(spatial)
-    kernel, strides, dilations, pads = _window_params(node, n, kernel)
-    auto_pad = attr_str(node, "auto_pad", "NOTSET")
-    out = []
-    for i, size in enumerate(spatial):
-        dk = dilations[i] * (kernel[i] - 1) + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            out.append(-(-size // strides[i]))
-            continue
-        head, tail = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + n])
-        dim = (size + head + tail - dk) // strides[i] + 1
-        if dim <= 0:
-            raise fail(f"kernel {kernel[i]} does not fit an input of size {size}")
-        out.append(dim)
-    return out
-
-
-def conv_transpose_out_dims(node: Node, spatial: Sequence[int], kernel: Sequence[int]):
-    n = len(spatial)
-    explicit = attr_ints(node, "output_shape")
-    if explicit:
-        return list(explicit[-n:])
-    kernel, strides, dilations, pads = _window_params(node, n, kernel)
-    out_pad = attr_ints(node, "output_padding", [0] * n)
-    auto_pad = attr_str(node, "auto_pad", "NOTSET")
-    out = []
-    for i, size in enumerate(spatial):
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            out.append(size * strides[i])
-            continue
-        head, tail = (0, 0) if auto_pad == "VALID" else (pads[i], pads[i + n])
-        dk = dilations[i] * (kernel[i] - 1) + 1
-        out.append(strides[i] * (size - 1) + out_pad[i] + dk - head - tail)
-    return out
 
 
 def _kernel(node: Node, w: TensorSpec | None) -> list[int]:
@@ -122,14 +58,14 @@ def _conv(node, specs, consts):
         raise fail(f"input of rank {x.rank} and weight of rank {w.rank}: need N x C x spatial, both of one rank")
     if x.shape[1] != w.shape[1] * int(attr(node, "group", 1)):
         raise fail(f"input has {x.shape[1]} channels, weight expects {w.shape[1]} x group {attr(node, 'group', 1)}")
-    dims = conv_out_dims(node, x.shape[2:], _kernel(node, w))
+    dims = window_dims(conv_out_dims, node, x.shape[2:], _kernel(node, w))
     return outputs(node, x.with_shape((x.shape[0], w.shape[0], *dims)))
 
 
 @shape_rule("ConvTranspose")
 def _conv_transpose(node, specs, consts):
     x, w = need(node, specs, 0), need(node, specs, 1)
-    dims = conv_transpose_out_dims(node, x.shape[2:], _kernel(node, w))
+    dims = window_dims(conv_transpose_out_dims, node, x.shape[2:], _kernel(node, w))
     return outputs(node, x.with_shape((x.shape[0], w.shape[1] * int(attr(node, "group", 1)), *dims)))
 
 
@@ -139,15 +75,13 @@ def _conv_transpose(node, specs, consts):
 def _pool(node, specs, consts):
     x = need(node, specs, 0)
     kernel = _kernel(node, None)
-    dims = window_out_dims(node, x.shape[2:], kernel, bool(attr(node, "ceil_mode", 0)))
+    dims = window_dims(pool_out_dims, node, x.shape[2:], kernel, bool(attr(node, "ceil_mode", 0)))
     if attr(node, "ceil_mode", 0) and attr_str(node, "auto_pad", "NOTSET") == "NOTSET":
-        n = len(dims)
-        _, strides, _, pads = _window_params(node, n, kernel)
-        for i, (d, size) in enumerate(zip(dims, x.shape[2:])):
-            if (d - 1) * strides[i] - pads[i] >= size + pads[n + i]:
-                # ONNX drops such a window; ONNX Runtime 1.19 keeps it and reads outside the input
-                raise fail(f"{node.op_type} with ceil_mode=1 whose last window (axis {i + 2}) starts past "
-                           f"the input and its padding is not supported")
+        i = ceil_window_past_input(node.attrs, x.shape[2:], dims)
+        if i is not None:
+            # ONNX drops such a window; ONNX Runtime 1.19 keeps it and reads outside the input
+            raise fail(f"{node.op_type} with ceil_mode=1 whose last window (axis {i + 2}) starts past "
+                       f"the input and its padding is not supported")
     y = x.with_shape(x.shape[:2] + tuple(dims))
     return outputs(node, y, TensorSpec("int64", y.shape))  # MaxPool's second output: Indices
 

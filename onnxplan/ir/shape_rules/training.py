@@ -19,9 +19,10 @@ from onnxplan.ir.shape_rules._common import (
     outputs,
     register_same_as_input,
     required_ints,
+    window_dims,
 )
-from onnxplan.ir.shape_rules.nn import window_out_dims
 from onnxplan.ir.tensor import TensorSpec
+from onnxplan.ir.windows import pool_out_dims, unit_stride_in_dims
 
 __all__ = ["GRAD_LIKE_DY_OPS", "broadcast_gradient_axes"]
 
@@ -82,17 +83,12 @@ def _pool_grad_input(node: Node, dy: TensorSpec) -> TensorSpec:
     candidate = hint_spec(match.group("base")) if match else None  # ORT names dX "<X>_grad[_k]"
     kernel = attr_ints(node, "kernel_shape")
     if candidate is not None and candidate.rank == dy.rank and kernel:
-        dims = window_out_dims(node, candidate.shape[2:], kernel, bool(attr(node, "ceil_mode", 0)))
+        dims = window_dims(pool_out_dims, node, candidate.shape[2:], kernel, bool(attr(node, "ceil_mode", 0)))
         if candidate.shape[:2] == dy.shape[:2] and tuple(dims) == dy.shape[2:]:
             return candidate.with_dtype(dy.dtype)
     strides = attr_ints(node, "strides", [1] * (dy.rank - 2))
-    pads = attr_ints(node, "pads", [0] * 2 * (dy.rank - 2))
     if kernel and all(s == 1 for s in strides) and attr_str(node, "auto_pad", "NOTSET") == "NOTSET":
-        n = dy.rank - 2
-        dilations = attr_ints(node, "dilations", [1] * n)
-        spatial = [y - 1 + dilations[i] * (kernel[i] - 1) + 1 - pads[i] - pads[i + n]
-                   for i, y in enumerate(dy.shape[2:])]
-        return dy.with_shape(dy.shape[:2] + tuple(spatial))
+        return dy.with_shape(dy.shape[:2] + tuple(unit_stride_in_dims(node.attrs, dy.shape[2:], kernel)))
     raise fail("cannot tell the forward input's shape (stride > 1 makes it ambiguous); "
                      "pass its spec as a hint (value_info)")
 
