@@ -364,10 +364,12 @@ class StepVerifier:
 
     def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
         done = self.ex.steps_done
+        give_back_freed()  # what the previous step freed, before ONNX Runtime's step
         self._keep_state()
         ort = self.ort.run(dict(self.ex.state_views()), batch)  # views of our state: no copy
         floor = loss_floor(self.ort.loss_node, ort.loss_inputs) if self.ort.loss_node is not None else 0.0
         self._keep_ort(ort)
+        give_back_freed()  # its session's and outputs' memory, before the nudged run
         self._noise_now = self._noise(batch, ort)
         give_back_freed()  # the nudged run's tensors, before our step allocates beside them
         self._theirs, self._grad_checks = StoredTensors(self.store, self.params, "grad:"), {}
