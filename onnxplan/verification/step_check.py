@@ -84,8 +84,18 @@ REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "ConvGrad", "Gemm", "MatMul"
                            "ConvTransposeGrad"})
 
 
+_NORM_BLOCK = 1 << 20  # elements per block of _norm's float64 sums
+
+
 def _norm(a) -> float:
-    return float(np.linalg.norm(_download(a).astype(np.float64).reshape(-1)))
+    """||a||_2 in float64, a block at a time (no copy of the tensor: the hook takes the norm of
+    every value with a floor, the largest of them too)."""
+    flat = (a if isinstance(a, np.ndarray) else _download(a)).reshape(-1)
+    total = 0.0
+    for i in range(0, flat.size, _NORM_BLOCK):
+        block = flat[i:i + _NORM_BLOCK].astype(np.float64)
+        total += float(block @ block)
+    return math.sqrt(total)
 
 
 def reduction_floor(fn, ctx, inputs, outputs, xp) -> dict[int, tuple[float, float]]:
