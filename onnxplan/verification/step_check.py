@@ -1,18 +1,26 @@
 """`run --verify`: each training step of a plan compared with ONNX Runtime from the same state.
 
 Per step k (our executor runs the plan exactly as `run` does: arena, swap, recompute):
-  1. our state before the step (every parameter, AdamW's moments, the step count) is read out
-     and ONNX Runtime's training model runs one step from it (onnxplan.verification.ort_step):
-     both sides start from the same state, so rounding differences never compound over steps;
+  1. our state before the step (every parameter, AdamW's moments, the step count) is written
+     to a scratch store on disk (verification/store.py) and ONNX Runtime's training model runs
+     one step from it, fed views of our state region (onnxplan.verification.ort_step): both
+     sides start from the same state, so rounding differences never compound over steps;
+     its gradients and the loss node's inputs go to the store too;
   2. our step runs with ONNX Runtime's random values (Dropout keep-masks, Random*Like outputs)
-     given to our random ops; right before each optimizer node, a per-node hook records our
-     gradient and replaces it with ONNX Runtime's, so
+     given to our random ops; right before each optimizer node, a per-node hook compares our
+     gradient with ONNX Runtime's (read back from the store) and replaces it with that, so
   3. the loss and every gradient are compared by relative norm error (tolerances below), the
      optimizer's update (parameters and moments) against ONNX Runtime's optimizer model run on
-     the same state and the same gradients, and the BatchNorm running statistics;
-  4. on a failure, the step is run again from the same state on both sides with every
-     intermediate value of ONNX Runtime's training model exposed, ours compared node by node
-     in execution order: the first value beyond tolerance names the node that computed it.
+     the same state and the same gradients (read back a group of parameters at a time), and
+     the BatchNorm running statistics;
+  4. on a failure, the step is run again from the same state (read back) on both sides with
+     every intermediate value of ONNX Runtime's training model exposed, ours compared node by
+     node in execution order: the first value beyond tolerance names the node that computed it.
+
+Memory: beside our executor the verification holds what one ONNX Runtime run needs while it
+runs (a session is made per run and dropped with its arena after it) and, between, a tensor or
+an update group read back from the store; never a second copy of the model's state, gradients
+or intermediates (these only while explaining a failure).
 
 ONNX Runtime's training model is the reference as generated, except where ONNX Runtime is
 wrong: its ConvGrad ignores auto_pad, so those nodes get explicit pads
@@ -374,6 +382,8 @@ class StepVerifier:
 
     def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
         done = self.ex.steps_done
+        if self.ex.swap is None and self.ex.checker is None:  # nothing in the arena is live between steps
+            self.ex.arena.release_pages()  # (a swap policy may prefetch across steps; the checker reads poison)
         give_back_freed()  # what the previous step freed, before ONNX Runtime's step
         self._keep_state()
         ort = self.ort.run(dict(self.ex.state_views()), batch)  # views of our state: no copy
