@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -345,10 +346,10 @@ class OrtOptimizerStep:
         model.graph.input.extend(kept)
         self.inputs = [vi.name for vi in kept]
         self._model = _serialized(model)
-        self._session = None  # made by the first run, dropped by release()
+        self._session: Any = None  # made by the first run, dropped by release()
 
-    def run(self, names: list[str], learning_rate: float, step: int, params: dict, grads: dict,
-            moments: dict | None = None) -> dict[str, np.ndarray]:
+    def run(self, names: list[str], learning_rate: float, step: int, params: Mapping[str, np.ndarray],
+            grads: Mapping[str, np.ndarray], moments: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
         moments = moments or {}
         # AdamWOptimizer updates its sequence inputs in place: give it copies of the state
