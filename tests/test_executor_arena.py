@@ -198,3 +198,20 @@ def test_state_updates_are_written_back_when_not_aliased(monkeypatch):
     assert plain.losses == ref.losses
     for name in ref.params:
         np.testing.assert_array_equal(plain.params[name], ref.params[name])
+
+
+def test_release_pages_gives_whole_pages_back_and_they_read_zero():
+    """Verification gives the arena's pages back between steps: every whole page inside the
+    arena reads zero afterwards (and is writable again); the bytes outside them are kept."""
+    import mmap
+
+    arena = Arena(1 << 20)
+    arena.data.fill(7)
+    released = arena.release_pages()
+    assert released >= (1 << 20) - 2 * mmap.PAGESIZE and released % mmap.PAGESIZE == 0
+    start = (-arena.address) % mmap.PAGESIZE
+    assert not arena.data[start:start + released].any()
+    assert (arena.data[:start] == 7).all() and (arena.data[start + released:] == 7).all()
+    arena.data.fill(3)
+    assert (arena.data == 3).all()
+    assert Arena(100).release_pages() == 0  # no whole page inside

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ from onnxplan.offsets.buffers import ALIGNMENT, align
 __all__ = ["POISON_BYTE", "Arena", "region_layout"]
 
 POISON_BYTE = 0xFF  # every byte of a dead buffer in --check-arena mode (a NaN for floats)
+_MADV_DONTNEED = 4  # Linux's madvise advice: drop the pages (anonymous memory reads as zero after)
 
 
 class Arena:
@@ -52,6 +55,26 @@ class Arena:
     def poison(self, offset: int = 0, nbytes: int | None = None) -> None:
         """Fill bytes with POISON_BYTE (the whole arena when no range is given)."""
         self.bytes(offset, self.nbytes - offset if nbytes is None else nbytes).fill(POISON_BYTE)
+
+    def release_pages(self) -> int:
+        """Give the arena's whole pages back to the system (madvise MADV_DONTNEED: they read as
+        zero until written again), for a caller that holds the arena while nothing in it is
+        live (verification, between steps: ONNX Runtime's step then runs beside the state, not
+        beside our transient values too). Host memory on Linux only; returns the bytes given
+        back (0 elsewhere)."""
+        if self.xp is not np or not self.nbytes:
+            return 0
+        page = mmap.PAGESIZE
+        start = -(-self.address // page) * page
+        end = (self.address + self.nbytes) // page * page
+        if end <= start:
+            return 0
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        except OSError:
+            return 0
+        ok = libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0
+        return end - start if ok else 0
 
     def __repr__(self) -> str:
         return f"Arena({self.nbytes} B at 0x{self.address:x})"

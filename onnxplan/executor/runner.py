@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,7 @@ class Executor:
             self.swap.attach(self.calls)
 
     # ---- state -------------------------------------------------------------------------
-    def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None,
+    def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray] | None = None,
                    steps_done: int = 0) -> None:
         """Parameters from `params` (every one, trainable and frozen), optimizer state from
         `optimizer_state` or zero (ORT starts its moments at zero), constants from the graph,
@@ -145,6 +145,20 @@ class Executor:
         """Copies of the optimizer state (AdamW's moments; `step` is fed, not kept), or of those in
         `names`, on the host."""
         return self._state_copies("optimizer_state", names)
+
+    def state_views(self, vclass: str = "parameter") -> Iterator[tuple[str, np.ndarray]]:
+        """(name, host array) for every value of `vclass` ("parameter" or "optimizer_state"), one
+        at a time: a view of the state region where it lives in host memory (valid until the
+        next step or load_state changes it; read it, never keep it), a copy where it is on a
+        device or evicted to the swap store."""
+        arrays, swap = self.binding.arrays, self.swap
+        evicted = swap.state if swap is not None else {}
+        for name in self.classes[vclass]:
+            if name != STEP and name not in evicted:
+                yield name, arrays[name] if self.xp is np else _download(arrays[name])
+        for name, (value_class, _) in evicted.items():
+            if swap is not None and value_class == vclass:
+                yield from swap.parameters(vclass, {name}).items()
 
     def _state_copies(self, vclass: str, names: Collection[str] | None) -> dict[str, np.ndarray]:
         out = {name: _download(self.binding.arrays[name]) for name in self.classes[vclass]

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -365,7 +365,7 @@ class SwapRuntime:
         self.history.append(self.stats)
         self.stats = SwapStats()
 
-    def load_state(self, params: dict[str, np.ndarray], optimizer_state: dict[str, np.ndarray] | None = None) -> None:
+    def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray] | None = None) -> None:
         """Initial state of the evicted persistent values into their slots (their home):
         parameters from `params`, optimizer state from `optimizer_state` or zero."""
         optimizer_state = optimizer_state or {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -66,31 +66,22 @@ class OrtStep:
     loss_inputs: list[np.ndarray | None] = field(default_factory=list)  # what the loss node read
 
 
-def _session(model: onnx.ModelProto):
+def _serialized(model: onnx.ModelProto) -> bytes:
+    if model.ir_version > _MAX_IR_VERSION:
+        model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR
+    return model.SerializeToString()
+
+
+def _session(model: bytes):
     import onnxruntime
 
     opts = ort_session_options()  # the process's threads; idle workers sleep between our kernels
     opts.log_severity_level = 3
-    if model.ir_version > _MAX_IR_VERSION:
-        model.ir_version = 9  # generate_artifacts stamps the optimizer model with a newer IR
     try:
-        return onnxruntime.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        return onnxruntime.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - pybind errors share no base but Exception
 
         raise ModelError(f"onnxruntime refused the verification model: {ort_cause(str(exc))}") from None
-
-
-def _shrinking():
-    """Run options that give the CPU arena's free blocks back after the run: its blocks would
-    otherwise stay held at the step's peak between runs, beside our executor's arena (so the
-    verification holds what one ORT step needs only while it runs). The arena itself stays on:
-    a session without it (enable_cpu_mem_arena=False) made a later session's ConvGrad abort the
-    process in onnxruntime 1.19.2."""
-    import onnxruntime
-
-    options = onnxruntime.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return options
 
 
 def _load(path: Path) -> onnx.ModelProto:
@@ -169,10 +160,12 @@ class OrtTrainingStep:
         self.inputs = [vi.name for vi in g.input]
         self.loss_node = next((n for n in g.node if self.loss_name in n.output), None)
         self.opset = next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 17)
-        self._sessions: dict[tuple[bool, bool], object] = {}
+        self._models: dict[tuple[bool, bool], bytes] = {}  # (expose_all, given) -> the model run
 
-    def _session_for(self, expose_all: bool, given: bool):
-        if (expose_all, given) not in self._sessions:
+    def _model_bytes(self, expose_all: bool, given: bool) -> bytes:
+        """The training model with what the comparison reads as outputs (and the random nodes
+        taking given values), serialized once per variant: a session is made per run from it."""
+        if (expose_all, given) not in self._models:
             m = onnx.ModelProto()
             m.CopyFrom(self.model)
             if given:
@@ -187,8 +180,8 @@ class OrtTrainingStep:
                 if name not in have:
                     m.graph.output.append(onnx.ValueInfoProto(name=name))
                     have.add(name)
-            self._sessions[(expose_all, given)] = _session(m)
-        return self._sessions[(expose_all, given)]
+            self._models[(expose_all, given)] = _serialized(m)
+        return self._models[(expose_all, given)]
 
     def run(self, params: dict[str, np.ndarray], batch: dict[str, np.ndarray], *,
             expose_all: bool = False, given: dict[str, np.ndarray] | None = None) -> OrtStep:
@@ -208,9 +201,12 @@ class OrtTrainingStep:
                 feeds[name] = np.zeros_like(params[name[: -len(ACC_SUFFIX)]])
             else:
                 raise ModelError(f"the training model's input {name!r} has no value to feed")
-        sess = self._session_for(expose_all, bool(given) and bool(self.random_of))
+        # a session per run: dropped with its arena when the run is done (a kept session holds
+        # its arena's blocks, some 60% of ONNX Runtime's step, though they are free between runs)
+        sess = _session(self._model_bytes(expose_all, bool(given) and bool(self.random_of)))
         names = [o.name for o in sess.get_outputs()]
-        out = dict(zip(names, sess.run(None, feeds, _shrinking())))
+        out = dict(zip(names, sess.run(None, feeds)))
+        del sess
         return OrtStep(
             loss=float(np.asarray(out[self.loss_name]).reshape(-1)[0]),
             grads={p: out[v] for p, v in self.grad_of.items()},
@@ -348,10 +344,11 @@ class OrtOptimizerStep:
         del model.graph.input[:]
         model.graph.input.extend(kept)
         self.inputs = [vi.name for vi in kept]
-        self.session = _session(model)
+        self._model = _serialized(model)
+        self._session: Any = None  # made by the first run, dropped by release()
 
-    def run(self, names: list[str], learning_rate: float, step: int, params: dict, grads: dict,
-            moments: dict | None = None) -> dict[str, np.ndarray]:
+    def run(self, names: list[str], learning_rate: float, step: int, params: Mapping[str, np.ndarray],
+            grads: Mapping[str, np.ndarray], moments: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Updated parameters (by name) and, for AdamW, moments (`NAME.exp_avg`, `NAME.exp_avg_sq`)."""
         moments = moments or {}
         # AdamWOptimizer updates its sequence inputs in place: give it copies of the state
@@ -370,9 +367,15 @@ class OrtOptimizerStep:
                 feeds[name] = seqs[name]
             else:
                 raise ModelError(f"the optimizer model's input {name!r} has no value to feed")
-        got = self.session.run(self.outputs, feeds, _shrinking())
+        if self._session is None:
+            self._session = _session(self._model)
+        got = self._session.run(self.outputs, feeds)
         out = dict(zip(names, got[0]))
         if self.kind == "AdamW":
             out.update({f"{p}.exp_avg": m for p, m in zip(names, got[1])})
             out.update({f"{p}.exp_avg_sq": v for p, v in zip(names, got[2])})
         return out
+
+    def release(self) -> None:
+        """Drop the session and its arena (the next run makes a new one)."""
+        self._session = None

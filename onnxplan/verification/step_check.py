@@ -1,18 +1,26 @@
 """`run --verify`: each training step of a plan compared with ONNX Runtime from the same state.
 
 Per step k (our executor runs the plan exactly as `run` does: arena, swap, recompute):
-  1. our state before the step (every parameter, AdamW's moments, the step count) is read out
-     and ONNX Runtime's training model runs one step from it (onnxplan.verification.ort_step):
-     both sides start from the same state, so rounding differences never compound over steps;
+  1. our state before the step (every parameter, AdamW's moments, the step count) is written
+     to a scratch store on disk (verification/store.py) and ONNX Runtime's training model runs
+     one step from it, fed views of our state region (onnxplan.verification.ort_step): both
+     sides start from the same state, so rounding differences never compound over steps;
+     its gradients and the loss node's inputs go to the store too;
   2. our step runs with ONNX Runtime's random values (Dropout keep-masks, Random*Like outputs)
-     given to our random ops; right before each optimizer node, a per-node hook records our
-     gradient and replaces it with ONNX Runtime's, so
+     given to our random ops; right before each optimizer node, a per-node hook compares our
+     gradient with ONNX Runtime's (read back from the store) and replaces it with that, so
   3. the loss and every gradient are compared by relative norm error (tolerances below), the
      optimizer's update (parameters and moments) against ONNX Runtime's optimizer model run on
-     the same state and the same gradients, and the BatchNorm running statistics;
-  4. on a failure, the step is run again from the same state on both sides with every
-     intermediate value of ONNX Runtime's training model exposed, ours compared node by node
-     in execution order: the first value beyond tolerance names the node that computed it.
+     the same state and the same gradients (read back a group of parameters at a time), and
+     the BatchNorm running statistics;
+  4. on a failure, the step is run again from the same state (read back) on both sides with
+     every intermediate value of ONNX Runtime's training model exposed, ours compared node by
+     node in execution order: the first value beyond tolerance names the node that computed it.
+
+Memory: beside our executor the verification holds what one ONNX Runtime run needs while it
+runs (a session is made per run and dropped with its arena after it) and, between, a tensor or
+an update group read back from the store; never a second copy of the model's state, gradients
+or intermediates (these only while explaining a failure).
 
 ONNX Runtime's training model is the reference as generated, except where ONNX Runtime is
 wrong: its ConvGrad ignores auto_pad, so those nodes get explicit pads
@@ -46,6 +54,7 @@ magnitudes), and every op adds the relative floor its inputs carry in times its 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +69,14 @@ from onnxplan.step_analysis import step_analysis
 from onnxplan.verification import ort_step
 from onnxplan.verification.checks import Check, StepReport, Verification
 from onnxplan.verification.compare import rel_norm_error, update_error
-from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
+from onnxplan.verification.norm_floors import _U32, bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
+from onnxplan.verification.ort_step import (
+    ORT_DEFAULT_LEARNING_RATE,
+    OrtOptimizerStep,
+    OrtStep,
+    OrtTrainingStep,
+)
+from onnxplan.verification.store import StoredTensors, TensorStore
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 
@@ -68,112 +84,6 @@ __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
 # relative to the largest magnitude of the tensor it updates
 TOLERANCES = {"loss": 1e-5, "gradient": 3e-2, "running": 1e-4, "update": 1e-5, "intermediate": 3e-2}
 NOISE_FACTOR = 10.0  # ... or this many times the tensor's own rounding noise in this step, if larger
-_U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
-LAMBDA = 6.0  # ... of a sum's rounding: exceeded with probability <= 2 exp(-LAMBDA^2 / 2) = 3e-8
-
-
-def sum_rounding(k: float, extra: int) -> float:
-    """c(K) = 2 (LAMBDA sqrt(K) + extra) u: c(K) sum|terms| bounds how far two independent float32
-    evaluations of a sum of K terms (plus `extra` roundings of each term: products, divisions,
-    stores) may differ. A float32 sum of K terms is off by <= gamma_K sum|terms| ~ K u sum|terms|
-    whatever the order (Higham 3.1), but reaches that only adversarially; with the roundings
-    independent and of mean zero it is off by <= LAMBDA sqrt(K) u sum|terms| with probability
-    >= 1 - 2 exp(-LAMBDA^2 / 2) (Higham and Mary, SIAM J. Sci. Comput. 2019, Thm 2.4). That holds
-    for any summation order, which matters: ONNX Runtime's BatchNorm and LayerNorm sum a row with
-    Eigen in a few SIMD accumulators (sequential, ~K/16 terms each), not pairwise, so a log2(K)
-    bound does not hold for them (at K = 100k: 17 u, against ~K/16 u worst case and 6 sqrt(K) u = 1900 u
-    with the probabilistic bound). Used by every floor below, so they all grow as sqrt(K)."""
-    return 2 * (LAMBDA * math.sqrt(max(float(k), 1.0)) + extra) * _U32
-
-
-def bn_floor(x: np.ndarray, old_mean: np.ndarray, old_var: np.ndarray, momentum: float,
-             rho: float = 0.0) -> dict[int, float]:
-    """Output index -> the norm of an absolute error bound for a training BatchNorm's statistics
-    (1: running mean, 2: running variance, 3: saved batch mean), per channel summed in L2.
-
-    Each side sums a channel's N = batch x spatial float32 values (numpy here, Eigen's column sums
-    in ONNX Runtime): off by <= c(N) sum|x| (sum_rounding: LAMBDA sqrt(N) u, so the floor grows with
-    the reduction's length), with 4 roundings of each term besides: the division, x itself as
-    stored, and two for the running update m*old + (1-m)*batch (each relative to its own term).
-    The variance's terms (x - mean)^2 are bounded by x^2 (either way of computing it: E[(x-mu)^2]
-    or E[x^2] - mu^2), times N/(N-1) where it is unbiased. x itself arrives with the relative
-    error `rho` the reductions upstream left in it (the convolution before it; _Hooks._inherited),
-    which moves the mean by up to rho mean|x| and the variance by 2 rho mean(x^2). So:
-        running mean:  c (m |old_mean| + (1-m) mean|x|)         + rho (1-m) mean|x|
-        running var:   c (m |old_var|  + (1-m) mean(x^2) N/(N-1)) + 2 rho (1-m) mean(x^2) N/(N-1)
-        batch mean:    c mean|x|                                   + rho mean|x|
-    Where a statistic is well above its rounding this is orders below 1e-4 of it and changes
-    nothing; it only matters where the exact value cancels to ~0 (then it is what both sides'
-    rounding may differ by)."""
-    xd = x.astype(np.float64)
-    axes = tuple(k for k in range(xd.ndim) if k != 1)
-    n = max(xd.size // max(xd.shape[1], 1), 1) if xd.ndim >= 2 else max(xd.size, 1)
-    c = sum_rounding(n, 4)
-    m = float(momentum)
-    abs_mean = np.mean(np.abs(xd), axis=axes) if xd.ndim >= 2 else np.abs(xd)
-    sq_mean = np.mean(xd * xd, axis=axes) * (n / (n - 1) if n > 1 else 1.0) if xd.ndim >= 2 else xd * xd
-    old_m, old_v = np.abs(np.asarray(old_mean, np.float64)), np.abs(np.asarray(old_var, np.float64))
-    return {1: float(np.linalg.norm(c * (m * old_m + (1 - m) * abs_mean) + rho * (1 - m) * abs_mean)),
-            2: float(np.linalg.norm(c * (m * old_v + (1 - m) * sq_mean) + 2 * rho * (1 - m) * sq_mean)),
-            3: float(np.linalg.norm((c + rho) * abs_mean))}
-
-
-def ln_grad_floor(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray, inv_std: np.ndarray,
-                  axis: int = -1) -> dict[int, tuple[float, float]]:
-    """bn_grad_floor's bound for LayerNormalizationGrad (0: dX, 1: dscale, 2: dbias), normalised over
-    the axes from `axis` on (D elements per row): dX = inv_std (scale dY - mean_D(scale dY)
-    - x^ mean_D(scale dY x^)) sums D terms per element, dscale = sum_rows(dY x^) and dbias =
-    sum_rows(dY) sum R = rows terms per element (a batch x sequence long reduction): each sum
-    off by <= c(K) sum|terms| (sum_rounding, 4 roundings of each term besides), the rounding of x^
-    itself (x - mean cancels where a row is ~constant) included as in bn_grad_floor."""
-    d, xd = dy.astype(np.float64), x.astype(np.float64)
-    axis = axis % max(xd.ndim, 1)
-    stat = tuple(range(axis, xd.ndim))  # the normalised axes (D), per row
-    rows = tuple(range(axis))  # what dscale / dbias sum over (R)
-    dim, nrows = max(math.prod(xd.shape[axis:]), 1), max(math.prod(xd.shape[:axis]), 1)
-    c_d, c_r = sum_rounding(dim, 4), sum_rounding(nrows, 4)
-    rshape = xd.shape[:axis] + (1,) * len(stat)
-    mu, istd = np.asarray(mean, np.float64).reshape(rshape), np.abs(np.asarray(inv_std, np.float64)).reshape(rshape)
-    xh = (xd - mu) * istd
-    sd = np.asarray(scale, np.float64) * d  # scale broadcasts over the normalised axes
-    e = c_d * (np.abs(xd) + np.abs(mu)) * istd  # the rounding of x^
-    a, b = np.sum(np.abs(sd), axis=stat, keepdims=True), np.sum(np.abs(sd * xh), axis=stat, keepdims=True)
-    de = np.sum(np.abs(sd) * e, axis=stat, keepdims=True)
-    dx = istd * (c_d * (np.abs(sd) + a / dim + np.abs(xh) * b / dim) + e * b / dim + np.abs(xh) * de / dim)
-    dscale = np.sum(np.abs(d * xh), axis=rows) + np.sum(np.abs(d) * e, axis=rows) / c_r
-    return {0: (c_d, float(np.linalg.norm(dx)) / c_d), 1: (c_r, float(np.linalg.norm(dscale))),
-            2: (c_r, float(np.linalg.norm(np.sum(np.abs(d), axis=rows))))}
-
-
-def bn_grad_floor(dy: np.ndarray, x: np.ndarray, scale: np.ndarray, mean: np.ndarray,
-                  inv_std: np.ndarray) -> dict[int, tuple[float, float]]:
-    """Output index -> (c, M): c M is the norm of an absolute error bound for BatchNormalizationGrad (0: dX,
-    1: dscale = sum(dY x^), 2: dbias = sum(dY)), by the same rounding count as bn_floor: a sum
-    of N terms is off by <= c(N) sum|terms| (sum_rounding). dX = scale inv_std (dY - dbias/N - x^ dscale/N)
-    is off by c u |scale inv_std| (|dY| + sum|dY|/N + |x^| sum|dY x^|/N) per element, plus
-    what the rounding e of x^ itself moves them by (dscale: sum|dY| e; dX: |scale inv_std|
-    (e sum|dY x^|/N + |x^| sum|dY| e/N)). A BN
-    whose output feeds a per-channel-affine-invariant op (a linear map into another BN) has a
-    dbias that is zero in exact arithmetic: pure rounding on both sides."""
-    d, xd = dy.astype(np.float64), x.astype(np.float64)
-    if xd.ndim < 2:
-        return {}
-    shape = (1, -1) + (1,) * (xd.ndim - 2)
-    axes = tuple(k for k in range(xd.ndim) if k != 1)
-    n = max(xd.size // max(xd.shape[1], 1), 1)
-    c = sum_rounding(n, 4)
-    xh = (xd - np.asarray(mean, np.float64).reshape(shape)) * np.asarray(inv_std, np.float64).reshape(shape)
-    a, b = np.sum(np.abs(d), axis=axes), np.sum(np.abs(d * xh), axis=axes)
-    g = np.abs(np.asarray(scale, np.float64) * np.asarray(inv_std, np.float64)).reshape(shape)
-    # x^ itself is rounded: x - mean cancels where a channel is ~constant (x^ then is rounding
-    # times inv_std, up to 1/sqrt(eps)): its error e <= c u (|x| + |mean|) inv_std
-    e = c * (np.abs(xd) + np.abs(np.asarray(mean, np.float64)).reshape(shape)) * \
-        np.abs(np.asarray(inv_std, np.float64)).reshape(shape)
-    de = np.sum(np.abs(d) * e, axis=axes)  # what e moves dscale = sum(dY x^) by
-    dx = g * (c * (np.abs(d) + (a / n).reshape(shape) + np.abs(xh) * (b / n).reshape(shape))
-              + e * (b / n).reshape(shape) + np.abs(xh) * (de / n).reshape(shape))
-    return {0: (c, float(np.linalg.norm(dx)) / c), 1: (c, float(np.linalg.norm(b + de / c))),
-            2: (c, float(np.linalg.norm(a)))}
 
 
 # gradient-producing reductions: their floor is our own kernel run on the inputs' magnitudes
@@ -182,8 +92,18 @@ REDUCTION_OPS = frozenset({"Conv", "ConvTranspose", "ConvGrad", "Gemm", "MatMul"
                            "ConvTransposeGrad"})
 
 
+_NORM_BLOCK = 1 << 20  # elements per block of _norm's float64 sums
+
+
 def _norm(a) -> float:
-    return float(np.linalg.norm(_download(a).astype(np.float64).reshape(-1)))
+    """||a||_2 in float64, a block at a time (no copy of the tensor: the hook takes the norm of
+    every value with a floor, the largest of them too)."""
+    flat = (a if isinstance(a, np.ndarray) else _download(a)).reshape(-1)
+    total = 0.0
+    for i in range(0, flat.size, _NORM_BLOCK):
+        block = flat[i:i + _NORM_BLOCK].astype(np.float64)
+        total += float(block @ block)
+    return math.sqrt(total)
 
 
 def reduction_floor(fn, ctx, inputs, outputs, xp) -> dict[int, tuple[float, float]]:
@@ -291,8 +211,8 @@ class _Hooks:
 
     def __init__(self, grad_names: set[str], xp: Any) -> None:
         self.grad_names, self.xp = grad_names, xp
-        self.captured: dict[str, np.ndarray] = {}
-        self.replace: dict[str, np.ndarray] = {}  # our gradient name -> the value to use
+        # our gradient (name, array) where it reaches the optimizer -> the value to use instead
+        self.on_gradient: Callable[[str, Any], np.ndarray | None] = lambda name, array: None
         self.reference: dict[str, np.ndarray] | None = None  # traced step: ORT's intermediates
         self.tolerance: dict[str, float] = {}  # value -> its tolerance, where not "intermediate"
         self.floor: dict[str, float] = {}  # value -> its absolute error floor (bn_floor, bn_grad_floor, reduction_floor)
@@ -309,10 +229,9 @@ class _Hooks:
 
         def run(ctx, inputs, outputs):
             for k in grads:
-                name = original_name(node.inputs[k])
-                self.captured[name] = _download(inputs[k])
-                if name in self.replace:
-                    _upload(self.xp, inputs[k], self.replace[name])
+                want = self.on_gradient(original_name(node.inputs[k]), inputs[k])
+                if want is not None:
+                    _upload(self.xp, inputs[k], want)
             # BatchNormalizationGrad: only dY carries error in relative to itself; the saved mean's
             # floor is absolute (a centred channel's mean is ~0) and bn_grad_floor counts it already
             rho = self._inherited(node.inputs[:1] if bn_grad or ln_grad else node.inputs, inputs)
@@ -400,58 +319,95 @@ class StepVerifier:
             self.grad_node[p] = n.name if n is not None else ""
         # running statistic -> the node that updates it (its first reader)
         self.stat_node = {r: a.consumers[r][0] for r in self.ort.running_of if a.consumers.get(r)}
+        # the state before the step and ONNX Runtime's gradients and loss inputs, out of memory
+        self.store = TensorStore(swap_dir)
+        self._state_names: list[str] = []
+        self.grad_param = {g: p for p, g in self.grad_name.items()}
+        self.hooks.on_gradient = self._on_gradient
+        self._theirs: Mapping[str, np.ndarray] = {}  # parameter -> ONNX Runtime's gradient
+        self._grad_checks: dict[str, Check] | None = None  # the step's gradient checks, as made
+        self._noise_now: dict = {}  # this step's noise (StepVerifier._noise)
 
     def close(self) -> None:
+        self.store.close()
         if self.ex.swap is not None:
             self.ex.swap.close()
 
     def start(self, params: dict[str, np.ndarray]) -> None:
         self.ex.load_state(params)
 
-    def _our_step(self, batch, ort_step, reference=None) -> float:
+    def _our_step(self, batch, ort_step: OrtStep, reference=None) -> float:
         h = self.hooks
-        h.captured, h.first, h.reference, h.floor = {}, None, reference, {}
-        h.replace = {self.grad_name[p]: g for p, g in ort_step.grads.items() if p in self.grad_name}
+        h.first, h.reference, h.floor = None, reference, {}
         self.ex.random.given = dict(ort_step.random)
         try:
             return self.ex.step(batch)
         finally:
             h.reference, self.ex.random.given = None, {}
 
-    def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
-        ex, tol = self.ex, TOLERANCES
-        params, moments, done = ex.parameters(), ex.optimizer_state(), ex.steps_done
-        ort = self.ort.run(params, batch)
-        noise = self._noise(params, batch, ort)
-        give_back_freed()  # the nudged run's tensors, before our step allocates beside them
-        loss = self._our_step(batch, ort)
-
-        checks: list[Check] = [Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), tol["loss"])]
-        floor = loss_floor(self.ort.loss_node, ort.loss_inputs) if self.ort.loss_node is not None else 0.0
-        checks[0].tolerance = max(tol["loss"], NOISE_FACTOR * noise["loss"], floor / max(abs(ort.loss), 1e-30))
-        if not checks[0].ok:  # ONNX Runtime's own float32 reduction may be the less accurate one
-            exact = self.ort.exact_loss(ort)
-            if exact is not None and exact != 0.0:
-                ours_err, ort_err = abs(loss - exact) / abs(exact), abs(ort.loss - exact) / abs(exact)
-                if ours_err < ort_err:
-                    checks[0] = Check("loss", "loss (against the loss node in float64 on ONNX Runtime's inputs)",
-                                      ours_err, checks[0].tolerance)
-        for p in self.params:
-            ours = self.hooks.captured.get(self.grad_name[p])
+    def _on_gradient(self, name: str, array: Any) -> np.ndarray | None:
+        """Our gradient where it reaches the optimizer: compared with ONNX Runtime's now (the
+        step's checks; none while explaining), which is returned to be used instead. ONNX
+        Runtime's is read from the store here and dropped by the caller: one at a time."""
+        p = self.grad_param.get(name)
+        if p is None or p not in self._theirs:
+            return None
+        want = self._theirs[p]
+        if self._grad_checks is not None:
+            ours = array if isinstance(array, np.ndarray) else _download(array)
             floor = self.hooks.floor.get(self.grad_value[p], 0.0)
-            t = max(tol["gradient"], NOISE_FACTOR * noise[("gradient", p)])
-            t = floored(t, floor, ort.grads[p])
-            err = float("inf") if ours is None else gradient_error(ours, ort.grads[p], t, floor)
-            checks.append(Check("gradient", p, err, t, self.grad_node.get(p, "")))
-        checks += self._update_checks(done, params, moments, ort.grads)
-        running = ex.parameters(ort.running)
-        for name, want in ort.running.items():
-            got = running.get(name)
-            err = float("inf") if got is None else rel_norm_error(got, want)
-            t = max(tol["running"], NOISE_FACTOR * noise[("running", name)])
-            t = floored(t, self.hooks.floor.get(self.ort.running_of[name], 0.0), want)
-            checks.append(Check("running", name, err, t, self.stat_node.get(name, "")))
+            t = floored(max(TOLERANCES["gradient"], NOISE_FACTOR * self._noise_now[("gradient", p)]), floor, want)
+            self._grad_checks[p] = Check("gradient", p, gradient_error(ours, want, t, floor), t,
+                                         self.grad_node.get(p, ""))
+        return want
 
+    def _keep_state(self) -> None:
+        """The state before the step (parameters, optimizer state) into the store, each written
+        from the state region: for ONNX Runtime's optimizer and to explain a failure."""
+        self.store.clear()
+        self._state_names = []
+        for vclass in ("parameter", "optimizer_state"):
+            for name, array in self.ex.state_views(vclass):
+                self.store.put("state:" + name, array)
+                self._state_names.append(name)
+
+    def _keep_ort(self, ort: OrtStep) -> None:
+        """ONNX Runtime's gradients and the loss node's inputs into the store, out of memory."""
+        for p, g in ort.grads.items():
+            self.store.put("grad:" + p, g)
+        for k, x in enumerate(ort.loss_inputs):
+            if x is not None:
+                self.store.put(f"loss:{k}", x)
+        ort.grads, ort.loss_inputs = {}, [None] * len(ort.loss_inputs)
+
+    def _stored_loss_inputs(self, ort: OrtStep) -> list[np.ndarray | None]:
+        return [self.store.get(f"loss:{k}") if f"loss:{k}" in self.store else None
+                for k in range(len(ort.loss_inputs))]
+
+    def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
+        done = self.ex.steps_done
+        if self.ex.swap is None and self.ex.checker is None:  # nothing in the arena is live between steps
+            self.ex.arena.release_pages()  # (a swap policy may prefetch across steps; the checker reads poison)
+        give_back_freed()  # what the previous step freed, before ONNX Runtime's step
+        self._keep_state()
+        ort = self.ort.run(dict(self.ex.state_views()), batch)  # views of our state: no copy
+        floor = loss_floor(self.ort.loss_node, ort.loss_inputs) if self.ort.loss_node is not None else 0.0
+        self._keep_ort(ort)
+        give_back_freed()  # its session's and outputs' memory, before the nudged run
+        self._noise_now = self._noise(batch, ort)
+        give_back_freed()  # the nudged run's tensors, before our step allocates beside them
+        self._theirs, self._grad_checks = StoredTensors(self.store, self.params, "grad:"), {}
+        try:
+            loss = self._our_step(batch, ort)
+            grads = self._grad_checks
+        finally:
+            self._grad_checks = None
+        checks = [self._loss_check(loss, ort, floor)]
+        for p in self.params:  # a gradient that never reached the optimizer: inf
+            checks.append(grads.get(p) or Check("gradient", p, float("inf"), TOLERANCES["gradient"],
+                                                self.grad_node.get(p, "")))
+        checks += self._update_checks(done)
+        checks += self._running_checks(ort)
         worst: dict[str, Check] = {}
         for c in checks:
             if c.kind not in worst or c.error / c.tolerance > worst[c.kind].error / worst[c.kind].tolerance:
@@ -459,53 +415,85 @@ class StepVerifier:
         failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
         rep = StepReport(k, loss, ort.loss, worst, failures)
         if failures:
-            self._explain(rep, batch, params, moments, done)
+            self._explain(rep, batch, done)
         return rep
 
-    def _update_checks(self, done: int, params, moments, grads) -> list[Check]:
-        """ONNX Runtime's optimizer on the state before the step and its gradients, against our
-        updated parameters and moments, a group of parameters at a time (UPDATE_GROUP_BYTES): the
-        whole model's updates never exist twice at once."""
+    def _loss_check(self, loss: float, ort: OrtStep, floor: float) -> Check:
+        check = Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), TOLERANCES["loss"])
+        check.tolerance = max(TOLERANCES["loss"], NOISE_FACTOR * self._noise_now["loss"], floor / max(abs(ort.loss), 1e-30))
+        if not check.ok:  # ONNX Runtime's own float32 reduction may be the less accurate one
+            exact = self.ort.exact_loss(replace(ort, loss_inputs=self._stored_loss_inputs(ort)))
+            if exact is not None and exact != 0.0:
+                ours_err, ort_err = abs(loss - exact) / abs(exact), abs(ort.loss - exact) / abs(exact)
+                if ours_err < ort_err:
+                    check = Check("loss", "loss (against the loss node in float64 on ONNX Runtime's inputs)",
+                                  ours_err, check.tolerance)
+        return check
+
+    def _running_checks(self, ort: OrtStep) -> list[Check]:
         checks = []
-        for names in _groups(self.params, params, UPDATE_GROUP_BYTES):
-            want = self.ort_opt.run(names, self.lr, done + 1, params, grads, moments)
-            got = {**self.ex.parameters(names), **self.ex.optimizer_state(set(want) - set(names))}
-            for name, w in want.items():
-                g = got.get(name)
-                p = name.split(".exp_avg")[0]
-                # scale: ORT's update without its NaNs (NaN where ours is NaN too is agreement)
-                err = float("inf") if g is None else update_error(g, w, np.nan_to_num(w, nan=0.0))
-                checks.append(Check("update", name, err, TOLERANCES["update"], self.optimizer_node.get(p, "")))
+        running = self.ex.parameters(ort.running)
+        for name, want in ort.running.items():
+            got = running.get(name)
+            err = float("inf") if got is None else rel_norm_error(got, want)
+            t = max(TOLERANCES["running"], NOISE_FACTOR * self._noise_now[("running", name)])
+            t = floored(t, self.hooks.floor.get(self.ort.running_of[name], 0.0), want)
+            checks.append(Check("running", name, err, t, self.stat_node.get(name, "")))
         return checks
 
-    def _noise(self, params, batch, ort):
+    def _update_checks(self, done: int) -> list[Check]:
+        """ONNX Runtime's optimizer on the state before the step and its gradients (both read
+        from the store), against our updated parameters and moments, a group of parameters at a
+        time (UPDATE_GROUP_BYTES): the whole model's updates never exist twice at once."""
+        checks = []
+        before = StoredTensors(self.store, self._state_names, "state:")
+        sizes = {p: self.graph.values[p].nbytes for p in self.params}
+        try:
+            for names in _groups(self.params, sizes, UPDATE_GROUP_BYTES):
+                want = self.ort_opt.run(names, self.lr, done + 1, before, self._theirs, before)
+                got = {**self.ex.parameters(names), **self.ex.optimizer_state(set(want) - set(names))}
+                for name, w in want.items():
+                    g = got.get(name)
+                    p = name.split(".exp_avg")[0]
+                    # scale: ORT's update without its NaNs (NaN where ours is NaN too is agreement)
+                    err = float("inf") if g is None else update_error(g, w, np.nan_to_num(w, nan=0.0))
+                    checks.append(Check("update", name, err, TOLERANCES["update"], self.optimizer_node.get(p, "")))
+        finally:
+            self.ort_opt.release()
+        return checks
+
+    def _noise(self, batch, ort: OrtStep) -> dict:
         """ONNX Runtime against itself from the state with every float input and parameter moved
         by one ulp up or down at random (x * (1 ± 2^-23), seeded), with the same random values:
         the error a change at rounding level makes in each tensor of this step. (A coherent
-        nudge, every element the same way, would scale pre-activations and never flip a sign.)"""
+        nudge, every element the same way, would scale pre-activations and never flip a sign.)
+        Its gradients are compared with the first run's one at a time (those read from the store)."""
         rng = np.random.default_rng(12345)
 
-        def nudge(d):
+        def nudge(items):
             out = {}
-            for k, v in d.items():
+            for k, v in items:
                 if v.dtype.kind == "f":
                     sign = rng.integers(0, 2, v.shape, dtype=np.int8) * 2 - 1
                     v = (v * (1 + sign.astype(v.dtype) * v.dtype.type(2 ** -23))).astype(v.dtype)
                 out[k] = v
             return out
 
-        other = self.ort.run(nudge(params), nudge(batch), given=ort.random)
-        out = {"loss": abs(other.loss - ort.loss) / max(abs(ort.loss), 1e-12)}
-        out.update({("gradient", p): rel_norm_error(other.grads[p], g) for p, g in ort.grads.items()})
+        other = self.ort.run(nudge(self.ex.state_views()), nudge(batch.items()), given=ort.random)
+        out: dict = {"loss": abs(other.loss - ort.loss) / max(abs(ort.loss), 1e-12)}
+        for p in list(other.grads):
+            out[("gradient", p)] = rel_norm_error(other.grads.pop(p), self.store.get("grad:" + p))
         out.update({("running", r): rel_norm_error(other.running[r], v) for r, v in ort.running.items()})
         return out
 
-    def _explain(self, rep: StepReport, batch, params, moments, done) -> None:
-        """Both sides again from the same state, ONNX Runtime exposing every intermediate; ours
-        compared node by node in EO (gradients replaced by ORT's as before, so the optimizer
-        nodes read what ORT computed)."""
-        self.ex.load_state(params, moments, done)
-        ort = self.ort.run(params, batch, expose_all=True)
+    def _explain(self, rep: StepReport, batch, done: int) -> None:
+        """Both sides again from the same state (read back from the store), ONNX Runtime exposing
+        every intermediate; ours compared node by node in EO (gradients replaced by ORT's as
+        before, so the optimizer nodes read what ORT computed)."""
+        state = StoredTensors(self.store, self._state_names, "state:")
+        self.ex.load_state(state, state, done)
+        ort = self.ort.run(dict(self.ex.state_views()), batch, expose_all=True)
+        self._theirs = ort.grads
         self._our_step(batch, ort, reference=ort.values)
         first = self.hooks.first
         if first is not None:
@@ -526,12 +514,13 @@ class StepVerifier:
 UPDATE_GROUP_BYTES = 64 << 20  # parameters whose updates are compared at once (their moments: twice this)
 
 
-def _groups(names: list[str], arrays: dict, limit: int) -> list[list[str]]:
-    """`names` in order, cut into groups of at most `limit` bytes of `arrays` (a larger one alone)."""
+def _groups(names: list[str], sizes: Mapping[str, int], limit: int) -> list[list[str]]:
+    """`names` in order, cut into groups of at most `limit` bytes (`sizes`: name -> bytes; a
+    larger one alone)."""
     groups: list[list[str]] = [[]]
     size = 0
     for name in names:
-        n = arrays[name].nbytes
+        n = sizes[name]
         if groups[-1] and size + n > limit:
             groups.append([])
             size = 0

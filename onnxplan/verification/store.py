@@ -1,0 +1,77 @@
+"""Tensors a verified step needs later, kept on disk instead of in memory: the state before the
+step (read back for ONNX Runtime's optimizer, a group at a time, and to explain a failure) and
+ONNX Runtime's gradients and loss inputs (read back one tensor at a time, where they are
+compared). A verification then holds beside the run's arena what one of ONNX Runtime's steps
+needs while it runs, and a tensor or a group of tensors between (README "what verification
+costs")."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["StoredTensors", "TensorStore"]
+
+
+class TensorStore:
+    """A scratch folder of .npy files, one per tensor, under `folder` (a new temporary folder
+    in it; the system's temporary folder when None). `put` writes an array as it is (a view of
+    an arena is written from the arena, without a copy); `get` reads a fresh copy."""
+
+    def __init__(self, folder: str | Path | None = None, prefix: str = "onnxplan-verify-") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
+        self._files: dict[str, Path] = {}
+        self.reads = 0  # how many tensors `get` has read (tests: what was read, not how much memory)
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        path = self._files.get(name) or self.root / f"{len(self._files)}.npy"
+        np.save(path, np.asarray(array), allow_pickle=False)
+        self._files[name] = path
+
+    def get(self, name: str) -> np.ndarray:
+        """A copy of the tensor stored as `name` (KeyError when none is)."""
+        self.reads += 1
+        return np.load(self._files[name], allow_pickle=False)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files
+
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def clear(self) -> None:
+        for path in self._files.values():
+            path.unlink(missing_ok=True)
+        self._files.clear()
+
+    def close(self) -> None:
+        self._files.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class StoredTensors(Mapping[str, np.ndarray]):
+    """A read-only mapping over the tensors of a store stored as `prefix + name`, each read
+    when it is looked up: a whole state passed where a dict is read key by key (load_state,
+    ONNX Runtime's optimizer) without all of it in memory at once."""
+
+    def __init__(self, store: TensorStore, names: list[str], prefix: str = "") -> None:
+        self.store, self.prefix = store, prefix
+        self._names = [n for n in names if prefix + n in store]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self.prefix + name not in self.store:
+            raise KeyError(name)
+        return self.store.get(self.prefix + name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.prefix + name in self.store
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
