@@ -38,6 +38,9 @@ class StepReport:
     failures: list[Check] = field(default_factory=list)
     first_difference: Check | None = None  # on a failure: the first value in EO beyond tolerance
     explanation: str = ""
+    # parameters whose gradient is exactly 0 on both sides: their checks pass and say nothing (a
+    # fresh EfficientNet-B0 at 224x224 underflows to 0 before its classifier: every weight's)
+    zero_gradients: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -50,7 +53,7 @@ class StepReport:
                 "worst": {k: _check_dict(c) for k, c in self.checks.items()},
                 "failures": [str(c) for c in self.failures],
                 "first_difference": None if self.first_difference is None else _check_dict(self.first_difference),
-                "explanation": self.explanation}
+                "explanation": self.explanation, "zero_gradients": list(self.zero_gradients)}
 
 
 def _finite(x: float) -> float | None:
@@ -66,9 +69,11 @@ class Verification:
     ok: bool
     steps: list[StepReport]
     tolerances: dict[str, float]
+    parameters: int = 0  # how many the step trains
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "tolerances": dict(self.tolerances), "steps": [s.as_dict() for s in self.steps]}
+        return {"ok": self.ok, "tolerances": dict(self.tolerances), "parameters": self.parameters,
+                "steps": [s.as_dict() for s in self.steps]}
 
     def summary(self) -> str:
         bad = next((s for s in self.steps if not s.ok), None)

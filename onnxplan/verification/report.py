@@ -17,6 +17,18 @@ def _cell(worst: dict, key: str) -> str:
     return f"{name}{c['error']:.2e} ({c['error'] / c['tolerance']:.2f}x tol)"
 
 
+def _zero_note(v: dict) -> list[str]:
+    """A warning where gradients were exactly 0 on both sides: their checks say nothing."""
+    zero: list[str] = max((s.get("zero_gradients", []) for s in v["steps"]), key=len, default=[])
+    if not zero:
+        return []
+    total = v.get("parameters") or 0
+    of = f" of {total}" if total else ""
+    return [f"[yellow]note[/]: {len(zero)}{of} parameter(s) got a gradient of exactly 0 on both sides "
+            f"(e.g. {zero[0]!r}): the comparison says nothing about them; a model whose values underflow "
+            "(a fresh deep network at its published size) trains nothing there"]
+
+
 def describe_verification(v: dict) -> list:
     """Rich renderables: per step the loss (ours, ONNX Runtime's from the same state), the worst
     gradient, optimizer update and running statistic (error and its share of the tolerance) and
@@ -34,6 +46,7 @@ def describe_verification(v: dict) -> list:
         out.append(f"[green]matches ONNX Runtime[/]: {len(v['steps'])} step(s), each from the same state; loss, every "
                    f"gradient, the optimizer's update and the running statistics within tolerance (gradients: "
                    f"relative norm error <= {tol['gradient']:g} or the tensor's own noise)")
+        out += _zero_note(v)
         return out
     bad = next(s for s in v["steps"] if not s["ok"])
     out.append(f"[bold red]MISMATCH with ONNX Runtime[/] at step {bad['step']} "

@@ -326,6 +326,7 @@ class StepVerifier:
         self.hooks.on_gradient = self._on_gradient
         self._theirs: Mapping[str, np.ndarray] = {}  # parameter -> ONNX Runtime's gradient
         self._grad_checks: dict[str, Check] | None = None  # the step's gradient checks, as made
+        self._zero_grads: list[str] = []  # the step's parameters whose gradient is 0 on both sides
         self._noise_now: dict = {}  # this step's noise (StepVerifier._noise)
 
     def close(self) -> None:
@@ -359,6 +360,8 @@ class StepVerifier:
             t = floored(max(TOLERANCES["gradient"], NOISE_FACTOR * self._noise_now[("gradient", p)]), floor, want)
             self._grad_checks[p] = Check("gradient", p, gradient_error(ours, want, t, floor), t,
                                          self.grad_node.get(p, ""))
+            if not np.any(want) and not np.any(ours):
+                self._zero_grads.append(p)
         return want
 
     def _keep_state(self) -> None:
@@ -396,7 +399,7 @@ class StepVerifier:
         give_back_freed()  # its session's and outputs' memory, before the nudged run
         self._noise_now = self._noise(batch, ort)
         give_back_freed()  # the nudged run's tensors, before our step allocates beside them
-        self._theirs, self._grad_checks = StoredTensors(self.store, self.params, "grad:"), {}
+        self._theirs, self._grad_checks, self._zero_grads = StoredTensors(self.store, self.params, "grad:"), {}, []
         try:
             loss = self._our_step(batch, ort)
             grads = self._grad_checks
@@ -413,7 +416,7 @@ class StepVerifier:
             if c.kind not in worst or c.error / c.tolerance > worst[c.kind].error / worst[c.kind].tolerance:
                 worst[c.kind] = c
         failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
-        rep = StepReport(k, loss, ort.loss, worst, failures)
+        rep = StepReport(k, loss, ort.loss, worst, failures, zero_gradients=tuple(self._zero_grads))
         if failures:
             self._explain(rep, batch, done)
         return rep
@@ -551,4 +554,4 @@ def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | No
                 break
     finally:
         v.close()
-    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES))
+    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES), len(v.params))
