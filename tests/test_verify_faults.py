@@ -12,7 +12,9 @@ from onnxplan.executor.prepare import Prepared
 from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions
 from onnxplan.verification.step_check import verify_run
-from tests.faults import patch_kernel, prepared
+from tests.faults import FAULTS, patch_kernel, prepared
+
+FAULT = {f.name: f for f in FAULTS}
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -233,18 +235,7 @@ def test_unbiased_running_variance_is_caught(monkeypatch):
     not ORT's): caught on the running statistics, naming the first BatchNorm node where the
     change (a factor n/(n-1) on the batch term) exceeds the tolerance."""
     prep = prepared("resnet18", 2, "sgd")
-
-    def make(fn):
-        def bad(ctx, inputs, outputs):
-            old = np.array(inputs[4], copy=True)
-            fn(ctx, inputs, outputs)
-            m = float(ctx.attrs.get("momentum", 0.9))
-            n = inputs[0].size // inputs[0].shape[1]
-            batch_var = (outputs[2] - m * old) / (1 - m)
-            outputs[2][...] = m * old + (1 - m) * batch_var * n / (n - 1)
-        return bad
-
-    patch_kernel(monkeypatch, prep.graph, "BatchNormInternal", "com.microsoft", make)
+    assert FAULT["unbiased-var"].plant(monkeypatch, prep) is not None  # tests/faults.py: every BatchNormInternal
     v = verify_run(prep, steps=1)
     assert not v.ok
     kinds = {c.kind for c in v.steps[0].failures}
