@@ -17,6 +17,14 @@ MS = "com.microsoft"
 # a piece (MIN_ELEMS: kernels.parallel's threshold, in elements, for a one-pass ufunc): a piece
 # must outlast the hand-off to a worker by far. Measured: reports/threads.md, session 10.
 GEMM_MACS_PER_ELEM = 16
+# A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
+# piece packs all of the other operand, and a piece of few rows against many columns (a
+# convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
+# 2 pieces on 2 idle cores (ms; OpenBLAS's own 2 threads / rows / columns): resnet18 b8 layer1
+# forward 64x576x25088 7.56 / 10.09 / 7.50, its dW 64x25088x576 8.16 / 9.15 / 7.50, a transformer's
+# 1024x1024x256 1.33 / 2.74 / 1.51; VGG's last stage 512x4608x196 2.98 / 2.76 / 4.57 (98 columns a
+# piece: rows). reports/threads.md, session 10.
+MIN_PIECE_COLUMNS = 128
 
 
 def matmul_into(xp, a, b, out) -> None:
@@ -46,28 +54,30 @@ def _operand_batch(x, out_ndim: int, lo: int, hi: int):
 
 def split_matmul(xp, a, b, out) -> None:
     """xp.matmul(a, b, out=out), cut for the compute threads (BLAS runs on one: onnxplan.threads)
-    into pieces of out's leading batch axis, else of its rows, else of its columns; every piece
-    one BLAS call into its own part of `out` (no copy). A piece runs on whichever thread is free
-    first (kernels.parallel), so a busy core never stalls the product. The bits may differ from
-    one whole call's (OpenBLAS's kernel choice depends on the sizes), as they did between BLAS's
-    own thread counts: GEMM results depend on the thread count."""
+    into pieces of out's leading batch axis, else of its columns when each piece keeps at least
+    MIN_PIECE_COLUMNS of them, else of its rows, else of its columns; every piece one BLAS call
+    into its own part of `out` (no copy). A piece runs on whichever thread is free first
+    (kernels.parallel), so a busy core never stalls the product. The bits may differ from one
+    whole call's (OpenBLAS's kernel choice depends on the sizes), as they did between BLAS's own
+    thread counts: GEMM results depend on the thread count."""
     parts = _product_parts(a, b, out) if xp is np else 1
     if parts <= 1:
         xp.matmul(a, b, out=out)
         return
+    rows, cols = out.shape[-2], out.shape[-1]
     if out.ndim >= 3 and out.shape[0] >= parts:
         def piece(lo: int, hi: int):
             return lambda: np.matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
                                      out=out[lo:hi])
         size = out.shape[0]
-    elif out.shape[-2] >= parts:
-        def piece(lo: int, hi: int):
-            return lambda: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
-        size = out.shape[-2]
-    elif out.shape[-1] >= parts:
+    elif cols >= parts * MIN_PIECE_COLUMNS or (rows < parts <= cols):
         def piece(lo: int, hi: int):
             return lambda: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
-        size = out.shape[-1]
+        size = cols
+    elif rows >= parts:
+        def piece(lo: int, hi: int):
+            return lambda: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
+        size = rows
     else:
         np.matmul(a, b, out=out)
         return
