@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from onnxplan.errors import BudgetError
@@ -58,14 +59,31 @@ def require_memory(need: dict[str, int], what: str) -> None:
                       f"{format_bytes(avail)} available: use a smaller --batch, or plan with --budget")
 
 
+# A full garbage collection walks every object the process holds: cheap in a command's process,
+# most of the time of a long-lived one's verifications (a test session after thousands of tests:
+# py-spy's samples of the slow tier sat in it); below this resident size there is little an old
+# cycle could hold that matters: only the young generations are collected.
+COLLECT_FROM_RSS = 1 << 30
+
+
+def _rss_bytes() -> int:
+    """This process's resident set (/proc/self/statm), 0 where unknown."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def give_back_freed() -> None:
-    """Return the memory this process freed to the system: collect garbage, then glibc's
-    malloc_trim (freed tensors under malloc's mmap threshold stay in its heaps otherwise, and
-    the process's RSS with them). Nothing where there is no glibc."""
+    """Return the memory this process freed to the system: collect garbage (every generation
+    where the process is large, COLLECT_FROM_RSS; the young ones else), then glibc's malloc_trim
+    (freed tensors under malloc's mmap threshold stay in its heaps otherwise, and the process's
+    RSS with them). Nothing where there is no glibc."""
     import ctypes
     import gc
 
-    gc.collect()
+    gc.collect(2 if _rss_bytes() >= COLLECT_FROM_RSS else 1)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

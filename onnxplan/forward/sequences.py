@@ -27,15 +27,25 @@ __all__ = ["split_sequences"]
 _DEFAULT = ("", "ai.onnx")
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Values of the inline initializers and Constant nodes (tensor, value_int, value_ints)."""
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer
-           if t.data_location != onnx.TensorProto.EXTERNAL}
+def _constants(graph: onnx.GraphProto, wanted: set[str]) -> dict[str, np.ndarray]:
+    """Values of the `wanted` inline initializers and Constant nodes (tensor, value_int,
+    value_ints): only those (a model's weights are never read here), and only those that read
+    as what they say (a malformed one is left to the checks that name it)."""
+    out: dict[str, np.ndarray] = {}
+    for t in graph.initializer:
+        if t.name in wanted and t.data_location != onnx.TensorProto.EXTERNAL:
+            try:
+                out[t.name] = numpy_helper.to_array(t)
+            except ValueError:
+                continue
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in _DEFAULT and node.attribute:
+        if node.op_type == "Constant" and node.domain in _DEFAULT and node.attribute and node.output[0] in wanted:
             value = helper.get_attribute_value(node.attribute[0])
             if isinstance(value, onnx.TensorProto):
-                out[node.output[0]] = numpy_helper.to_array(value)
+                try:
+                    out[node.output[0]] = numpy_helper.to_array(value)
+                except ValueError:
+                    continue
             elif node.attribute[0].name in ("value_int", "value_ints"):
                 out[node.output[0]] = np.asarray(value, np.int64)
     return out
@@ -89,7 +99,11 @@ def split_sequences(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]
     constant positions into a Split (`shapes`: the static shapes of values, forward.shapes)."""
     graph = model.graph
     nodes = list(graph.node)
-    consts = _constants(graph)
+    wanted = {name for n in nodes if n.domain in _DEFAULT and n.op_type in ("SplitToSequence", "SequenceAt")
+              for name in n.input[1:2]}
+    if not any(n.op_type == "SplitToSequence" for n in nodes):
+        return
+    consts = _constants(graph, wanted)
     readers: dict[str, list[int]] = defaultdict(list)
     for i, node in enumerate(nodes):
         for name in node.input:
