@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from onnxplan.errors import BudgetError
@@ -66,15 +65,6 @@ def require_memory(need: dict[str, int], what: str) -> None:
 COLLECT_FROM_RSS = 1 << 30
 
 
-def _rss_bytes() -> int:
-    """This process's resident set (/proc/self/statm), 0 where unknown."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def give_back_freed() -> None:
     """Return the memory this process freed to the system: collect garbage (every generation
     where the process is large, COLLECT_FROM_RSS; the young ones else), then glibc's malloc_trim
@@ -83,7 +73,13 @@ def give_back_freed() -> None:
     import ctypes
     import gc
 
-    gc.collect(2 if _rss_bytes() >= COLLECT_FROM_RSS else 1)
+    from onnxplan.memprobe import read_memory_status
+
+    try:
+        large = read_memory_status().get("VmRSS", 0) >= COLLECT_FROM_RSS
+    except OSError:  # no /proc: collect as on a large process
+        large = True
+    gc.collect(2 if large else 1)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
