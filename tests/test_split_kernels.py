@@ -1,0 +1,110 @@
+"""The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
+images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
+its gradient and ReLU's by aligned ranges): bit for bit their one-thread result, at 1 and 2
+threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxplan import settings, threads
+from onnxplan.kernels import matmul, parallel
+from tests.kernel_harness import MS, RNG, call_kernel, make_node
+
+F = np.float32
+
+
+def _case(name: str) -> tuple:
+    """(op, domain, inputs, output shapes (None: omitted), attrs) of a named case."""
+    r = lambda *shape: RNG.standard_normal(shape).astype(F)  # noqa: E731
+    x, dy = r(6, 7, 40), r(6, 7, 40)
+    mean, inv = r(6, 7, 1), (np.abs(r(6, 7, 1)) + 0.5).astype(F)
+    image, w = r(4, 3, 34, 34), r(5, 3, 3, 3)
+    conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
+    cases = {
+        "conv": ("Conv", "", [image, w, r(5)], [(4, 5, 34, 34)], conv),
+        "conv_stride": ("Conv", "", [r(5, 3, 70, 66), w], [(5, 5, 35, 33)], {**conv, "strides": [2, 2]}),
+        "conv_grad": ("ConvGrad", MS, [r(4, 5, 34, 34), image, w], [(4, 3, 34, 34), (5, 3, 3, 3), (5,)], conv),
+        "conv_grad_dw": ("ConvGrad", MS, [r(5, 5, 35, 33), r(5, 3, 70, 66), w], [None, (5, 3, 3, 3), (5,)],
+                         {**conv, "strides": [2, 2]}),
+        "layer_norm": ("LayerNormalization", "", [x, r(40), r(40)], [(6, 7, 40), (6, 7, 1), (6, 7, 1)],
+                       {"axis": -1}),
+        "rms_norm": ("SimplifiedLayerNormalization", "", [x, r(40)], [(6, 7, 40), (6, 7, 1)], {"axis": -1}),
+        "layer_norm_grad": ("LayerNormalizationGrad", MS, [dy, x, r(40), mean, inv], [(6, 7, 40), (40,), (40,)],
+                            {"axis": -1}),
+        "layer_norm_grad_no_dx": ("LayerNormalizationGrad", MS, [dy, x, r(40), mean, inv], [None, (40,), (40,)],
+                                  {"axis": -1}),
+        "rms_norm_grad": ("SimplifiedLayerNormalizationGrad", MS, [dy, x, r(40), inv], [(6, 7, 40), (40,)],
+                          {"axis": -1}),
+        "softmax": ("Softmax", "", [x], [(6, 7, 40)], {"axis": -1}),
+        "log_softmax": ("LogSoftmax", "", [x], [(6, 7, 40)], {"axis": -1}),
+        "softmax_grad": ("SoftmaxGrad_13", MS, [dy, r(6, 7, 40)], [(6, 7, 40)], {"axis": -1}),
+        "gelu": ("Gelu", MS, [r(odd)], [(odd,)], {}),
+        "fast_gelu": ("FastGelu", MS, [r(odd)], [(odd,)], {}),
+        "gelu_grad": ("GeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "fast_gelu_grad": ("FastGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "relu_grad": ("ReluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+    }
+    return cases[name]
+
+
+CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
+         "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
+         "gelu_grad", "fast_gelu_grad", "relu_grad"]
+
+
+def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
+    """Our kernel at `n` threads, the split on or off: (outputs, most pieces of one parallel.run)."""
+    most = [1]
+    run = parallel.run
+
+    def counting(tasks):
+        most[0] = max(most[0], len(tasks))
+        run(tasks)
+
+    before = threads.current().threads
+    node = make_node(op, inputs, [None if s is None else (F, s) for s in outs], attrs, domain)
+    got = [None if s is None else np.full(s, np.nan, F) for s in outs]
+    try:
+        threads.use_threads(n)
+        parallel.run = counting  # type: ignore[assignment]
+        with settings.override(split_kernels=split):
+            call_kernel(node, [a.copy() for a in inputs], got)
+    finally:
+        parallel.run = run  # type: ignore[assignment]
+        threads.use_threads(before)
+    return got, most[0]
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("small", [True, False], ids=["split", "whole"])
+def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeypatch):
+    """At `n` threads with pieces from 64 elements (`split`: every case is cut at 2 threads) or at
+    the real threshold (`whole`: these sizes are not cut), the outputs equal the kernel's on
+    one thread with the split off, bit for bit."""
+    op, domain, inputs, outs, attrs = _case(name)
+    want, _ = _run(op, domain, inputs, outs, attrs, 1, split=False)
+    if small:
+        monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+        # split_matmul's cuts by rows or columns may round otherwise than one BLAS call (kernels/
+        # matmul.py; reports/threads.md, session 10): GEMMs stay whole here, the convolutions' own
+        # cut by images (one BLAS call per image either way) is what is checked
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
+    got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
+    assert pieces == (2 if small and n == 2 else 1)
+    for a, b in zip(want, got):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_split_off_runs_whole(monkeypatch):
+    """ONNXPLAN_SPLIT_KERNELS=0: the same kernels at 2 threads with small pieces run in one piece
+    (the switch the paired benchmark turns, benchmarks/kernel_threads.py)."""
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    for name in ("layer_norm_grad", "softmax", "gelu", "relu_grad"):
+        op, domain, inputs, outs, attrs = _case(name)
+        _, pieces = _run(op, domain, inputs, outs, attrs, 2, split=False)
+        assert pieces == 1, name
