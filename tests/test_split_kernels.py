@@ -93,6 +93,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
         # matmul.py; reports/threads.md, session 10): GEMMs stay whole here, the convolutions' own
         # cut by images (one BLAS call per image either way) is what is checked
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1 << 40)
     got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
     assert pieces == (2 if small and n == 2 else 1)
     for a, b in zip(want, got):
@@ -108,3 +109,18 @@ def test_split_off_runs_whole(monkeypatch):
         op, domain, inputs, outs, attrs = _case(name)
         _, pieces = _run(op, domain, inputs, outs, attrs, 2, split=False)
         assert pieces == 1, name
+
+
+@pytest.mark.parametrize("split, parts", [(True, 2), (False, 1)])
+def test_a_transformers_product_splits_with_the_switch(split, parts):
+    """A 1024 x 128 x 128 product (16.8 M multiply-adds, transformer b16's) splits in two at 2
+    threads with ONNXPLAN_SPLIT_KERNELS on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and
+    stays whole with it off (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
+    a, b = np.ones((1024, 128), F), np.ones((128, 128), F)
+    before = threads.current().threads
+    try:
+        threads.use_threads(2)
+        with settings.override(split_kernels=split):
+            assert matmul._product_parts(a, b, np.empty((1024, 128), F)) == parts
+    finally:
+        threads.use_threads(before)
