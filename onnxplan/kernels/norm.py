@@ -251,9 +251,10 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
     """ORT's LayerNormGrad: xhat = (x - mean) * inv_std, B = dY * scale * inv_std,
     dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY). Every
     chunk's views made once (`bound`: the tensor-sized elementwise passes by torch from
-    TORCH_ELEMS elements, the same bits). The row-wise passes are cut by rows across the compute
-    threads (row_parts), the sums over rows (dscale, dbias) by columns: each column summed in
-    the same order, every row's arithmetic as on one thread: the same bits."""
+    TORCH_ELEMS elements, the same bits). Two passes over each chunk across the compute threads:
+    by columns, xhat and dY * xhat and their sums over the rows (dscale, dbias: each column
+    summed in the same order), then by rows (row_parts) dX: every element's arithmetic as on
+    one thread, the same bits."""
     xp = ctx.xp
     (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
      part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
@@ -274,26 +275,22 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
         ws_c = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(block, (k, m), x.dtype)
         mean_b_c = ctx.scratch_array(vec_at, (k,), x.dtype)
         mean_c_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
-        first, sums = [], []
-        for lo, hi in parallel.bounds(m, len(row_parts(xp, k, m))):  # dscale, dbias: by columns
-            column_sums = []
+        first = []  # by columns: xhat, dY * xhat, then their sums over the rows (dscale, dbias)
+        for lo, hi in parallel.bounds(m, len(row_parts(xp, k, m))):
+            xc, dyc, xh, ws = x2[r0:r0 + k, lo:hi], dy2[r0:r0 + k, lo:hi], xh_c[:, lo:hi], ws_c[:, lo:hi]
+            steps = [ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
+                     else _copy_pass(xp, use_torch, xh, xc), ew("multiply", xh, inv1[r0:r0 + k, None], xh)]
             if dscale1 is not None:
-                column_sums.append(partial(_sum_rows_into, xp, ws_c[:, lo:hi], dscale1[lo:hi], part[lo:hi], r0 == 0))
+                steps += [ew("multiply", dyc, xh, ws), partial(_sum_rows_into, xp, ws, dscale1[lo:hi], part[lo:hi],
+                                                               r0 == 0)]
             if dbias1 is not None and part_b is not None:
-                column_sums.append(partial(_sum_rows_into, xp, dy2[r0:r0 + k, lo:hi], dbias1[lo:hi], part_b[lo:hi],
-                                           r0 == 0))
-            sums.append(rows_task(column_sums))
-        second = []
-        for lo, hi in row_parts(xp, k, m):
+                steps.append(partial(_sum_rows_into, xp, dyc, dbias1[lo:hi], part_b[lo:hi], r0 == 0))
+            first.append(rows_task(steps))
+        second = []  # by rows: dX
+        for lo, hi in row_parts(xp, k, m) if dx2 is not None else []:
             a, b = r0 + lo, r0 + hi
             xh, ws, mean_b, mean_c = xh_c[lo:hi], ws_c[lo:hi], mean_b_c[lo:hi], mean_c_c[lo:hi]
-            xc, dyc, inv_c = x2[a:b], dy2[a:b], inv1[a:b, None]
-            centre = (ew("subtract", xc, mean1[a:b, None], xh) if mean1 is not None
-                      else _copy_pass(xp, use_torch, xh, xc))
-            first.append(rows_task([centre, ew("multiply", xh, inv_c, xh)]
-                                   + ([ew("multiply", dyc, xh, ws)] if dscale1 is not None else [])))
-            if dx2 is None:
-                continue
+            dyc, inv_c = dy2[a:b], inv1[a:b, None]
             dots = partial(xp.matmul, ws[:, None, :], xh[:, :, None], out=mean_c.reshape(hi - lo, 1, 1))
             centre_b = [] if simplified else [partial(xp.sum, ws, axis=1, out=mean_b),
                                               partial(xp.divide, mean_b, size, out=mean_b),
@@ -301,12 +298,11 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
             second.append(rows_task([ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws), dots,
                                      partial(xp.divide, mean_c, size, out=mean_c), *centre_b,
                                      ew("multiply", xh, mean_c[:, None], xh), ew("subtract", ws, xh, ws)]))
-        chunks.append((first, sums, second))
+        chunks.append((first, second))
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        for first, sums, second in chunks:
+        for first, second in chunks:
             parallel.run(first)
-            parallel.run(sums)
             parallel.run(second)
 
     return run
