@@ -292,9 +292,9 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
             xh, ws, mean_b, mean_c = xh_c[lo:hi], ws_c[lo:hi], mean_b_c[lo:hi], mean_c_c[lo:hi]
             dyc, inv_c = dy2[a:b], inv1[a:b, None]
             dots = partial(xp.matmul, ws[:, None, :], xh[:, :, None], out=mean_c.reshape(hi - lo, 1, 1))
-            centre_b = [] if simplified else [partial(xp.sum, ws, axis=1, out=mean_b),
-                                              partial(xp.divide, mean_b, size, out=mean_b),
-                                              ew("subtract", ws, mean_b[:, None], ws)]
+            centre_b: list[Callable[[], Any]] = [] if simplified else [partial(xp.sum, ws, axis=1, out=mean_b),
+                                                                      partial(xp.divide, mean_b, size, out=mean_b),
+                                                                      ew("subtract", ws, mean_b[:, None], ws)]
             second.append(rows_task([ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws), dots,
                                      partial(xp.divide, mean_c, size, out=mean_c), *centre_b,
                                      ew("multiply", xh, mean_c[:, None], xh), ew("subtract", ws, xh, ws)]))
