@@ -1,6 +1,6 @@
 """The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
 images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
-its gradient and ReLU's by aligned ranges): bit for bit their one-thread result, at 1 and 2
+its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels): bit for bit their one-thread result, at 1 and 2
 threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def _case(name: str) -> tuple:
     image, w = r(4, 3, 34, 34), r(5, 3, 3, 3)
     conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
     odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
+    bn_x, positive = r(4, 6, 5, 7), (np.abs(r(6)) + 0.5).astype(F)
+    big_x, big_pos, ln_x = r(2, 8, 40, 40), (np.abs(r(8)) + 0.5).astype(F), r(4, 64, 80)
     cases = {
         "conv": ("Conv", "", [image, w, r(5)], [(4, 5, 34, 34)], conv),
         "conv_stride": ("Conv", "", [r(5, 3, 70, 66), w], [(5, 5, 35, 33)], {**conv, "strides": [2, 2]}),
@@ -46,13 +48,30 @@ def _case(name: str) -> tuple:
         "gelu_grad": ("GeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "fast_gelu_grad": ("FastGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "relu_grad": ("ReluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "batch_norm": ("BatchNormInternal", MS, [bn_x, r(6), r(6), r(6), positive], [bn_x.shape] + [(6,)] * 4,
+                       {"epsilon": 1e-5, "momentum": 0.9}),
+        "batch_norm_grad": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
+                            [bn_x.shape, (6,), (6,)], {}),
+        # from norm.TORCH_ELEMS elements the tensor-sized passes are torch's, on the parts' strided views
+        "batch_norm_torch": ("BatchNormInternal", MS, [big_x, r(8), r(8), r(8), big_pos], [big_x.shape] + [(8,)] * 4,
+                             {"epsilon": 1e-5, "momentum": 0.9}),
+        "batch_norm_grad_torch": ("BatchNormalizationGrad", MS, [r(*big_x.shape), big_x, r(8), r(8), big_pos],
+                                  [big_x.shape, (8,), (8,)], {}),
+        "layer_norm_torch": ("LayerNormalization", "", [ln_x, r(80), r(80)], [ln_x.shape, (4, 64, 1), (4, 64, 1)],
+                             {"axis": -1}),
+        "layer_norm_grad_torch": ("LayerNormalizationGrad", MS, [r(*ln_x.shape), ln_x, r(80), r(4, 64, 1),
+                                                                 (np.abs(r(4, 64, 1)) + 0.5).astype(F)],
+                                  [ln_x.shape, (80,), (80,)], {"axis": -1}),
+        "batch_norm_grad_no_dx": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
+                                  [None, (6,), (6,)], {}),
     }
     return cases[name]
 
 
 CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
          "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
-         "gelu_grad", "fast_gelu_grad", "relu_grad"]
+         "gelu_grad", "fast_gelu_grad", "relu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
+         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch"]
 
 
 def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
