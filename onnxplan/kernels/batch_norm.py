@@ -193,6 +193,7 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
         centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
         grad = ctx.scratch_array(0, (k, c, s), x.dtype) if dx3 is not None else None
         chunks.append((n0, k, centred, ctx.scratch_array(dots_at, (k, c), x.dtype), grad))
+    dx_chunks = [(n0, k, grad) for n0, k, _, _, grad in chunks if grad is not None]
 
     def channels(lo: int, hi: int) -> list[Callable[[], Any]]:
         """Channels lo:hi start to end: dbias, then per chunk X centred and dotted with dY into
@@ -217,7 +218,7 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
                   partial(xp.multiply, ds, ds_inv, out=centred_coef),
                   partial(xp.multiply, centred_coef, factor, out=centred_coef)]
         k3 = (1, hi - lo, 1)
-        for n0, k, _, _, grad in chunks:
+        for n0, k, grad in dx_chunks:
             dxc, dyc, g = dx3[n0:n0 + k, lo:hi], dy3[n0:n0 + k, lo:hi], grad[:, lo:hi]
             steps += [ew("multiply", dxc, centred_coef.reshape(k3), dxc), ew("multiply", dyc, dy_coef.reshape(k3), g),
                       ew("subtract", g, bias_term.reshape(k3), g), ew("subtract", g, dxc, dxc)]
