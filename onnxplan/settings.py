@@ -31,6 +31,7 @@ ENV = {
     "debug": "ONNXPLAN_DEBUG",
     "parallel_min_elems": "ONNXPLAN_PARALLEL_MIN_ELEMS",
     "native_kernels": "ONNXPLAN_NATIVE_KERNELS",
+    "split_kernels": "ONNXPLAN_SPLIT_KERNELS",
     "model_sources": "ONNXPLAN_MODEL_SOURCES",
     "profile_cache": "ONNXPLAN_PROFILE_CACHE",
 }
@@ -46,6 +47,9 @@ class Settings:
     torch_kernels: bool = True  # torch's `out=` operators where they win ("0": numpy everywhere)
     native_kernels: bool = True  # fused C loops compiled on first use (kernels/native.py; "0": numpy)
     bind_kernels: bool = True  # kernels' bind rules ("0": every node calls its plain kernel)
+    # the non-GEMM kernels cut across the compute threads (BatchNorm, LayerNorm, softmax, AdamW, a
+    # convolution's chunk; "0": they run whole on the calling thread, as before; read when a kernel binds)
+    split_kernels: bool = True
     threads: str = ""  # the default of --threads ("": every core this process may use)
     keep_openmp_wait: bool = False  # "1": leave OpenMP's wait policy as it is (a peer's process)
     probe_method: str = "clear_refs"  # how the memory probe resets the peak ("sampled": the fallback)
@@ -69,6 +73,7 @@ class Settings:
             torch_kernels=raw["torch_kernels"] != "0",
             native_kernels=raw["native_kernels"] != "0",
             bind_kernels=raw["bind_kernels"] != "0",
+            split_kernels=raw["split_kernels"] != "0",
             threads=(raw["threads"] or "").strip(),
             keep_openmp_wait=raw["keep_openmp_wait"] == "1",
             probe_method=raw["probe_method"] or base.probe_method,

@@ -15,10 +15,16 @@ from typing import Any
 import numpy as np
 
 from onnxplan import settings, threads
+from onnxplan.kernels import parallel
 
-__all__ = ["MIN_ELEMS", "aten", "enabled", "load", "tensor", "usable"]
+__all__ = ["MIN_ELEMS", "VECTOR_ALIGN", "aten", "enabled", "flat_parts", "load", "tensor", "usable"]
 
 MIN_ELEMS = 1  # measured (one thread): torch's gelu, erf, threshold_backward, softmax win at every size
+# An elementwise torch operator cut into ranges for the compute threads cuts at multiples of this
+# many elements: its loop takes vectors of 2 x 16 floats (AVX-512) and the last few elements one
+# at a time by the scalar form, whose bits may differ (erf, tanh); cut at a multiple of 64 from
+# the array's start, every element goes through the same path as in one call.
+VECTOR_ALIGN = 64
 _DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _torch: Any = None
 
@@ -48,6 +54,14 @@ def usable(xp, out, *ins) -> bool:
         return False
     return all(isinstance(a, np.ndarray) and a.shape == out.shape and a.dtype == out.dtype
                and a.flags.c_contiguous for a in (out, *ins))
+
+
+def flat_parts(xp, numel: int, passes: int) -> list[tuple[int, int]]:
+    """(lo, hi) ranges of a flat array of `numel` elements for the compute threads
+    (kernels.parallel.row_parts, a kernel of `passes` passes), cut at multiples of VECTOR_ALIGN."""
+    blocks = -(-numel // VECTOR_ALIGN)
+    return [(lo * VECTOR_ALIGN, min(hi * VECTOR_ALIGN, numel))
+            for lo, hi in parallel.row_parts(xp, blocks, VECTOR_ALIGN, passes=passes)]
 
 
 def tensor(a) -> Any:

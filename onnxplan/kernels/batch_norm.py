@@ -4,12 +4,16 @@ the executor binds (registry.Prepare)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from math import prod
 from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels.norm import _ew_pass, _get, _torch_passes, rows_per_chunk
+from onnxplan.kernels import parallel
+from onnxplan.kernels.norm import _ew_pass, _get, _run_all, _torch_passes, rows_per_chunk
 from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 from onnxplan.kernels.scratch import align
 from onnxplan.ort import MS
@@ -38,7 +42,8 @@ def _prepare_batch_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
     running = input * momentum + batch * (1 - momentum), written in place over inputs 3/4;
     BatchNormInternal also outputs saved_mean and saved_inv_std. Views, reshapes and the
     channel-sized vectors made once (`bound`: the tensor-sized elementwise passes by torch,
-    _ew_pass: the same bits).
+    _ew_pass: the same bits). Training is cut by channels across the compute threads
+    (_bn_channels): every statistic is its channel's own, the same bits.
     """
     xp = ctx.xp
     x, scale, b, mean_in, var_in = inputs[:5]
@@ -72,42 +77,73 @@ def _prepare_batch_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
 
         return run_inference
     momentum = t(np.float32(ctx.attrs.get("momentum", 0.9)))
-    keep = t(1) - momentum
     run_mean, run_var = _get(outputs, 1), _get(outputs, 2)
     mean = _get(outputs, 3) if _get(outputs, 3) is not None else xp.empty(c, x.dtype)
     inv_std = _get(outputs, 4) if _get(outputs, 4) is not None else xp.empty(c, x.dtype)
-    var = inv_std
-    count = t(n * s)
-    per_nc = ctx.scratch_array(0, (n * c,), x.dtype)
-    per_nc2, dots = per_nc.reshape(n, c), per_nc.reshape(n * c, 1, 1)
-    x_rows, mean3 = x3.reshape(n * c, s), mean.reshape(1, c, 1)
-    centred = y3.reshape(n * c, s)  # Y as workspace: centred x
-    left, right = centred[:, None, :], centred[:, :, None]
-    batch_part = xp.empty(c, x.dtype)
-    centre = _ew_pass(xp, use_torch, "subtract", x3, mean3, y3)
+    per_nc2 = ctx.scratch_array(0, (n * c,), x.dtype).reshape(n, c)
+    vectors = _BnVectors(t(n * s), eps, momentum, t(1) - momentum, scale, b, mean_in, var_in, run_mean, run_var,
+                         mean, inv_std, new_scale, new_bias, xp.empty(c, x.dtype))
+    tasks = [partial(_run_all, _bn_channels(xp, use_torch, vectors, x3, y3, per_nc2, lo, hi))
+             for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES)]
 
     def run_training(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        xp.sum(x_rows, axis=1, out=per_nc)
-        xp.sum(per_nc2, axis=0, out=mean)
-        xp.divide(mean, count, out=mean)
-        centre()
-        xp.matmul(left, right, out=dots)
-        xp.sum(per_nc2, axis=0, out=var)
-        xp.divide(var, count, out=var)
-        if run_mean is not None:
-            xp.multiply(mean, keep, out=batch_part)
-            xp.multiply(mean_in, momentum, out=run_mean)
-            xp.add(run_mean, batch_part, out=run_mean)
-        if run_var is not None:
-            xp.multiply(var, keep, out=batch_part)
-            xp.multiply(var_in, momentum, out=run_var)
-            xp.add(run_var, batch_part, out=run_var)
-        xp.add(var, eps, out=inv_std)
-        xp.divide(t(1), inv_std, out=inv_std)
-        xp.sqrt(inv_std, out=inv_std)
-        affine(inv_std, mean)
+        parallel.run(tasks)
 
     return run_training
+
+
+# BatchNorm and its gradient cut by channels across the compute threads as kernels of this many
+# passes per element (kernels.parallel.row_parts): every statistic is a channel's own, so each
+# part computes its channels start to end, in the order one thread does: the same bits.
+BN_PASSES = 4
+
+
+@dataclass(frozen=True)
+class _BnVectors:
+    """BatchNorm's channel-sized arrays and scalars, sliced per part by _bn_channels."""
+
+    count: Any
+    eps: Any
+    momentum: Any
+    keep: Any
+    scale: Any
+    bias: Any
+    mean_in: Any
+    var_in: Any
+    run_mean: Any
+    run_var: Any
+    mean: Any
+    inv_std: Any  # the variance first, then 1 / sqrt(var + eps) in place
+    new_scale: Any
+    new_bias: Any
+    batch_part: Any
+
+
+def _bn_channels(xp: Any, use_torch: bool, v: _BnVectors, x3: Any, y3: Any, per_nc2: Any, lo: int,
+                 hi: int) -> list[Callable[[], Any]]:
+    """The training BatchNorm of channels lo:hi: per (image, channel) sums, the channel's mean,
+    X centred into Y, per (image, channel) dot products, the variance, running statistics,
+    inv_std, then Y = X * new_scale + new_bias."""
+    k = hi - lo
+    xc, yc, sums = x3[:, lo:hi], y3[:, lo:hi], per_nc2[:, lo:hi]
+    mean, var, new_scale, new_bias = v.mean[lo:hi], v.inv_std[lo:hi], v.new_scale[lo:hi], v.new_bias[lo:hi]
+    steps: list[Callable[[], Any]] = [
+        partial(xp.sum, xc, axis=2, out=sums), partial(xp.sum, sums, axis=0, out=mean),
+        partial(xp.divide, mean, v.count, out=mean), _ew_pass(xp, use_torch, "subtract", xc, mean.reshape(1, k, 1), yc),
+        partial(xp.matmul, yc[:, :, None, :], yc[:, :, :, None], out=sums[:, :, None, None]),
+        partial(xp.sum, sums, axis=0, out=var), partial(xp.divide, var, v.count, out=var)]
+    batch_part = v.batch_part[lo:hi]
+    for running, given, batch in ((v.run_mean, v.mean_in, mean), (v.run_var, v.var_in, var)):
+        if running is not None:
+            steps += [partial(xp.multiply, batch, v.keep, out=batch_part),
+                      partial(xp.multiply, given[lo:hi], v.momentum, out=running[lo:hi]),
+                      partial(xp.add, running[lo:hi], batch_part, out=running[lo:hi])]
+    return steps + [partial(xp.add, var, v.eps, out=var), partial(xp.divide, var.dtype.type(1), var, out=var),
+                    partial(xp.sqrt, var, out=var), partial(xp.multiply, var, v.scale[lo:hi], out=new_scale),
+                    partial(xp.multiply, mean, new_scale, out=new_bias),
+                    partial(xp.subtract, v.bias[lo:hi], new_bias, out=new_bias),
+                    _ew_pass(xp, use_torch, "multiply", xc, new_scale.reshape(1, k, 1), yc),
+                    _ew_pass(xp, use_torch, "add", yc, new_bias.reshape(1, k, 1), yc)]
 
 
 @kernel("BatchNormalization", scratch=_batch_norm_scratch, bind=bind_prepared(_prepare_batch_norm))
@@ -134,7 +170,8 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
     Four passes over the tensor for dX after centring X into it (the per-channel factors
     folded), and one dot product per (image, channel) for dscale; the chunks' views and the
     channel-sized vectors made once (`bound`: the tensor-sized elementwise passes by torch,
-    _ew_pass: the same bits).
+    _ew_pass: the same bits). Cut by channels across the compute threads (BN_PASSES), each part
+    its channels start to end in one thread's order: the same bits.
     """
     xp = ctx.xp
     dy, x, scale, mean, inv_std = inputs[:5]
@@ -146,52 +183,51 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
     dx3 = dx.reshape(n, c, s) if dx is not None else None
     dbias = xp.empty(c, x.dtype) if dbias is None else dbias  # per-channel vectors are small
     dscale = xp.empty(c, x.dtype) if dscale is None else dscale
-    part_sum, factor, dy_coef, bias_term, centred_coef = (xp.empty(c, x.dtype) for _ in range(5))
-    dy_coef3, bias_term3 = dy_coef.reshape(1, c, 1), bias_term.reshape(1, c, 1)
-    centred_coef3 = centred_coef.reshape(1, c, 1)
+    vectors = [xp.empty(c, x.dtype) for _ in range(5)]  # part_sum, factor, dy_coef, bias_term, centred_coef
     nb = rows_per_chunk(n, c * s * x.itemsize)
     dots_at = align(nb * c * s * x.itemsize)
-    mean3 = mean.reshape(1, c, 1)
     use_torch = bound and _torch_passes(x)
-    pass1, pass2 = [], []
-    for n0 in range(0, n, nb):  # pass 1: centre X (into dX when wanted), dot with dY
+    chunks = []
+    for n0 in range(0, n, nb):  # centred X (in dX when wanted), dots per (image, channel), dX's workspace
         k = min(nb, n - n0)
         centred = dx3[n0:n0 + k] if dx3 is not None else ctx.scratch_array(0, (k, c, s), x.dtype)
-        dots = ctx.scratch_array(dots_at, (k, c), x.dtype)
-        pass1.append((_ew_pass(xp, use_torch, "subtract", x3[n0:n0 + k], mean3, centred),
-                      centred.reshape(k * c, 1, s),
-                      dy3[n0:n0 + k].reshape(k * c, s, 1), dots, dots.reshape(k * c, 1, 1)))
-        if dx3 is not None:  # pass 2: dX = dY * a - b - (X - mean) * g
-            dxc, dyc, grad = dx3[n0:n0 + k], dy3[n0:n0 + k], ctx.scratch_array(0, (k, c, s), x.dtype)
-            pass2.append((_ew_pass(xp, use_torch, "multiply", dxc, centred_coef3, dxc),
-                          _ew_pass(xp, use_torch, "multiply", dyc, dy_coef3, grad),
-                          _ew_pass(xp, use_torch, "subtract", grad, bias_term3, grad),
-                          _ew_pass(xp, use_torch, "subtract", grad, dxc, dxc)))
+        grad = ctx.scratch_array(0, (k, c, s), x.dtype) if dx3 is not None else None
+        chunks.append((n0, k, centred, ctx.scratch_array(dots_at, (k, c), x.dtype), grad))
+    dx_chunks = [(n0, k, grad) for n0, k, _, _, grad in chunks if grad is not None]
+
+    def channels(lo: int, hi: int) -> list[Callable[[], Any]]:
+        """Channels lo:hi start to end: dbias, then per chunk X centred and dotted with dY into
+        dscale, then the channel factors and dX = dY * a - b - (X - mean) * g."""
+        def ew(op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
+            return _ew_pass(xp, use_torch, op, a, b, out)
+
+        part_sum, factor, dy_coef, bias_term, centred_coef = (v[lo:hi] for v in vectors)
+        ds, ds_inv = dscale[lo:hi], inv_std[lo:hi]
+        steps: list[Callable[[], Any]] = [partial(xp.sum, dy3[:, lo:hi], axis=(0, 2), out=dbias[lo:hi])]
+        for i, (n0, k, centred, dots, _) in enumerate(chunks):
+            cen, dts, dyc = centred[:, lo:hi], dots[:, lo:hi], dy3[n0:n0 + k, lo:hi]
+            steps += [ew("subtract", x3[n0:n0 + k, lo:hi], mean.reshape(1, c, 1)[:, lo:hi], cen),
+                      partial(xp.matmul, cen[:, :, None, :], dyc[:, :, :, None], out=dts[:, :, None, None])]
+            steps += [partial(xp.sum, dts, axis=0, out=ds)] if i == 0 else [
+                partial(xp.sum, dts, axis=0, out=part_sum), partial(xp.add, ds, part_sum, out=ds)]
+        steps.append(partial(xp.multiply, ds, ds_inv, out=ds))
+        if dx3 is None:
+            return steps
+        steps += [partial(xp.multiply, scale[lo:hi], ds_inv, out=factor), partial(xp.divide, factor, ns, out=factor),
+                  partial(xp.multiply, factor, ns, out=dy_coef), partial(xp.multiply, factor, dbias[lo:hi], out=bias_term),
+                  partial(xp.multiply, ds, ds_inv, out=centred_coef),
+                  partial(xp.multiply, centred_coef, factor, out=centred_coef)]
+        k3 = (1, hi - lo, 1)
+        for n0, k, grad in dx_chunks:
+            dxc, dyc, g = dx3[n0:n0 + k, lo:hi], dy3[n0:n0 + k, lo:hi], grad[:, lo:hi]
+            steps += [ew("multiply", dxc, centred_coef.reshape(k3), dxc), ew("multiply", dyc, dy_coef.reshape(k3), g),
+                      ew("subtract", g, bias_term.reshape(k3), g), ew("subtract", g, dxc, dxc)]
+        return steps
+
+    tasks = [partial(_run_all, channels(lo, hi)) for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES)]
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        xp.sum(dy3, axis=(0, 2), out=dbias)
-        for i, (centre, left, right, dots, dots3) in enumerate(pass1):
-            centre()
-            xp.matmul(left, right, out=dots3)
-            if i == 0:
-                xp.sum(dots, axis=0, out=dscale)
-            else:
-                xp.sum(dots, axis=0, out=part_sum)
-                xp.add(dscale, part_sum, out=dscale)
-        xp.multiply(dscale, inv_std, out=dscale)
-        if dx3 is None:
-            return
-        xp.multiply(scale, inv_std, out=factor)
-        xp.divide(factor, ns, out=factor)
-        xp.multiply(factor, ns, out=dy_coef)
-        xp.multiply(factor, dbias, out=bias_term)
-        xp.multiply(dscale, inv_std, out=centred_coef)
-        xp.multiply(centred_coef, factor, out=centred_coef)
-        for scale_centred, scale_dy, shift, combine in pass2:
-            scale_centred()
-            scale_dy()
-            shift()
-            combine()
+        parallel.run(tasks)
 
     return run
 

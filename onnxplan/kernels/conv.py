@@ -12,7 +12,7 @@ from onnxplan.kernels import conv_layout, parallel
 from onnxplan.kernels.conv_depthwise import depthwise_conv
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
-from onnxplan.kernels.im2col import im2col, view
+from onnxplan.kernels.im2col import im2col, im2col_then, view
 from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
 
@@ -102,14 +102,19 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
             sub = win.band(b0, b1)
             span = nb * (b1 - b0) * rest
             col = ctx.scratch_array(lay.col, (c, *win.kernel, nb, *sub.out_dims), x.dtype)
-            im2col(xp, sub, x[n0:n0 + nb], col, chunk_source(ctx, lay, sub, nb, c, x.dtype))
+            src = chunk_source(ctx, lay, sub, nb, c, x.dtype)
             cols = col.reshape(group, ckg, span)
+            if nb > 1 and length >= DIRECT_LENGTH:  # a GEMM per image into Y, its columns a strided block
+                per_image = cols.reshape(group, ckg, nb, length).transpose(2, 0, 1, 3)
+                out = view(xp, y3[n0:n0 + nb], (nb, group, mg, length))
+                if not im2col_then(xp, sub, x[n0:n0 + nb], col, src,
+                                   lambda lo, hi: np.matmul(w3, per_image[lo:hi], out=out[lo:hi])):
+                    im2col(xp, sub, x[n0:n0 + nb], col, src)
+                    split_matmul(xp, w3, per_image, out)
+                continue
+            im2col(xp, sub, x[n0:n0 + nb], col, src)
             if nb == 1:
                 split_matmul(xp, w3, cols, view(xp, y3[n0, :, b0 * rest:b1 * rest], (group, mg, span)))
-                continue
-            if length >= DIRECT_LENGTH:  # a GEMM per image into Y, its columns a strided block
-                per_image = cols.reshape(group, ckg, nb, length).transpose(2, 0, 1, 3)
-                split_matmul(xp, w3, per_image, view(xp, y3[n0:n0 + nb], (nb, group, mg, length)))
                 continue
             rows = ctx.scratch_array(lay.rows, (m, span), x.dtype)
             split_matmul(xp, w3, cols, rows.reshape(group, mg, span))

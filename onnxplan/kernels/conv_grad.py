@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from onnxplan.kernels import conv_grad_dx, conv_layout
 from onnxplan.kernels.conv_depthwise import depthwise_dw
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_dw, taps_layout
-from onnxplan.kernels.im2col import col2im_add, im2col, view
+from onnxplan.kernels.im2col import col2im_add, im2col, im2col_then, view
 from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, kernel
 from onnxplan.ort import MS
@@ -142,14 +144,21 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         span = nb * (b1 - b0) * rest
         col = ctx.scratch_array(lay.col, (c, *win.kernel, nb, *sub.out_dims), x.dtype)
         cols = col.reshape(group, ckg, span)
+        made = False  # dW's columns made with the rows, by images across the compute threads
         if nb == 1:
             rows = view(xp, dy3[n0, :, b0 * rest:b1 * rest], (group, mg, span))
         else:
             rows = ctx.scratch_array(lay.rows, (m, span), x.dtype)
-            xp.copyto(rows.reshape(m, nb, length), dy3[n0:n0 + nb].swapaxes(0, 1))
+            by_image, dy_images = rows.reshape(m, nb, length), dy3[n0:n0 + nb].swapaxes(0, 1)
+            made = dw3 is not None and im2col_then(
+                xp, sub, x[n0:n0 + nb], col, chunk_source(ctx, lay, sub, nb, c, x.dtype),
+                lambda lo, hi: np.copyto(by_image[:, lo:hi], dy_images[:, lo:hi]))
+            if not made:
+                xp.copyto(by_image, dy_images)
             rows = rows.reshape(group, mg, span)
         if dw3 is not None:
-            im2col(xp, sub, x[n0:n0 + nb], col, chunk_source(ctx, lay, sub, nb, c, x.dtype))
+            if not made:
+                im2col(xp, sub, x[n0:n0 + nb], col, chunk_source(ctx, lay, sub, nb, c, x.dtype))
             acc = ctx.scratch_array(lay.acc, (group, mg, ckg), x.dtype) if lay.acc >= 0 else None
             _dw_gemm(xp, rows, cols, dw3, acc, n0 == 0 and b0 == 0)
         if dx is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,24 @@ GELU_GAMMA = 0.044715
 # and aten op resolved, else None. It is the kernel's bind rule (made once), and the plain kernel
 # makes it and calls it at once (_torch_ran), falling back to numpy when it gives None.
 TorchStep = Callable[[KernelContext, list, list], "KernelFn | None"]
+
+
+def _torch_by_ranges(xp: Any, arrays: list, passes: int, call: Callable[..., Any]) -> KernelFn:
+    """A node's step running call(*flat tensors of `arrays`' range) over ranges of their
+    elements across the compute threads (_torch.flat_parts: cut where the operator's vector
+    loop would be, every element computed as in one call: the same bits); arrays[0] is the
+    output, all of its shape and C-contiguous (_torch.usable)."""
+    flats = [_torch.tensor(a.reshape(-1)) for a in arrays]
+    calls = [partial(call, *(t[lo:hi] for t in flats)) for lo, hi in _torch.flat_parts(xp, arrays[0].size, passes)]
+    if len(calls) == 1:
+        one = calls[0]
+        return lambda ctx, inputs, outputs: one()
+    return lambda ctx, inputs, outputs: parallel.run(calls)
+
+
+# Passes per element (kernels.parallel.parts_for) of the torch operators cut by ranges: a GELU
+# or its gradient (erf, exp) weighs as several ufunc passes, ReLU's gradient as one.
+GELU_PASSES = 4
 
 
 def _torch_ran(step: TorchStep, ctx: KernelContext, inputs: list, outputs: list) -> bool:
@@ -235,8 +254,8 @@ def torch_gelu(approximate: str | None) -> TorchStep:
             return None
         op, to = _torch.aten().gelu.out, _torch.tensor(out)
         if bias is None:
-            tx = _torch.tensor(x)
-            return lambda ctx, inputs, outputs: op(tx, approximate=appr, out=to)
+            return _torch_by_ranges(ctx.xp, [out, x], GELU_PASSES,
+                                    lambda to_, tx_: op(tx_, approximate=appr, out=to_))
 
         def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
             np.add(x, bias, out=out)
@@ -316,9 +335,9 @@ def quick_gelu(ctx, inputs, outputs):
 def _torch_relu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
         return None
-    t = _torch.tensor
-    op, tdy, tx, to = _torch.aten().threshold_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
-    return lambda ctx, inputs, outputs: op(tdy, tx, 0, grad_input=to)
+    op = _torch.aten().threshold_backward.grad_input
+    return _torch_by_ranges(ctx.xp, [outputs[0], inputs[0], inputs[1]], 1,
+                            lambda to, tdy, tx: op(tdy, tx, 0, grad_input=to))
 
 
 @kernel("ReluGrad", MS, overwrites=BINARY, bind=_torch_relu_grad)
@@ -363,9 +382,9 @@ def _torch_gelu_backward(approximate: str) -> TorchStep:
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
             return None
-        t = _torch.tensor
-        op, tdy, tx, to = _torch.aten().gelu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
-        return lambda ctx, inputs, outputs: op(tdy, tx, approximate=approximate, grad_input=to)
+        op = _torch.aten().gelu_backward.grad_input
+        return _torch_by_ranges(ctx.xp, [outputs[0], inputs[0], inputs[1]], GELU_PASSES,
+                                lambda to, tdy, tx: op(tdy, tx, approximate=approximate, grad_input=to))
     return step
 
 

@@ -4,14 +4,17 @@ image's channels) across the compute threads (kernels.parallel)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.ir.windows import Window, extent, reads_padding
 from onnxplan.kernels import parallel
 
-__all__ = ["MIN_ROW", "by_rows", "col2im_add", "im2col", "image_parts", "padded_source", "view", "window_views"]
+__all__ = ["IM2COL_THEN_PASSES", "MIN_ROW", "by_rows", "col2im_add", "im2col", "im2col_then", "image_parts",
+           "padded_source", "view", "window_views"]
 
 
 def view(xp, a, shape):
@@ -116,11 +119,11 @@ def _im2col_by_rows(xp, win: Window, x, col, src) -> None:
 # (1.7M elements) took 0.51 ms in one piece and 0.56 ms in two, so smaller copies stay whole.
 
 
-def image_parts(xp, nb: int, c: int, numel: int) -> list[tuple[str, int, int]]:
+def image_parts(xp, nb: int, c: int, numel: int, passes: int = 1) -> list[tuple[str, int, int]]:
     """How im2col / col2im over `nb` images of `c` channels (`numel` column elements) is cut for
     the compute threads: ("n", lo, hi) ranges of images, or of channels ("c") for one image;
-    one part when the columns are small."""
-    parts = parallel.parts_for(numel, xp)
+    one part when the columns are small (`passes`: the work per column element, in copies)."""
+    parts = parallel.parts_for(numel, xp, passes=passes)
     axis, count = ("n", nb) if nb > 1 else ("c", c)
     parts = min(parts, count)
     return [(axis, lo, hi) for lo, hi in parallel.bounds(count, parts)]
@@ -150,6 +153,37 @@ def im2col(xp, win: Window, x, col, src=None) -> None:
     sp = len(win.kernel)
     parallel.run([functools.partial(_im2col_whole, xp, win, *_image_part(sp, part, x, col, src))
                   for part in parts])
+
+
+# A chunk's columns and the work on them (its product) cut by images as one task per part: the
+# part's columns, then at once its product, on the thread that made them (no thread idles
+# between a chunk's im2col and its GEMM). A part carries the product's work beside the copy:
+# it splits from half the columns a copy alone does (kernels.parallel.parts_for, 2 passes).
+IM2COL_THEN_PASSES = 2
+
+
+def im2col_then(xp, win: Window, x, col, src, then: Callable[[int, int], None]) -> bool:
+    """im2col of x's images into `col`, each part of images followed on the same thread by
+    then(lo, hi), the work on those images' columns (each image's own GEMM: the same calls
+    as one batched product). Only by images (a chunk of several), from the columns' size
+    (IM2COL_THEN_PASSES); False, with nothing done, where it does not split (the caller runs
+    im2col and its product as before): one image, small columns, or ONNXPLAN_SPLIT_KERNELS=0."""
+    nb = x.shape[0]
+    if nb < 2 or not settings.current().split_kernels:
+        return False
+    parts = image_parts(xp, nb, x.shape[1], col.size, passes=IM2COL_THEN_PASSES)
+    if len(parts) <= 1:
+        return False
+    sp = len(win.kernel)
+
+    def task(part: tuple[str, int, int]) -> Callable[[], None]:
+        def run() -> None:
+            _im2col_whole(xp, win, *_image_part(sp, part, x, col, src))
+            then(part[1], part[2])
+        return run
+
+    parallel.run([task(part) for part in parts])
+    return True
 
 
 def _im2col_whole(xp, win: Window, x, col, src=None) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.kernels import _xp, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
@@ -17,6 +18,10 @@ MS = "com.microsoft"
 # a piece (MIN_ELEMS: kernels.parallel's threshold, in elements, for a one-pass ufunc): a piece
 # must outlast the hand-off to a worker by far. Measured: reports/threads.md, session 10.
 GEMM_MACS_PER_ELEM = 16
+# With ONNXPLAN_SPLIT_KERNELS on (the default), from half that: a transformer's 16.8 M
+# multiply-add products (1024 x 128 x 128) split in two (session 10 left them whole: -0.05 ms
+# each under load, a gain on a quiet machine); switched off, GEMM_MACS_PER_ELEM as before.
+GEMM_MACS_PER_ELEM_SPLIT = 8
 # A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
 # piece packs all of the other operand, and a piece of few rows against many columns (a
 # convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
@@ -38,10 +43,12 @@ def matmul_into(xp, a, b, out) -> None:
 
 
 def _product_parts(a, b, out) -> int:
-    """How many pieces out = a @ b is cut into: by its multiply-adds (GEMM_MIN_MACS a piece)."""
+    """How many pieces out = a @ b is cut into: by its multiply-adds (MIN_ELEMS times
+    GEMM_MACS_PER_ELEM(_SPLIT) a piece)."""
     if a.ndim < 2 or b.ndim < 2:
         return 1
-    return parallel.parts_for(out.size * a.shape[-1], min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM)
+    per_elem = GEMM_MACS_PER_ELEM_SPLIT if settings.current().split_kernels else GEMM_MACS_PER_ELEM
+    return parallel.parts_for(out.size * a.shape[-1], min_elems=parallel.MIN_ELEMS * per_elem)
 
 
 def _operand_batch(x, out_ndim: int, lo: int, hi: int):

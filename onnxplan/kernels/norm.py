@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp, scratch
+from onnxplan.kernels import _torch, _xp, parallel, scratch
 from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 from onnxplan.kernels.scratch import align
 
@@ -89,6 +89,22 @@ def _layer_norm_scratch(node, in_specs, out_specs) -> int:
     return align(m * cols * x.itemsize) + 2 * align(cols * x.itemsize)
 
 
+# A layer norm (and its gradient) cuts each chunk's rows across the compute threads as a kernel
+# of this many passes per element would (kernels.parallel.parts_for): about 15 numpy or torch
+# calls a chunk (the transposed copy, two sums, the square, three or four normalizing passes),
+# measured at ~11x a one-pass ufunc's time per element (transformer b16's five LayerNormalization
+# nodes of 16 x 64 x 128: 0.90 ms, the thread's CPU time, least of 10, 1.4 ns an element; a
+# float32 multiply ~0.12 ns), rounded up: a 131K-element node splits in two; each part at least
+# ROW_PART_MIN rows (a transposed part of one column would be summed pairwise, not in ORT's order).
+LN_PASSES = 16
+ROW_PART_MIN = 2
+
+
+def row_parts(xp: Any, rows: int, m: int) -> list[tuple[int, int]]:
+    """(lo, hi) ranges of a chunk's `rows` rows of `m` elements for the compute threads."""
+    return parallel.row_parts(xp, rows, m, passes=LN_PASSES, min_rows=ROW_PART_MIN)
+
+
 def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: bool,
                         simplified: bool) -> KernelFn:
     """ORT's LayerNormImpl: per row, sequential sums of x and x*x, then
@@ -96,7 +112,9 @@ def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
 
     The sums run over a transposed copy so numpy reduces in ORT's left-to-right order. Every
     chunk's views made once (`bound`: the tensor-sized copy and elementwise passes by torch from
-    TORCH_ELEMS elements, the same bits).
+    TORCH_ELEMS elements, the same bits). A chunk's rows are cut across the compute threads
+    (row_parts), each part with its own block of the transposed scratch and its own slice of
+    the row vectors: every row's arithmetic as on one thread, the same bits.
     """
     xp = ctx.xp
     x, scale, bias = inputs[0], inputs[1], _get(inputs, 2)
@@ -112,15 +130,16 @@ def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
     nr, cols = _ln_chunk(rows, m, x.itemsize)
     vec_at = align(m * cols * x.itemsize)
     use_torch = bound and _torch_passes(x)
-    chunks = []
-    for r0 in range(0, rows, nr):
-        k = min(nr, rows - r0)
+
+    def part(r0: int, lo: int, hi: int) -> Callable[[], None]:
+        """Rows r0 + lo .. r0 + hi of the chunk at r0, with the scratch from its `lo`th column."""
+        k = hi - lo
         kk = max(k, 2)
-        xt = ctx.scratch_array(0, (m, kk), x.dtype)
-        sums = ctx.scratch_array(vec_at, (kk,), x.dtype)
-        squares = ctx.scratch_array(vec_at + align(cols * x.itemsize), (kk,), x.dtype)
+        xt = ctx.scratch_array(m * lo * x.itemsize, (m, kk), x.dtype)
+        sums = ctx.scratch_array(vec_at + lo * x.itemsize, (kk,), x.dtype)
+        squares = ctx.scratch_array(vec_at + align(cols * x.itemsize) + lo * x.itemsize, (kk,), x.dtype)
         mean, std = sums[:k], squares[:k]
-        xc, yc = x2[r0:r0 + k], y2[r0:r0 + k]
+        xc, yc = x2[r0 + lo:r0 + hi], y2[r0 + lo:r0 + hi]
         if simplified:
             normalize = [_ew_pass(xp, use_torch, "divide", xc, std[:, None], yc)]
         else:
@@ -129,35 +148,45 @@ def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
         normalize.append(_ew_pass(xp, use_torch, "multiply", yc, scale1, yc))
         if bias1 is not None:
             normalize.append(_ew_pass(xp, use_torch, "add", yc, bias1, yc))
-        chunks.append((_copy_pass(xp, use_torch and kk == k, xt[:, :k], xc.T), xt[:, k:] if kk > k else None, xt,
+        return partial(_layer_norm_rows, xp, simplified, size, eps, one,
+                       _copy_pass(xp, use_torch and kk == k, xt[:, :k], xc.T), xt[:, k:] if kk > k else None, xt,
                        sums, squares, mean, std, xt[0, :k], normalize,
-                       None if mean_out is None else mean_out.reshape(rows)[r0:r0 + k],
-                       None if inv_out is None else inv_out.reshape(rows)[r0:r0 + k]))
+                       None if mean_out is None else mean_out.reshape(rows)[r0 + lo:r0 + hi],
+                       None if inv_out is None else inv_out.reshape(rows)[r0 + lo:r0 + hi])
+
+    chunks = [[part(r0, lo, hi) for lo, hi in row_parts(xp, min(nr, rows - r0), m)] for r0 in range(0, rows, nr)]
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        for transpose, xt_pad, xt, sums, squares, mean, std, square, normalize, mean_o, inv_o in chunks:
-            transpose()
-            if xt_pad is not None:
-                xt_pad[...] = 0
-            xp.sum(xt, axis=0, out=sums)
-            xp.multiply(xt, xt, out=xt)
-            xp.sum(xt, axis=0, out=squares)
-            xp.divide(mean, size, out=mean)
-            xp.divide(std, size, out=std)
-            if not simplified:
-                xp.multiply(mean, mean, out=square)
-                xp.subtract(std, square, out=std)
-            xp.add(std, eps, out=std)
-            xp.sqrt(std, out=std)
-            for step in normalize:
-                step()
-            if mean_o is not None:
-                xp.copyto(mean_o, mean, casting="same_kind")
-            if inv_o is not None:
-                xp.divide(one, std, out=std)
-                xp.copyto(inv_o, std, casting="same_kind")
+        for tasks in chunks:
+            parallel.run(tasks)
 
     return run
+
+
+def _layer_norm_rows(xp: Any, simplified: bool, size: Any, eps: Any, one: Any, transpose: Callable[[], Any],
+                     xt_pad: Any, xt: Any, sums: Any, squares: Any, mean: Any, std: Any, square: Any,
+                     normalize: list[Callable[[], Any]], mean_o: Any, inv_o: Any) -> None:
+    """One part of a chunk's rows: its transposed copy, sums, statistics, then Y."""
+    transpose()
+    if xt_pad is not None:
+        xt_pad[...] = 0
+    xp.sum(xt, axis=0, out=sums)
+    xp.multiply(xt, xt, out=xt)
+    xp.sum(xt, axis=0, out=squares)
+    xp.divide(mean, size, out=mean)
+    xp.divide(std, size, out=std)
+    if not simplified:
+        xp.multiply(mean, mean, out=square)
+        xp.subtract(std, square, out=std)
+    xp.add(std, eps, out=std)
+    xp.sqrt(std, out=std)
+    for step in normalize:
+        step()
+    if mean_o is not None:
+        xp.copyto(mean_o, mean, casting="same_kind")
+    if inv_o is not None:
+        xp.divide(one, std, out=std)
+        xp.copyto(inv_o, std, casting="same_kind")
 
 
 _LN = partial(_prepare_layer_norm, simplified=False)
@@ -222,58 +251,66 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
     """ORT's LayerNormGrad: xhat = (x - mean) * inv_std, B = dY * scale * inv_std,
     dX = B - mean(B) - xhat * mean(B * xhat), dscale = sum(dY * xhat), dbias = sum(dY). Every
     chunk's views made once (`bound`: the tensor-sized elementwise passes by torch from
-    TORCH_ELEMS elements, the same bits)."""
+    TORCH_ELEMS elements, the same bits). Two passes over each chunk across the compute threads:
+    by columns, xhat and dY * xhat and their sums over the rows (dscale, dbias: each column
+    summed in the same order), then by rows (row_parts) dX: every element's arithmetic as on
+    one thread, the same bits."""
     xp = ctx.xp
     (x, rows, m, size, x2, dy2, dx2, scale1, mean1, inv1, dscale1, dbias1, nr, block, vec, vec_at,
      part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
     part = ctx.scratch_array(part_at, (m,), x.dtype)
     part_b = ctx.scratch_array(part_at + align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
     use_torch = bound and _torch_passes(x)
+
+    def ew(op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
+        return _ew_pass(xp, use_torch, op, a, b, out)
+
+    def rows_task(passes: list[Callable[[], Any]]) -> Callable[[], None]:
+        return partial(_run_all, passes)
+
     chunks = []
     for r0 in range(0, rows, nr):
         k = min(nr, rows - r0)
-        xh = ctx.scratch_array(0, (k, m), x.dtype)
-        ws = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(block, (k, m), x.dtype)
-        mean_b = ctx.scratch_array(vec_at, (k,), x.dtype)
-        mean_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
-        xc, dyc, inv_c = x2[r0:r0 + k], dy2[r0:r0 + k], inv1[r0:r0 + k, None]
-
-        def ew(op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
-            return _ew_pass(xp, use_torch, op, a, b, out)
-
-        centre = (ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
-                  else _copy_pass(xp, use_torch, xh, xc))
-        chunks.append((r0 == 0, dyc, ws, mean_b, mean_c, ws[:, None, :], xh[:, :, None],
-                       mean_c.reshape(k, 1, 1),
-                       centre, ew("multiply", xh, inv_c, xh), ew("multiply", dyc, xh, ws),
-                       ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws),
-                       ew("subtract", ws, mean_b[:, None], ws), ew("multiply", xh, mean_c[:, None], xh),
-                       ew("subtract", ws, xh, ws)))
+        xh_c = ctx.scratch_array(0, (k, m), x.dtype)
+        ws_c = dx2[r0:r0 + k] if dx2 is not None else ctx.scratch_array(block, (k, m), x.dtype)
+        mean_b_c = ctx.scratch_array(vec_at, (k,), x.dtype)
+        mean_c_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
+        first = []  # by columns: xhat, dY * xhat, then their sums over the rows (dscale, dbias)
+        for lo, hi in parallel.bounds(m, len(row_parts(xp, k, m))):
+            xc, dyc, xh, ws = x2[r0:r0 + k, lo:hi], dy2[r0:r0 + k, lo:hi], xh_c[:, lo:hi], ws_c[:, lo:hi]
+            steps = [ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
+                     else _copy_pass(xp, use_torch, xh, xc), ew("multiply", xh, inv1[r0:r0 + k, None], xh)]
+            if dscale1 is not None:
+                steps += [ew("multiply", dyc, xh, ws), partial(_sum_rows_into, xp, ws, dscale1[lo:hi], part[lo:hi],
+                                                               r0 == 0)]
+            if dbias1 is not None and part_b is not None:
+                steps.append(partial(_sum_rows_into, xp, dyc, dbias1[lo:hi], part_b[lo:hi], r0 == 0))
+            first.append(rows_task(steps))
+        second = []  # by rows: dX
+        for lo, hi in row_parts(xp, k, m) if dx2 is not None else []:
+            a, b = r0 + lo, r0 + hi
+            xh, ws, mean_b, mean_c = xh_c[lo:hi], ws_c[lo:hi], mean_b_c[lo:hi], mean_c_c[lo:hi]
+            dyc, inv_c = dy2[a:b], inv1[a:b, None]
+            dots = partial(xp.matmul, ws[:, None, :], xh[:, :, None], out=mean_c.reshape(hi - lo, 1, 1))
+            centre_b: list[Callable[[], Any]] = [] if simplified else [partial(xp.sum, ws, axis=1, out=mean_b),
+                                                                      partial(xp.divide, mean_b, size, out=mean_b),
+                                                                      ew("subtract", ws, mean_b[:, None], ws)]
+            second.append(rows_task([ew("multiply", dyc, scale1, ws), ew("multiply", ws, inv_c, ws), dots,
+                                     partial(xp.divide, mean_c, size, out=mean_c), *centre_b,
+                                     ew("multiply", xh, mean_c[:, None], xh), ew("subtract", ws, xh, ws)]))
+        chunks.append((first, second))
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        for (first, dyc, ws, mean_b, mean_c, ws3, xh3, dots, centre, normalize, dscale_terms, scale_dy,
-             scale_inv, centre_b, scale_xh, combine) in chunks:
-            centre()
-            normalize()
-            if dscale1 is not None:
-                dscale_terms()
-                _sum_rows_into(xp, ws, dscale1, part, first)
-            if dbias1 is not None:
-                _sum_rows_into(xp, dyc, dbias1, part_b, first)
-            if dx2 is None:
-                continue
-            scale_dy()
-            scale_inv()
-            xp.matmul(ws3, xh3, out=dots)
-            xp.divide(mean_c, size, out=mean_c)
-            if not simplified:
-                xp.sum(ws, axis=1, out=mean_b)
-                xp.divide(mean_b, size, out=mean_b)
-                centre_b()
-            scale_xh()
-            combine()
+        for first, second in chunks:
+            parallel.run(first)
+            parallel.run(second)
 
     return run
+
+
+def _run_all(passes: list[Callable[[], Any]]) -> None:
+    for step in passes:
+        step()
 
 
 _LN_GRAD = partial(_prepare_layer_norm_grad, simplified=False)

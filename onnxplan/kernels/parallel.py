@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from onnxplan import threads
+from onnxplan import settings, threads
 from onnxplan.settings import Settings
 
-__all__ = ["MIN_ELEMS", "parts_for", "rows", "run", "ufunc"]
+__all__ = ["MIN_ELEMS", "parts_for", "row_parts", "rows", "run", "ufunc"]
 
 # Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
 # pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
@@ -111,6 +111,15 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
     pieces.all_done.wait()
     if pieces.error is not None:
         raise pieces.error
+
+
+def row_parts(xp, rows: int, width: int, passes: int = 1, min_rows: int = 1) -> list[tuple[int, int]]:
+    """(lo, hi) ranges of `rows` rows of `width` elements, one per part for the compute threads
+    (parts_for, a kernel of `passes` passes per element), each of `min_rows` rows or more; one
+    range when small or where ONNXPLAN_SPLIT_KERNELS=0 (the row-wise kernels that settings
+    switches: softmax, the norms, a convolution's chunk)."""
+    parts = parts_for(rows * width, xp, passes=passes) if settings.current().split_kernels else 1
+    return bounds(rows, max(1, min(parts, rows // max(1, min_rows))))
 
 
 def bounds(n: int, parts: int) -> list[tuple[int, int]]:

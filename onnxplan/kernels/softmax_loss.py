@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp
+from onnxplan.kernels import _torch, _xp, parallel
 from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, kernel
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
@@ -41,7 +42,25 @@ def _torch_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] 
         return None
     op = (_torch.aten()._log_softmax if log else _torch.aten()._softmax).out
     tx, to = _torch.tensor(x3[:, :, 0]), _torch.tensor(out3[:, :, 0])
-    return lambda: op(tx, 1, False, out=to)
+    return _by_rows([partial(op, tx[lo:hi], 1, False, out=to[lo:hi])
+                     for lo, hi in _row_parts(xp, x3.shape[0], x3.shape[1])])
+
+
+# torch's row kernels ((log-)softmax and its gradient: a max, an exponential, a sum and a scale
+# per element) cut by rows across the compute threads as a kernel of this many passes would
+# (kernels.parallel.row_parts); every row computed as on one thread.
+SOFTMAX_PASSES = 4
+
+
+def _row_parts(xp: Any, rows: int, width: int) -> list[tuple[int, int]]:
+    return parallel.row_parts(xp, rows, width, passes=SOFTMAX_PASSES)
+
+
+def _by_rows(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """One call running `calls` (one per part of the rows) across the compute threads."""
+    if len(calls) == 1:
+        return calls[0]
+    return partial(parallel.run, calls)
 
 
 def _softmax(xp, x3, out3, log: bool) -> None:
@@ -100,7 +119,9 @@ def _torch_softmax_grad(xp: Any, dy3: Any, y3: Any, out3: Any) -> Callable[[], A
         return None
     op, t = _torch.aten()._softmax_backward_data.out, _torch.tensor
     tdy, ty, tout, dtype = t(dy3[:, :, 0]), t(y3[:, :, 0]), t(out3[:, :, 0]), t(y3).dtype
-    return lambda: op(tdy, ty, 1, dtype, grad_input=tout)
+    rows, width = y3.shape[0], y3.shape[1]
+    return _by_rows([partial(op, tdy[lo:hi], ty[lo:hi], 1, dtype, grad_input=tout[lo:hi])
+                                      for lo, hi in _row_parts(xp, rows, width)])
 
 
 def _softmax_grad(ctx, inputs, outputs, coerce_2d: bool, default_axis: int) -> None:

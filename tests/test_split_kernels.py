@@ -1,0 +1,145 @@
+"""The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
+images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
+its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels): bit for bit their one-thread result, at 1 and 2
+threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxplan import settings, threads
+from onnxplan.kernels import matmul, parallel
+from tests.kernel_harness import MS, RNG, call_kernel, make_node
+
+F = np.float32
+
+
+def _case(name: str) -> tuple:
+    """(op, domain, inputs, output shapes (None: omitted), attrs) of a named case."""
+    r = lambda *shape: RNG.standard_normal(shape).astype(F)  # noqa: E731
+    x, dy = r(6, 7, 40), r(6, 7, 40)
+    mean, inv = r(6, 7, 1), (np.abs(r(6, 7, 1)) + 0.5).astype(F)
+    image, w = r(4, 3, 34, 34), r(5, 3, 3, 3)
+    conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
+    bn_x, positive = r(4, 6, 5, 7), (np.abs(r(6)) + 0.5).astype(F)
+    big_x, big_pos, ln_x = r(2, 8, 40, 40), (np.abs(r(8)) + 0.5).astype(F), r(4, 64, 80)
+    cases = {
+        "conv": ("Conv", "", [image, w, r(5)], [(4, 5, 34, 34)], conv),
+        "conv_stride": ("Conv", "", [r(5, 3, 70, 66), w], [(5, 5, 35, 33)], {**conv, "strides": [2, 2]}),
+        "conv_grad": ("ConvGrad", MS, [r(4, 5, 34, 34), image, w], [(4, 3, 34, 34), (5, 3, 3, 3), (5,)], conv),
+        "conv_grad_dw": ("ConvGrad", MS, [r(5, 5, 35, 33), r(5, 3, 70, 66), w], [None, (5, 3, 3, 3), (5,)],
+                         {**conv, "strides": [2, 2]}),
+        "layer_norm": ("LayerNormalization", "", [x, r(40), r(40)], [(6, 7, 40), (6, 7, 1), (6, 7, 1)],
+                       {"axis": -1}),
+        "rms_norm": ("SimplifiedLayerNormalization", "", [x, r(40)], [(6, 7, 40), (6, 7, 1)], {"axis": -1}),
+        "layer_norm_grad": ("LayerNormalizationGrad", MS, [dy, x, r(40), mean, inv], [(6, 7, 40), (40,), (40,)],
+                            {"axis": -1}),
+        "layer_norm_grad_no_dx": ("LayerNormalizationGrad", MS, [dy, x, r(40), mean, inv], [None, (40,), (40,)],
+                                  {"axis": -1}),
+        "rms_norm_grad": ("SimplifiedLayerNormalizationGrad", MS, [dy, x, r(40), inv], [(6, 7, 40), (40,)],
+                          {"axis": -1}),
+        "softmax": ("Softmax", "", [x], [(6, 7, 40)], {"axis": -1}),
+        "log_softmax": ("LogSoftmax", "", [x], [(6, 7, 40)], {"axis": -1}),
+        "softmax_grad": ("SoftmaxGrad_13", MS, [dy, r(6, 7, 40)], [(6, 7, 40)], {"axis": -1}),
+        "gelu": ("Gelu", MS, [r(odd)], [(odd,)], {}),
+        "fast_gelu": ("FastGelu", MS, [r(odd)], [(odd,)], {}),
+        "gelu_grad": ("GeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "fast_gelu_grad": ("FastGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "relu_grad": ("ReluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "batch_norm": ("BatchNormInternal", MS, [bn_x, r(6), r(6), r(6), positive], [bn_x.shape] + [(6,)] * 4,
+                       {"epsilon": 1e-5, "momentum": 0.9}),
+        "batch_norm_grad": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
+                            [bn_x.shape, (6,), (6,)], {}),
+        # from norm.TORCH_ELEMS elements the tensor-sized passes are torch's, on the parts' strided views
+        "batch_norm_torch": ("BatchNormInternal", MS, [big_x, r(8), r(8), r(8), big_pos], [big_x.shape] + [(8,)] * 4,
+                             {"epsilon": 1e-5, "momentum": 0.9}),
+        "batch_norm_grad_torch": ("BatchNormalizationGrad", MS, [r(*big_x.shape), big_x, r(8), r(8), big_pos],
+                                  [big_x.shape, (8,), (8,)], {}),
+        "layer_norm_torch": ("LayerNormalization", "", [ln_x, r(80), r(80)], [ln_x.shape, (4, 64, 1), (4, 64, 1)],
+                             {"axis": -1}),
+        "layer_norm_grad_torch": ("LayerNormalizationGrad", MS, [r(*ln_x.shape), ln_x, r(80), r(4, 64, 1),
+                                                                 (np.abs(r(4, 64, 1)) + 0.5).astype(F)],
+                                  [ln_x.shape, (80,), (80,)], {"axis": -1}),
+        "batch_norm_grad_no_dx": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
+                                  [None, (6,), (6,)], {}),
+    }
+    return cases[name]
+
+
+CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
+         "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
+         "gelu_grad", "fast_gelu_grad", "relu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
+         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch"]
+
+
+def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
+    """Our kernel at `n` threads, the split on or off: (outputs, most pieces of one parallel.run)."""
+    most = [1]
+    run = parallel.run
+
+    def counting(tasks):
+        most[0] = max(most[0], len(tasks))
+        run(tasks)
+
+    before = threads.current().threads
+    node = make_node(op, inputs, [None if s is None else (F, s) for s in outs], attrs, domain)
+    got = [None if s is None else np.full(s, np.nan, F) for s in outs]
+    try:
+        threads.use_threads(n)
+        parallel.run = counting  # type: ignore[assignment]
+        with settings.override(split_kernels=split):
+            call_kernel(node, [a.copy() for a in inputs], got)
+    finally:
+        parallel.run = run  # type: ignore[assignment]
+        threads.use_threads(before)
+    return got, most[0]
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("small", [True, False], ids=["split", "whole"])
+def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeypatch):
+    """At `n` threads with pieces from 64 elements (`split`: every case is cut at 2 threads) or at
+    the real threshold (`whole`: these sizes are not cut), the outputs equal the kernel's on
+    one thread with the split off, bit for bit."""
+    op, domain, inputs, outs, attrs = _case(name)
+    want, _ = _run(op, domain, inputs, outs, attrs, 1, split=False)
+    if small:
+        monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+        # split_matmul's cuts by rows or columns may round otherwise than one BLAS call (kernels/
+        # matmul.py; reports/threads.md, session 10): GEMMs stay whole here, the convolutions' own
+        # cut by images (one BLAS call per image either way) is what is checked
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1 << 40)
+    got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
+    assert pieces == (2 if small and n == 2 else 1)
+    for a, b in zip(want, got):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_split_off_runs_whole(monkeypatch):
+    """ONNXPLAN_SPLIT_KERNELS=0: the same kernels at 2 threads with small pieces run in one piece
+    (the switch the paired benchmark turns, benchmarks/kernel_threads.py)."""
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    for name in ("layer_norm_grad", "softmax", "gelu", "relu_grad"):
+        op, domain, inputs, outs, attrs = _case(name)
+        _, pieces = _run(op, domain, inputs, outs, attrs, 2, split=False)
+        assert pieces == 1, name
+
+
+@pytest.mark.parametrize("split, parts", [(True, 2), (False, 1)])
+def test_a_transformers_product_splits_with_the_switch(split, parts):
+    """A 1024 x 128 x 128 product (16.8 M multiply-adds, transformer b16's) splits in two at 2
+    threads with ONNXPLAN_SPLIT_KERNELS on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and
+    stays whole with it off (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
+    a, b = np.ones((1024, 128), F), np.ones((128, 128), F)
+    before = threads.current().threads
+    try:
+        threads.use_threads(2)
+        with settings.override(split_kernels=split):
+            assert matmul._product_parts(a, b, np.empty((1024, 128), F)) == parts
+    finally:
+        threads.use_threads(before)
