@@ -214,8 +214,9 @@ def main() -> None:
         args.deadline = None if args.minutes is None else t0 + 60 * args.minutes
         doc = {"rounds": args.rounds, "steps": args.steps, "default_profile": DEFAULT_PROFILE, "rows": []}
 
-        def save(row: dict) -> None:  # after every budget: an interrupted run keeps what it measured
-            doc["rows"].append(row)
+        def save(row: dict | None) -> None:  # after every budget: an interrupted run keeps what it measured
+            if row is not None:
+                doc["rows"].append(row)
             doc["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "load_start": load_start,
                               "load_end": round(os.getloadavg()[0], 2)}
             doc["wall_seconds"] = time.perf_counter() - t0
@@ -229,7 +230,7 @@ def main() -> None:
                 args.not_reached.append(spec)
                 continue
             bench_model(spec, args)
-        doc["not_reached"] = args.not_reached
+        save(None)
     Path(args.out).write_text("\n".join(summarize(doc)) + "\n")
     print("\n".join(summarize(doc)))
 
