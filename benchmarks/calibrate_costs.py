@@ -27,6 +27,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 import onnxplan
 from onnxplan.checkpoint.costs import CPU_NUMPY, Machine, node_bytes, node_flops, work_kind
@@ -88,11 +89,13 @@ def error(m: Machine, grouped: dict[tuple[str, str], list[Sample]]) -> float:
 def fit_rates(m: Machine, grouped: dict[tuple[str, str], list[Sample]], sweeps: int) -> Machine:
     """Coordinate search in log space: each field tried at its value x 2^(k/8), k in -32..32,
     the best kept, every field in turn, `sweeps` times."""
+    def scaled(m: Machine, name: str, factor: float) -> Machine:
+        kw: dict[str, Any] = {name: (getattr(m, name) or m.matmul_flops) * factor}
+        return replace(m, **kw)
+
     for _ in range(sweeps):
         for name in FIELDS:
-            base = getattr(m, name) or m.matmul_flops
-            m = min((replace(m, **{name: base * 2 ** (k / 8)}) for k in range(-32, 33)),
-                    key=lambda c: error(c, grouped))
+            m = min((scaled(m, name, 2 ** (k / 8)) for k in range(-32, 33)), key=lambda c: error(c, grouped))
     return m
 
 

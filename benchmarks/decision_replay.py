@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import onnxplan
+from onnxplan.api import Step
 from onnxplan.budget.costs import FLOP_COSTS
 from onnxplan.budget.decide import choose, weigh
 from onnxplan.budget.strategies import AUTO_STRATEGIES, STRATEGIES
@@ -46,7 +47,7 @@ def probe_rows(doc: dict) -> list[dict]:
 
 def replay(rows: list[dict]) -> list[dict]:
     """Per measured budget: the pick of today's price and how it fares against the rounds."""
-    steps: dict[str, object] = {}
+    steps: dict[str, Step] = {}
     out = []
     for r in rows:
         spec = r["model"]
@@ -55,7 +56,7 @@ def replay(rows: list[dict]) -> list[dict]:
             steps[spec] = onnxplan.load(name, batch=int(batch) if batch else None)
         step = steps[spec]
         budget = r["budget_bytes"]
-        cands = [weigh(n, STRATEGIES[n](step.graph, budget, FLOP_COSTS, None, PlanOptions()), budget)  # type: ignore[attr-defined]
+        cands = [weigh(n, STRATEGIES[n](step.graph, budget, FLOP_COSTS, None, PlanOptions()), budget)
                  for n in AUTO_STRATEGIES]
         best = choose(cands)
         rounds = r["rounds"]  # every measured plan: the strategies', the chosen and the other cost model's

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 import onnxplan
+from onnxplan.api import Step
 from onnxplan.budget.costs import FLOP_COSTS
 from onnxplan.budget.decide import price
 from onnxplan.budget.strategies import STRATEGIES
@@ -54,7 +55,7 @@ class Measured:
             self.nodes[k] = min(v, self.nodes.get(k, v))
 
 
-def plans_of(step, f: float) -> tuple[int, dict[str, PlanOutcome]]:
+def plans_of(step: Step, f: float) -> tuple[int, dict[str, PlanOutcome]]:
     plain = plan_step(step.graph, PlanOptions())
     budget = plain.plan.persistent_bytes + int(f * plain.plan.arena_bytes)
     out = {"plain": plain}
@@ -63,7 +64,7 @@ def plans_of(step, f: float) -> tuple[int, dict[str, PlanOutcome]]:
     return budget, out
 
 
-def measure(step, outs: dict[str, PlanOutcome], rounds: int) -> dict[str, Measured]:
+def measure(step: Step, outs: dict[str, PlanOutcome], rounds: int) -> dict[str, Measured]:
     params = initial_parameters(step.folder)
     batch = step_batches(step.folder, 1, 0)[0]
     exs = {}

@@ -9,7 +9,8 @@ from dataclasses import replace
 from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.choice import choose, weigh
 from onnxplan.budget.costs import FLOP_COSTS, CostModel
-from onnxplan.checkpoint.chain import build_chain
+from onnxplan.checkpoint.chain import Chain, build_chain
+from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
 from onnxplan.checkpoint.select import Selection, choose_schedule, stage_summary
@@ -20,8 +21,8 @@ from onnxplan.planning import PlanOptions, PlanOutcome
 __all__ = ["plan_with_checkpoint"]
 
 
-def _weigh_schedules(graph: StepGraph, base: PlanOptions, chain, candidates: list[Schedule], times,
-                     budget: int | None) -> tuple[PlanOutcome, Schedule, str] | None:
+def _weigh_schedules(graph: StepGraph, base: PlanOptions, chain: Chain, candidates: list[Schedule],
+                     times: TimeModel, budget: int | None) -> tuple[PlanOutcome, Schedule, str] | None:
     """Every candidate schedule planned with the recompute pass replaying it, priced and chosen
     by the one rule (budget.choice.choose: of those that fit, the fastest predicted within
     MARGIN, then the least peak; none fits: the least peak). None: no candidate."""
