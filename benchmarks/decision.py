@@ -8,7 +8,7 @@ of the plain plan, f from `--fractions` in turn, kept when all three fit. At eac
   other       the plan the other cost model (profile <-> FLOP estimate) would choose;
   recompute, swap, joint
               the strategies' own plans (the joint strategy's candidates: budget/joint.py).
-Every distinct plan (by fingerprint: passes, order, offsets) is measured with the bench's
+Every distinct plan (by fingerprint: passes, order, swaps; not offsets) is measured with the bench's
 machinery (onnxplan.bench.measure.measure_plan: one fresh process per plan, `--steps` steps
 after one warm-up, one thread), in `--rounds` paired rounds, the plans' order rotated each
 round; a round keeps its process's fastest step. Per budget: the fastest measured plan (least
@@ -62,7 +62,11 @@ STRATEGY_NAMES = ("recompute", "swap", "joint")
 
 
 def fingerprint(plan) -> str:
-    body = json.dumps([plan.passes, plan.order, [(b.name, b.bytes, b.offset) for b in plan.buffers]])
+    """What a step's time depends on: the passes (the recompute schedule), the order (swap nodes
+    included) and the swaps' writes; not the buffers' offsets (the offset ILP's incumbent under
+    its time limit differs from call to call: the chosen plan and the same strategy's plan came
+    out 0.2% apart in peak with one schedule and order, and were measured as two plans)."""
+    body = json.dumps([plan.passes, plan.order, [(s.value, s.write) for s in plan.swaps]])
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
