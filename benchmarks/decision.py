@@ -8,7 +8,7 @@ of the plain plan, f from `--fractions` in turn, kept when all three fit. At eac
   other       the plan the other cost model (profile <-> FLOP estimate) would choose;
   recompute, swap, joint
               the strategies' own plans (the joint strategy's candidates: budget/joint.py).
-Every distinct plan (by fingerprint: passes, order, offsets) is measured with the bench's
+Every distinct plan (by fingerprint: passes, order, swaps; not offsets) is measured with the bench's
 machinery (onnxplan.bench.measure.measure_plan: one fresh process per plan, `--steps` steps
 after one warm-up, one thread), in `--rounds` paired rounds, the plans' order rotated each
 round; a round keeps its process's fastest step. Per budget: the fastest measured plan (least
@@ -17,8 +17,20 @@ chosen / fastest of the same round. Reported: how often the chosen strategy is t
 measured or within 5% of it, and how far off when not; the same for the other cost model.
 
 Run: PYTHONPATH=. python benchmarks/decision.py [--models mlp:64 resnet18:8 ...] [--rounds 3]
-     [--steps 3] [--json reports/decision.json] [-o reports/decision.md]
+     [--steps 3] [--no-other] [--minutes M] [--json reports/decision.json] [-o reports/decision.md]
      PYTHONPATH=. python benchmarks/decision.py --summarize reports/decision.json -o reports/decision.md
+
+Time: each measured plan is one fresh process per round (3.5-7 s at load 0-4 on this project's
+2-core machine, mostly the interpreter's and torch's start), so a budget costs about
+distinct plans (4-5) x rounds x that, plus its planning (the joint strategy: --joint-seconds).
+Within ~20 minutes on an idle 2-core machine (an estimate from those figures: 17 budgets x 4
+plans x 3 rounds x ~3.5 s + planning; not timed idle):
+     unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE; PYTHONPATH=. python benchmarks/decision.py --no-other --steps 2 \
+         --models transformer:16 gpt:16 resnet18:8 vgg16:8 hf-resnet@bench hf-mobilenet-v2@bench --minutes 20
+(3 paired rounds, the default, are kept: fewer are allowed with --rounds but not honest for the
+table.) `--minutes`: no budget is started after that many minutes; the table says which were
+not reached. `--no-other`: the other cost model's plan is not planned nor measured (saves a
+profile run per model and a plan per budget).
 """
 
 from __future__ import annotations
@@ -50,15 +62,19 @@ STRATEGY_NAMES = ("recompute", "swap", "joint")
 
 
 def fingerprint(plan) -> str:
-    body = json.dumps([plan.passes, plan.order, [(b.name, b.bytes, b.offset) for b in plan.buffers]])
+    """What a step's time depends on: the passes (the recompute schedule), the order (swap nodes
+    included) and the swaps' writes; not the buffers' offsets (the offset ILP's incumbent under
+    its time limit differs from call to call: the chosen plan and the same strategy's plan came
+    out 0.2% apart in peak with one schedule and order, and were measured as two plans)."""
+    body = json.dumps([plan.passes, plan.order, [(s.value, s.write) for s in plan.swaps]])
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
-def plan_budget(step, budget: int, joint_seconds: float) -> dict | None:
+def plan_budget(step, budget: int, joint_seconds: float, other: bool = True) -> dict | None:
     """The plans of one budget (None: recompute, swap and joint do not all fit)."""
     opts = PlanOptions()
     seen: dict = {}
-    default, other = cost_model(DEFAULT_PROFILE, threads=1), cost_model(not DEFAULT_PROFILE, threads=1)
+    default, other_costs = cost_model(DEFAULT_PROFILE, threads=1), cost_model(not DEFAULT_PROFILE, threads=1)
     plan_joint_strategy(step.graph, budget, default, None, opts, total_seconds=joint_seconds, seen=seen)
     plans = {name: seen[name].plan for name in STRATEGY_NAMES if name in seen}
     if any(name not in plans or plans[name].peak_bytes > budget for name in STRATEGY_NAMES):
@@ -66,7 +82,8 @@ def plan_budget(step, budget: int, joint_seconds: float) -> dict | None:
     t0 = time.perf_counter()
     plans["chosen"] = solve(step, opts, MemoryRequest(budget=budget), default).plan
     plan_seconds = time.perf_counter() - t0
-    plans["other"] = solve(step, opts, MemoryRequest(budget=budget), other).plan
+    if other:
+        plans["other"] = solve(step, opts, MemoryRequest(budget=budget), other_costs).plan
     return {"plans": plans, "plan_seconds": plan_seconds}
 
 
@@ -100,18 +117,24 @@ def bench_model(spec: str, args) -> list[dict]:
     for f in args.fractions:
         if len(rows) >= args.per_model:
             break
+        if args.deadline is not None and time.perf_counter() > args.deadline:
+            print(f"# {spec} f={f}: not started (--minutes {args.minutes} spent)", flush=True)
+            args.not_reached.append(f"{spec} f={f}")
+            continue
         budget = plain.persistent_bytes + int(f * plain.arena_bytes)
-        got = plan_budget(step, budget, args.joint_seconds)
+        got = plan_budget(step, budget, args.joint_seconds, args.other)
         if got is None:
             print(f"# {spec} f={f}: not every strategy fits {format_bytes(budget)}", flush=True)
             continue
         plans = got["plans"]
         times = measure_rounds(step.folder, plans, args.rounds, args.steps)
         keys = {n: fingerprint(p) for n, p in plans.items()}
-        chosen, other = judge(times, keys["chosen"]), judge(times, keys["other"])
+        chosen = judge(times, keys["chosen"])
+        other = judge(times, keys["other"]) if "other" in keys else {"off": float("nan"), "ok": False}
         by_key = {v: n for n, v in keys.items() if n in STRATEGY_NAMES}
         row = {"model": spec, "fraction": f, "budget_bytes": budget, "plain_peak_bytes": plain.peak_bytes,
-               "chosen": chosen_strategy(plans["chosen"]), "other": chosen_strategy(plans["other"]),
+               "chosen": chosen_strategy(plans["chosen"]),
+               "other": chosen_strategy(plans["other"]) if "other" in plans else "-",
                "plan_seconds": got["plan_seconds"],
                "peaks": {n: p.peak_bytes for n, p in plans.items()},
                "predicted": {c.strategy: c.predicted_step_seconds for c in plans["chosen"].strategy.candidates},
@@ -143,7 +166,10 @@ def summarize(doc: dict) -> list[str]:
         "# The budget layer's choice against measurement (benchmarks/decision.py)", "",
         (f"{len(rows)} budgets over {len({r['model'] for r in rows})} models. The chosen strategy (default cost "
         f"model: {default}) is the fastest measured or within {WITHIN:.0%} of it at **{ok}/{len(rows)}** "
-        f"({ok / max(len(rows), 1):.0%}) budgets; with the {alt} instead: {other_ok}/{len(rows)}."),
+        f"({ok / max(len(rows), 1):.0%}) budgets; "
+        + (f"with the {alt} instead: {other_ok}/{len(rows)}." if any(r["other"] != "-" for r in rows)
+           else f"the {alt}'s plans not measured (--no-other).")),
+        "" if not doc.get("not_reached") else "Not reached (--minutes): " + ", ".join(doc["not_reached"]) + ".",
         "" if not misses else "Where not: " + "; ".join(
             f"{r['model']} at {format_bytes(r['budget_bytes'])}: {r['chosen']} {r['chosen_off']:+.1%} vs "
             f"{r['fastest']}" for r in misses) + ".", "",
@@ -177,24 +203,38 @@ def main() -> None:
     ap.add_argument("--json", default="reports/decision.json")
     ap.add_argument("-o", "--out", default="reports/decision.md")
     ap.add_argument("--summarize", default=None, metavar="JSON")
+    ap.add_argument("--other", action=argparse.BooleanOptionalAction, default=True,
+                    help="also plan and measure the other cost model's choice")
+    ap.add_argument("--minutes", type=float, default=None, help="start no budget after this many minutes")
     args = ap.parse_args()
+    if args.rounds < 1 or args.steps < 1:
+        ap.error("--rounds and --steps must be >= 1")
     args.save = None
+    args.not_reached = []
     if args.summarize:
         doc = json.loads(Path(args.summarize).read_text())
     else:
         t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
+        args.deadline = None if args.minutes is None else t0 + 60 * args.minutes
         doc = {"rounds": args.rounds, "steps": args.steps, "default_profile": DEFAULT_PROFILE, "rows": []}
 
-        def save(row: dict) -> None:  # after every budget: an interrupted run keeps what it measured
-            doc["rows"].append(row)
+        def save(row: dict | None) -> None:  # after every budget: an interrupted run keeps what it measured
+            if row is not None:
+                doc["rows"].append(row)
             doc["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "load_start": load_start,
                               "load_end": round(os.getloadavg()[0], 2)}
             doc["wall_seconds"] = time.perf_counter() - t0
+            doc["not_reached"] = args.not_reached
             Path(args.json).write_text(json.dumps(doc, indent=1))
 
         args.save = save
         for spec in args.models:
+            if args.deadline is not None and time.perf_counter() > args.deadline:
+                print(f"# {spec}: not started (--minutes {args.minutes} spent)", flush=True)
+                args.not_reached.append(spec)
+                continue
             bench_model(spec, args)
+        save(None)
     Path(args.out).write_text("\n".join(summarize(doc)) + "\n")
     print("\n".join(summarize(doc)))
 

@@ -71,31 +71,37 @@ def transformer():
 
 def test_the_choice_is_stable_under_a_profile_a_few_percent_off():
     """The same request, its profile perturbed by up to 3% per node (five draws): the same
-    strategy and the same peak every time."""
+    strategy every time; with the default cost model (the FLOP estimate) the same plan from
+    call to call. (Under a perturbed profile the recompute strategy's own schedule may move:
+    rotor's schedules near this budget are 0.02% apart in predicted time, reports/price.md.)"""
     from onnxplan.ir.load import read_step
 
     graph = read_step(small_artifacts("resnet18"))
     plain = plan_step(graph, PlanOptions()).plan
-    budget = plain.persistent_bytes + int(0.9 * plain.arena_bytes)
+    opts = replace(PlanOptions(), budget=plain.persistent_bytes + int(0.9 * plain.arena_bytes))
     got = []
     for seed in range(5):
-        out, _ = fit_budget(graph, replace(PlanOptions(), budget=budget), PerturbedCosts(seed, 0.03))
-        got.append((out.plan.strategy.chosen, out.plan.peak_bytes))
+        out, _ = fit_budget(graph, opts, PerturbedCosts(seed, 0.03))
+        got.append(out.plan.strategy.chosen)
         assert sum(c.fits for c in out.plan.strategy.candidates) >= 2, "the test needs two fitting strategies"
     assert len(set(got)) == 1, got
+    plans = [fit_budget(graph, opts)[0].plan for _ in range(2)]
+    assert len({(p.strategy.chosen, p.peak_bytes, tuple(p.passes), tuple(p.order)) for p in plans}) == 1
 
 
 def test_candidates_within_the_margin_keep_the_choice_under_noise():
     """Two strategies predicted 2% apart, each prediction off by up to 3% (a profile of another
-    call): the rule keeps one choice; the least-seconds rule it replaced flips."""
+    call): the rule keeps one choice (the preferred one, predicted the slower here); the
+    least-seconds rule it replaced flips."""
     rng = random.Random(0)
     ours, least = set(), set()
+    first, second = decide.PREFERENCE[1], decide.PREFERENCE[2]
     for _ in range(50):
-        cands = [cand("swap", 1.02 * (1 + rng.uniform(-0.03, 0.03)), 90),
-                 cand("recompute", 1.0 * (1 + rng.uniform(-0.03, 0.03)), 80)]
+        cands = [cand(first, 1.02 * (1 + rng.uniform(-0.03, 0.03)), 90),
+                 cand(second, 1.0 * (1 + rng.uniform(-0.03, 0.03)), 80)]
         ours.add(choose(cands).name)
         least.add(min(cands, key=lambda c: c.seconds).name)
-    assert ours == {"swap"} and least == {"swap", "recompute"}
+    assert ours == {first} and least == {first, second}
 
 
 def test_every_entry_point_has_the_same_default_cost_model():

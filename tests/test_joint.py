@@ -401,13 +401,13 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     returns the fastest fitting one of joint-recompute, rotor and swap, says so in plan.joint
     (chosen, every candidate weighed), and that plan replays from its file bit for bit."""
     import onnxplan.budget.joint as bj
-    from onnxplan.budget import FlopCosts, decide
+    from onnxplan.budget import FlopCosts, choice
     from onnxplan.executor.runner import run_plan
     from onnxplan.ir.load import read_step
     from onnxplan.plan import Plan
     from onnxplan.swap.pricing import StoreRates
 
-    real = decide.price
+    real = choice.price
 
     def planted(out, times=None, rates=None):
         p = real(out, times, rates)
@@ -415,7 +415,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
         slow = j is not None and j.swap_bandwidth is not None and j.chosen == "joint" and not j.candidates
         return replace(p, compute=p.compute + 1.0) if slow else p
 
-    monkeypatch.setattr(decide, "price", planted)
+    monkeypatch.setattr(choice, "price", planted)  # the one price (budget.choice), what weigh calls
     folder = small_artifacts("transformer")
     graph = read_step(folder)
     plain = planning.plan_step(graph, OPTS)
@@ -431,7 +431,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     assert len(fitting) >= 2 and j.chosen != "joint"
     fastest = min(c.predicted_step_seconds for c in fitting)
     chosen = next(c for c in fitting if c.strategy == j.chosen)
-    assert chosen.predicted_step_seconds <= fastest * (1 + decide.MARGIN)
+    assert chosen.predicted_step_seconds <= fastest * (1 + choice.MARGIN)
     assert out is seen[j.chosen] and out.plan.peak_bytes <= budget
     assert j.notes[-1].startswith(f"{j.chosen} chosen")
     plan = Plan.from_json(json.loads(out.plan.dumps()))  # its file: passes replayed, records checked
@@ -572,27 +572,29 @@ def test_a_paged_buffer_is_held_while_its_write_runs():
 
 
 def test_the_joint_strategy_chooses_by_the_one_tie_rule(monkeypatch):
-    """The joint strategy's candidates go through budget.decide.choose: swap planted MARGIN / 2
-    slower than every other is a tie and wins (first in PREFERENCE); planted 2 x MARGIN slower
-    it is not, and the tie among the others goes to the first of them in PREFERENCE."""
+    """The joint strategy's candidates go through budget.choice.choose: rotor's plan (the
+    "recompute" strategy, first in PREFERENCE) planted MARGIN / 2 slower than every other is a
+    tie and wins; planted 2 x MARGIN slower it is not, and the tie among the others goes to the
+    first of them in PREFERENCE."""
     import onnxplan.budget.joint as bj
-    from onnxplan.budget import FlopCosts, decide
+    from onnxplan.budget import FlopCosts, choice
     from onnxplan.ir.load import read_step
     from onnxplan.swap.pricing import StepPrice, StoreRates
 
     graph = read_step(small_artifacts("transformer"))
     plain = planning.plan_step(graph, OPTS)
-    budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
-    for slower, winner in ((1 + decide.MARGIN / 2, "swap"), (1 + 2 * decide.MARGIN, None)):
+    budget = plain.plan.persistent_bytes + int(0.9 * plain.plan.arena_bytes)  # rotor reaches 0.9, not 0.8
+    assert choice.PREFERENCE[1] == "recompute"
+    for slower, winner in ((1 + choice.MARGIN / 2, "recompute"), (1 + 2 * choice.MARGIN, None)):
         def planted(out, times=None, rates=None, slower=slower):
-            # swap's plan: `slower` s; every other: 1 s
-            swap = out.plan.joint is None and out.plan.swap.policy != "none"
-            return StepPrice(slower, 0.0, 0.0, 0) if swap else StepPrice(1.0, 0.0, 0.0, 0)
+            # rotor's plan: `slower` s; every other: 1 s
+            rotor = out.plan.joint is None and out.plan.checkpoint is not None and bool(out.plan.checkpoint.schedule)
+            return StepPrice(slower, 0.0, 0.0, 0) if rotor else StepPrice(1.0, 0.0, 0.0, 0)
 
-        monkeypatch.setattr(decide, "price", planted)
+        monkeypatch.setattr(choice, "price", planted)
         out = bj.plan_joint_strategy(graph, budget, FlopCosts(), 10.0, OPTS, total_seconds=6.0,
                                      rates=StoreRates(2.5e8, 1e-10))
         fitting = [c.strategy for c in out.plan.joint.candidates if c.fits]
-        others = [name for name in fitting if name != "swap"]
-        assert "swap" in fitting and others, "the test needs swap and another candidate to fit"
-        assert out.plan.joint.chosen == (winner or min(others, key=decide.PREFERENCE.index))
+        others = [name for name in fitting if name != "recompute"]
+        assert "recompute" in fitting and others, "the test needs recompute and another candidate to fit"
+        assert out.plan.joint.chosen == (winner or min(others, key=choice.PREFERENCE.index))

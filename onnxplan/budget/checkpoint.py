@@ -7,8 +7,10 @@ import time
 from dataclasses import replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
+from onnxplan.budget.choice import choose, weigh
 from onnxplan.budget.costs import FLOP_COSTS, CostModel
-from onnxplan.checkpoint.chain import build_chain
+from onnxplan.checkpoint.chain import Chain, build_chain
+from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.schedule import Schedule, encode, simulate, store_all
 from onnxplan.checkpoint.select import Selection, choose_schedule, stage_summary
@@ -17,6 +19,23 @@ from onnxplan.plan_records import CheckpointRecord, CheckpointTry
 from onnxplan.planning import PlanOptions, PlanOutcome
 
 __all__ = ["plan_with_checkpoint"]
+
+
+def _weigh_schedules(graph: StepGraph, base: PlanOptions, chain: Chain, candidates: list[Schedule],
+                     times: TimeModel, budget: int | None) -> tuple[PlanOutcome, Schedule, str] | None:
+    """Every candidate schedule planned with the recompute pass replaying it, priced and chosen
+    by the one rule (budget.choice.choose: of those that fit, the fastest predicted within
+    MARGIN, then the least peak; none fits: the least peak). None: no candidate."""
+    planned = []
+    for sched in candidates:
+        runs = sched.executions(chain.length)
+        code = encode(sched.ops, chain.length) if any(r > 1 for r in runs[1:]) else ""
+        out = attempt(graph, replace(base, recompute=code))
+        planned.append((weigh("recompute", out, budget, times), sched, code))
+    if not planned:
+        return None
+    best = choose([c for c, _, _ in planned])
+    return next((c.outcome, sched, code) for c, sched, code in planned if c is best)
 
 
 def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs: CostModel = FLOP_COSTS,
@@ -42,13 +61,7 @@ def plan_with_checkpoint(graph: StepGraph, opts: PlanOptions, policy: str, costs
         candidates = [sel.schedule]
         if opts.budget is not None:  # should the full planner disagree with the quick evaluation
             candidates += [s for s, p in sorted(sel.tried, key=lambda x: -x[1]) if p < (sel.planned_peak or 0)][:2]
-    out, sched, code = plain, sel.schedule, ""
-    for sched in candidates:
-        runs = sched.executions(chain.length)
-        code = encode(sched.ops, chain.length) if any(r > 1 for r in runs[1:]) else ""
-        out = attempt(graph, replace(base, recompute=code))
-        if opts.budget is None or out.plan.peak_bytes <= opts.budget:
-            break
+    out, sched, code = _weigh_schedules(graph, base, chain, candidates, times, opts.budget) or (plain, sel.schedule, "")
     if out is None:  # no budget: one candidate at least
         raise RuntimeError(f"checkpoint {policy}: no schedule was planned")
     sim = simulate(chain.costs(), sched.ops)

@@ -1,18 +1,13 @@
 """The one place a memory budget becomes decisions: swap, recompute, joint or neither; every
 plan then goes through planning.plan_step with those choices fixed.
 
-The strategies (budget.strategies, budget.joint) only produce plans; this module weighs them.
-Each plan becomes a `Candidate`, priced by the one price function (`price`:
-onnxplan.swap.pricing.price_outcome, node times from the cost model, transfers on one I/O
-worker at the swap store's rates), and `choose` keeps one by the one tie rule:
-
-  1. Of the candidates that fit the budget, the fastest predicted step sets the mark; every
-     fitting candidate predicted within MARGIN (10%) of it is a tie.
-  2. A tie goes to the strategy first in PREFERENCE (the plain plan, then swap, recompute, the
-     joint solver's plans: the order measurement favoured, see PREFERENCE), then to the
-     least peak, then to the least predicted seconds (then the name: a strategy not in
-     PREFERENCE ranks after those in it).
-  3. None fits: the least peak (then PREFERENCE).
+The strategies (budget.strategies, budget.joint) only produce plans; this module weighs them
+with budget.choice: each plan becomes a `Candidate`, priced by the one price function
+(`price`: onnxplan.swap.pricing.price_outcome, node times from the cost model, transfers on one
+I/O worker at the swap store's rates), and `choose` keeps one by the one tie rule (budget.choice:
+the fastest fitting sets the mark, within MARGIN the first in PREFERENCE, then the least peak).
+The choices inside a strategy go through the same rule: the recompute strategy's schedules
+(budget.checkpoint) and the swap strategy's policies (budget.strategies).
 
 The rule is stable: a profile a few percent off (a loaded machine, another call) moves the
 predictions by less than MARGIN, and within MARGIN the order is fixed, so the same request
@@ -28,93 +23,24 @@ from dataclasses import dataclass, replace
 from onnxplan.budget import strategies
 from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
+from onnxplan.budget.choice import MARGIN, PREFERENCE, Candidate, choose, price, weigh
 from onnxplan.budget.costs import FLOP_COSTS, CostModel, ProfiledCosts
 from onnxplan.budget.strategies import STRATEGIES, strategy_choices
-from onnxplan.checkpoint.costs import TimeModel
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
 from onnxplan.errors import UsageError
 from onnxplan.ir.graph import StepGraph
-from onnxplan.plan_records import StrategyCandidate, StrategyRecord
+from onnxplan.plan_records import StrategyRecord
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes, parse_size
 from onnxplan.swap import SWAP_CHOICES
-from onnxplan.swap.pricing import StepPrice, StoreRates, price_outcome
 
-__all__ = ["DEFAULT_PROFILE", "MARGIN", "PREFERENCE", "Candidate", "MemoryRequest", "choose", "chosen_strategy",
-           "fit_budget", "plan_for_budget", "plan_with_strategy", "price", "weigh"]
-
-# predicted within this fraction of the fastest fitting candidate: a tie (the rule above). 10%: two
-# candidates 2% apart stay in one order under 3% of noise on either (a profile of another call,
-# another load); the predictions themselves are rarely closer than that to the measured step
-MARGIN = 0.10
-# the order a tie is broken in: the plain plan, swap, recompute, then the joint solver's plans.
-# Measured (reports/decision.md): of 9 budgets where recompute and swap tied, swap was the fastest
-# or within 5% of it at 8, recompute (the least-seconds rule's pick) at about 4; transformer b16
-# at persistent + 25%: the least-seconds pick ran 145 ms, swap 99 ms. The joint plans last: gpt
-# b16 at 7.87 MiB, joint predicted 1% faster than swap alone, measured 12% slower. A strategy not
-# listed comes after these
-PREFERENCE = ("none", "swap", "recompute", "joint-recompute", "joint")
 # the cost model when none is named (the CLI's --profile/--no-profile, api.plan(profile=...),
 # bench and check): see DEFAULT_PROFILE's note in the report (reports/decision.md)
 DEFAULT_PROFILE = False
 
-
-def price(outcome: PlanOutcome, times: TimeModel | None = None, rates: StoreRates | None = None) -> StepPrice:
-    """The one price of a planned outcome (onnxplan.swap.pricing.price_outcome): node times from
-    `times` (None: the FLOP estimate), transfers at `rates` (None: the store the plan records)."""
-    return price_outcome(outcome, times or TimeModel(), rates)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One strategy's plan for a budget, as the decision weighs it."""
-
-    name: str  # the strategy: none, recompute, swap, joint, joint-recompute, ...
-    outcome: PlanOutcome
-    price: StepPrice  # the predicted step (price)
-    budget: int | None
-    notes: tuple[str, ...] = ()
-
-    @property
-    def seconds(self) -> float:
-        return self.price.seconds
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.outcome.plan.peak_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.budget is None or self.peak_bytes <= self.budget
-
-    def record(self) -> StrategyCandidate:
-        return StrategyCandidate(self.name, self.peak_bytes, self.seconds, self.fits)
-
-    def line(self) -> str:
-        return f"{self.name} {self.seconds * 1e3:.2f} ms" + ("" if self.fits else " (misses the budget)")
-
-
-def weigh(name: str, outcome: PlanOutcome, budget: int | None, times: TimeModel | None = None,
-          rates: StoreRates | None = None) -> Candidate:
-    """`outcome` as a candidate for `budget`, priced by `price`."""
-    return Candidate(name, outcome, price(outcome, times, rates), budget)
-
-
-def _rank(name: str) -> int:
-    return PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE)
-
-
-def choose(candidates: list[Candidate]) -> Candidate:
-    """The one tie rule (this module's docstring): of the fitting candidates, those predicted
-    within MARGIN of the fastest, the first in PREFERENCE, then of least peak; none fits: the
-    least peak."""
-    fitting = [c for c in candidates if c.fits]
-    if not fitting:
-        return min(candidates, key=lambda c: (c.peak_bytes, _rank(c.name), c.seconds, c.name))
-    mark = min(c.seconds for c in fitting) * (1 + MARGIN)
-    return min((c for c in fitting if c.seconds <= mark),
-               key=lambda c: (_rank(c.name), c.peak_bytes, c.seconds, c.name))
+__all__ = ["DEFAULT_PROFILE", "MARGIN", "PREFERENCE", "Candidate", "MemoryRequest", "choose", "chosen_strategy",
+           "fit_budget", "plan_for_budget", "plan_with_strategy", "price", "weigh"]
 
 
 def chosen_strategy(plan) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from onnxplan.budget.attempt import attempt
+from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
+from onnxplan.budget.choice import Candidate, choose, weigh
 from onnxplan.budget.costs import CostModel
 from onnxplan.ir.graph import StepGraph
 from onnxplan.passes.split_grad import splittable
 from onnxplan.planning import PlanOptions, PlanOutcome
+from onnxplan.swap.driver import AUTO_POLICIES
 
 __all__ = ["AUTO_STRATEGIES", "STRATEGIES", "Strategy", "register_strategy", "strategy_choices"]
 
@@ -53,11 +55,18 @@ def _recompute(graph: StepGraph, budget: int, costs: CostModel, time_limit: floa
 @register_strategy("swap")
 def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
           base: PlanOptions) -> PlanOutcome:
-    out = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit))  # swap's own policy
-    if out.plan.peak_bytes > budget and not base.split_grad and any(splittable(n) for n in graph.nodes):
+    """Each policy swap's "auto" tries (swap.AUTO_POLICIES) planned, weighed by the one price and
+    chosen by the one rule (budget.choice; swap's own "auto" keeps the first that fits)."""
+    opts = replace(base, budget=budget, time_limit=time_limit)
+    times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
+
+    def policies(split: bool) -> list[Candidate]:
+        return [weigh("swap", attempt(graph, replace(opts, swap=p, split_grad=split or opts.split_grad)), budget, times)
+                for p in AUTO_POLICIES]
+
+    cands = policies(False)
+    if not any(c.fits for c in cands) and not base.split_grad and any(splittable(n) for n in graph.nodes):
         # the floor of swap is the largest working set: a fused ConvGrad (X, dY, dX, dW at once)
         # often sets it; split, the same swaps reach lower (same FLOPs, same numbers)
-        split = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit, split_grad=True))
-        if split.plan.peak_bytes < out.plan.peak_bytes:
-            return split
-    return out
+        cands += policies(True)
+    return choose(cands).outcome

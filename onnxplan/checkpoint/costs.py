@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 
 from onnxplan.ir.graph import Node, StepGraph, original_name
 
-__all__ = ["CPU_NUMPY", "Machine", "TimeModel", "node_bytes", "node_flops"]
+__all__ = ["CPU_NUMPY", "Machine", "TimeModel", "node_bytes", "node_flops", "work_kind"]
 
 MS = "com.microsoft"
 _MATMUL = {("", "MatMul"), ("", "Gemm"), (MS, "FusedMatMul")}
@@ -24,19 +25,50 @@ _PER_ELEMENT = {
 
 @dataclass(frozen=True)
 class Machine:
-    """A roofline: sustained FLOP/s of matrix products and of elementwise code, memory
-    bandwidth, and a fixed cost per kernel call (dispatch, Python)."""
+    """A roofline: sustained FLOP/s of matrix products, convolutions (forward; gradients) and of
+    elementwise code, memory bandwidth, a fixed cost per kernel call (dispatch, Python), and per
+    op type a factor on the roofline's time where a kernel is slower or faster than it (several
+    passes over memory, a gather, a window): time = max(FLOPs / rate, bytes / bandwidth) x
+    factor + call."""
 
     name: str
     matmul_flops: float
     elementwise_flops: float
     bandwidth: float  # bytes/s
     call_seconds: float
+    conv_flops: float | None = None  # Conv (None: matmul_flops)
+    conv_grad_flops: float | None = None  # ConvGrad, ConvGradInput (None: conv_flops)
+    op_factor: Mapping[str, float] = field(default_factory=dict)  # op type -> factor (default 1)
+
+    def rate(self, kind: str) -> float:
+        """FLOP/s of a kind of work (work_kind)."""
+        if kind == "conv":
+            return self.conv_flops or self.matmul_flops
+        if kind == "conv_grad":
+            return self.conv_grad_flops or self.conv_flops or self.matmul_flops
+        return self.matmul_flops if kind == "matmul" else self.elementwise_flops
+
+    def seconds(self, flops: float, nbytes: int, op_type: str, kind: str) -> float:
+        """The roofline's seconds of a node of `op_type` and `kind` doing `flops` on `nbytes`."""
+        return (max(flops / self.rate(kind), nbytes / self.bandwidth) * self.op_factor.get(op_type, 1.0)
+                + self.call_seconds)
 
 
-# numpy on one CPU socket: BLAS for products, single-threaded ufuncs for the rest
-CPU_NUMPY = Machine("cpu-numpy", matmul_flops=4e10, elementwise_flops=1e9, bandwidth=5e9,
-                    call_seconds=4e-6)
+# Our kernels on one core of this project's machine at one thread (the thread count the decision
+# benchmark measures at; BLAS and torch for products, torch or numpy for the rest). Calibrated by
+# benchmarks/calibrate_costs.py (each node's least of 9 node-timed steps over two runs at load
+# 3.5-3.8, of the plain plans of transformer b16, gpt b16, resnet18 b8 and vgg16 b8: 824 nodes;
+# the steps' sums predicted 20.2 / 26.8 / 208 / 123 ms against 19.9 / 25.1 / 202 / 140 measured;
+# see reports/price.md). The estimate it replaced (4e10, 1e9, 5e9, 4e-6, no factors) priced those
+# steps 6-8x slow and elementwise work up to 25x slow: a recomputed segment looked as dear as
+# milliseconds of swap I/O, and swap's simulated compute hid transfers that the real one did not.
+CPU_NUMPY = Machine(
+    "cpu-numpy", matmul_flops=1.9e11, elementwise_flops=3.8e10, bandwidth=8e10, call_seconds=1.6e-6,
+    conv_flops=1.6e11, conv_grad_flops=1.35e11,
+    op_factor={"AdamWUpdate": 0.51, "BatchNormInternal": 4.0, "BatchNormalizationGrad": 3.7, "GatherGrad": 72.0,
+               "Gelu": 1.5, "GeluGrad": 1.5, "LayerNormalization": 6.6, "LayerNormalizationGrad": 5.0,
+               "MaxPool": 64.0, "MaxPoolGrad": 8.1, "ReduceSum": 2.3, "Relu": 3.3, "ReluGrad": 2.6, "Softmax": 4.7,
+               "SoftmaxCrossEntropyLoss": 9.1, "SoftmaxCrossEntropyLossGrad": 7.2, "Sum": 0.91, "Transpose": 2.2})
 
 
 def _shape(g: StepGraph, name: str) -> tuple[int, ...]:
@@ -81,6 +113,15 @@ def node_flops(g: StepGraph, n: Node) -> float:
     return float(total * _PER_ELEMENT.get(n.op_type, 1))
 
 
+def work_kind(n: Node) -> str:
+    """The rate a node's FLOPs run at (Machine.rate): matmul, conv, conv_grad or elementwise."""
+    if n.key in _MATMUL:
+        return "matmul"
+    if n.op_type == "Conv":
+        return "conv"
+    return "conv_grad" if n.op_type in ("ConvGrad", "ConvGradInput") else "elementwise"
+
+
 def node_bytes(g: StepGraph, n: Node) -> int:
     """Bytes read and written by one node (each distinct value once)."""
     names = dict.fromkeys(x for x in (*n.inputs, *n.outputs) if x)
@@ -104,10 +145,7 @@ class TimeModel:
             return self.measured[fused] / 2  # a split ConvGrad (passes.split_grad): one of its two products
         if n.aliases and all(k == "rv" for _, k in n.aliases.values()):
             return 0.0  # read-only views move no data
-        m = self.machine
-        flops = node_flops(g, n)
-        rate = m.matmul_flops if n.key in _MATMUL or n.op_type in ("Conv", "ConvGrad", "ConvGradInput") else m.elementwise_flops
-        return max(flops / rate, node_bytes(g, n) / m.bandwidth) + m.call_seconds
+        return self.machine.seconds(node_flops(g, n), node_bytes(g, n), n.op_type, work_kind(n))
 
     def step_seconds(self, g: StepGraph) -> float:
         """Predicted seconds of one step: the sum over nodes (one stream, no overlap)."""
