@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 
@@ -17,6 +16,9 @@ __all__ = ["DECOMPOSE_ABOVE", "ilp_offsets", "best_heuristic_offsets", "pyramid_
 
 # Above this many sized buffers the address ILP is solved window by window (_decomposed).
 DECOMPOSE_ABOVE = 600
+# a search stops at WALL_GUARD x its (deterministic) time limit of wall time whatever it has done:
+# only a machine loaded several times over its cores reaches it (then runs may differ)
+WALL_GUARD = 4.0
 WINDOW_BUFFERS = 150  # buffers wholly inside one window
 
 _HEURISTICS = (best_fit_offsets, greedy_size_offsets, sort_offsets)
@@ -66,8 +68,13 @@ def ilp_offsets(
     half the time; then, unless the lower bound is reached, the full model gets the rest of
     the time with the best plan so far as its hint. The seed is returned (relabelled) when
     the solver finds nothing better. optimal is True when the arena equals the lower bound or
-    CP-SAT proved the full model optimal; gap = (arena - proven bound) / arena. With a time
-    limit that stops the search, runs may differ (CP-SAT uses several workers).
+    CP-SAT proved the full model optimal; gap = (arena - proven bound) / arena.
+
+    The time limit is CP-SAT's deterministic time (its count of work, about a second of one
+    core each), spent by one worker with a fixed seed: the same buffers give the same offsets
+    in every process and under any load (a wall-clock limit stopped the search at a point the
+    machine's load chose, so a budget's plan changed from call to call). A wall-clock guard of
+    WALL_GUARD times the limit stops a search on a machine so loaded it would run on.
     """
     start = time.perf_counter()
     bufs = unique_buffers(buffers)
@@ -79,10 +86,10 @@ def ilp_offsets(
     bound = lower_bound(bufs) // ALIGNMENT
     proven = False
 
+    spent = 0.0  # deterministic time used so far
+
     def deadline_left() -> float | None:
-        if time_limit is None:
-            return None
-        return max(0.0, time_limit - (time.perf_counter() - start))
+        return None if time_limit is None else max(0.0, time_limit - spent)
 
     pyramid = {n: o // ALIGNMENT for n, o in pyramid_preplacement(bufs).items()}
     if best_arena > bound and len(pyramid) > 1:
@@ -90,8 +97,10 @@ def ilp_offsets(
         result = _solve_addresses(
             bufs, pyramid, best, bound, best_arena, None if left is None else left / 2
         )
-        if result is not None and result[1] < best_arena:
-            best, best_arena = result[0], result[1]
+        if result is not None:
+            spent += result[4]
+            if result[1] < best_arena:
+                best, best_arena = result[0], result[1]
     if best_arena > bound:
         result = _solve_addresses(bufs, {}, best, bound, best_arena, deadline_left())
         if result is not None:
@@ -117,8 +126,9 @@ def _solve_addresses(
     lower: int,
     upper: int,
     time_limit: float | None,
-) -> tuple[dict[str, int], int, int, bool] | None:
-    """Solve eq. 15 in units; returns (offsets, arena, proven bound, optimal) or None."""
+) -> tuple[dict[str, int], int, int, bool, float] | None:
+    """Solve eq. 15 in units; returns (offsets, arena, proven bound, optimal, deterministic time
+    used) or None. `time_limit`: deterministic time (ilp_offsets)."""
     if time_limit is not None and time_limit <= 0.05:
         return None
     sized = [b for b in bufs if b.nbytes]
@@ -149,15 +159,18 @@ def _solve_addresses(
     model.minimize(arena)
     solver = cp_model.CpSolver()
     if time_limit is not None:
-        solver.parameters.max_time_in_seconds = time_limit
-    solver.parameters.num_workers = max(1, min(8, os.cpu_count() or 1))
+        solver.parameters.max_deterministic_time = time_limit
+        solver.parameters.max_time_in_seconds = WALL_GUARD * time_limit
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
     status = solve_cp_sat(solver, model, "ILP offsets")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     offsets = dict(fixed)
     offsets.update({name: solver.value(var) for name, var in offset_vars.items()})
     proven_bound = int(solver.best_objective_bound) if not fixed else lower
-    return offsets, int(solver.objective_value), proven_bound, status == cp_model.OPTIMAL
+    used = float(solver.response_proto.deterministic_time)
+    return offsets, int(solver.objective_value), proven_bound, status == cp_model.OPTIMAL, used
 
 
 def _decomposed(bufs: list[Buffer], seed: OffsetPlan, time_limit: float | None, start: float) -> OffsetPlan:
@@ -176,10 +189,12 @@ def _decomposed(bufs: list[Buffer], seed: OffsetPlan, time_limit: float | None, 
     off = {b.name: seed.offsets[b.name] // ALIGNMENT for b in sized}
     bound = lower_bound(bufs) // ALIGNMENT
     tried: set[int] = set()
+    spent = 0.0  # deterministic time used (ilp_offsets), and a wall-clock guard
     while True:
-        left = None if time_limit is None else time_limit - (time.perf_counter() - start)
+        left = None if time_limit is None else time_limit - spent
         arena = max(off[b.name] + units[b.name] for b in sized)
-        if arena <= bound or (left is not None and left <= 0.1):
+        over_wall = time_limit is not None and time.perf_counter() - start > WALL_GUARD * time_limit
+        if arena <= bound or (left is not None and left <= 0.1) or over_wall:
             break
         peaks = sorted({t for b in sized if off[b.name] + units[b.name] == arena for t in (b.first, b.last)}
                        - tried)
@@ -197,6 +212,7 @@ def _decomposed(bufs: list[Buffer], seed: OffsetPlan, time_limit: float | None, 
         local_top = max(off[b.name] + units[b.name] for b in local)
         share = None if left is None else min(left, max(0.5, left / 4))
         result = _solve_addresses(local, fixed, off, 0, local_top, share)
+        spent += result[4] if result is not None else 0.0
         if result is not None and result[1] < local_top:
             off.update(result[0])
             tried.clear()  # the tops moved: every EO may be worth another look
