@@ -9,6 +9,7 @@ from dataclasses import replace
 from onnxplan.budget.attempt import attempt
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.costs import CostModel
+from onnxplan.budget.split import split_to_fit
 from onnxplan.ir.graph import StepGraph
 from onnxplan.passes.split_grad import splittable
 from onnxplan.planning import PlanOptions, PlanOutcome
@@ -53,11 +54,14 @@ def _recompute(graph: StepGraph, budget: int, costs: CostModel, time_limit: floa
 @register_strategy("swap")
 def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
           base: PlanOptions) -> PlanOutcome:
-    out = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit))  # swap's own policy
+    opts = replace(base, swap="auto", budget=budget, time_limit=time_limit)
+    out = attempt(graph, opts)  # swap's own policy
     if out.plan.peak_bytes > budget and not base.split_grad and any(splittable(n) for n in graph.nodes):
         # the floor of swap is the largest working set: a fused ConvGrad (X, dY, dX, dW at once)
         # often sets it; split, the same swaps reach lower (same FLOPs, same numbers)
-        split = attempt(graph, replace(base, swap="auto", budget=budget, time_limit=time_limit, split_grad=True))
+        split = attempt(graph, replace(opts, split_grad=True))
         if split.plan.peak_bytes < out.plan.peak_bytes:
-            return split
+            out, opts = split, replace(opts, split_grad=True)
+    if out.plan.peak_bytes > budget:  # below swap's floor: nodes split in chunks (budget/split.py)
+        out = split_to_fit(graph, opts, out)
     return out

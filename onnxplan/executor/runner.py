@@ -20,6 +20,7 @@ from onnxplan.kernels import _xp
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.loading.request import LoadRequest
+from onnxplan.passes.split import is_piece_node
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
 from onnxplan.threads import use_threads
@@ -81,6 +82,11 @@ class Executor:
             )
         arrays = self.binding.arrays
         nodes = {n.name: n for n in graph.nodes}
+        self.pieces = None  # onnxplan.passes.split's transfers: a host store of their own
+        if any(is_piece_node(n) for n in graph.nodes):
+            from onnxplan.executor.piece_io import PieceRuntime
+
+            self.pieces = PieceRuntime(graph, swap_dir)
         self.calls: list[_Call] = []
         self.views: list[tuple[int, Any]] = []  # (EO, node) of the read-only views skipped
         for t, name in enumerate(plan.order):
@@ -96,7 +102,8 @@ class Executor:
             outs = [arrays[o] if o else None for o in node.outputs]
             both = _xp.one_object_per_buffer(ins + outs)  # an in-place output: its input's object
             outs = both[len(ins):]
-            fn = bound_kernel(decl, ctx, ins, outs)
+            fn = bound_kernel(decl, ctx, ins, outs) if self.pieces is None or not is_piece_node(node) \
+                else self.pieces.kernel(node, ins, outs)
             fn = fn if wrap is None else wrap(node, fn)
             self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, [])))
         self.eo = {name: t for t, name in enumerate(plan.order)}
@@ -414,5 +421,7 @@ def run_plan(folder_or_request: str | Path | LoadRequest, plan_options_or_plan: 
     swap = ex.swap.summary() if ex.swap is not None else None
     if ex.swap is not None:
         ex.swap.close()  # the store's file goes with it
+    if ex.pieces is not None:
+        ex.pieces.close()
     return RunResult(losses, seconds, params, plan.arena_bytes, plan.persistent_bytes,
                      plan.peak_bytes, plan, ex.layout.nbytes, prep.folder, swap)

@@ -184,10 +184,18 @@ class SwapStore:
             os.fdatasync(self.fd)
         os.posix_fadvise(self.fd, off, nbytes, os.POSIX_FADV_DONTNEED)
 
-    def write(self, slot: str, data: np.ndarray, *, settle: bool = True) -> None:
-        """Store `data` (1-D uint8, the slot's size) in `slot`; its pages then leave RAM, at
-        once or (settle False) at the next settle()."""
-        off, view = self.offsets[slot], data.data
+    def _at(self, slot: str, offset: int, nbytes: int) -> int:
+        """The file offset of byte `offset` of `slot`, for a transfer of `nbytes` inside it (a
+        range of a slot starts on a page: PIECE_ALIGN, onnxplan.passes.split)."""
+        if offset < 0 or offset % PAGE or offset + nbytes > self.sizes[slot]:
+            raise ValueError(f"swap store: bytes {offset}..{offset + nbytes} are not a page-aligned range of "
+                             f"slot {slot!r} ({self.sizes[slot]} B)")
+        return self.offsets[slot] + offset
+
+    def write(self, slot: str, data: np.ndarray, *, settle: bool = True, offset: int = 0) -> None:
+        """Store `data` (1-D uint8, the slot's size; or a range of it at byte `offset`) in `slot`;
+        its pages then leave RAM, at once or (settle False) at the next settle()."""
+        off, view = self._at(slot, offset, data.nbytes), data.data
         done = 0
         try:
             if self.direct:
@@ -239,10 +247,11 @@ class SwapStore:
             done += n
         self._drop(self.offsets[slot], self.sizes[slot], True)
 
-    def read(self, slot: str, out: np.ndarray, *, settle: bool = True) -> None:
-        """Read `slot` into `out` (1-D uint8, the slot's size), bypassing any copy; its pages
-        are dropped at once and (settle False) once more at the next settle()."""
-        off, view = self.offsets[slot], out.data
+    def read(self, slot: str, out: np.ndarray, *, settle: bool = True, offset: int = 0) -> None:
+        """Read `slot` (or the range of it at byte `offset`) into `out` (1-D uint8, the range's
+        size), bypassing any copy; its pages are dropped at once and (settle False) once more at
+        the next settle()."""
+        off, view = self._at(slot, offset, out.nbytes), out.data
         if self.direct:
             self._direct(False, off, view)
             return
