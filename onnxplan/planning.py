@@ -17,6 +17,7 @@ from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.passes.split import (
     PIECE_ALIGN,
     SplitSpec,
+    homed_slots,
     piece_ranges,
     slot_bytes,
     split_pass_name,
@@ -278,7 +279,7 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         solver=SolverStats(order_seconds, order_res.optimal, order_res.gap, tuple(order_res.notes), tuple(skipped)),
         swap=_swap_record(swap, opts),
         swaps=swap.swaps if swap is not None else (),
-        splits=split_records(graph, names),
+        splits=split_records(g, names),
         pieces=piece_ranges(g),
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
@@ -341,4 +342,4 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
     if plan.swaps:  # swap-ins bring back the current bytes; nothing reads a stale copy
         verify_swaps(graph, plan)
     if plan.pieces:  # piece ranges: none written twice, none read before it is written
-        verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN)
+        verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph))

@@ -102,12 +102,14 @@ def _check_no_overlap(plan: OffsetPlan, bufs: list[Buffer]) -> None:
 
 
 def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ...], slot_bytes: dict[str, int],
-                  align: int) -> None:
+                  align: int, homes: Iterable[str] = ()) -> None:
     """Raise PlanError unless the split pass's transfers (onnxplan.passes.split) are sound along
     `order`: each range lies inside its slot (`slot_bytes`) at a multiple of `align`; no two
     writes of one slot in a step overlap; every read finds its whole range written earlier in
-    the step (none missing). Each range names its node, which `order` must hold."""
+    the step (none missing), except in `homes`, the slots of state (full at the step's start),
+    each of which the step writes back whole. Each range names its node, which `order` must hold."""
     eo = {name: t for t, name in enumerate(order)}
+    home = set(homes)
     rows = sorted(pieces, key=lambda p: eo.get(p.node, -1))
     written: dict[str, list[tuple[int, int]]] = {}
     for p in rows:
@@ -124,10 +126,20 @@ def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ..
             if other is not None:
                 raise PlanError(f"{where} overlaps bytes {other[0]}..{other[1]} written earlier in the step")
             bisect.insort(spans, (p.offset, p.offset + p.nbytes))
-        else:
-            reach = p.offset
-            for low, high in spans:
-                if low <= reach < high:
-                    reach = high
+        elif p.slot not in home:
+            reach = _covered(spans, p.offset)
             if reach < p.offset + p.nbytes:
                 raise PlanError(f"{where}: bytes {reach}..{p.offset + p.nbytes} are missing (not written before it)")
+    for slot in sorted(home):
+        reach = _covered(written.get(slot, []), 0)
+        if reach < slot_bytes.get(slot, 0):
+            raise PlanError(f"state slot {slot!r}: bytes {reach}..{slot_bytes[slot]} are not written back in the step")
+
+
+def _covered(spans: list[tuple[int, int]], start: int) -> int:
+    """The end of the run of `spans` (sorted, disjoint) that covers bytes from `start` on."""
+    reach = start
+    for low, high in spans:
+        if low <= reach < high:
+            reach = high
+    return reach

@@ -76,6 +76,11 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         if fl is None:
             break
         room = budget - fl.resident
+        floor_node = base_node(fl.node)
+        k_floor = specs[floor_node].k if floor_node in specs else 1
+        if floor_node not in pre_nodes or _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor,
+                                                     room, k_floor) is None:
+            break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
         for name, ws in _touched(out, graph).items():
             base = base_node(name)

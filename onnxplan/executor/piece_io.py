@@ -9,14 +9,16 @@ bytes through its store's bounce block on another thread."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from onnxplan.errors import ModelError
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
-from onnxplan.passes.split import is_piece_node
+from onnxplan.passes.split import homed_slots, is_piece_node
 from onnxplan.swap.store import SwapStore
 
 __all__ = ["PieceRuntime", "piece_in", "piece_out"]
@@ -48,8 +50,34 @@ class PieceRuntime:
         slots = {str(n.attrs["slot"]): graph.values[str(n.attrs["slot"])].nbytes
                  for n in graph.nodes if is_piece_node(n)}
         self.store = SwapStore(slots, folder)
+        # homed state (a split optimizer update's parameter and moments): slot -> class, spec
+        self.state = {slot: (graph.values[slot].vclass.value, graph.values[slot].known_spec)
+                      for slot in sorted(homed_slots(graph))}
         self.bytes_in = 0
         self.bytes_out = 0
+
+    def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray]) -> None:
+        """The homed state's initial bytes into its slots: parameters from `params`, optimizer
+        state from `optimizer_state` or zero."""
+        for slot, (vclass, spec) in self.state.items():
+            source = params if vclass == "parameter" else optimizer_state
+            if slot not in source:
+                if vclass == "parameter":
+                    raise ModelError(f"no initial value for parameter {slot!r}")
+                self.store.write_zeros(slot)
+                continue
+            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
+            self.store.write(slot, data.reshape(-1).view(np.uint8))
+
+    def parameters(self, vclass_wanted: str = "parameter", names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """Homed values of `vclass_wanted` (only those in `names` when given), read from their slots."""
+        out = {}
+        for slot, (vclass, spec) in self.state.items():
+            if vclass == vclass_wanted and (names is None or slot in names):
+                data = np.empty(spec.shape, dtype=spec.dtype)
+                self.store.read(slot, data.reshape(-1).view(np.uint8))
+                out[slot] = data
+        return out
 
     def kernel(self, node: Node, inputs: list, outputs: list) -> KernelFn:
         """The call of piece node `node` on the executor's arrays for it."""

@@ -117,7 +117,7 @@ def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
     _check_passes(plan)
     g, _ = run_pipeline(graph, list(plan.passes))
     _check_checkpoint_record(plan)
-    if plan.splits != split_records(graph, plan.passes):
+    if plan.splits != split_records(g, plan.passes):
         raise PlanError("the plan's splits are not those of its split pass")
     if plan.pieces != piece_ranges(g):
         raise PlanError("the plan's piece ranges are not those the split pass makes")

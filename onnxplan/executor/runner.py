@@ -141,6 +141,8 @@ class Executor:
             _upload(self.xp, arrays[name], np.asarray(g.initializers[name]).reshape(arrays[name].shape))
         if self.swap is not None:  # evicted parameters and optimizer state start in the store
             self.swap.load_state(params, optimizer_state)
+        if self.pieces is not None:  # and state homed by a split update in the piece store
+            self.pieces.load_state(params, optimizer_state)
         self.steps_done = steps_done
         self.random.reset()
 
@@ -166,12 +168,17 @@ class Executor:
         for name, (value_class, _) in evicted.items():
             if swap is not None and value_class == vclass:
                 yield from swap.parameters(vclass, {name}).items()
+        for name, (value_class, _) in (self.pieces.state.items() if self.pieces is not None else ()):
+            if value_class == vclass:
+                yield from self.pieces.parameters(vclass, {name}).items()
 
     def _state_copies(self, vclass: str, names: Collection[str] | None) -> dict[str, np.ndarray]:
         out = {name: _download(self.binding.arrays[name]) for name in self.classes[vclass]
                if name != STEP and (names is None or name in names)}
         if self.swap is not None:
             out.update(self.swap.parameters(vclass, names))
+        if self.pieces is not None:
+            out.update(self.pieces.parameters(vclass, names))
         return out
 
     # ---- one step ----------------------------------------------------------------------

@@ -37,14 +37,14 @@ import json
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.graph import Node, StepGraph, Value
+from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
-__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "SPLITTABLE_OPS", "SPLIT_PASS", "Piece", "SplitRefused", "SplitSpec",
-           "base_node", "chunk_name", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
+__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
+           "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
 PIECE_DOMAIN = "onnxplan"
@@ -56,8 +56,22 @@ _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", 
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
 _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
            "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
+# the interleaved optimizer's per-parameter updates (passes/interleave.py): elementwise over the
+# parameter, its gradient and its state; their state is homed in the host store when split
+UPDATE_OPS = frozenset({(PIECE_DOMAIN, "AdamWUpdate"), (PIECE_DOMAIN, "SGDUpdate")})
 # (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
-SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS})
+SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | UPDATE_OPS)
+
+
+@dataclass
+class HomedValue(Value):
+    """A parameter or optimizer state an optimizer update is split over: its home between steps
+    is its host slot (read by range into the update's chunks, written back by range), so it is
+    not persistent: inside the step, a reader of it whole reads it from the slot (PieceIn)."""
+
+    @property
+    def persistent(self) -> bool:
+        return False
 
 
 class SplitRefused(OnnxplanError):
@@ -126,7 +140,7 @@ def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     if k < 2 or rows % k:
         return f"K={k} does not divide the {rows} rows of axis {axis}"
     for v in sliced_inputs(g, node) + outs:
-        if g.values[v].persistent:
+        if g.values[v].persistent and node.key not in UPDATE_OPS:
             return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
         piece = g.values[v].nbytes // k
         if piece % PIECE_ALIGN:
@@ -162,18 +176,40 @@ class _Splitter:
         self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
         self.whole: set[str] = set()  # split-made values assembled whole
         self.consumers = graph.consumers()
+        self.homes: dict[str, list[str]] = {}  # homed state -> the PieceIn nodes reading it whole
+
+    def _home(self) -> None:
+        """Parameters and state of the split updates become HomedValues; their updated copies
+        leave the step's outputs (their home is the slot)."""
+        for n in self.g.nodes:
+            spec = self.specs.get(n.name)
+            if spec is None or n.key not in UPDATE_OPS or why_not(self.g, n, spec.k, spec.axis):
+                continue
+            for v in sliced_inputs(self.g, n):
+                old = self.g.values[v]
+                if old.persistent:
+                    self.g.values[v] = HomedValue(old.name, old.spec, old.vclass, old.trainable)
+                    self.homes[v] = []
+            updated = set(n.outputs)
+            self.g.outputs = [o for o in self.g.outputs if o not in updated]
 
     def run(self) -> StepGraph:
         names = {n.name for n in self.g.nodes}
         for s in self.specs.values():
             if s.node not in names:
                 raise SplitRefused(f"split of {s.node!r}: no such node")
+        self._home()
         for n in self.g.nodes:
             spec = self.specs.get(n.name)
             if spec is None:
                 for i in n.inputs:
                     if i in self.split_made:
                         self._assemble(i, n.phase)
+                    elif i in self.homes and not self.homes[i]:  # read whole from its home
+                        self.homes[i].append(f"piece-in:{i}")
+                        self.nodes.append(Node(f"piece-in:{i}", "PieceIn", PIECE_DOMAIN, [], [i],
+                                               {"slot": i, "offset": 0, "nbytes": self.g.values[i].nbytes},
+                                               n.phase))
                 self.nodes.append(n)
             else:
                 self._split(n, spec)
@@ -190,8 +226,9 @@ class _Splitter:
         name = f"{v}#{j}" if first else f"{v}#{k}.{j}"
         if name in self.g.values:
             raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
-        self.g.values[name] = Value(name, TensorSpec(spec.dtype, (spec.shape[0] // k, *spec.shape[1:])),
-                                    whole.vclass, whole.trainable)
+        kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
+        self.g.values[name] = kind(name, TensorSpec(spec.dtype, (spec.shape[0] // k, *spec.shape[1:])),
+                                   whole.vclass, whole.trainable)
         return name
 
     def _split(self, n: Node, spec: SplitSpec) -> None:
@@ -209,7 +246,8 @@ class _Splitter:
         for o in outs:
             self.pieces[o] = _Layout(k, made[o])
             self.split_made.add(o)
-        kept = [o for o in outs if self._read_otherwise(o, k)]  # pieces also saved to the slot
+        back = self._written_back(n)  # an update's outputs -> the state slot they go home to
+        kept = [o for o in outs if o not in back and self._read_otherwise(o, k)]  # also saved to their slot
         for j in range(k):  # chunk by chunk: its pieces read, the chunk, its pieces saved
             self.nodes.extend(new[j] for _, new in reads.values() if new)
             ins = [reads[i][0][j] if i in reads else i for i in n.inputs]
@@ -217,8 +255,30 @@ class _Splitter:
             self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
+            for o, home in back.items():  # after every whole read of the state's old bytes
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, self.homes[home]))
         for o in kept:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
+        for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
+            del self.g.values[o]
+
+    def _written_back(self, n: Node) -> dict[str, str]:
+        """A split update's outputs and the homed state each updates (output k of the kernel's
+        overwrites: its input); empty for any other node."""
+        if n.key not in UPDATE_OPS:
+            return {}
+        from onnxplan.kernels.registry import find_decl
+
+        decl = find_decl(n.domain, n.op_type)
+        over = decl.overwrites if decl is not None and isinstance(decl.overwrites, dict) else {}
+        out = {}
+        for k, o in enumerate(n.outputs):
+            src = [n.inputs[i] for i in over.get(k, ()) if i < len(n.inputs) and n.inputs[i] in self.homes]
+            if o and src:
+                if any(c for c in self.consumers.get(o, ())):
+                    raise SplitRefused(f"split of {n.name!r}: its updated {o!r} is read in the step")
+                out[o] = src[0]
+        return out
 
     def _read_otherwise(self, v: str, k: int) -> bool:
         """Whether something reads `v` other than chunks of K laid out alike (a node not split,
@@ -231,10 +291,10 @@ class _Splitter:
                 return True
         return False
 
-    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str) -> Node:
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, after: list[str] | None = None) -> Node:
         step = self.g.values[v].nbytes // k
         return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
-                    {"slot": v, "offset": j * step, "nbytes": step}, phase)
+                    {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(after or ()))
 
     def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
         """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
@@ -243,7 +303,7 @@ class _Splitter:
         have = self.pieces.get(v)
         if have is not None and have.k == k:
             return have.names, []
-        writes = self._fill_slot(v, phase)
+        writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
         step = self.g.values[v].nbytes // k
         names, nodes = [], []
         for j in range(k):
@@ -305,13 +365,20 @@ def piece_ranges(g: StepGraph) -> tuple[Piece, ...]:
                         key=lambda p: p.node))
 
 
-def split_records(graph: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[PlannedSplit, ...]:
-    """The plan's split records of a pass list, for `graph` (the step before the passes)."""
+def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[PlannedSplit, ...]:
+    """The plan's split records of a pass list, for `g` (the step after those passes: the op
+    is that of each node's first chunk)."""
     arg = next((p.partition(":")[2] for p in passes if p.startswith(f"{SPLIT_PASS}:")), None)
     if arg is None:
         return ()
-    ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in graph.nodes}
-    return tuple(PlannedSplit(s.node, ops.get(s.node, "?"), s.axis, s.k) for s in sorted(split_specs(arg)))
+    ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in g.nodes}
+    return tuple(PlannedSplit(s.node, ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k) for s in sorted(split_specs(arg)))
+
+
+def homed_slots(g: StepGraph) -> set[str]:
+    """The slots of `g` that are homes of state (HomedValue): full at the step's start."""
+    return {str(n.attrs["slot"]) for n in g.nodes
+            if is_piece_node(n) and isinstance(g.values.get(str(n.attrs["slot"])), HomedValue)}
 
 
 def slot_bytes(g: StepGraph) -> dict[str, int]:
