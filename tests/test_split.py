@@ -17,8 +17,8 @@ from onnxplan.ir import ValueClass
 from onnxplan.passes.split import (
     PIECE_ALIGN,
     SPLITTABLE_OPS,
-    SplitRefused,
     UPDATE_OPS,
+    SplitRefused,
     SplitSpec,
     piece_ranges,
     slot_bytes,
@@ -241,3 +241,24 @@ def test_a_split_optimizer_update_changes_no_bit(optimizer):
     assert any(p.slot == "fc1.weight" and p.kind == "out" for p in res.plan.pieces)
     assert res.losses == base.losses
     assert all(np.array_equal(base.params[p], res.params[p]) for p in base.params)
+
+
+def test_the_piece_checker_holds_homed_state_to_a_whole_write_back():
+    """A split update's state slot is full at the step's start (its reads need no write before
+    them) and must be written back whole: a missing write-back is refused, the plan as made passes."""
+    from onnxplan.ir.load import read_step
+    from onnxplan.passes.split import homed_slots
+    from tests.zoo_small import small_artifacts
+
+    g = read_step(small_artifacts("mlp"))
+    base = plan_step(g, PlanOptions())
+    node = next(n for n in base.plan.order if n.endswith("/fc1.weight") and "Optimizer" in n)
+    res = plan_step(g, PlanOptions(splits=(SplitSpec(node, 2),)))
+    homes, slots = homed_slots(res.graph), slot_bytes(res.graph)
+    assert {"fc1.weight", "fc1.weight.exp_avg", "fc1.weight.exp_avg_sq"} <= homes
+    verify_pieces(res.plan.pieces, res.plan.order, slots, PIECE_ALIGN, homes)
+    back = next(p for p in res.plan.pieces if p.slot == "fc1.weight" and p.kind == "out")
+    with pytest.raises(PlanError, match="not written back"):
+        verify_pieces([p for p in res.plan.pieces if p != back], res.plan.order, slots, PIECE_ALIGN, homes)
+    with pytest.raises(PlanError, match="missing"):  # without its home, a read of the slot has nothing to read
+        verify_pieces(res.plan.pieces, res.plan.order, slots, PIECE_ALIGN, homes - {"fc1.weight"})
