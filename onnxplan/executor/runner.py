@@ -168,9 +168,10 @@ class Executor:
         for name, (value_class, _) in evicted.items():
             if swap is not None and value_class == vclass:
                 yield from swap.parameters(vclass, {name}).items()
-        for name, (value_class, _) in (self.pieces.state.items() if self.pieces is not None else ()):
-            if value_class == vclass:
-                yield from self.pieces.parameters(vclass, {name}).items()
+        pieces = self.pieces
+        for name, (value_class, _) in (pieces.state.items() if pieces is not None else ()):
+            if pieces is not None and value_class == vclass:
+                yield from pieces.parameters(vclass, {name}).items()
 
     def _state_copies(self, vclass: str, names: Collection[str] | None) -> dict[str, np.ndarray]:
         out = {name: _download(self.binding.arrays[name]) for name in self.classes[vclass]
