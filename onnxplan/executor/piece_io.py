@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import ModelError
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
 from onnxplan.passes.split import homed_slots, is_piece_node
@@ -59,25 +58,11 @@ class PieceRuntime:
     def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray]) -> None:
         """The homed state's initial bytes into its slots: parameters from `params`, optimizer
         state from `optimizer_state` or zero."""
-        for slot, (vclass, spec) in self.state.items():
-            source = params if vclass == "parameter" else optimizer_state
-            if slot not in source:
-                if vclass == "parameter":
-                    raise ModelError(f"no initial value for parameter {slot!r}")
-                self.store.write_zeros(slot)
-                continue
-            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
-            self.store.write(slot, data.reshape(-1).view(np.uint8))
+        self.store.write_state(self.state, params, optimizer_state)
 
     def parameters(self, vclass_wanted: str = "parameter", names: Collection[str] | None = None) -> dict[str, np.ndarray]:
         """Homed values of `vclass_wanted` (only those in `names` when given), read from their slots."""
-        out = {}
-        for slot, (vclass, spec) in self.state.items():
-            if vclass == vclass_wanted and (names is None or slot in names):
-                data = np.empty(spec.shape, dtype=spec.dtype)
-                self.store.read(slot, data.reshape(-1).view(np.uint8))
-                out[slot] = data
-        return out
+        return self.store.read_state(self.state, vclass_wanted, names)
 
     def kernel(self, node: Node, inputs: list, outputs: list) -> KernelFn:
         """The call of piece node `node` on the executor's arrays for it."""

@@ -11,12 +11,13 @@ import mmap
 import os
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import OnnxplanError, UsageError
+from onnxplan.errors import ModelError, OnnxplanError, UsageError
 
 __all__ = ["DIRECT_CHUNK", "SwapIOError", "SwapStore", "check_swap_dir", "default_parent", "fs_type"]
 
@@ -264,6 +265,31 @@ class SwapStore:
         self._drop(off, len(view), False)
         if not settle and self.drop_cache:
             self.unsettled.append((off, len(view), False))
+
+    def write_state(self, state: Mapping[str, tuple[str, Any]], params: Mapping[str, np.ndarray],
+                    optimizer_state: Mapping[str, np.ndarray]) -> None:
+        """Initial bytes of the state homed here (`state`: slot -> class, spec): parameters from
+        `params` (each must be there), other state from `optimizer_state` or zero."""
+        for slot, (vclass, spec) in state.items():
+            source = params if vclass == "parameter" else optimizer_state
+            if slot not in source:
+                if vclass == "parameter":
+                    raise ModelError(f"no initial value for parameter {slot!r}")
+                self.write_zeros(slot)  # no slot-sized zero array: it would count in RSS
+                continue
+            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
+            self.write(slot, data.reshape(-1).view(np.uint8))
+
+    def read_state(self, state: Mapping[str, tuple[str, Any]], vclass_wanted: str,
+                   names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """The state homed here of class `vclass_wanted` (only those in `names` when given), read back."""
+        out = {}
+        for slot, (vclass, spec) in state.items():
+            if vclass == vclass_wanted and (names is None or slot in names):
+                data = np.empty(spec.shape, dtype=spec.dtype)
+                self.read(slot, data.reshape(-1).view(np.uint8))
+                out[slot] = data
+        return out
 
     def close(self) -> None:
         self._closer()
