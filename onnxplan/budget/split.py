@@ -5,10 +5,13 @@ while it runs. When a budget is below that floor, `split_to_fit` splits (passes/
 splittable node whose bound (the memory that stays resident + its working set + its scratch)
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
 shrink by K; its broadcast inputs stay whole), and plans swap again on the split graph. A chunk
-still above the budget gets the next K that fits; a node that cannot be split (the reason is
-passes.split.why_not's) ends the search. Rounds stop when the plan fits, when nothing more can be
-split, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names the node
-that now sets it. A budget at or above the floor never reaches here: plans are unchanged.
+still above the budget gets the next K that fits. Each round starts from the node that sets
+the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
+search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
+such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
+the node that now sets it. A budget at or above the floor never reaches here: plans are unchanged.
+More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
+piece transfer at the store's bandwidth.
 """
 
 from __future__ import annotations

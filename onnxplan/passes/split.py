@@ -22,13 +22,23 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
   - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
     store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
     the whole, the same op on fewer rows.
+  - An optimizer update (UPDATE_OPS: the interleaved AdamWUpdate, SGDUpdate) is elementwise over
+    its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
+    their home between steps is their slot (not the state region), chunk k reads its range
+    (`piece-in:P:k`, no write before it in the step: the slot holds the state) and writes the
+    updated range back (`piece-out:P:k`, after every whole read of the old bytes); a reader of
+    the parameter whole (the forward pass) reads it from the slot first (`piece-in:P`). The
+    updated copies leave the step's outputs; the executor loads and reads the homed state in
+    the piece store (executor/piece_io.py).
 Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS); a chunk computes each
 element from the same elements of its inputs as the whole node, so the outputs are the same bits
-(tests/test_split.py runs every op whole and split on seeded random inputs). Piece byte offsets
-are multiples of PIECE_ALIGN (the store's page: O_DIRECT transfers move whole pages). Refused,
-with the reason (SplitRefused, `why_not`): an op not listed, a node that updates state or aliases
-an input, outputs of differing shapes, a K that does not divide the rows or leaves a piece off
-a page boundary, a sliced input that is persistent (parameters and state are swap's to page).
+(tests/test_split.py runs every op whole and split on seeded random inputs, and two steps of the
+mlp with a split AdamW and SGD update). Piece byte offsets are multiples of PIECE_ALIGN (the
+store's page: O_DIRECT transfers move whole pages). Refused, with the reason (SplitRefused,
+`why_not`): an op not listed (row-wise ops, GEMMs, convolutions, losses: not yet), a node that
+aliases an input or has control dependencies, outputs of differing shapes, a K that does not
+divide the rows or leaves a piece off a page boundary, a persistent sliced input of a node that
+is not an update (parameters are swap's to page there).
 """
 
 from __future__ import annotations
