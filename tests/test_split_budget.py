@@ -77,3 +77,19 @@ def test_a_split_plan_runs_and_matches_onnx_runtime(transformer):
     assert report.verified is True
     assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
     assert dataclasses.asdict(out.plan.splits[0])["k"] >= 2
+
+
+@pytest.mark.slow
+def test_a_split_optimizer_update_below_the_floor_matches_onnx_runtime():
+    """mlp at batch 64: swap's floor (3.56 MiB) is fc1's AdamW update; at 2 MiB the update is
+    split, its parameter and moments homed in the piece store, and the run matches ONNX Runtime."""
+    from onnxplan.run_report import RUNTIME_OVERHEAD_BYTES
+
+    step = api.load("mlp", batch=64)
+    budget = 2 << 20
+    out = api.solve(step, PlanOptions(), MemoryRequest(budget=budget))
+    assert out.plan.peak_bytes <= budget
+    assert any(s.op == "onnxplan.AdamWUpdate" for s in out.plan.splits)
+    report = api.run(step, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
+    assert report.verified is True
+    assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
