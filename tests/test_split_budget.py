@@ -93,3 +93,24 @@ def test_a_split_optimizer_update_below_the_floor_matches_onnx_runtime():
     report = api.run(step, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
     assert report.verified is True
     assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
+
+
+def test_plan_below_the_floor_records_splits_and_explain_lists_them(tmp_path):
+    """`plan mlp --budget 2MiB -o` (swap's floor is 3.56 MiB): the file records the split update
+    and its pieces, `explain` lists the split and adopts the file (a changed K is refused)."""
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "plan.json"
+    r = runner.invoke(app, ["plan", "mlp", "--batch", "64", "--budget", "2MiB", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = json.loads(out.read_text())
+    assert text["splits"] and text["pieces"] and any(p.startswith("split:") for p in text["passes"])
+    r = runner.invoke(app, ["explain", str(out)])
+    assert r.exit_code == 0 and "split: 1 node(s)" in r.output and "AdamWUpdate" in r.output, r.output
+    text["splits"][0]["k"] = 2  # not the split pass's K
+    out.write_text(json.dumps(text))
+    r = runner.invoke(app, ["explain", str(out)])
+    assert r.exit_code == 2 and "splits are not those of its split pass" in r.output
