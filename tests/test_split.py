@@ -262,3 +262,11 @@ def test_the_piece_checker_holds_homed_state_to_a_whole_write_back():
         verify_pieces([p for p in res.plan.pieces if p != back], res.plan.order, slots, PIECE_ALIGN, homes)
     with pytest.raises(PlanError, match="missing"):  # without its home, a read of the slot has nothing to read
         verify_pieces(res.plan.pieces, res.plan.order, slots, PIECE_ALIGN, homes - {"fc1.weight"})
+
+
+def test_a_split_plan_on_another_array_module_is_refused_in_one_line():
+    from onnxplan.errors import UsageError
+
+    g, res = _split_plan()
+    with pytest.raises(UsageError, match="runs on the CPU only"):
+        Executor(res.graph, res.plan, xp=object())

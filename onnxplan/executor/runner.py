@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import ModelError, OnnxplanError
+from onnxplan.errors import ModelError, OnnxplanError, UsageError
 from onnxplan.executor.arena import Arena
 from onnxplan.executor.binding import bind, is_view_node, state_layout, state_values
 from onnxplan.executor.check_arena import ArenaChecker
@@ -69,6 +69,10 @@ class Executor:
         """`wrap(node, fn) -> fn` wraps each node's kernel (inside the swap machinery, so the
         node's inputs are in place when the wrapper runs): verification's per-node hook.
         `seed` seeds the random ops (onnxplan.kernels.random)."""
+        if xp is not np and any(is_piece_node(n) for n in graph.nodes):
+            raise UsageError("a plan with split nodes runs on the CPU only (its pieces move through a host "
+                             "store from numpy arrays): run it without --device, or plan with a budget at or "
+                             "above swap's floor")
         self.graph, self.plan, self.xp = graph, plan, xp
         self.random = Randomness(seed)
         self.layout = state_layout(graph)
