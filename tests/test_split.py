@@ -37,7 +37,9 @@ ROWS, COLS = 8, 4096  # a piece of 8 / K rows of 4096 values (float32 or bool) i
 ARGS = {"Where": ["c", "x", "y"], "BiasGelu": ["x", "b"], "BiasGeluGrad_dX": ["x", "y", "b"],
         "BiasFastGeluGrad_dX": ["x", "y", "b"]}
 UNARY_MS = {"Gelu", "FastGelu", "QuickGelu"}
-ATTRS = {"LeakyRelu": {"alpha": 0.1}, "Elu": {"alpha": 0.7}, "LeakyReluGrad": {"alpha": 0.1}}
+ATTRS = {"LeakyRelu": {"alpha": 0.1}, "Elu": {"alpha": 0.7}, "LeakyReluGrad": {"alpha": 0.1},
+         "Softmax": {"axis": -1}, "LogSoftmax": {"axis": 1}, "SoftmaxGrad_13": {"axis": -1},
+         "LogSoftmaxGrad_13": {"axis": -1}, "SoftmaxGrad": {"axis": 1}, "LogSoftmaxGrad": {"axis": 1}}
 
 
 def _args(domain: str, op: str) -> list[str]:
@@ -148,15 +150,19 @@ def test_split_lowers_the_largest_working_set():
 
 
 @pytest.mark.parametrize("why, spec", [
-    ("not elementwise", SplitSpec("after2", 2)),
+    ("neither elementwise nor row-wise", SplitSpec("after2", 2)),
     ("does not divide", SplitSpec("gelu", 3)),
     ("not a multiple", SplitSpec("gelu", 8)),
     ("no such node", SplitSpec("nothing", 2)),
+    ("across axis 0", SplitSpec("softmax0", 2)),
 ])
 def test_refused_splits_say_why(why, spec):
     g = _gelu_chain()
-    g.nodes.append(dataclasses.replace(g.nodes[-1], name="after2", op_type="Softmax", outputs=["sm"]))
+    g.nodes.append(dataclasses.replace(g.nodes[-1], name="after2", op_type="ReduceSum", outputs=["sm"]))
     g.values["sm"] = dataclasses.replace(g.values["out"], name="sm")
+    g.nodes.append(dataclasses.replace(g.nodes[-1], name="softmax0", op_type="Softmax", outputs=["sm0"],
+                                       attrs={"axis": 0}))
+    g.values["sm0"] = dataclasses.replace(g.values["out"], name="sm0")
     if spec.node == "gelu" and spec.k == 8:  # 1 row of 256 float32: under a page
         g = _narrow(g)
     with pytest.raises(SplitRefused, match=why):

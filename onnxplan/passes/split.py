@@ -30,12 +30,14 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     the parameter whole (the forward pass) reads it from the slot first (`piece-in:P`). The
     updated copies leave the step's outputs; the executor loads and reads the homed state in
     the piece store (executor/piece_io.py).
-Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS); a chunk computes each
-element from the same elements of its inputs as the whole node, so the outputs are the same bits
+Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
+softmax over another axis than the split one); a chunk computes each element from the same
+elements (rows) of its inputs as the whole node, so the outputs are the same bits
 (tests/test_split.py runs every op whole and split on seeded random inputs, and two steps of the
 mlp with a split AdamW and SGD update). Piece byte offsets are multiples of PIECE_ALIGN (the
 store's page: O_DIRECT transfers move whole pages). Refused, with the reason (SplitRefused,
-`why_not`): an op not listed (row-wise ops, GEMMs, convolutions, losses: not yet), a node that
+`why_not`): an op not listed (LayerNorm, GEMMs, convolutions, losses: not yet), a softmax across
+the split axis, a node that
 aliases an input or has control dependencies, outputs of differing shapes, a K that does not
 divide the rows or leaves a piece off a page boundary, a persistent sliced input of a node that
 is not an update (parameters are swap's to page there).
@@ -53,7 +55,7 @@ from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
-__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
+__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
            "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
@@ -66,11 +68,16 @@ _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", 
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
 _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
            "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
+# row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
+# each row on its own
+ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
+                     (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
 # the interleaved optimizer's per-parameter updates (passes/interleave.py): elementwise over the
 # parameter, its gradient and its state; their state is homed in the host store when split
 UPDATE_OPS = frozenset({(PIECE_DOMAIN, "AdamWUpdate"), (PIECE_DOMAIN, "SGDUpdate")})
 # (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
-SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | UPDATE_OPS)
+SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
+                           | UPDATE_OPS)
 
 
 @dataclass
@@ -137,7 +144,7 @@ def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
 def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
     if node.key not in SPLITTABLE_OPS:
-        return f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (not elementwise)"
+        return f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise nor row-wise)"
     if node.aliases or node.after:
         return "the node aliases an input or has control dependencies"
     outs = [o for o in node.outputs if o]
@@ -147,6 +154,8 @@ def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     if axis != 0 or not shape:
         return "only the leading axis of a tensor of rank >= 1 is split"
     rows = shape[0]
+    if node.key in ROW_OPS and (len(shape) < 2 or int(node.attrs.get("axis", -1)) % len(shape) == axis):
+        return f"its softmax runs across axis {axis}, the one split"
     if k < 2 or rows % k:
         return f"K={k} does not divide the {rows} rows of axis {axis}"
     for v in sliced_inputs(g, node) + outs:
