@@ -51,7 +51,8 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
                     "checkpoint": dumped(info) if info is not None else None,
                     "joint": dumped(plan.joint) if plan.joint is not None else None,
                     "swap": dumped(plan.swap), "swaps": [asdict(sw) for sw in plan.swaps],
-                    "split_grad": splits})
+                    "split_grad": splits, "splits": [asdict(s) for s in plan.splits],
+                    "pieces": [asdict(p) for p in plan.pieces]})
         return
     con = console(140, 100, highlight=False)
     if plan.joint is not None:
@@ -59,11 +60,12 @@ def _explain(plan_file: Path, names: bool, json_out: bool) -> None:
         return
     if not info:
         con.print(f"[bold]{plan.model}[/]: no recomputation in this plan (planned peak "
-                  f"{format_bytes(plan.peak_bytes)})" + ("" if plan.swaps or splits else
+                  f"{format_bytes(plan.peak_bytes)})" + ("" if plan.swaps or splits or plan.splits else
                   "; plan with --checkpoint sqrt|chen|rotor to trade compute for memory"))
     else:
         _explain_checkpoint(con, plan, info, names)
     _explain_swaps(con, plan)
+    _explain_splits(con, plan)
     if splits:
         con.print(f"split-grad: {len(splits)} ConvGrad node(s) split into a dW half (reads X) and a dX half "
                   f"(does not), so X can die before dX is made" + (
@@ -82,6 +84,21 @@ def _explain_swaps(con: Console, plan: Plan) -> None:
         table.add_row(sw.value, format_bytes(sw.bytes), sw.vclass,
                       f"{sw.out_eo} -> {sw.in_eo}" + (" (across steps)" if sw.wraps else ""),
                       "yes" if sw.write else "no (the store holds it)", sw.next_use or "-")
+    con.print(table)
+
+
+def _explain_splits(con: Console, plan: Plan) -> None:
+    """Every node the plan splits in chunks, and the bytes its pieces move through the host store."""
+    if not plan.splits:
+        return
+    moved = {"in": 0, "out": 0}
+    for p in plan.pieces:
+        moved[p.kind] += p.nbytes
+    con.print(f"split: {len(plan.splits)} node(s) in chunks over pieces of their tensors; {len(plan.pieces)} piece "
+              f"transfers, {format_bytes(moved['out'])} out, {format_bytes(moved['in'])} in per step")
+    table = Table(Column("node", overflow="fold"), "op", "axis", "chunks")
+    for s in plan.splits:
+        table.add_row(s.node, s.op, str(s.axis), str(s.k))
     con.print(table)
 
 

@@ -2,7 +2,8 @@
 the runner of a pass list (`run_pipeline`). Nothing registers on import.
 
 Properties: "realized" (realize: the loaded step as the executor runs it), "interleaved"
-(optimizer updates split per parameter), "split-grad" (ConvGrad in dW and dX halves),
+(optimizer updates split per parameter), "split-grad" (ConvGrad in dW and dX halves), "split"
+(nodes in chunks over pieces: passes/split.py; "split:" + the JSON of its splits),
 "recomputed" (a recompute schedule applied; its code indexes the graph it was made on, so it runs
 before the in-place passes), "inplace" (outputs aliased to dying inputs; "inplace-state": the state
 updates only).
@@ -17,6 +18,7 @@ from onnxplan.passes._infra import Pass, PassFamily, PassFn, PassResult, PassTab
 from onnxplan.passes.inplace import inplace, inplace_state
 from onnxplan.passes.interleave import interleave
 from onnxplan.passes.realize import realize
+from onnxplan.passes.split import split_pass
 from onnxplan.passes.split_grad import split_grad
 
 __all__ = ["PASSES", "find_pass", "run_pipeline"]
@@ -31,6 +33,7 @@ PASSES = PassTable.of([
     Pass("realize", realize, ensures=("realized",)),
     Pass("interleave", interleave, requires=("realized",), ensures=("interleaved",)),
     Pass("split-grad", split_grad, requires=("realized",), ensures=("split-grad",)),
+    PassFamily("split", split_pass, requires=("realized",), ensures=("split",)),
     PassFamily("recompute", _recompute, requires=("realized",), ensures=("recomputed",)),
     Pass("inplace", inplace, requires=("realized",), ensures=("inplace",)),
     Pass("inplace-state", inplace_state, requires=("realized",), ensures=("inplace-state",)),

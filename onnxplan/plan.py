@@ -21,7 +21,7 @@ from onnxplan.plan_records import (
     to_v1,
 )
 
-__all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "Plan", "PlannedBuffer", "PlannedSwap"]
+__all__ = ["READABLE_VERSIONS", "SCHEMA_VERSION", "Plan", "PlannedBuffer", "PlannedPiece", "PlannedSplit", "PlannedSwap"]
 
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: migrated on load (its `options` read into the typed sections)
@@ -64,6 +64,29 @@ class PlannedSwap:
 
 
 @dataclass(frozen=True)
+class PlannedSplit:
+    """One node split in chunks (onnxplan.passes.split): `k` chunk nodes `NODE#j` over pieces
+    of its tensors along `axis`."""
+
+    node: Annotated[str, doc("the node split (its chunks are `NODE#0` .. `NODE#K-1`)")]
+    op: Annotated[str, doc("its op (`domain.op` outside the default domain)")]
+    axis: Annotated[int, doc("the axis of its output cut in pieces")]
+    k: Annotated[int, doc("chunks")]
+
+
+@dataclass(frozen=True)
+class PlannedPiece:
+    """One transfer of the split pass: node `node` moves `nbytes` between the arena and byte
+    `offset` of host slot `slot` (`out`: to the slot; `in`: back)."""
+
+    node: Annotated[str, doc("its PieceOut / PieceIn node")]
+    kind: Annotated[str, doc("`out` (arena -> slot) or `in` (slot -> arena)")]
+    slot: Annotated[str, doc("the slot: the value whose bytes it holds, whole")]
+    offset: Annotated[int, doc("the range's first byte in the slot")]
+    nbytes: Annotated[int, doc("the range's bytes")]
+
+
+@dataclass(frozen=True)
 class Plan:
     """A promise the executor keeps: order, where every transient byte lives, the peak."""
 
@@ -91,6 +114,11 @@ class Plan:
         "the joint solver's schedule (strategy `joint`: JointRecord); null otherwise")] = None
     swaps: Annotated[tuple[PlannedSwap, ...], doc(
         "onnxplan.swap's evictions (PlannedSwap); the order holds their nodes")] = ()
+    splits: Annotated[tuple[PlannedSplit, ...], doc(
+        "the nodes split in chunks (PlannedSplit): must be the split pass's of `passes` (checked on load)")] = ()
+    pieces: Annotated[tuple[PlannedPiece, ...], doc(
+        "the split pass's transfers (PlannedPiece), each a byte range of a host slot: must be the pass's, no two "
+        "writes of a slot overlapping and every read written before it (checked on load)")] = ()
     graph_fingerprint: Annotated[str, doc(
         "sha256 of the loaded step graph before passes (`StepGraph.fingerprint`: nodes, attributes, every "
         "value's class, dtype and shape, inputs, outputs, opsets, optimizer settings, loss, constants): a plan "
@@ -163,7 +191,7 @@ class Plan:
 FILE_KEYS = ("schema_version", "model", "onnxplan_version", "graph_fingerprint", "source", "order_policy", "planner",
              "passes", "settings", "solver", "swap", "checkpoint", "strategy", "joint", "options",
              "persistent_bytes", "arena_bytes", "peak_bytes", "lower_bound_bytes", "fragmentation", "solve_seconds",
-             "order", "buffers", "swaps")
+             "order", "buffers", "swaps", "splits", "pieces")
 DERIVED_KEYS = {
     "schema_version": ("int", str(SCHEMA_VERSION)),
     "options": ("object", ("schema 1's free-form view of `settings`, `solver`, `swap` (under `swap`), "

@@ -14,12 +14,21 @@ from onnxplan.limits import DEFAULT_TIME_LIMIT  # the one default (re-exported: 
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
 from onnxplan.orders import memory_model, order_policy
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
+from onnxplan.passes.split import (
+    PIECE_ALIGN,
+    SplitSpec,
+    homed_slots,
+    piece_ranges,
+    slot_bytes,
+    split_pass_name,
+    split_records,
+)
 from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
-from onnxplan.verify import verify_offsets
+from onnxplan.verify import verify_offsets, verify_pieces
 
 __all__ = ["BudgetNotMet", "PlanOptions", "require_budget", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
@@ -53,6 +62,7 @@ class PlanOptions:
     budget: int | None = None  # the peak must fit (else BudgetNotMet); swap: evict until it does
     recompute: str = ""  # a recompute schedule (chosen by onnxplan.budget; replayed by name)
     split_grad: bool = False  # split ConvGrad into its dW and dX halves (passes/split_grad.py)
+    splits: tuple[SplitSpec, ...] = ()  # nodes split in chunks (passes/split.py; chosen by onnxplan.budget)
     swap_dir: str | None = None  # the folder the swap file will be in (run --swap-dir; None: the default):
     # transfers are priced with that store's rates (onnxplan.swap.pricing.store_rates)
 
@@ -114,6 +124,8 @@ def pipeline_names(opts: PlanOptions) -> list[str]:
         names.append("interleave")
     if opts.split_grad:  # before recompute: a recompute schedule indexes the graph it is made on
         names.append("split-grad")
+    if opts.splits:  # before recompute and in-place: chunks are ordinary nodes to both
+        names.append(split_pass_name(opts.splits))
     if opts.recompute:
         names.append(f"recompute:{opts.recompute}")
     names.append("inplace" if opts.inplace else "inplace-state")
@@ -267,6 +279,8 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         solver=SolverStats(order_seconds, order_res.optimal, order_res.gap, tuple(order_res.notes), tuple(skipped)),
         swap=_swap_record(swap, opts),
         swaps=swap.swaps if swap is not None else (),
+        splits=split_records(g, names),
+        pieces=piece_ranges(g),
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
     )
@@ -327,3 +341,5 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
     verify_offsets(lt.buffers, OffsetPlan(plan.planner, offsets, plan.arena_bytes, 0.0))
     if plan.swaps:  # swap-ins bring back the current bytes; nothing reads a stale copy
         verify_swaps(graph, plan)
+    if plan.pieces:  # piece ranges: none written twice, none read before it is written
+        verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph))

@@ -5,11 +5,27 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable
+from typing import Protocol
 
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan
 
-__all__ = ["PlanError", "verify_offsets"]
+__all__ = ["PieceRange", "PlanError", "verify_offsets", "verify_pieces"]
+
+
+class PieceRange(Protocol):
+    """A transfer between the arena and a byte range of a host slot (onnxplan.passes.split.Piece)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def kind(self) -> str: ...  # "in" | "out"
+    @property
+    def slot(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
 
 
 class PlanError(OnnxplanError):
@@ -83,3 +99,47 @@ def _check_no_overlap(plan: OffsetPlan, bufs: list[Buffer]) -> None:
                     )
         live.insert(i, entry)
         heapq.heappush(expiry, (b.last, *entry))
+
+
+def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ...], slot_bytes: dict[str, int],
+                  align: int, homes: Iterable[str] = ()) -> None:
+    """Raise PlanError unless the split pass's transfers (onnxplan.passes.split) are sound along
+    `order`: each range lies inside its slot (`slot_bytes`) at a multiple of `align`; no two
+    writes of one slot in a step overlap; every read finds its whole range written earlier in
+    the step (none missing), except in `homes`, the slots of state (full at the step's start),
+    each of which the step writes back whole. Each range names its node, which `order` must hold."""
+    eo = {name: t for t, name in enumerate(order)}
+    home = set(homes)
+    rows = sorted(pieces, key=lambda p: eo.get(p.node, -1))
+    written: dict[str, list[tuple[int, int]]] = {}
+    for p in rows:
+        where = f"piece {p.kind} {p.node!r} of slot {p.slot!r} (bytes {p.offset}..{p.offset + p.nbytes})"
+        if p.node not in eo:
+            raise PlanError(f"{where}: no such node in the order")
+        if p.slot not in slot_bytes or p.offset < 0 or p.nbytes <= 0 or p.offset + p.nbytes > slot_bytes[p.slot]:
+            raise PlanError(f"{where}: outside its slot ({slot_bytes.get(p.slot, 'no')} B)")
+        if p.offset % align:
+            raise PlanError(f"{where}: offset not a multiple of {align}")
+        spans = written.setdefault(p.slot, [])
+        if p.kind == "out":
+            other = next((s for s in spans if s[0] < p.offset + p.nbytes and p.offset < s[1]), None)
+            if other is not None:
+                raise PlanError(f"{where} overlaps bytes {other[0]}..{other[1]} written earlier in the step")
+            bisect.insort(spans, (p.offset, p.offset + p.nbytes))
+        elif p.slot not in home:
+            reach = _covered(spans, p.offset)
+            if reach < p.offset + p.nbytes:
+                raise PlanError(f"{where}: bytes {reach}..{p.offset + p.nbytes} are missing (not written before it)")
+    for slot in sorted(home):
+        reach = _covered(written.get(slot, []), 0)
+        if reach < slot_bytes.get(slot, 0):
+            raise PlanError(f"state slot {slot!r}: bytes {reach}..{slot_bytes[slot]} are not written back in the step")
+
+
+def _covered(spans: list[tuple[int, int]], start: int) -> int:
+    """The end of the run of `spans` (sorted, disjoint) that covers bytes from `start` on."""
+    reach = start
+    for low, high in spans:
+        if low <= reach < high:
+            reach = high
+    return reach

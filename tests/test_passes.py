@@ -166,7 +166,7 @@ def test_a_graph_remembers_what_its_passes_ensured():
 def test_the_pass_list_is_explicit():
     """Every pass a plan can name is listed in onnxplan.pipeline, nothing registers on import."""
     assert set(PASSES.passes) == {"realize", "interleave", "split-grad", "inplace", "inplace-state"}
-    assert set(PASSES.families) == {"recompute"}
+    assert set(PASSES.families) == {"recompute", "split"}
 
 
 def test_nntrainer_figure5_sigmoid_flatten_merges():

@@ -10,6 +10,7 @@ from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.choice import Candidate, choose, weigh
 from onnxplan.budget.costs import CostModel
+from onnxplan.budget.split import split_to_fit
 from onnxplan.ir.graph import StepGraph
 from onnxplan.passes.split_grad import splittable
 from onnxplan.planning import PlanOptions, PlanOutcome
@@ -56,17 +57,27 @@ def _recompute(graph: StepGraph, budget: int, costs: CostModel, time_limit: floa
 def _swap(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
           base: PlanOptions) -> PlanOutcome:
     """Each policy swap's "auto" tries (swap.AUTO_POLICIES) planned, weighed by the one price and
-    chosen by the one rule (budget.choice; swap's own "auto" keeps the first that fits)."""
+    chosen by the one rule (budget.choice; swap's own "auto" keeps the first that fits); below
+    swap's floor, nodes split in chunks (budget/split.py) on the chosen policy's plan."""
     opts = replace(base, budget=budget, time_limit=time_limit)
     times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
+    made: dict[int, PlanOptions] = {}
 
     def policies(split: bool) -> list[Candidate]:
-        return [weigh("swap", attempt(graph, replace(opts, swap=p, split_grad=split or opts.split_grad)), budget, times)
-                for p in AUTO_POLICIES]
+        cands = []
+        for p in AUTO_POLICIES:
+            o = replace(opts, swap=p, split_grad=split or opts.split_grad)
+            cands.append(weigh("swap", attempt(graph, o), budget, times))
+            made[id(cands[-1])] = o
+        return cands
 
     cands = policies(False)
     if not any(c.fits for c in cands) and not base.split_grad and any(splittable(n) for n in graph.nodes):
         # the floor of swap is the largest working set: a fused ConvGrad (X, dY, dX, dW at once)
         # often sets it; split, the same swaps reach lower (same FLOPs, same numbers)
         cands += policies(True)
-    return choose(cands).outcome
+    chosen = choose(cands)
+    out = chosen.outcome
+    if out.plan.peak_bytes > budget:
+        out = split_to_fit(graph, made[id(chosen)], out)
+    return out

@@ -44,6 +44,8 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
     if prep.plan.swaps:  # and the swap runtime's modules
         import onnxplan.executor.swap_io  # noqa: F401
         import onnxplan.swap.kernels  # noqa: F401
+    if any(p.startswith("split:") for p in prep.plan.passes):  # and the split pass's transfers
+        import onnxplan.executor.piece_io  # noqa: F401
     mark_baseline()
     ex, losses, seconds = execute(prep, batches, params, steps=steps, warmup=warmup,
                                   learning_rate=learning_rate, check_arena=False, threads=threads)

@@ -12,6 +12,7 @@ from onnxplan.ir.graph import StepGraph
 from onnxplan.loading import LoadRequest, open_step
 from onnxplan.offsets import align, lower_bound
 from onnxplan.passes.lifetimes import lifetimes
+from onnxplan.passes.split import piece_ranges, split_records, split_specs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions, plan_step, verify_plan
@@ -70,12 +71,16 @@ def _check_passes(plan: Plan) -> None:
     the plan's options and checkpoint record."""
     passes = list(plan.passes)
     recompute = [p for p in passes if p.startswith("recompute:")]
+    split = [p for p in passes if p.startswith("split:")]
     expected = ["realize", *(["interleave"] if "interleave" in passes else []),
-                *(["split-grad"] if "split-grad" in passes else []), *recompute[:1],
+                *(["split-grad"] if "split-grad" in passes else []), *split[:1], *recompute[:1],
                 "inplace-state" if "inplace-state" in passes else "inplace"]
     if passes != expected:
         raise PlanError(f"pass list {passes} is not one the planner writes (realize, [interleave], "
-                        "[split-grad], [recompute:SCHEDULE], inplace or inplace-state)")
+                        "[split-grad], [split:SPLITS], [recompute:SCHEDULE], inplace or inplace-state)")
+    specs = split_specs(split[0].partition(":")[2]) if split else ()
+    if [(s.node, s.axis, s.k) for s in sorted(specs)] != [(s.node, s.axis, s.k) for s in plan.splits]:
+        raise PlanError("the plan's splits are not those of its split pass")
     for key, on in (("interleave", "interleave" in passes), ("inplace", "inplace" in passes),
                     ("split_grad", "split-grad" in passes)):
         if getattr(plan.settings, key) != on:
@@ -112,6 +117,10 @@ def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
     _check_passes(plan)
     g, _ = run_pipeline(graph, list(plan.passes))
     _check_checkpoint_record(plan)
+    if plan.splits != split_records(g, plan.passes):
+        raise PlanError("the plan's splits are not those of its split pass")
+    if plan.pieces != piece_ranges(g):
+        raise PlanError("the plan's piece ranges are not those the split pass makes")
     what = f"{graph.name!r} after passes {', '.join(plan.passes)}"
     if plan.swaps:  # the swap nodes and the swapped buffers' segments, rebuilt from the plan
         swap_nodes = {s.out_node for s in plan.swaps} | {s.in_node for s in plan.swaps}

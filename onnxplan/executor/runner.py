@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import ModelError, OnnxplanError
+from onnxplan.errors import ModelError, OnnxplanError, UsageError
 from onnxplan.executor.arena import Arena
 from onnxplan.executor.binding import bind, is_view_node, state_layout, state_values
 from onnxplan.executor.check_arena import ArenaChecker
@@ -20,6 +20,7 @@ from onnxplan.kernels import _xp
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.loading.request import LoadRequest
+from onnxplan.passes.split import is_piece_node
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
 from onnxplan.threads import use_threads
@@ -68,6 +69,10 @@ class Executor:
         """`wrap(node, fn) -> fn` wraps each node's kernel (inside the swap machinery, so the
         node's inputs are in place when the wrapper runs): verification's per-node hook.
         `seed` seeds the random ops (onnxplan.kernels.random)."""
+        if xp is not np and any(is_piece_node(n) for n in graph.nodes):
+            raise UsageError("a plan with split nodes runs on the CPU only (its pieces move through a host "
+                             "store from numpy arrays): run it without --device, or plan with a budget at or "
+                             "above swap's floor")
         self.graph, self.plan, self.xp = graph, plan, xp
         self.random = Randomness(seed)
         self.layout = state_layout(graph)
@@ -81,6 +86,11 @@ class Executor:
             )
         arrays = self.binding.arrays
         nodes = {n.name: n for n in graph.nodes}
+        self.pieces = None  # onnxplan.passes.split's transfers: a host store of their own
+        if any(is_piece_node(n) for n in graph.nodes):
+            from onnxplan.executor.piece_io import PieceRuntime
+
+            self.pieces = PieceRuntime(graph, swap_dir)
         self.calls: list[_Call] = []
         self.views: list[tuple[int, Any]] = []  # (EO, node) of the read-only views skipped
         for t, name in enumerate(plan.order):
@@ -96,7 +106,8 @@ class Executor:
             outs = [arrays[o] if o else None for o in node.outputs]
             both = _xp.one_object_per_buffer(ins + outs)  # an in-place output: its input's object
             outs = both[len(ins):]
-            fn = bound_kernel(decl, ctx, ins, outs)
+            fn = bound_kernel(decl, ctx, ins, outs) if self.pieces is None or not is_piece_node(node) \
+                else self.pieces.kernel(node, ins, outs)
             fn = fn if wrap is None else wrap(node, fn)
             self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, [])))
         self.eo = {name: t for t, name in enumerate(plan.order)}
@@ -134,6 +145,8 @@ class Executor:
             _upload(self.xp, arrays[name], np.asarray(g.initializers[name]).reshape(arrays[name].shape))
         if self.swap is not None:  # evicted parameters and optimizer state start in the store
             self.swap.load_state(params, optimizer_state)
+        if self.pieces is not None:  # and state homed by a split update in the piece store
+            self.pieces.load_state(params, optimizer_state)
         self.steps_done = steps_done
         self.random.reset()
 
@@ -159,12 +172,18 @@ class Executor:
         for name, (value_class, _) in evicted.items():
             if swap is not None and value_class == vclass:
                 yield from swap.parameters(vclass, {name}).items()
+        pieces = self.pieces
+        for name, (value_class, _) in (pieces.state.items() if pieces is not None else ()):
+            if pieces is not None and value_class == vclass:
+                yield from pieces.parameters(vclass, {name}).items()
 
     def _state_copies(self, vclass: str, names: Collection[str] | None) -> dict[str, np.ndarray]:
         out = {name: _download(self.binding.arrays[name]) for name in self.classes[vclass]
                if name != STEP and (names is None or name in names)}
         if self.swap is not None:
             out.update(self.swap.parameters(vclass, names))
+        if self.pieces is not None:
+            out.update(self.pieces.parameters(vclass, names))
         return out
 
     # ---- one step ----------------------------------------------------------------------
@@ -414,5 +433,7 @@ def run_plan(folder_or_request: str | Path | LoadRequest, plan_options_or_plan: 
     swap = ex.swap.summary() if ex.swap is not None else None
     if ex.swap is not None:
         ex.swap.close()  # the store's file goes with it
+    if ex.pieces is not None:
+        ex.pieces.close()
     return RunResult(losses, seconds, params, plan.arena_bytes, plan.persistent_bytes,
                      plan.peak_bytes, plan, ex.layout.nbytes, prep.folder, swap)

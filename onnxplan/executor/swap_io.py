@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 import onnxplan.swap.kernels  # noqa: F401  (declares the swap nodes' kernels)
-from onnxplan.errors import ModelError, OnnxplanError
+from onnxplan.errors import OnnxplanError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.plan import Plan
 from onnxplan.swap.store import DIRECT_CHUNK, PAGE, SETTLE_CHUNK, SwapIOError, SwapStore, _io_error, fs_type  # noqa: F401  (the store, re-exported for the runtime's users)
@@ -370,15 +370,7 @@ class SwapRuntime:
         parameters from `params`, optimizer state from `optimizer_state` or zero."""
         optimizer_state = optimizer_state or {}
         self._wait(self.worker.put(Job("settle", "", None, -1)))  # the worker is idle after it
-        for slot, (vclass, spec) in self.state.items():
-            source = params if vclass == "parameter" else optimizer_state
-            if vclass != "parameter" and slot not in source:
-                self.store.write_zeros(slot)  # no slot-sized zero array: it would count in RSS
-                continue
-            if slot not in source:
-                raise ModelError(f"no initial value for parameter {slot!r}")
-            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
-            self.store.write(slot, data.reshape(-1).view(np.uint8))
+        self.store.write_state(self.state, params, optimizer_state)
         self.history.clear()
         self.stats = SwapStats()
 
@@ -386,13 +378,7 @@ class SwapRuntime:
         """Evicted parameters (or values of another persistent class; only those in `names` when
         given), read back from their slots."""
         self._wait(self.worker.put(Job("settle", "", None, -1)))
-        out = {}
-        for slot, (vclass, spec) in self.state.items():
-            if vclass == vclass_wanted and (names is None or slot in names):
-                data = np.empty(spec.shape, dtype=spec.dtype)
-                self.store.read(slot, data.reshape(-1).view(np.uint8))
-                out[slot] = data
-        return out
+        return self.store.read_state(self.state, vclass_wanted, names)
 
     def summary(self) -> dict:
         """Per-step accounting of the steps since the state was loaded, and their totals."""

@@ -172,9 +172,16 @@ def planned_step(graph, order: Sequence[str], swaps, node_seconds: Callable, rat
     `node_seconds(node)` per node, the transfers where the executor issues and waits for them
     (plan_transfers) on one I/O worker at the store's rates (None: store_rates())."""
     nodes = {nd.name: nd for nd in graph.nodes}
+    from onnxplan.passes.split import is_piece_node
     from onnxplan.swap.insert import is_swap_node
 
-    seconds = [0.0 if is_swap_node(nodes[name]) else node_seconds(nodes[name]) for name in order]
+    pieces = [nodes[name] for name in order if is_piece_node(nodes[name])]
+    if pieces:  # the split pass's transfers run on the compute stream, each at its node
+        rates = rates or store_rates()
+    piece_bytes = {nd.name: int(nd.attrs["nbytes"]) for nd in pieces}
+    seconds = [0.0 if is_swap_node(nodes[name]) else
+               transfer_seconds(piece_bytes[name], rates.bandwidth) + io_cpu_seconds(piece_bytes[name])
+               if rates is not None and name in piece_bytes else node_seconds(nodes[name]) for name in order]
     if not swaps:
         return StepPrice(sum(seconds), 0.0, 0.0, 0)
     rates = rates or store_rates()

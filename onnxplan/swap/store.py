@@ -11,12 +11,13 @@ import mmap
 import os
 import tempfile
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from onnxplan.errors import OnnxplanError, UsageError
+from onnxplan.errors import ModelError, OnnxplanError, UsageError
 
 __all__ = ["DIRECT_CHUNK", "SwapIOError", "SwapStore", "check_swap_dir", "default_parent", "fs_type"]
 
@@ -184,10 +185,18 @@ class SwapStore:
             os.fdatasync(self.fd)
         os.posix_fadvise(self.fd, off, nbytes, os.POSIX_FADV_DONTNEED)
 
-    def write(self, slot: str, data: np.ndarray, *, settle: bool = True) -> None:
-        """Store `data` (1-D uint8, the slot's size) in `slot`; its pages then leave RAM, at
-        once or (settle False) at the next settle()."""
-        off, view = self.offsets[slot], data.data
+    def _at(self, slot: str, offset: int, nbytes: int) -> int:
+        """The file offset of byte `offset` of `slot`, for a transfer of `nbytes` inside it (a
+        range of a slot starts on a page: PIECE_ALIGN, onnxplan.passes.split)."""
+        if offset < 0 or offset % PAGE or offset + nbytes > self.sizes[slot]:
+            raise ValueError(f"swap store: bytes {offset}..{offset + nbytes} are not a page-aligned range of "
+                             f"slot {slot!r} ({self.sizes[slot]} B)")
+        return self.offsets[slot] + offset
+
+    def write(self, slot: str, data: np.ndarray, *, settle: bool = True, offset: int = 0) -> None:
+        """Store `data` (1-D uint8, the slot's size; or a range of it at byte `offset`) in `slot`;
+        its pages then leave RAM, at once or (settle False) at the next settle()."""
+        off, view = self._at(slot, offset, data.nbytes), data.data
         done = 0
         try:
             if self.direct:
@@ -239,10 +248,11 @@ class SwapStore:
             done += n
         self._drop(self.offsets[slot], self.sizes[slot], True)
 
-    def read(self, slot: str, out: np.ndarray, *, settle: bool = True) -> None:
-        """Read `slot` into `out` (1-D uint8, the slot's size), bypassing any copy; its pages
-        are dropped at once and (settle False) once more at the next settle()."""
-        off, view = self.offsets[slot], out.data
+    def read(self, slot: str, out: np.ndarray, *, settle: bool = True, offset: int = 0) -> None:
+        """Read `slot` (or the range of it at byte `offset`) into `out` (1-D uint8, the range's
+        size), bypassing any copy; its pages are dropped at once and (settle False) once more at
+        the next settle()."""
+        off, view = self._at(slot, offset, out.nbytes), out.data
         if self.direct:
             self._direct(False, off, view)
             return
@@ -255,6 +265,31 @@ class SwapStore:
         self._drop(off, len(view), False)
         if not settle and self.drop_cache:
             self.unsettled.append((off, len(view), False))
+
+    def write_state(self, state: Mapping[str, tuple[str, Any]], params: Mapping[str, np.ndarray],
+                    optimizer_state: Mapping[str, np.ndarray]) -> None:
+        """Initial bytes of the state homed here (`state`: slot -> class, spec): parameters from
+        `params` (each must be there), other state from `optimizer_state` or zero."""
+        for slot, (vclass, spec) in state.items():
+            source = params if vclass == "parameter" else optimizer_state
+            if slot not in source:
+                if vclass == "parameter":
+                    raise ModelError(f"no initial value for parameter {slot!r}")
+                self.write_zeros(slot)  # no slot-sized zero array: it would count in RSS
+                continue
+            data = np.ascontiguousarray(np.asarray(source[slot]).reshape(spec.shape), dtype=spec.dtype)
+            self.write(slot, data.reshape(-1).view(np.uint8))
+
+    def read_state(self, state: Mapping[str, tuple[str, Any]], vclass_wanted: str,
+                   names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """The state homed here of class `vclass_wanted` (only those in `names` when given), read back."""
+        out = {}
+        for slot, (vclass, spec) in state.items():
+            if vclass == vclass_wanted and (names is None or slot in names):
+                data = np.empty(spec.shape, dtype=spec.dtype)
+                self.read(slot, data.reshape(-1).view(np.uint8))
+                out[slot] = data
+        return out
 
     def close(self) -> None:
         self._closer()

@@ -1,0 +1,108 @@
+"""Splitting for a budget below the floor (issue 28): which nodes to split, in how many chunks.
+
+Swap stops at its floor (swap.driver.Floor): the node with the largest working set holds it all
+while it runs. When a budget is below that floor, `split_to_fit` splits (passes/split.py) every
+splittable node whose bound (the memory that stays resident + its working set + its scratch)
+is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
+shrink by K; its broadcast inputs stay whole), and plans swap again on the split graph. A chunk
+still above the budget gets the next K that fits. Each round starts from the node that sets
+the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
+search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
+such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
+the node that now sets it. A budget at or above the floor never reaches here: plans are unchanged.
+More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
+piece transfer at the store's bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from onnxplan.budget.attempt import attempt, step_before_inplace
+from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.offsets.buffers import align
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
+from onnxplan.passes.split import SplitSpec, base_node, sliced_inputs, why_not
+from onnxplan.pipeline import run_pipeline
+from onnxplan.planning import PlanOptions, PlanOutcome
+from onnxplan.sizes import format_bytes
+from onnxplan.swap.insert import is_swap_node
+from onnxplan.swap.model import swap_model
+
+__all__ = ["MAX_ROUNDS", "split_to_fit"]
+
+MAX_ROUNDS = 4  # plans of the split graph tried (each a swap planning)
+
+
+def _touched(out: PlanOutcome, graph: StepGraph) -> dict[str, int]:
+    """Per node of `out`'s step (its passes, no swap nodes), the bytes it touches plus its
+    scratch: the swap model's working set under `out`'s order."""
+    g = run_pipeline(graph, list(out.plan.passes))[0]
+    nodes = {n.name: n for n in g.nodes}
+    order = [name for name in out.plan.order if name in nodes and not is_swap_node(nodes[name])]
+    lt = lifetimes(g, order)
+    model = swap_model(g, order, lt)
+    scratch = {b.name[len(SCRATCH_PREFIX):]: b.padded for b in lt.buffers if b.name.startswith(SCRATCH_PREFIX)}
+    return {name: model.working_set(t) + scratch.get(name, 0) for t, name in enumerate(order)}
+
+
+def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -> int | None:
+    """The smallest K > `above` at which `node` (of `g`, the step the split pass sees) splits
+    and a chunk's bytes fit `room`, its whole working set being `touched` (none fits: the
+    largest K it splits in; None when it splits in none above `above`)."""
+    out = next((o for o in node.outputs if o), None)
+    spec = g.values[out].spec if out else None
+    if spec is None or not spec.shape:
+        return None
+    valid = [k for k in range(above + 1, spec.shape[0] + 1) if k >= 2 and not why_not(g, node, k)]
+    if not valid:
+        return None
+    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *(o for o in node.outputs if o)})
+    whole = max(touched - sliced, 0)
+    return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
+
+
+def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> PlanOutcome:
+    """`swapped` (swap's plan under opts.budget, made with `opts`) when the budget is at or
+    above its floor; else the plan of least peak of the split graphs tried (see the module
+    docstring)."""
+    budget = opts.budget
+    floor = swapped.swap.floor if swapped.swap is not None else None
+    if budget is None or floor is None or floor.bound <= budget:
+        return swapped
+    pre = step_before_inplace(graph, replace(opts, splits=()))
+    pre_nodes = {n.name: n for n in pre.nodes}
+    specs: dict[str, SplitSpec] = {}
+    best, out = swapped, swapped
+    for _ in range(MAX_ROUNDS):
+        fl = out.swap.floor if out.swap is not None else None
+        if fl is None:
+            break
+        room = budget - fl.resident
+        floor_node = base_node(fl.node)
+        k_floor = specs[floor_node].k if floor_node in specs else 1
+        if floor_node not in pre_nodes or _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor,
+                                                     room, k_floor) is None:
+            break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
+        chosen = dict(specs)
+        for name, ws in _touched(out, graph).items():
+            base = base_node(name)
+            if ws <= room or base not in pre_nodes:
+                continue
+            k_now = specs[base].k if base in specs else 1
+            k = _smallest_k(pre, pre_nodes[base], ws * k_now, room, k_now)
+            if k is not None:
+                chosen[base] = SplitSpec(base, k)
+        if chosen == specs:
+            break
+        specs = chosen
+        out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
+        if out.plan.peak_bytes < best.plan.peak_bytes:
+            best = out
+        if out.plan.peak_bytes <= budget:
+            break
+    if best is not swapped:
+        best.pass_notes.append(f"split: swap's floor {format_bytes(floor.bound)} at {floor.node!r} is above the budget "
+                               f"{format_bytes(budget)}; split {len(best.plan.splits)} node(s) "
+                               f"({', '.join(f'{s.node} x{s.k}' for s in best.plan.splits)})")
+    return best

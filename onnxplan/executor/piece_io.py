@@ -1,0 +1,85 @@
+"""The split pass's transfers (onnxplan.passes.split): PieceOut / PieceIn nodes move a value's
+bytes to and from a byte range of its host slot, in a swap store of their own (one unlinked file,
+O_DIRECT where the file system allows it: onnxplan.swap.store).
+
+Each transfer runs where its node stands in the order, synchronously (no I/O thread: a piece is
+read right before its chunk needs it and written right after its chunk made it; the pricing
+counts it as a transfer on the node's own time). A store of its own: swap's I/O worker moves
+bytes through its store's bounce block on another thread."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
+from onnxplan.passes.split import homed_slots, is_piece_node
+from onnxplan.swap.store import SwapStore
+
+__all__ = ["PieceRuntime", "piece_in", "piece_out"]
+
+
+@kernel("PieceOut", "onnxplan")
+def piece_out(ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """Save a value (or a piece) to a range of its host slot (bound by PieceRuntime)."""
+    raise RuntimeError(f"{ctx.node.name}: piece nodes run through the executor's piece runtime")
+
+
+@kernel("PieceIn", "onnxplan")
+def piece_in(ctx: KernelContext, inputs: list, outputs: list) -> None:
+    """Read a range of a host slot into a value (bound by PieceRuntime)."""
+    raise RuntimeError(f"{ctx.node.name}: piece nodes run through the executor's piece runtime")
+
+
+def _raw(arr: Any) -> np.ndarray:
+    """The bytes of a C-contiguous host array, as a 1-D uint8 view (no copy)."""
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+        raise RuntimeError("piece transfers need C-contiguous host (numpy) arrays")
+    return arr.reshape(-1).view(np.uint8)
+
+
+class PieceRuntime:
+    """The host slots of a split graph's pieces, and the kernels of its piece nodes."""
+
+    def __init__(self, graph: StepGraph, folder: str | Path | None = None) -> None:
+        slots = {str(n.attrs["slot"]): graph.values[str(n.attrs["slot"])].nbytes
+                 for n in graph.nodes if is_piece_node(n)}
+        self.store = SwapStore(slots, folder)
+        # homed state (a split optimizer update's parameter and moments): slot -> class, spec
+        self.state = {slot: (graph.values[slot].vclass.value, graph.values[slot].known_spec)
+                      for slot in sorted(homed_slots(graph))}
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray]) -> None:
+        """The homed state's initial bytes into its slots: parameters from `params`, optimizer
+        state from `optimizer_state` or zero."""
+        self.store.write_state(self.state, params, optimizer_state)
+
+    def parameters(self, vclass_wanted: str = "parameter", names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """Homed values of `vclass_wanted` (only those in `names` when given), read from their slots."""
+        return self.store.read_state(self.state, vclass_wanted, names)
+
+    def kernel(self, node: Node, inputs: list, outputs: list) -> KernelFn:
+        """The call of piece node `node` on the executor's arrays for it."""
+        slot, offset = str(node.attrs["slot"]), int(node.attrs["offset"])
+        if node.op_type == "PieceOut":
+            src = _raw(inputs[0])
+
+            def save(ctx: KernelContext, ins: list, outs: list) -> None:
+                self.store.write(slot, src, offset=offset)
+                self.bytes_out += src.nbytes
+            return save
+        dst = _raw(outputs[0])
+
+        def load(ctx: KernelContext, ins: list, outs: list) -> None:
+            self.store.read(slot, dst, offset=offset)
+            self.bytes_in += dst.nbytes
+        return load
+
+    def close(self) -> None:
+        self.store.close()

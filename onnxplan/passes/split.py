@@ -1,0 +1,406 @@
+"""Node splitting: a node that is parallel along an axis becomes K chunk nodes, each on a piece
+of its tensors, so the node's working set is a piece, not the whole (issue 28).
+
+Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split:` + JSON):
+  - N becomes chunk nodes `N#0` .. `N#K-1`: the same op, domain and attributes on pieces. Chunk
+    k covers rows [k R/K, (k+1) R/K) of axis a of N's output shape (R rows; K divides R). An
+    input of the output's rank whose axis a has R rows is sliced (chunk k reads its piece); any
+    other input (a broadcast bias, a scalar) is read whole by every chunk. Only the leading axis
+    (a = 0) is split today, so every piece is one contiguous byte range of its tensor.
+  - A piece is a value of its own, `V#k` (a fresh buffer of the piece's size): lifetimes, the
+    offset planners, the verifier, swap planning and the executor see a normal buffer.
+  - Pieces of a value V move through the host store's slot `V` (the whole tensor's bytes), by
+    byte range, with two node kinds (domain onnxplan, phase of the node they serve):
+      `piece-out:V` (op PieceOut) saves V whole to slot V (V's producer is not split), or
+      `piece-out:V:k` saves the piece V#k to its range of slot V (V's producer is split);
+      `piece-in:V:k` (op PieceIn) reads a range of slot V into a piece V#k, and
+      `piece-in:V` reads the whole slot into V (for a reader of V that is not split the same
+      way, and for a step output). Attributes: slot, offset, nbytes. A PieceIn runs after the
+      PieceOuts that wrote its range (control dependencies).
+    A piece made by a split producer is read by a split consumer of the same layout directly
+    (no transfer); the whole V never exists unless something not split reads it.
+  - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
+    store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
+    the whole, the same op on fewer rows.
+  - An optimizer update (UPDATE_OPS: the interleaved AdamWUpdate, SGDUpdate) is elementwise over
+    its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
+    their home between steps is their slot (not the state region), chunk k reads its range
+    (`piece-in:P:k`, no write before it in the step: the slot holds the state) and writes the
+    updated range back (`piece-out:P:k`, after every whole read of the old bytes); a reader of
+    the parameter whole (the forward pass) reads it from the slot first (`piece-in:P`). The
+    updated copies leave the step's outputs; the executor loads and reads the homed state in
+    the piece store (executor/piece_io.py).
+Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
+softmax over another axis than the split one); a chunk computes each element from the same
+elements (rows) of its inputs as the whole node, so the outputs are the same bits
+(tests/test_split.py runs every op whole and split on seeded random inputs, and two steps of the
+mlp with a split AdamW and SGD update). Piece byte offsets are multiples of PIECE_ALIGN (the
+store's page: O_DIRECT transfers move whole pages). Refused, with the reason (SplitRefused,
+`why_not`): an op not listed (LayerNorm, GEMMs, convolutions, losses: not yet), a softmax across
+the split axis, a node that
+aliases an input or has control dependencies, outputs of differing shapes, a K that does not
+divide the rows or leaves a piece off a page boundary, a persistent sliced input of a node that
+is not an update (parameters are swap's to page there).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from onnxplan.errors import OnnxplanError
+from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
+from onnxplan.ir.tensor import TensorSpec
+from onnxplan.passes._infra import PassFn, PassResult
+from onnxplan.plan import PlannedPiece as Piece
+from onnxplan.plan import PlannedSplit
+
+__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
+           "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
+           "sliced_inputs", "split_records", "split_specs", "why_not"]
+
+PIECE_DOMAIN = "onnxplan"
+PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
+SPLIT_PASS = "split"
+MS = "com.microsoft"
+_UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
+          "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
+           "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
+# row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
+# each row on its own
+ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
+                     (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
+# the interleaved optimizer's per-parameter updates (passes/interleave.py): elementwise over the
+# parameter, its gradient and its state; their state is homed in the host store when split
+UPDATE_OPS = frozenset({(PIECE_DOMAIN, "AdamWUpdate"), (PIECE_DOMAIN, "SGDUpdate")})
+# (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
+SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
+                           | UPDATE_OPS)
+
+
+@dataclass
+class HomedValue(Value):
+    """A parameter or optimizer state an optimizer update is split over: its home between steps
+    is its host slot (read by range into the update's chunks, written back by range), so it is
+    not persistent: inside the step, a reader of it whole reads it from the slot (PieceIn)."""
+
+    @property
+    def persistent(self) -> bool:
+        return False
+
+
+class SplitRefused(OnnxplanError):
+    """A split the pass cannot make (the node, op, K or layout); exit 2: the request is at fault."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, order=True)
+class SplitSpec:
+    """Split node `node` into `k` chunks along `axis` of its output."""
+
+    node: str
+    k: int
+    axis: int = 0
+
+
+def split_pass_name(specs: list[SplitSpec] | tuple[SplitSpec, ...]) -> str:
+    """The pipeline name of the split pass for `specs` (sorted: one name per set of splits)."""
+    return f"{SPLIT_PASS}:" + json.dumps([[s.node, s.axis, s.k] for s in sorted(specs)], separators=(",", ":"))
+
+
+def split_specs(arg: str) -> tuple[SplitSpec, ...]:
+    """The specs of a split pass's argument (the JSON after `split:`); malformed: SplitRefused."""
+    try:
+        raw = json.loads(arg)
+        specs = tuple(SplitSpec(str(n), int(k), int(a)) for n, a, k in raw)
+    except (ValueError, TypeError) as exc:
+        raise SplitRefused(f"malformed split pass argument {arg[:60]!r} ({exc})") from None
+    if len({s.node for s in specs}) != len(specs):
+        raise SplitRefused("a node is split twice in one split pass")
+    return specs
+
+
+def chunk_name(node: str, k: int) -> str:
+    return f"{node}#{k}"
+
+
+def base_node(name: str) -> str:
+    """The node a chunk `N#k` was split from (`name` itself otherwise)."""
+    head, sep, tail = name.rpartition("#")
+    return head if sep and tail.isdigit() else name
+
+
+def is_piece_node(node: Node) -> bool:
+    return node.domain == PIECE_DOMAIN and node.op_type in ("PieceIn", "PieceOut")
+
+
+def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
+    return g.values[v].known_spec.shape
+
+
+def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
+    """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
+    if node.key not in SPLITTABLE_OPS:
+        return f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise nor row-wise)"
+    if node.aliases or node.after:
+        return "the node aliases an input or has control dependencies"
+    outs = [o for o in node.outputs if o]
+    if not outs or any(g.values[o].spec is None for o in outs) or len({_shape(g, o) for o in outs}) != 1:
+        return "its outputs differ in shape (or have none)"
+    shape = _shape(g, outs[0])
+    if axis != 0 or not shape:
+        return "only the leading axis of a tensor of rank >= 1 is split"
+    rows = shape[0]
+    if node.key in ROW_OPS and (len(shape) < 2 or int(node.attrs.get("axis", -1)) % len(shape) == axis):
+        return f"its softmax runs across axis {axis}, the one split"
+    if k < 2 or rows % k:
+        return f"K={k} does not divide the {rows} rows of axis {axis}"
+    for v in sliced_inputs(g, node) + outs:
+        if g.values[v].persistent and node.key not in UPDATE_OPS:
+            return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
+        piece = g.values[v].nbytes // k
+        if piece % PIECE_ALIGN:
+            return f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page)"
+    return ""
+
+
+def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
+    """The inputs of `node` that each chunk reads a piece of (same rank and leading rows as the output)."""
+    out = _shape(g, next(o for o in node.outputs if o))
+    return [i for i in dict.fromkeys(node.inputs)
+            if i and g.values[i].spec is not None and len(_shape(g, i)) == len(out) and _shape(g, i)[0] == out[0]
+            and out[0] > 1]
+
+
+@dataclass
+class _Layout:
+    """The pieces of one value in the arena: K and their names."""
+
+    k: int
+    names: tuple[str, ...]
+
+
+class _Splitter:
+    """The rewrite of one split pass (see the module docstring)."""
+
+    def __init__(self, graph: StepGraph, specs: tuple[SplitSpec, ...]) -> None:
+        self.g = graph.copy()
+        self.specs = {s.node: s for s in specs}
+        self.nodes: list[Node] = []
+        self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena
+        self.split_made: set[str] = set()  # values made only as pieces (by split producers)
+        self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
+        self.whole: set[str] = set()  # split-made values assembled whole
+        self.consumers = graph.consumers()
+        self.homes: dict[str, list[str]] = {}  # homed state -> the PieceIn nodes reading it whole
+
+    def _home(self) -> None:
+        """Parameters and state of the split updates become HomedValues; their updated copies
+        leave the step's outputs (their home is the slot)."""
+        for n in self.g.nodes:
+            spec = self.specs.get(n.name)
+            if spec is None or n.key not in UPDATE_OPS or why_not(self.g, n, spec.k, spec.axis):
+                continue
+            for v in sliced_inputs(self.g, n):
+                old = self.g.values[v]
+                if old.persistent:
+                    self.g.values[v] = HomedValue(old.name, old.spec, old.vclass, old.trainable)
+                    self.homes[v] = []
+            updated = set(n.outputs)
+            self.g.outputs = [o for o in self.g.outputs if o not in updated]
+
+    def run(self) -> StepGraph:
+        names = {n.name for n in self.g.nodes}
+        for s in self.specs.values():
+            if s.node not in names:
+                raise SplitRefused(f"split of {s.node!r}: no such node")
+        self._home()
+        for n in self.g.nodes:
+            spec = self.specs.get(n.name)
+            if spec is None:
+                for i in n.inputs:
+                    if i in self.split_made:
+                        self._assemble(i, n.phase)
+                    elif i in self.homes and not self.homes[i]:  # read whole from its home
+                        self.homes[i].append(f"piece-in:{i}")
+                        self.nodes.append(Node(f"piece-in:{i}", "PieceIn", PIECE_DOMAIN, [], [i],
+                                               {"slot": i, "offset": 0, "nbytes": self.g.values[i].nbytes},
+                                               n.phase))
+                self.nodes.append(n)
+            else:
+                self._split(n, spec)
+        for o in self.g.outputs:
+            if o in self.split_made:
+                self._assemble(o, "backward")
+        self.g.nodes = self.nodes
+        return self.g
+
+    def _piece_value(self, v: str, j: int, k: int, first: bool) -> str:
+        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`)."""
+        whole = self.g.values[v]
+        spec = whole.known_spec
+        name = f"{v}#{j}" if first else f"{v}#{k}.{j}"
+        if name in self.g.values:
+            raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
+        kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
+        self.g.values[name] = kind(name, TensorSpec(spec.dtype, (spec.shape[0] // k, *spec.shape[1:])),
+                                   whole.vclass, whole.trainable)
+        return name
+
+    def _split(self, n: Node, spec: SplitSpec) -> None:
+        why = why_not(self.g, n, spec.k, spec.axis)
+        if why:
+            raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
+        k = spec.k
+        sliced = sliced_inputs(self.g, n)
+        for i in n.inputs:
+            if i in self.split_made and i not in sliced:  # read whole by every chunk
+                self._assemble(i, n.phase)
+        reads = {v: self._pieces_of(v, k, n.phase) for v in sliced}
+        outs = [o for o in n.outputs if o]
+        made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
+        for o in outs:
+            self.pieces[o] = _Layout(k, made[o])
+            self.split_made.add(o)
+        back = self._written_back(n)  # an update's outputs -> the state slot they go home to
+        kept = [o for o in outs if o not in back and self._read_otherwise(o, k)]  # also saved to their slot
+        for j in range(k):  # chunk by chunk: its pieces read, the chunk, its pieces saved
+            self.nodes.extend(new[j] for _, new in reads.values() if new)
+            ins = [reads[i][0][j] if i in reads else i for i in n.inputs]
+            outs_j = [made[o][j] if o else "" for o in n.outputs]
+            self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
+            for o in kept:
+                self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
+            for o, home in back.items():  # after every whole read of the state's old bytes
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, self.homes[home]))
+        for o in kept:
+            self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
+        for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
+            del self.g.values[o]
+
+    def _written_back(self, n: Node) -> dict[str, str]:
+        """A split update's outputs and the homed state each updates (output k of the kernel's
+        overwrites: its input); empty for any other node."""
+        if n.key not in UPDATE_OPS:
+            return {}
+        from onnxplan.kernels.registry import find_decl
+
+        decl = find_decl(n.domain, n.op_type)
+        over = decl.overwrites if decl is not None and isinstance(decl.overwrites, dict) else {}
+        out = {}
+        for k, o in enumerate(n.outputs):
+            src = [n.inputs[i] for i in over.get(k, ()) if i < len(n.inputs) and n.inputs[i] in self.homes]
+            if o and src:
+                if any(c for c in self.consumers.get(o, ())):
+                    raise SplitRefused(f"split of {n.name!r}: its updated {o!r} is read in the step")
+                out[o] = src[0]
+        return out
+
+    def _read_otherwise(self, v: str, k: int) -> bool:
+        """Whether something reads `v` other than chunks of K laid out alike (a node not split,
+        split otherwise, or the step's outputs): then its slot is filled as its pieces are made."""
+        if v in self.g.outputs:
+            return True
+        for c in self.consumers.get(v, ()):
+            spec = self.specs.get(c.name)
+            if spec is None or spec.k != k or v not in sliced_inputs(self.g, c):
+                return True
+        return False
+
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, after: list[str] | None = None) -> Node:
+        step = self.g.values[v].nbytes // k
+        return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
+                    {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(after or ()))
+
+    def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
+        """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
+        when they are in the arena, laid out alike; else read by range from its slot, filled
+        first)."""
+        have = self.pieces.get(v)
+        if have is not None and have.k == k:
+            return have.names, []
+        writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
+        step = self.g.values[v].nbytes // k
+        names, nodes = [], []
+        for j in range(k):
+            piece = self._piece_value(v, j, k, have is None)
+            suffix = f"{j}" if have is None else f"{k}.{j}"
+            nodes.append(Node(f"piece-in:{v}:{suffix}", "PieceIn", PIECE_DOMAIN, [], [piece],
+                              {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(writes)))
+            names.append(piece)
+        if have is None:
+            self.pieces[v] = _Layout(k, tuple(names))
+        return tuple(names), nodes
+
+    def _fill_slot(self, v: str, phase: str) -> list[str]:
+        """The PieceOut nodes that fill slot `v` (added on first use): one per piece of a
+        split-made value, else one of the whole value."""
+        if v in self.slot_writes:
+            return self.slot_writes[v]
+        if v in self.split_made:  # filled chunk by chunk (_split) unless nothing was to read it whole
+            lay = self.pieces[v]
+            self.nodes.extend(self._piece_out(v, p, j, lay.k, phase) for j, p in enumerate(lay.names))
+            writes = [f"piece-out:{v}:{j}" for j in range(lay.k)]
+        else:
+            self.nodes.append(Node(f"piece-out:{v}", "PieceOut", PIECE_DOMAIN, [v], [],
+                                   {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase))
+            writes = [self.nodes[-1].name]
+        self.slot_writes[v] = writes
+        return writes
+
+    def _assemble(self, v: str, phase: str) -> None:
+        """`v` whole, read back from its slot (for a reader that is not split like its producer)."""
+        if v in self.whole:
+            return
+        self.whole.add(v)
+        writes = self._fill_slot(v, phase)
+        self.nodes.append(Node(f"piece-in:{v}", "PieceIn", PIECE_DOMAIN, [], [v],
+                               {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase, {},
+                               list(writes)))
+
+
+def split_pass(arg: str) -> PassFn:
+    """The split pass of a pipeline name `split:ARG` (ARG: split_pass_name's JSON)."""
+    specs = split_specs(arg)
+
+    def run(graph: StepGraph) -> PassResult:
+        if not specs:
+            return PassResult(graph, False, [])
+        g = _Splitter(graph, specs).run()
+        moved = sum(1 for n in g.nodes if is_piece_node(n))
+        what = ", ".join(f"{s.node} x{s.k}" for s in sorted(specs))
+        return PassResult(g, True, [f"split: {len(specs)} node(s) into chunks ({what}); {moved} piece transfers"])
+
+    return run
+
+
+def piece_ranges(g: StepGraph) -> tuple[Piece, ...]:
+    """Every PieceIn / PieceOut of `g` as a Piece (the plan's record), by node name."""
+    return tuple(sorted((Piece(n.name, "in" if n.op_type == "PieceIn" else "out", str(n.attrs["slot"]),
+                               int(n.attrs["offset"]), int(n.attrs["nbytes"])) for n in g.nodes if is_piece_node(n)),
+                        key=lambda p: p.node))
+
+
+def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[PlannedSplit, ...]:
+    """The plan's split records of a pass list, for `g` (the step after those passes: the op
+    is that of each node's first chunk)."""
+    arg = next((p.partition(":")[2] for p in passes if p.startswith(f"{SPLIT_PASS}:")), None)
+    if arg is None:
+        return ()
+    ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in g.nodes}
+    return tuple(PlannedSplit(s.node, ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k) for s in sorted(split_specs(arg)))
+
+
+def homed_slots(g: StepGraph) -> set[str]:
+    """The slots of `g` that are homes of state (HomedValue): full at the step's start."""
+    return {str(n.attrs["slot"]) for n in g.nodes
+            if is_piece_node(n) and isinstance(g.values.get(str(n.attrs["slot"])), HomedValue)}
+
+
+def slot_bytes(g: StepGraph) -> dict[str, int]:
+    """The bytes of every host slot of `g`'s piece nodes (the whole value each holds)."""
+    return {str(n.attrs["slot"]): g.values[str(n.attrs["slot"])].nbytes for n in g.nodes
+            if is_piece_node(n) and str(n.attrs["slot"]) in g.values}

@@ -1,0 +1,116 @@
+"""budget/split.py: below swap's floor the swap strategy splits nodes in chunks; at or above
+it, plans are unchanged; a split plan runs and matches ONNX Runtime (issue 28)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from onnxplan import api
+from onnxplan.budget import MemoryRequest, plan_for_budget
+from onnxplan.budget import split as split_mod
+from onnxplan.planning import PlanOptions
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    """The zoo's transformer at batch 16 (its GELU's 2 MiB input and output set swap's floor:
+    smaller, the embedding's AdamW update does)."""
+    return api.load("transformer", batch=16)
+
+
+def _floor(step, budget: int):
+    res = plan_for_budget(step.graph, PlanOptions(), MemoryRequest(budget=budget))
+    return res, (res.swap.floor if res.swap is not None else None)
+
+
+def test_below_the_floor_split_nodes_lower_it_and_name_the_new_one(transformer, monkeypatch):
+    unsplit_floor = _unsplit(transformer, 1, monkeypatch).swap.floor
+    assert unsplit_floor is not None and "Gelu" in unsplit_floor.node
+    res, floor = _floor(transformer, 1)
+    assert res.plan.splits and any("Gelu" in s.node for s in res.plan.splits)
+    assert floor is not None and floor.bound < unsplit_floor.bound and "Gelu" not in floor.node
+    budget = (floor.bound + unsplit_floor.bound) // 2  # between the two floors: fits split
+    fit, _ = _floor(transformer, budget)
+    assert fit.plan.peak_bytes <= budget and fit.plan.splits
+    assert "split" in fit.plan.strategy.reason or any("split:" in p for p in fit.plan.passes)
+
+
+def _unsplit(step, budget: int, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(split_mod, "split_to_fit", lambda graph, opts, swapped: swapped)
+        m.setattr("onnxplan.budget.strategies.split_to_fit", lambda graph, opts, swapped: swapped)
+        return plan_for_budget(step.graph, PlanOptions(), MemoryRequest(budget=budget))
+
+
+def _same(a, b) -> bool:
+    drop = {"solve_seconds", "solver", "strategy", "options"}
+    ja, jb = (json.loads(p.dumps()) for p in (a, b))
+    return {k: v for k, v in ja.items() if k not in drop} == {k: v for k, v in jb.items() if k not in drop}
+
+
+def test_a_budget_at_or_above_the_floor_plans_as_without_splitting(transformer, monkeypatch):
+    floor = _unsplit(transformer, 1, monkeypatch).swap.floor
+    for budget in (floor.bound + (64 << 10), 2 * floor.bound):
+        with_split = plan_for_budget(transformer.graph, PlanOptions(), MemoryRequest(budget=budget)).plan
+        without = _unsplit(transformer, budget, monkeypatch).plan
+        assert not with_split.splits and not with_split.pieces
+        assert _same(with_split, without)
+    # and the comparison can fail: a split plan differs from the unsplit one
+    low = plan_for_budget(transformer.graph, PlanOptions(), MemoryRequest(budget=1)).plan
+    assert not _same(low, _unsplit(transformer, 1, monkeypatch).plan)
+
+
+@pytest.mark.slow
+def test_a_split_plan_runs_and_matches_onnx_runtime(transformer):
+    """Below the unsplit floor: the plan splits, runs, is verified against ONNX Runtime step
+    by step, and its measured peak is within 10% + the runtime's fixed overhead."""
+    from onnxplan.run_report import RUNTIME_OVERHEAD_BYTES
+
+    _, floor = _floor(transformer, 1)
+    budget = floor.bound + (16 << 10)
+    out = api.solve(transformer, PlanOptions(), MemoryRequest(budget=budget))
+    assert out.plan.splits and out.plan.peak_bytes <= budget
+    report = api.run(transformer, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
+    assert report.verified is True
+    assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
+    assert dataclasses.asdict(out.plan.splits[0])["k"] >= 2
+
+
+@pytest.mark.slow
+def test_a_split_optimizer_update_below_the_floor_matches_onnx_runtime():
+    """mlp at batch 64: swap's floor (3.56 MiB) is fc1's AdamW update; at 2 MiB the update is
+    split, its parameter and moments homed in the piece store, and the run matches ONNX Runtime."""
+    from onnxplan.run_report import RUNTIME_OVERHEAD_BYTES
+
+    step = api.load("mlp", batch=64)
+    budget = 2 << 20
+    out = api.solve(step, PlanOptions(), MemoryRequest(budget=budget))
+    assert out.plan.peak_bytes <= budget
+    assert any(s.op == "onnxplan.AdamWUpdate" for s in out.plan.splits)
+    report = api.run(step, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
+    assert report.verified is True
+    assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
+
+
+def test_plan_below_the_floor_records_splits_and_explain_lists_them(tmp_path):
+    """`plan mlp --budget 2MiB -o` (swap's floor is 3.56 MiB): the file records the split update
+    and its pieces, `explain` lists the split and adopts the file (a changed K is refused)."""
+    from typer.testing import CliRunner
+
+    from onnxplan.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "plan.json"
+    r = runner.invoke(app, ["plan", "mlp", "--batch", "64", "--budget", "2MiB", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    text = json.loads(out.read_text())
+    assert text["splits"] and text["pieces"] and any(p.startswith("split:") for p in text["passes"])
+    r = runner.invoke(app, ["explain", str(out)])
+    assert r.exit_code == 0 and "split: 1 node(s)" in r.output and "AdamWUpdate" in r.output, r.output
+    text["splits"][0]["k"] = 2  # not the split pass's K
+    out.write_text(json.dumps(text))
+    r = runner.invoke(app, ["explain", str(out)])
+    assert r.exit_code == 2 and "splits are not those of its split pass" in r.output
