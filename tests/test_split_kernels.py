@@ -143,3 +143,52 @@ def test_a_transformers_product_splits_with_the_switch(split, parts):
             assert matmul._product_parts(a, b, np.empty((1024, 128), F)) == parts
     finally:
         threads.use_threads(before)
+
+
+def _bn_grad_case(c: int) -> tuple:
+    x = RNG.standard_normal((16, c, 5, 7)).astype(F)
+    pos = (np.abs(RNG.standard_normal(c)) + 0.5).astype(F)
+    ins = [RNG.standard_normal(x.shape).astype(F), x, RNG.standard_normal(c).astype(F),
+           RNG.standard_normal(c).astype(F), pos]
+    return ("BatchNormalizationGrad", MS, ins, [x.shape, (c,), (c,)], {})
+
+
+@pytest.mark.parametrize("c", [3, 5, 17])
+def test_batch_norm_parts_keep_two_channels(c, monkeypatch):
+    """A part of one channel would sum its dbias and dscale as one strided run (numpy: pairwise),
+    not image by image as the whole kernel does; parts keep two channels or more: the same bits
+    for odd channel counts (3 channels at 2 threads: one part)."""
+    op, domain, inputs, outs, attrs = _bn_grad_case(c)
+    want, _ = _run(op, domain, inputs, outs, attrs, 1, split=False)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    got, pieces = _run(op, domain, inputs, outs, attrs, 2, split=True)
+    assert pieces == (1 if c < 4 else 2)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_one_channel_part_changes_the_bits(monkeypatch):
+    """The check above can fail: with one-channel parts allowed, 3 channels cut [0:1], [1:3] differ."""
+    from onnxplan.kernels import batch_norm
+
+    op, domain, inputs, outs, attrs = _bn_grad_case(3)
+    want, _ = _run(op, domain, inputs, outs, attrs, 1, split=False)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    monkeypatch.setattr(batch_norm, "BN_PART_MIN", 1)
+    got, pieces = _run(op, domain, inputs, outs, attrs, 2, split=True)
+    assert pieces == 2
+    assert not all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+@pytest.mark.parametrize("m", [3, 5])
+def test_layer_norm_grad_column_parts_keep_two_columns(m, monkeypatch):
+    """LayerNormGrad's first pass by columns: a one-column part would sum its rows pairwise."""
+    x, dy = RNG.standard_normal((64, m)).astype(F), RNG.standard_normal((64, m)).astype(F)
+    mean, inv = RNG.standard_normal((64, 1)).astype(F), (np.abs(RNG.standard_normal((64, 1))) + 0.5).astype(F)
+    case = ("LayerNormalizationGrad", MS, [dy, x, RNG.standard_normal(m).astype(F), mean, inv],
+            [(64, m), (m,), (m,)], {"axis": -1})
+    want, _ = _run(*case, 1, split=False)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    got, _ = _run(*case, 2, split=True)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)

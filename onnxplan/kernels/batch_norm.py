@@ -84,7 +84,7 @@ def _prepare_batch_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
     vectors = _BnVectors(t(n * s), eps, momentum, t(1) - momentum, scale, b, mean_in, var_in, run_mean, run_var,
                          mean, inv_std, new_scale, new_bias, xp.empty(c, x.dtype))
     tasks = [partial(_run_all, _bn_channels(xp, use_torch, vectors, x3, y3, per_nc2, lo, hi))
-             for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES)]
+             for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES, min_rows=BN_PART_MIN)]
 
     def run_training(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         parallel.run(tasks)
@@ -96,6 +96,10 @@ def _prepare_batch_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
 # passes per element (kernels.parallel.row_parts): every statistic is a channel's own, so each
 # part computes its channels start to end, in the order one thread does: the same bits.
 BN_PASSES = 4
+# channels a part takes at least: numpy sums a one-channel slice's reductions (dbias over images
+# and positions, dscale's dots over images) as one strided run, pairwise, where two or more
+# channels are summed image by image as the whole kernel does: other bits
+BN_PART_MIN = 2
 
 
 @dataclass(frozen=True)
@@ -224,7 +228,7 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
                       ew("subtract", g, bias_term.reshape(k3), g), ew("subtract", g, dxc, dxc)]
         return steps
 
-    tasks = [partial(_run_all, channels(lo, hi)) for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES)]
+    tasks = [partial(_run_all, channels(lo, hi)) for lo, hi in parallel.row_parts(xp, c, n * s, passes=BN_PASSES, min_rows=BN_PART_MIN)]
 
     def run(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         parallel.run(tasks)

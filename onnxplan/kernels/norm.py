@@ -276,7 +276,9 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
         mean_b_c = ctx.scratch_array(vec_at, (k,), x.dtype)
         mean_c_c = ctx.scratch_array(vec_at + vec, (k,), x.dtype)
         first = []  # by columns: xhat, dY * xhat, then their sums over the rows (dscale, dbias)
-        for lo, hi in parallel.bounds(m, len(row_parts(xp, k, m))):
+        # two columns a part at least: one column's sum over the rows would be a strided run numpy
+        # sums pairwise, not row by row as the whole kernel does (other bits)
+        for lo, hi in parallel.bounds(m, max(1, min(len(row_parts(xp, k, m)), m // 2))):
             xc, dyc, xh, ws = x2[r0:r0 + k, lo:hi], dy2[r0:r0 + k, lo:hi], xh_c[:, lo:hi], ws_c[:, lo:hi]
             steps = [ew("subtract", xc, mean1[r0:r0 + k, None], xh) if mean1 is not None
                      else _copy_pass(xp, use_torch, xh, xc), ew("multiply", xh, inv1[r0:r0 + k, None], xh)]
