@@ -1,11 +1,13 @@
 """`run --verify`: each training step of a plan compared with ONNX Runtime from the same state.
 
 Per step k (our executor runs the plan exactly as `run` does: arena, swap, recompute):
-  1. our state before the step (every parameter, AdamW's moments, the step count) is written
-     to a scratch store on disk (verification/store.py) and ONNX Runtime's training model runs
-     one step from it, fed views of our state region (onnxplan.verification.ort_step): both
-     sides start from the same state, so rounding differences never compound over steps;
-     its gradients and the loss node's inputs go to the store too;
+  1. our state before the step (every parameter, AdamW's moments, the step count) and the
+     step's data are written to a scratch store on disk (verification/store.py) and ONNX
+     Runtime's training model runs one step from it in a child process
+     (onnxplan.verification.ort_process, ort_step): both sides start from the same state, so
+     rounding differences never compound over steps; its gradients, the loss node's inputs,
+     running statistics and random draws go to the store too, and a second child measures the
+     step's rounding noise;
   2. our step runs with ONNX Runtime's random values (Dropout keep-masks, Random*Like outputs)
      given to our random ops; right before each optimizer node, a per-node hook compares our
      gradient with ONNX Runtime's (read back from the store) and replaces it with that, so
@@ -17,10 +19,11 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
      every intermediate value of ONNX Runtime's training model exposed, ours compared node by
      node in execution order: the first value beyond tolerance names the node that computed it.
 
-Memory: beside our executor the verification holds what one ONNX Runtime run needs while it
-runs (a session is made per run and dropped with its arena after it) and, between, a tensor or
-an update group read back from the store; never a second copy of the model's state, gradients
-or intermediates (these only while explaining a failure).
+Memory: ONNX Runtime's training runs happen in child processes while this one holds only its
+state (the arena's pages given back); beside our executor the verification then holds a tensor
+or an update group read back from the store (and ONNX Runtime's optimizer session for that
+group); never a second copy of the model's state, gradients or intermediates (these only while
+explaining a failure, read back one at a time).
 
 ONNX Runtime's training model is the reference as generated, except where ONNX Runtime is
 wrong: its ConvGrad ignores auto_pad, so those nodes get explicit pads
