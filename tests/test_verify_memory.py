@@ -190,3 +190,33 @@ def test_a_wrong_gradient_still_fails_with_ort_values_streamed(monkeypatch, mlp_
     assert not v.ok
     failed = v.steps[0].failures
     assert any(c.kind == "gradient" and c.name == mlp_adamw.graph.optimizer["params"][-1] for c in failed), failed
+
+
+_RUN_THEN_COUNT = """
+import gc, importlib, sys
+import onnxplan.ort
+if sys.argv[2] == "plain":  # the import as it was: on the caller's stack
+    onnxplan.ort.import_training = lambda: importlib.import_module("onnxruntime.training")
+from onnxplan.executor.runner import Executor, run_plan
+assert "onnxruntime.training" not in sys.modules
+run_plan(sys.argv[1], steps=1, warmup=1)
+gc.collect()
+print("executors alive:", sum(isinstance(o, Executor) for o in gc.get_objects()))
+"""
+
+
+@pytest.mark.parametrize("how", ["thread", "plain"])
+def test_the_run_leaves_no_executor_behind(mlp_adamw, how):
+    """Both ways: importing onnxruntime.training stores an exception whose traceback holds the
+    importing stack's frames; imported first inside run_plan (initial_parameters), the finished
+    run's executor (its arena and state region: 2.9 GB of GPT-2 small) stayed alive until the
+    process ended. Imported on a thread of its own (onnxplan.ort.import_training) nothing
+    stays; imported plainly, the executor does."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RUN_THEN_COUNT, str(mlp_adamw.folder), how],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    alive = int(proc.stdout.strip().splitlines()[-1].split(":")[1])
+    assert alive == (0 if how == "thread" else 1), proc.stdout
