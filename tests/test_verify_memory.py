@@ -15,7 +15,7 @@ import pytest
 
 from onnxplan.errors import EXIT_BUG, EXIT_FAILURE, ModelError
 from onnxplan.executor.prepare import Prepared
-from onnxplan.executor.runner import Executor
+from onnxplan.executor.runner import Executor, initial_parameters, step_batches
 from onnxplan.loading import open_step
 from onnxplan.loading.request import LoadRequest
 from onnxplan.planning import PlanOptions, plan_step
@@ -124,6 +124,26 @@ def test_ort_values_come_from_its_process(monkeypatch, mlp_adamw):
     v = step_check.verify_run(mlp_adamw, steps=1)
     assert not v.ok
     assert any(c.kind == "gradient" and c.name == last for c in v.steps[0].failures), v.steps[0].failures
+
+
+def test_the_child_gets_our_thread_count(mlp_adamw):
+    """The children's ONNX Runtime sessions get this process's threads (onnxplan.threads), 1 or 2."""
+    from onnxplan.threads import current, use_threads
+
+    before = current().threads
+    try:
+        for n in (1, 2):
+            use_threads(n)
+            v = step_check.StepVerifier(mlp_adamw.graph, mlp_adamw.plan, mlp_adamw.folder)
+            try:
+                v.start(initial_parameters(mlp_adamw.folder))
+                v._keep_state(step_batches(mlp_adamw.folder, 1, 0)[0])
+                out = v.ort_process.step(v._param_names, list(step_batches(mlp_adamw.folder, 1, 0)[0]))
+            finally:
+                v.close()
+            assert out.ort_threads == n
+    finally:
+        use_threads(before)
 
 
 def _child_file(tmp_path: Path, body: str) -> str:

@@ -83,6 +83,7 @@ class StepOutcome:
     loss_inputs: list[int]  # indices of the loss node's inputs that are stored
     values: list[str] = field(default_factory=list)  # exposed intermediates (explain)
     peak_rss_bytes: int = 0  # the child's peak RSS
+    ort_threads: int = 0  # the intra-op threads the child's sessions got (onnxplan.threads)
 
 
 class OrtProcess:
@@ -151,8 +152,8 @@ def _in_child(path: str, work: Callable[[OrtJob], dict]) -> dict:
 
     try:
         job = OrtJob(**json.loads(Path(path).read_text()))
-        use_threads(job.threads)
-        return work(job)
+        settings = use_threads(job.threads)
+        return {**work(job), "ort_threads": settings.ort_intra}
     except OnnxplanError as exc:
         return {"error": str(exc), "exit_code": exc.exit_code}
     except Exception:  # noqa: BLE001 - an internal error: the parent reports its last line
