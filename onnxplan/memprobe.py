@@ -52,7 +52,28 @@ class ProbeResult:
 
 
 class ProbeError(RuntimeError):
-    """The probed child failed or printed no result."""
+    """The probed child failed or printed no result; `reason` says how, without the target's
+    name (a caller that names the child its own way); `returncode`: the child's exit status
+    (negative: the signal that killed it; None: it was stopped or never ran)."""
+
+    def __init__(self, message: str, reason: str = "", returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.returncode = returncode
+
+
+def _failure(returncode: int, stderr: str) -> str:
+    """How a child that printed no result ended: killed by a signal (SIGKILL: most often the
+    kernel's OOM killer or a memory cap), or its exit code and the last line it wrote."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        oom = " (out of memory? the OOM killer and memory caps send it)" if returncode == -signal.SIGKILL else ""
+        return f"was killed by {name}{oom}"
+    tail = (stderr.strip().splitlines() or ["no output"])[-1]
+    return f"failed (exit {returncode}): {tail}"
 
 
 def read_memory_status() -> dict[str, int]:
@@ -212,11 +233,12 @@ def probe_peak(
             input=stdin if stdin is not None else "",
         )
     except subprocess.TimeoutExpired:
-        raise ProbeError(f"probe of {target} ran past {timeout_s:g} s") from None
+        reason = f"ran past {timeout_s:g} s and was stopped"
+        raise ProbeError(f"probe of {target} {reason}", reason) from None
     rows = [line for line in proc.stdout.splitlines() if line.startswith(_MARKER)]
     if proc.returncode != 0 or not rows:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ProbeError(f"probe of {target} failed (exit {proc.returncode}): {tail}")
+        reason = _failure(proc.returncode, proc.stderr)
+        raise ProbeError(f"probe of {target} {reason}", reason, proc.returncode)
     row = json.loads(rows[-1][len(_MARKER) :])
     return ProbeResult(**row)
 

@@ -9,8 +9,12 @@ of onnxplan: the loader, the import path and verification all read it.
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+import threading
 from pathlib import Path
+from types import ModuleType
 
 __all__ = [
     "CHECKPOINT",
@@ -23,6 +27,7 @@ __all__ = [
     "ORT_TRAINING",
     "RUNTIME_IR_VERSION",
     "TRAINING_MODEL",
+    "import_training",
     "log_errors",
     "ort_cause",
 ]
@@ -133,3 +138,32 @@ def log_errors(log_path: Path) -> list[str]:
         if "[E:" in line:
             out.append(ort_cause(line.split("] ", 1)[-1]))
     return out
+
+
+def import_training() -> ModuleType:
+    """`onnxruntime.training`, imported on a thread of its own the first time.
+
+    Importing it stores an exception in a module global (ORTModule's missing torch extensions,
+    onnxruntime.training.ortmodule), and the exception's traceback holds the frames that were
+    importing it and, through each frame's caller, the whole stack above: Python keeps every
+    local of a frame a traceback holds, after the function has returned. Imported lazily from
+    run_plan (initial_parameters), that stack held the finished run's executor, its arena and
+    state region (2.9 GB of GPT-2 small's 3 GB left after `run`, before `--verify` started;
+    reports/real-size.md). A thread's stack ends at the thread: nothing of the caller's is held."""
+    name = "onnxruntime.training"
+    if name in sys.modules:
+        return sys.modules[name]
+    failed: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=load, name="onnxplan-import-ort-training")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return sys.modules[name]

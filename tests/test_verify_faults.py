@@ -205,16 +205,16 @@ def test_loss_judged_against_float64_when_ort_reduction_is_the_less_accurate(mon
     """A loss that differs from ONNX Runtime's only because ORT's float32 reduction is less
     accurate passes (judged against the loss node in float64 on ORT's inputs); a wrong loss
     kernel still fails."""
-    from onnxplan.verification import ort_step
+    from onnxplan.verification.ort_process import OrtProcess
 
-    real_run = ort_step.OrtTrainingStep.run
+    real_step = OrtProcess.step
 
     def inaccurate(self, *args, **kwargs):  # ORT's loss off by 1e-4 relative, its inputs intact
-        out = real_run(self, *args, **kwargs)
+        out = real_step(self, *args, **kwargs)  # (ONNX Runtime's process: its loss as it reports it)
         out.loss *= 1 + 1e-4
         return out
 
-    monkeypatch.setattr(ort_step.OrtTrainingStep, "run", inaccurate)
+    monkeypatch.setattr(OrtProcess, "step", inaccurate)
     v = verify_run(mlp, steps=1)
     assert v.ok, v.summary()
     assert "float64" in v.steps[0].checks["loss"].name

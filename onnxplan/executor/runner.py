@@ -340,6 +340,9 @@ def step_batches(folder: Path, count: int, seed: int) -> list[dict[str, np.ndarr
 
 def initial_parameters(folder: Path) -> dict[str, np.ndarray]:
     """Every parameter's initial value from the folder's checkpoint (imports torch: run time only)."""
+    from onnxplan.ort import import_training
+
+    import_training()  # on its own thread: its stored exception holds none of our frames
     from onnxruntime.training.api import CheckpointState
 
     from onnxplan.ir.checkpoint_file import require_values

@@ -30,7 +30,10 @@ def parameter_names(folder: Path, meta: dict[str, Any]) -> tuple[list[str], list
     ckpt = folder / CHECKPOINT
     if not ckpt.is_file():
         raise ModelError(f"{folder}: no checkpoint file and no onnxplan.json to name the parameters")
-    from onnxruntime.training.api import CheckpointState  # slow import: only when needed
+    from onnxplan.ort import import_training
+
+    import_training()  # slow: only when needed; on its own thread (see import_training)
+    from onnxruntime.training.api import CheckpointState
 
     try:
         state = CheckpointState.load_checkpoint(str(ckpt))

@@ -208,6 +208,9 @@ def _restart_graph_names() -> None:
     (onnx::SoftmaxCrossEntropyLoss::16): without a restart the same model built after another one
     gets other names, so another graph fingerprint, and a plan or a stored profile made in one
     process would not match the same model built in the next. Start every build at 0."""
+    from onnxplan.ort import import_training
+
+    import_training()  # on its own thread: its stored exception holds none of the build's frames
     from onnxruntime.training.onnxblock import _graph_utils
 
     if hasattr(_graph_utils, "_GRAPH_TOKEN"):
@@ -226,10 +229,13 @@ def _run_generate_artifacts(fm: ForwardModel, optimizer: str, out: Path) -> None
         raise ModelError(f"{fm.name!r} has no trainable parameters (no float initializer"
                          f"{'' if not fm.frozen else ' that is not frozen'}): a training step needs at least one")
     import onnxruntime
+
+    from onnxplan.ort import import_training, log_errors, ort_cause
+
+    import_training()  # on its own thread: its stored exception holds none of the build's frames
     from onnxruntime.training import artifacts
 
     from onnxplan.losses import loss_block
-    from onnxplan.ort import log_errors, ort_cause
 
     onnxruntime.set_default_logger_severity(3)
     _restart_graph_names()

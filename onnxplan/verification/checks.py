@@ -70,10 +70,11 @@ class Verification:
     steps: list[StepReport]
     tolerances: dict[str, float]
     parameters: int = 0  # how many the step trains
+    ort_peak_rss_bytes: int = 0  # the largest peak RSS of ONNX Runtime's processes (verification/ort_process.py)
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "tolerances": dict(self.tolerances), "parameters": self.parameters,
-                "steps": [s.as_dict() for s in self.steps]}
+                "ort_peak_rss_bytes": self.ort_peak_rss_bytes, "steps": [s.as_dict() for s in self.steps]}
 
     def summary(self) -> str:
         bad = next((s for s in self.steps if not s.ok), None)

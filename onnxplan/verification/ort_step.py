@@ -217,18 +217,24 @@ class OrtTrainingStep:
             [out.get(i, feeds.get(i)) if i else None for i in self.loss_node.input],
         )
 
-    def exact_loss(self, step: OrtStep) -> float | None:
+    def conv_grad_shapes(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """The entries of `shapes` explicit_conv_grad_pads reads (the inputs of ConvGrad nodes):
+        what a child process needs to repair its own copy of the model the same way."""
+        read = {i for n in self.model.graph.node if n.op_type == "ConvGrad" for i in n.input[:3]}
+        return {name: tuple(shapes[name]) for name in read if name in shapes}
+
+    def exact_loss(self, loss_inputs: list[np.ndarray | None]) -> float | None:
         """The loss node evaluated in float64 (the ONNX reference evaluator) on the inputs ONNX
-        Runtime gave it: the loss without ONNX Runtime's float32 reduction error. None when the
-        node is not a standard ONNX op or cannot be evaluated."""
+        Runtime gave it (`loss_inputs`): the loss without ONNX Runtime's float32 reduction
+        error. None when the node is not a standard ONNX op or cannot be evaluated."""
         from onnx import helper
         from onnx.reference import ReferenceEvaluator
 
         n = self.loss_node
-        if n is None or n.domain not in ("", "ai.onnx") or any(x is None for x in step.loss_inputs if x is not None):
+        if n is None or n.domain not in ("", "ai.onnx"):
             return None
         feeds, inputs = {}, []
-        for k, (name, x) in enumerate(zip(n.input, step.loss_inputs)):
+        for k, (name, x) in enumerate(zip(n.input, loss_inputs)):
             if not name or x is None:
                 inputs.append("")
                 continue

@@ -1,11 +1,13 @@
 """`run --verify`: each training step of a plan compared with ONNX Runtime from the same state.
 
 Per step k (our executor runs the plan exactly as `run` does: arena, swap, recompute):
-  1. our state before the step (every parameter, AdamW's moments, the step count) is written
-     to a scratch store on disk (verification/store.py) and ONNX Runtime's training model runs
-     one step from it, fed views of our state region (onnxplan.verification.ort_step): both
-     sides start from the same state, so rounding differences never compound over steps;
-     its gradients and the loss node's inputs go to the store too;
+  1. our state before the step (every parameter, AdamW's moments, the step count) and the
+     step's data are written to a scratch store on disk (verification/store.py) and ONNX
+     Runtime's training model runs one step from it in a child process
+     (onnxplan.verification.ort_process, ort_step): both sides start from the same state, so
+     rounding differences never compound over steps; its gradients, the loss node's inputs,
+     running statistics and random draws go to the store too, and a second child measures the
+     step's rounding noise;
   2. our step runs with ONNX Runtime's random values (Dropout keep-masks, Random*Like outputs)
      given to our random ops; right before each optimizer node, a per-node hook compares our
      gradient with ONNX Runtime's (read back from the store) and replaces it with that, so
@@ -17,10 +19,11 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
      every intermediate value of ONNX Runtime's training model exposed, ours compared node by
      node in execution order: the first value beyond tolerance names the node that computed it.
 
-Memory: beside our executor the verification holds what one ONNX Runtime run needs while it
-runs (a session is made per run and dropped with its arena after it) and, between, a tensor or
-an update group read back from the store; never a second copy of the model's state, gradients
-or intermediates (these only while explaining a failure).
+Memory: ONNX Runtime's training runs happen in child processes while this one holds only its
+state (the arena's pages given back); beside our executor the verification then holds a tensor
+or an update group read back from the store (and ONNX Runtime's optimizer session for that
+group); never a second copy of the model's state, gradients or intermediates (these only while
+explaining a failure, read back one at a time).
 
 ONNX Runtime's training model is the reference as generated, except where ONNX Runtime is
 wrong: its ConvGrad ignores auto_pad, so those nodes get explicit pads
@@ -66,16 +69,13 @@ from onnxplan.executor.runner import Executor, _download, _upload, initial_param
 from onnxplan.hostmem import give_back_freed
 from onnxplan.ir.graph import original_name
 from onnxplan.step_analysis import step_analysis
+from onnxplan.threads import current as current_threads
 from onnxplan.verification import ort_step
 from onnxplan.verification.checks import Check, StepReport, Verification
 from onnxplan.verification.compare import rel_norm_error, update_error
 from onnxplan.verification.norm_floors import _U32, bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
-from onnxplan.verification.ort_step import (
-    ORT_DEFAULT_LEARNING_RATE,
-    OrtOptimizerStep,
-    OrtStep,
-    OrtTrainingStep,
-)
+from onnxplan.verification.ort_process import OrtProcess, StepOutcome
+from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 from onnxplan.verification.store import StoredTensors, TensorStore
 
 __all__ = ["TOLERANCES", "Check", "StepReport", "Verification", "verify_run"]
@@ -303,7 +303,9 @@ class StepVerifier:
         # each side's own default: a default that differs between them is a difference to find
         self.ex.learning_rate = float(learning_rate) if learning_rate is not None else runner.DEFAULT_LEARNING_RATE
         self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
-        self.ort = OrtTrainingStep(self.folder, {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None})
+        # the training model read here for what it computes (gradients, running statistics, the
+        # loss node); it runs in a child process per step (verification/ort_process.py)
+        self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
@@ -321,13 +323,17 @@ class StepVerifier:
         self.stat_node = {r: a.consumers[r][0] for r in self.ort.running_of if a.consumers.get(r)}
         # the state before the step and ONNX Runtime's gradients and loss inputs, out of memory
         self.store = TensorStore(swap_dir)
+        shapes = {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None}
+        self.ort_process = OrtProcess(self.folder, self.store, self.ort.conv_grad_shapes(shapes),
+                                      current_threads().threads)
         self._state_names: list[str] = []
+        self._param_names: list[str] = []  # the parameters in the state's order (ORT's inputs)
         self.grad_param = {g: p for p, g in self.grad_name.items()}
         self.hooks.on_gradient = self._on_gradient
         self._theirs: Mapping[str, np.ndarray] = {}  # parameter -> ONNX Runtime's gradient
         self._grad_checks: dict[str, Check] | None = None  # the step's gradient checks, as made
         self._zero_grads: list[str] = []  # the step's parameters whose gradient is 0 on both sides
-        self._noise_now: dict = {}  # this step's noise (StepVerifier._noise)
+        self._noise_now: dict = {}  # this step's noise (ort_process: ONNX Runtime against itself)
 
     def close(self) -> None:
         self.store.close()
@@ -337,10 +343,11 @@ class StepVerifier:
     def start(self, params: dict[str, np.ndarray]) -> None:
         self.ex.load_state(params)
 
-    def _our_step(self, batch, ort_step: OrtStep, reference=None) -> float:
+    def _our_step(self, batch, random: list[str], reference=None) -> float:
+        """Our step with ONNX Runtime's random draws (the nodes `random`, read from the store)."""
         h = self.hooks
         h.first, h.reference, h.floor = None, reference, {}
-        self.ex.random.given = dict(ort_step.random)
+        self.ex.random.given = {n: self.store.get("random:" + n) for n in random}
         try:
             return self.ex.step(batch)
         finally:
@@ -364,48 +371,35 @@ class StepVerifier:
                 self._zero_grads.append(p)
         return want
 
-    def _keep_state(self) -> None:
-        """The state before the step (parameters, optimizer state) into the store, each written
-        from the state region: for ONNX Runtime's optimizer and to explain a failure."""
+    def _keep_state(self, batch: dict[str, np.ndarray]) -> None:
+        """The state before the step (parameters, optimizer state) and the step's data into the
+        store, each written from where it is (the state region): ONNX Runtime's process reads
+        them, and so do ONNX Runtime's optimizer and the explanation of a failure."""
         self.store.clear()
         self._state_names = []
         for vclass in ("parameter", "optimizer_state"):
             for name, array in self.ex.state_views(vclass):
                 self.store.put("state:" + name, array)
                 self._state_names.append(name)
-
-    def _keep_ort(self, ort: OrtStep) -> None:
-        """ONNX Runtime's gradients and the loss node's inputs into the store, out of memory."""
-        for p, g in ort.grads.items():
-            self.store.put("grad:" + p, g)
-        for k, x in enumerate(ort.loss_inputs):
-            if x is not None:
-                self.store.put(f"loss:{k}", x)
-        ort.grads, ort.loss_inputs = {}, [None] * len(ort.loss_inputs)
-
-    def _stored_loss_inputs(self, ort: OrtStep) -> list[np.ndarray | None]:
-        return [self.store.get(f"loss:{k}") if f"loss:{k}" in self.store else None
-                for k in range(len(ort.loss_inputs))]
+            if vclass == "parameter":
+                self._param_names = list(self._state_names)
+        for name, array in batch.items():
+            self.store.put("batch:" + name, array)
 
     def step(self, k: int, batch: dict[str, np.ndarray]) -> StepReport:
         done = self.ex.steps_done
-        if self.ex.swap is None and self.ex.checker is None:  # nothing in the arena is live between steps
-            self.ex.arena.release_pages()  # (a swap policy may prefetch across steps; the checker reads poison)
-        give_back_freed()  # what the previous step freed, before ONNX Runtime's step
-        self._keep_state()
-        ort = self.ort.run(dict(self.ex.state_views()), batch)  # views of our state: no copy
-        floor = loss_floor(self.ort.loss_node, ort.loss_inputs) if self.ort.loss_node is not None else 0.0
-        self._keep_ort(ort)
-        give_back_freed()  # its session's and outputs' memory, before the nudged run
-        self._noise_now = self._noise(batch, ort)
-        give_back_freed()  # the nudged run's tensors, before our step allocates beside them
+        self._release_arena()
+        self._keep_state(batch)
+        # ONNX Runtime's step and its noise run, in a child process while we hold only the state
+        ort = self.ort_process.step(self._param_names, list(batch))
+        self._noise_now = ort.noise
         self._theirs, self._grad_checks, self._zero_grads = StoredTensors(self.store, self.params, "grad:"), {}, []
         try:
-            loss = self._our_step(batch, ort)
+            loss = self._our_step(batch, ort.random)
             grads = self._grad_checks
         finally:
             self._grad_checks = None
-        checks = [self._loss_check(loss, ort, floor)]
+        checks = [self._loss_check(loss, ort)]
         for p in self.params:  # a gradient that never reached the optimizer: inf
             checks.append(grads.get(p) or Check("gradient", p, float("inf"), TOLERANCES["gradient"],
                                                 self.grad_node.get(p, "")))
@@ -421,11 +415,21 @@ class StepVerifier:
             self._explain(rep, batch, done)
         return rep
 
-    def _loss_check(self, loss: float, ort: OrtStep, floor: float) -> Check:
+    def _release_arena(self) -> None:
+        """Before ONNX Runtime's process runs: the arena's pages given back (nothing in it is live
+        between steps) and what this process freed, so that it holds only the state meanwhile."""
+        if self.ex.swap is None and self.ex.checker is None:  # (a swap policy may prefetch across
+            self.ex.arena.release_pages()  # steps; the checker reads poison)
+        give_back_freed()
+
+    def _loss_check(self, loss: float, ort: StepOutcome) -> Check:
         check = Check("loss", "loss", abs(loss - ort.loss) / max(abs(ort.loss), 1e-12), TOLERANCES["loss"])
-        check.tolerance = max(TOLERANCES["loss"], NOISE_FACTOR * self._noise_now["loss"], floor / max(abs(ort.loss), 1e-30))
+        check.tolerance = max(TOLERANCES["loss"], NOISE_FACTOR * self._noise_now["loss"],
+                              ort.loss_floor / max(abs(ort.loss), 1e-30))
         if not check.ok:  # ONNX Runtime's own float32 reduction may be the less accurate one
-            exact = self.ort.exact_loss(replace(ort, loss_inputs=self._stored_loss_inputs(ort)))
+            n = len(self.ort.loss_node.input) if self.ort.loss_node is not None else 0
+            exact = self.ort.exact_loss([self.store.get(f"loss:{k}") if k in ort.loss_inputs else None
+                                         for k in range(n)])
             if exact is not None and exact != 0.0:
                 ours_err, ort_err = abs(loss - exact) / abs(exact), abs(ort.loss - exact) / abs(exact)
                 if ours_err < ort_err:
@@ -433,10 +437,10 @@ class StepVerifier:
                                   ours_err, check.tolerance)
         return check
 
-    def _running_checks(self, ort: OrtStep) -> list[Check]:
+    def _running_checks(self, ort: StepOutcome) -> list[Check]:
         checks = []
         running = self.ex.parameters(ort.running)
-        for name, want in ort.running.items():
+        for name, want in StoredTensors(self.store, ort.running, "running:").items():
             got = running.get(name)
             err = float("inf") if got is None else rel_norm_error(got, want)
             t = max(TOLERANCES["running"], NOISE_FACTOR * self._noise_now[("running", name)])
@@ -465,39 +469,16 @@ class StepVerifier:
             self.ort_opt.release()
         return checks
 
-    def _noise(self, batch, ort: OrtStep) -> dict:
-        """ONNX Runtime against itself from the state with every float input and parameter moved
-        by one ulp up or down at random (x * (1 ± 2^-23), seeded), with the same random values:
-        the error a change at rounding level makes in each tensor of this step. (A coherent
-        nudge, every element the same way, would scale pre-activations and never flip a sign.)
-        Its gradients are compared with the first run's one at a time (those read from the store)."""
-        rng = np.random.default_rng(12345)
-
-        def nudge(items):
-            out = {}
-            for k, v in items:
-                if v.dtype.kind == "f":
-                    sign = rng.integers(0, 2, v.shape, dtype=np.int8) * 2 - 1
-                    v = (v * (1 + sign.astype(v.dtype) * v.dtype.type(2 ** -23))).astype(v.dtype)
-                out[k] = v
-            return out
-
-        other = self.ort.run(nudge(self.ex.state_views()), nudge(batch.items()), given=ort.random)
-        out: dict = {"loss": abs(other.loss - ort.loss) / max(abs(ort.loss), 1e-12)}
-        for p in list(other.grads):
-            out[("gradient", p)] = rel_norm_error(other.grads.pop(p), self.store.get("grad:" + p))
-        out.update({("running", r): rel_norm_error(other.running[r], v) for r, v in ort.running.items()})
-        return out
-
     def _explain(self, rep: StepReport, batch, done: int) -> None:
         """Both sides again from the same state (read back from the store), ONNX Runtime exposing
         every intermediate; ours compared node by node in EO (gradients replaced by ORT's as
         before, so the optimizer nodes read what ORT computed)."""
         state = StoredTensors(self.store, self._state_names, "state:")
         self.ex.load_state(state, state, done)
-        ort = self.ort.run(dict(self.ex.state_views()), batch, expose_all=True)
-        self._theirs = ort.grads
-        self._our_step(batch, ort, reference=ort.values)
+        self._release_arena()
+        ort = self.ort_process.explain(self._param_names, list(batch))
+        self._theirs = StoredTensors(self.store, self.params, "grad:")
+        self._our_step(batch, ort.random, reference=StoredTensors(self.store, ort.values, "value:"))
         first = self.hooks.first
         if first is not None:
             rep.first_difference = first
@@ -554,4 +535,5 @@ def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | No
                 break
     finally:
         v.close()
-    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES), len(v.params))
+    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES), len(v.params),
+                        v.ort_process.peak_rss_bytes)

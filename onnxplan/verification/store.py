@@ -7,6 +7,7 @@ costs")."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -20,37 +21,45 @@ __all__ = ["StoredTensors", "TensorStore"]
 class TensorStore:
     """A scratch folder of .npy files, one per tensor, under `folder` (a new temporary folder
     in it; the system's temporary folder when None). `put` writes an array as it is (a view of
-    an arena is written from the arena, without a copy); `get` reads a fresh copy."""
+    an arena is written from the arena, without a copy); `get` reads a fresh copy. A tensor's
+    file is named by its name alone, so another process opens the same store by its folder
+    (`TensorStore.attach`: ONNX Runtime's side of a verified step writes its outputs there)."""
 
-    def __init__(self, folder: str | Path | None = None, prefix: str = "onnxplan-verify-") -> None:
-        self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=folder))
-        self._files: dict[str, Path] = {}
+    def __init__(self, folder: str | Path | None = None, prefix: str = "onnxplan-verify-", *,
+                 root: str | Path | None = None) -> None:
+        self.owned = root is None  # a folder this object made (and removes on close)
+        self.root = Path(tempfile.mkdtemp(prefix=prefix, dir=folder)) if root is None else Path(root)
         self.reads = 0  # how many tensors `get` has read (tests: what was read, not how much memory)
 
+    @classmethod
+    def attach(cls, root: str | Path) -> TensorStore:
+        """The store in the existing folder `root` (made by another TensorStore)."""
+        return cls(root=root)
+
+    def path(self, name: str) -> Path:
+        return self.root / (hashlib.sha1(name.encode()).hexdigest() + ".npy")
+
     def put(self, name: str, array: np.ndarray) -> None:
-        path = self._files.get(name) or self.root / f"{len(self._files)}.npy"
-        np.save(path, np.asarray(array), allow_pickle=False)
-        self._files[name] = path
+        np.save(self.path(name), np.asarray(array), allow_pickle=False)
 
     def get(self, name: str) -> np.ndarray:
         """A copy of the tensor stored as `name` (KeyError when none is)."""
         self.reads += 1
-        return np.load(self._files[name], allow_pickle=False)
+        try:
+            return np.load(self.path(name), allow_pickle=False)
+        except FileNotFoundError:
+            raise KeyError(name) from None
 
     def __contains__(self, name: object) -> bool:
-        return name in self._files
-
-    def names(self) -> list[str]:
-        return list(self._files)
+        return isinstance(name, str) and self.path(name).is_file()
 
     def clear(self) -> None:
-        for path in self._files.values():
+        for path in self.root.glob("*.npy"):
             path.unlink(missing_ok=True)
-        self._files.clear()
 
     def close(self) -> None:
-        self._files.clear()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 class StoredTensors(Mapping[str, np.ndarray]):
