@@ -46,6 +46,12 @@ class _Held:
         return sum(r() is not None for r in self.refs)
 
 
+@pytest.fixture(autouse=True)
+def _ort_in_a_child(monkeypatch):
+    """These tests are about the child processes: every model, however small, gets them."""
+    monkeypatch.setattr(ort_process, "CHILD_FROM_BYTES", 0)
+
+
 def test_verify_holds_one_tensor_of_ort_at_a_time(monkeypatch, mlp_adamw):
     """ONNX Runtime's training runs happen in a child process per step, before our step (never
     in this process: no training session here); every tensor read back from the store (ONNX
@@ -240,3 +246,29 @@ def test_the_run_leaves_no_executor_behind(mlp_adamw, how):
     assert proc.returncode == 0, proc.stderr[-2000:]
     alive = int(proc.stdout.strip().splitlines()[-1].split(":")[1])
     assert alive == (0 if how == "thread" else 1), proc.stdout
+
+
+def test_a_small_model_verifies_with_ort_in_this_process(monkeypatch, mlp_adamw):
+    """Below CHILD_FROM_BYTES of state ONNX Runtime's jobs run in this process (no child started),
+    through the same store: the run verifies, and both ways, a gradient made 50% larger in the
+    store after ONNX Runtime wrote it fails, naming it."""
+    monkeypatch.setattr(ort_process, "CHILD_FROM_BYTES", 1 << 40)
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started for a small model")
+
+    monkeypatch.setattr(ort_process, "probe_peak", no_child)
+    v = step_check.verify_run(mlp_adamw, steps=1)
+    assert v.ok, v.summary()
+    assert v.ort_peak_rss_bytes == 0
+    real_step, last = OrtProcess.step, mlp_adamw.graph.optimizer["params"][-1]
+
+    def tampered(self, *args, **kwargs):
+        out = real_step(self, *args, **kwargs)
+        self.store.put("grad:" + last, self.store.get("grad:" + last) * np.float32(1.5))
+        return out
+
+    monkeypatch.setattr(OrtProcess, "step", tampered)
+    v = step_check.verify_run(mlp_adamw, steps=1)
+    assert not v.ok
+    assert any(c.kind == "gradient" and c.name == last for c in v.steps[0].failures), v.steps[0].failures

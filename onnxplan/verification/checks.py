@@ -70,7 +70,7 @@ class Verification:
     steps: list[StepReport]
     tolerances: dict[str, float]
     parameters: int = 0  # how many the step trains
-    ort_peak_rss_bytes: int = 0  # the largest peak RSS of ONNX Runtime's processes (verification/ort_process.py)
+    ort_peak_rss_bytes: int = 0  # the largest peak RSS of ONNX Runtime's processes (verification/ort_process.py; 0: it ran in this process, a small model)
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "tolerances": dict(self.tolerances), "parameters": self.parameters,

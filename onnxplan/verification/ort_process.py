@@ -41,6 +41,12 @@ from onnxplan.verification.store import TensorStore
 
 __all__ = ["CHILD_TIMEOUT_S", "OrtJob", "OrtProcess", "OrtProcessError", "StepOutcome"]
 
+# ONNX Runtime's runs go to child processes from this many bytes of the step's persistent state
+# (parameters, optimizer state): below, what ONNX Runtime keeps after a run is small beside the
+# machine, and a child's start (~2.7 s: torch and ONNX Runtime imported, twice a verified step)
+# would be most of a small model's verification. Below it the same jobs run in this process, on
+# the same store (the same protocol: what the child would read and write)
+CHILD_FROM_BYTES = 256 << 20
 # one job's wall-clock limit: GPT-2 small's two training runs take ~1-2 min at 2 threads on a
 # loaded machine; a child past this is killed and the verification fails with one line
 CHILD_TIMEOUT_S = 3600.0
@@ -90,10 +96,13 @@ class OrtProcess:
     """ONNX Runtime's training model of `folder`, run in a child per job on `store`'s tensors."""
 
     def __init__(self, folder: str | Path, store: TensorStore, shapes: Mapping[str, tuple[int, ...]],
-                 threads: int) -> None:
+                 threads: int, state_bytes: int | None = None) -> None:
+        """`state_bytes`: the step's persistent bytes; below CHILD_FROM_BYTES the jobs run in
+        this process (None: always in a child)."""
         self.folder, self.store, self.threads = str(Path(folder).resolve()), store, int(threads)
         self.shapes = {k: [int(d) for d in v] for k, v in shapes.items()}
-        self.peak_rss_bytes = 0  # the largest child's peak RSS so far
+        self.in_child = state_bytes is None or state_bytes >= CHILD_FROM_BYTES
+        self.peak_rss_bytes = 0  # the largest child's peak RSS so far (0: none ran in a child)
 
     def step(self, params: list[str], batch: list[str]) -> StepOutcome:
         """ONNX Runtime's step, then its noise run in a second child: ONNX Runtime keeps ~2 GB
@@ -111,20 +120,28 @@ class OrtProcess:
         job = OrtJob(self.folder, str(self.store.root), self.threads, self.shapes, params, batch)
         path = self.store.root / _JOB_FILE
         path.write_text(json.dumps(asdict(job)))
+        if not self.in_child:
+            from onnxplan.threads import current
+
+            out = dict(_result(str(path), _WORK[target], lambda threads: current()))
+            return self._outcome(out, 0)
         try:
             res = probe_peak(_TARGET + target, {"job": str(path)}, timeout_s=CHILD_TIMEOUT_S)
         except ProbeError as exc:
             err = OrtProcessError(f"ONNX Runtime's side of the verification (its own process) {exc.reason}")
             err.exit_code = EXIT_BUG if exc.returncode == EXIT_BUG else EXIT_FAILURE
             raise err from None
-        out = dict(res.result)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, res.peak_rss_bytes)
+        return self._outcome(dict(res.result), res.peak_rss_bytes)
+
+    @staticmethod
+    def _outcome(out: dict, peak_rss_bytes: int) -> StepOutcome:
         if "error" in out:
             err = OrtProcessError(out["error"])
             err.exit_code = int(out["exit_code"])
             raise err
         noise = {tuple(k) if isinstance(k, list) else k: v for k, v in out.pop("noise")}
-        self.peak_rss_bytes = max(self.peak_rss_bytes, res.peak_rss_bytes)
-        return StepOutcome(noise=noise, peak_rss_bytes=res.peak_rss_bytes, **out)
+        return StepOutcome(noise=noise, peak_rss_bytes=peak_rss_bytes, **out)
 
 
 # ---- the child's side ----------------------------------------------------------------------
@@ -145,17 +162,24 @@ def explain_target(job: str) -> dict:
     return _in_child(job, _explain)
 
 
-def _in_child(path: str, work: Callable[[OrtJob], dict]) -> dict:
-    """Run `work` on the job at `path`: a user error comes back as the result (its line and
-    exit code); anything else is a bug: its traceback on stderr, exit EXIT_BUG."""
-    from onnxplan.threads import use_threads
-
+def _result(path: str, work: Callable[[OrtJob], dict], threads: Callable[[int], Any]) -> dict:
+    """`work` on the job at `path`, its pools sized by `threads(job.threads)` (a ThreadSettings):
+    a user error comes back as the result (its line and exit code)."""
     try:
         job = OrtJob(**json.loads(Path(path).read_text()))
-        settings = use_threads(job.threads)
+        settings = threads(job.threads)
         return {**work(job), "ort_threads": settings.ort_intra}
     except OnnxplanError as exc:
         return {"error": str(exc), "exit_code": exc.exit_code}
+
+
+def _in_child(path: str, work: Callable[[OrtJob], dict]) -> dict:
+    """_result in the child, every pool sized for the job; anything but a user error is a bug:
+    its traceback on stderr, exit EXIT_BUG."""
+    from onnxplan.threads import use_threads
+
+    try:
+        return _result(path, work, use_threads)
     except Exception:  # noqa: BLE001 - an internal error: the parent reports its last line
         traceback.print_exc()
         sys.exit(EXIT_BUG)
@@ -240,3 +264,7 @@ def _explain(job: OrtJob) -> dict:
     return {"loss": step.loss, "loss_floor": 0.0, "noise": [], "loss_inputs": [], "running": [],
             "random": _put_all(store, "random:", step.random.items()),
             "values": _put_all(store, "value:", ((k, v) for k, v in step.values.items() if isinstance(v, np.ndarray)))}
+
+
+# what each child target runs (OrtProcess runs the same in this process below CHILD_FROM_BYTES)
+_WORK: dict[str, Callable[[OrtJob], dict]] = {"step_target": _step, "noise_target": _noise, "explain_target": _explain}

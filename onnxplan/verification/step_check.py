@@ -325,7 +325,7 @@ class StepVerifier:
         self.store = TensorStore(swap_dir)
         shapes = {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None}
         self.ort_process = OrtProcess(self.folder, self.store, self.ort.conv_grad_shapes(shapes),
-                                      current_threads().threads)
+                                      current_threads().threads, graph.persistent_bytes)
         self._state_names: list[str] = []
         self._param_names: list[str] = []  # the parameters in the state's order (ORT's inputs)
         self.grad_param = {g: p for p, g in self.grad_name.items()}
