@@ -22,7 +22,7 @@ from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
-from onnxplan.passes.split import SplitSpec, base_node, sliced_inputs, why_not
+from onnxplan.passes.split import SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -96,7 +96,10 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         if chosen == specs:
             break
         specs = chosen
-        out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
+        try:
+            out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
+        except SplitRefused:  # a split the pass cannot make: the best plan so far stands
+            break
         if out.plan.peak_bytes < best.plan.peak_bytes:
             best = out
         if out.plan.peak_bytes <= budget:

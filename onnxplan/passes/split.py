@@ -190,7 +190,8 @@ class _Splitter:
         self.g = graph.copy()
         self.specs = {s.node: s for s in specs}
         self.nodes: list[Node] = []
-        self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena
+        self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena (its first layout)
+        self.layouts: dict[tuple[str, int], _Layout] = {}  # (value, K) -> a further layout read from its slot
         self.split_made: set[str] = set()  # values made only as pieces (by split producers)
         self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
         self.whole: set[str] = set()  # split-made values assembled whole
@@ -224,19 +225,33 @@ class _Splitter:
                 for i in n.inputs:
                     if i in self.split_made:
                         self._assemble(i, n.phase)
-                    elif i in self.homes and not self.homes[i]:  # read whole from its home
-                        self.homes[i].append(f"piece-in:{i}")
-                        self.nodes.append(Node(f"piece-in:{i}", "PieceIn", PIECE_DOMAIN, [], [i],
-                                               {"slot": i, "offset": 0, "nbytes": self.g.values[i].nbytes},
-                                               n.phase))
+                    elif i in self.homes:
+                        self._read_home(i, n.phase)
                 self.nodes.append(n)
             else:
                 self._split(n, spec)
         for o in self.g.outputs:
             if o in self.split_made:
                 self._assemble(o, "backward")
+        self._order_write_backs()
         self.g.nodes = self.nodes
         return self.g
+
+    def _read_home(self, v: str, phase: str) -> None:
+        """Homed `v` whole, read from its slot (once: the old bytes, before any write-back)."""
+        if self.homes[v]:
+            return
+        self.homes[v].append(f"piece-in:{v}")
+        self.nodes.append(Node(f"piece-in:{v}", "PieceIn", PIECE_DOMAIN, [], [v],
+                               {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase))
+
+    def _order_write_backs(self) -> None:
+        """Every write-back of a homed slot's range runs after every whole read of that slot
+        (a whole read placed later in the node list than the split update included)."""
+        for n in self.nodes:
+            slot = str(n.attrs.get("slot", ""))
+            if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
+                n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
 
     def _piece_value(self, v: str, j: int, k: int, first: bool) -> str:
         """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`)."""
@@ -257,8 +272,12 @@ class _Splitter:
         k = spec.k
         sliced = sliced_inputs(self.g, n)
         for i in n.inputs:
-            if i in self.split_made and i not in sliced:  # read whole by every chunk
+            if i in sliced:
+                continue
+            if i in self.split_made:  # read whole by every chunk
                 self._assemble(i, n.phase)
+            elif i in self.homes:
+                self._read_home(i, n.phase)
         reads = {v: self._pieces_of(v, k, n.phase) for v in sliced}
         outs = [o for o in n.outputs if o]
         made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
@@ -274,8 +293,8 @@ class _Splitter:
             self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
-            for o, home in back.items():  # after every whole read of the state's old bytes
-                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, self.homes[home]))
+            for o, home in back.items():  # after every whole read of the old bytes (_order_write_backs)
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase))
         for o in kept:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
@@ -310,10 +329,10 @@ class _Splitter:
                 return True
         return False
 
-    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, after: list[str] | None = None) -> Node:
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str) -> Node:
         step = self.g.values[v].nbytes // k
         return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
-                    {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(after or ()))
+                    {"slot": v, "offset": j * step, "nbytes": step}, phase)
 
     def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
         """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
@@ -322,6 +341,8 @@ class _Splitter:
         have = self.pieces.get(v)
         if have is not None and have.k == k:
             return have.names, []
+        if (v, k) in self.layouts:  # a second layout, already read for an earlier consumer
+            return self.layouts[v, k].names, []
         writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
         step = self.g.values[v].nbytes // k
         names, nodes = [], []
@@ -333,6 +354,8 @@ class _Splitter:
             names.append(piece)
         if have is None:
             self.pieces[v] = _Layout(k, tuple(names))
+        else:
+            self.layouts[v, k] = _Layout(k, tuple(names))
         return tuple(names), nodes
 
     def _fill_slot(self, v: str, phase: str) -> list[str]:
