@@ -126,3 +126,35 @@ def test_a_short_range_inside_a_slot_is_refused(tmp_path):
             store.write("a", np.ones(PAGE - 4, np.uint8), offset=0)  # would overwrite the next page's start
     finally:
         store.close()
+
+
+def test_the_budget_search_keeps_its_best_plan_when_a_split_is_refused(monkeypatch):
+    """A split the pass refuses (SplitRefused, exit 2) inside the budget search ends the rounds
+    with the best plan so far: a budget request never exits 2 for a split it chose itself."""
+    from onnxplan import api
+    from onnxplan.budget import MemoryRequest, plan_for_budget
+    from onnxplan.budget import split as split_mod
+    from onnxplan.passes.split import SplitRefused
+
+    calls = []
+
+    def refuse(graph, opts):
+        calls.append(opts.splits)
+        raise SplitRefused("split: refused")
+
+    monkeypatch.setattr(split_mod, "attempt", refuse)
+    step = api.load("mlp", batch=64)
+    res = plan_for_budget(step.graph, PlanOptions(), MemoryRequest(budget=2 << 20))
+    assert calls and not res.plan.splits and res.plan.peak_bytes > 2 << 20
+
+
+def test_no_node_is_split_in_more_than_max_k_chunks():
+    from onnxplan.budget.split import MAX_K, _smallest_k
+
+    b = GraphBuilder("rows")
+    b.value("a", (1024, 1024), ValueClass.INPUT)
+    b.node("Relu", ["a"], ["x"], name="r")
+    b.g.outputs.append("x")
+    node = b.g.nodes[0]
+    assert _smallest_k(b.g, node, 8 << 20, 1, 1) == MAX_K  # nothing fits 1 B: the cap, not 1024 chunks
+    assert _smallest_k(b.g, node, 8 << 20, 3 << 20, 1) == 4

@@ -4,12 +4,16 @@ Swap stops at its floor (swap.driver.Floor): the node with the largest working s
 while it runs. When a budget is below that floor, `split_to_fit` splits (passes/split.py) every
 splittable node whose bound (the memory that stays resident + its working set + its scratch)
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
-shrink by K; its broadcast inputs stay whole), and plans swap again on the split graph. A chunk
-still above the budget gets the next K that fits. Each round starts from the node that sets
+shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap again on the split
+graph. A chunk still above the budget gets the next K that fits. Before any of it, a lower bound
+computed without planning: of the nodes that split in no K, the largest bound (the resident
+bytes, less the state a split update could home, + its working set + scratch); a budget below
+it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
 the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
 search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
 such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
-the node that now sets it. A budget at or above the floor never reaches here: plans are unchanged.
+the node that now sets it (a split the pass refuses ends the rounds: the best plan so far stands).
+A budget at or above the floor never reaches here: plans are unchanged.
 More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
 piece transfer at the store's bandwidth.
 """

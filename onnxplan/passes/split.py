@@ -22,12 +22,14 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
   - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
     store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
     the whole, the same op on fewer rows.
-  - An optimizer update (UPDATE_OPS: the interleaved AdamWUpdate, SGDUpdate) is elementwise over
+  - An optimizer update (UPDATE_OPS, passes/interleave.py: AdamWUpdate, SGDUpdate) is elementwise over
     its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
     their home between steps is their slot (not the state region), chunk k reads its range
     (`piece-in:P:k`, no write before it in the step: the slot holds the state) and writes the
-    updated range back (`piece-out:P:k`, after every whole read of the old bytes); a reader of
-    the parameter whole (the forward pass) reads it from the slot first (`piece-in:P`). The
+    updated range back (`piece-out:P:k`); a reader of the parameter whole (the forward pass, a
+    split node broadcasting it) reads it from the slot first (`piece-in:P`, once), and every
+    write-back of a range of P runs after every whole read of P (control dependencies added
+    once the node list is built, so a whole read placed after the update is held too). The
     updated copies leave the step's outputs; the executor loads and reads the homed state in
     the piece store (executor/piece_io.py).
 Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
@@ -52,6 +54,7 @@ from onnxplan.errors import OnnxplanError
 from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
+from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
@@ -72,9 +75,6 @@ _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGra
 # each row on its own
 ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
                      (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
-# the interleaved optimizer's per-parameter updates (passes/interleave.py): elementwise over the
-# parameter, its gradient and its state; their state is homed in the host store when split
-UPDATE_OPS = frozenset({(PIECE_DOMAIN, "AdamWUpdate"), (PIECE_DOMAIN, "SGDUpdate")})
 # (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
 SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
                            | UPDATE_OPS)
