@@ -28,7 +28,7 @@ from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
-from onnxplan.verify import verify_offsets, verify_pieces
+from onnxplan.verify import PlanError, verify_offsets, verify_pieces
 
 __all__ = ["BudgetNotMet", "PlanOptions", "require_budget", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
@@ -333,9 +333,20 @@ def planned_buffers(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[Planne
                  for b in sorted(buffers, key=lambda b: (b.first, b.name)))
 
 
+def _check_reads(graph: StepGraph) -> None:
+    """PlanError unless every value a node reads is persistent, a step input or made by a node."""
+    made = set(graph.inputs) | {o for n in graph.nodes for o in n.outputs if o}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i and i not in made and not graph.values[i].persistent:
+                raise PlanError(f"node {n.name!r} reads {i!r}, which is neither persistent, a step input, "
+                                "nor made by a node")
+
+
 def verify_plan(graph: StepGraph, plan: Plan) -> None:
     """Check a plan against its (rewritten) graph: lifetimes and merges re-derived from the
     order (the integrity rule), then no two live buffers share a byte, all inside the arena."""
+    _check_reads(graph)
     lt = lifetimes(graph, plan.order)
     offsets = {b.name: b.offset for b in plan.buffers}
     verify_offsets(lt.buffers, OffsetPlan(plan.planner, offsets, plan.arena_bytes, 0.0))

@@ -105,9 +105,11 @@ def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ..
                   align: int, homes: Iterable[str] = ()) -> None:
     """Raise PlanError unless the split pass's transfers (onnxplan.passes.split) are sound along
     `order`: each range lies inside its slot (`slot_bytes`) at a multiple of `align`; no two
-    writes of one slot in a step overlap; every read finds its whole range written earlier in
-    the step (none missing), except in `homes`, the slots of state (full at the step's start),
-    each of which the step writes back whole. Each range names its node, which `order` must hold."""
+    writes of one slot in a step overlap; a range's length is a multiple of `align` unless it
+    ends the slot (a store writes whole pages); every read finds its whole range written earlier
+    in the step (none missing), except in `homes`, the slots of state (full at the step's start),
+    each of which the step writes back whole and none of which is read after the write-back of
+    any of the bytes read (the read would find the updated bytes). Each range names its node, which `order` must hold."""
     eo = {name: t for t, name in enumerate(order)}
     home = set(homes)
     rows = sorted(pieces, key=lambda p: eo.get(p.node, -1))
@@ -120,13 +122,18 @@ def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ..
             raise PlanError(f"{where}: outside its slot ({slot_bytes.get(p.slot, 'no')} B)")
         if p.offset % align:
             raise PlanError(f"{where}: offset not a multiple of {align}")
+        if p.nbytes % align and p.offset + p.nbytes != slot_bytes[p.slot]:
+            raise PlanError(f"{where}: length not a multiple of {align} and the range does not end the slot")
         spans = written.setdefault(p.slot, [])
+        other = next((s for s in spans if s[0] < p.offset + p.nbytes and p.offset < s[1]), None)
         if p.kind == "out":
-            other = next((s for s in spans if s[0] < p.offset + p.nbytes and p.offset < s[1]), None)
             if other is not None:
                 raise PlanError(f"{where} overlaps bytes {other[0]}..{other[1]} written earlier in the step")
             bisect.insort(spans, (p.offset, p.offset + p.nbytes))
-        elif p.slot not in home:
+        elif p.slot in home:
+            if other is not None:
+                raise PlanError(f"{where}: reads state bytes {other[0]}..{other[1]} already written back in the step")
+        else:
             reach = _covered(spans, p.offset)
             if reach < p.offset + p.nbytes:
                 raise PlanError(f"{where}: bytes {reach}..{p.offset + p.nbytes} are missing (not written before it)")

@@ -26,10 +26,27 @@ def _floor(step, budget: int):
     return res, (res.swap.floor if res.swap is not None else None)
 
 
+def _split_floor(step):
+    """The plan and floor at the least budget a split may reach (the floor of the nodes that do
+    not split, below which no split graph is planned)."""
+    _, lowest = _floor(step, 1)
+    assert lowest is not None and lowest.unsplit
+    return _floor(step, lowest.bound)
+
+
+def test_below_what_any_split_reaches_no_split_is_planned_and_the_floor_says_why(transformer, monkeypatch):
+    unsplit_floor = _unsplit(transformer, 1, monkeypatch).swap.floor
+    res, lowest = _floor(transformer, 1)
+    assert not res.plan.splits and lowest is not None and lowest.bound < unsplit_floor.bound
+    assert "which no recomputation, swap or split avoids (it does not split: " in lowest.describe()
+    assert lowest.unsplit in lowest.describe() and lowest.node in lowest.describe()
+    assert "which no recomputation or swap avoids" in unsplit_floor.describe()
+
+
 def test_below_the_floor_split_nodes_lower_it_and_name_the_new_one(transformer, monkeypatch):
     unsplit_floor = _unsplit(transformer, 1, monkeypatch).swap.floor
     assert unsplit_floor is not None and "Gelu" in unsplit_floor.node
-    res, floor = _floor(transformer, 1)
+    res, floor = _split_floor(transformer)
     assert res.plan.splits and any("Gelu" in s.node for s in res.plan.splits)
     assert floor is not None and floor.bound < unsplit_floor.bound and "Gelu" not in floor.node
     budget = (floor.bound + unsplit_floor.bound) // 2  # between the two floors: fits split
@@ -59,8 +76,9 @@ def test_a_budget_at_or_above_the_floor_plans_as_without_splitting(transformer, 
         assert not with_split.splits and not with_split.pieces
         assert _same(with_split, without)
     # and the comparison can fail: a split plan differs from the unsplit one
-    low = plan_for_budget(transformer.graph, PlanOptions(), MemoryRequest(budget=1)).plan
-    assert not _same(low, _unsplit(transformer, 1, monkeypatch).plan)
+    lowest = _floor(transformer, 1)[1]
+    low = plan_for_budget(transformer.graph, PlanOptions(), MemoryRequest(budget=lowest.bound)).plan
+    assert low.splits and not _same(low, _unsplit(transformer, lowest.bound, monkeypatch).plan)
 
 
 @pytest.mark.slow
@@ -69,7 +87,7 @@ def test_a_split_plan_runs_and_matches_onnx_runtime(transformer):
     by step, and its measured peak is within 10% + the runtime's fixed overhead."""
     from onnxplan.run_report import RUNTIME_OVERHEAD_BYTES
 
-    _, floor = _floor(transformer, 1)
+    _, floor = _split_floor(transformer)
     budget = floor.bound + (16 << 10)
     out = api.solve(transformer, PlanOptions(), MemoryRequest(budget=budget))
     assert out.plan.splits and out.plan.peak_bytes <= budget

@@ -4,46 +4,93 @@ Swap stops at its floor (swap.driver.Floor): the node with the largest working s
 while it runs. When a budget is below that floor, `split_to_fit` splits (passes/split.py) every
 splittable node whose bound (the memory that stays resident + its working set + its scratch)
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
-shrink by K; its broadcast inputs stay whole), and plans swap again on the split graph. A chunk
-still above the budget gets the next K that fits. Each round starts from the node that sets
+shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap again on the split
+graph. A chunk still above the budget gets the next K that fits. Before any of it, a lower bound
+computed without planning: of the nodes that split in no K, the largest bound (the resident
+bytes, less the state a split update could home, + its working set + scratch); a budget below
+it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
 the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
 search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
 such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
-the node that now sets it. A budget at or above the floor never reaches here: plans are unchanged.
+the node that now sets it (a split the pass refuses ends the rounds: the best plan so far stands).
+A budget at or above the floor never reaches here: plans are unchanged.
 More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
 piece transfer at the store's bandwidth.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
-from onnxplan.passes.split import SplitSpec, base_node, sliced_inputs, why_not
+from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
+from onnxplan.swap.driver import Floor, resident_touched
 from onnxplan.swap.insert import is_swap_node
 from onnxplan.swap.model import swap_model
 
-__all__ = ["MAX_ROUNDS", "split_to_fit"]
+__all__ = ["MAX_K", "MAX_ROUNDS", "split_to_fit"]
 
 MAX_ROUNDS = 4  # plans of the split graph tried (each a swap planning)
+MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 
 
-def _touched(out: PlanOutcome, graph: StepGraph) -> dict[str, int]:
-    """Per node of `out`'s step (its passes, no swap nodes), the bytes it touches plus its
-    scratch: the swap model's working set under `out`'s order."""
+@dataclass(frozen=True)
+class _NodeSet:
+    """A node's working set under an order (the swap model's): bytes touched, of them resident, scratch."""
+
+    node: str
+    eo: int
+    working_set: int
+    resident_touched: int
+    scratch: int
+
+    @property
+    def touched(self) -> int:
+        return self.working_set + self.scratch
+
+
+def _node_sets(out: PlanOutcome, graph: StepGraph) -> list[_NodeSet]:
+    """Per node of `out`'s step (its passes, no swap nodes), its working set under `out`'s order."""
     g = run_pipeline(graph, list(out.plan.passes))[0]
     nodes = {n.name: n for n in g.nodes}
     order = [name for name in out.plan.order if name in nodes and not is_swap_node(nodes[name])]
     lt = lifetimes(g, order)
     model = swap_model(g, order, lt)
     scratch = {b.name[len(SCRATCH_PREFIX):]: b.padded for b in lt.buffers if b.name.startswith(SCRATCH_PREFIX)}
-    return {name: model.working_set(t) + scratch.get(name, 0) for t, name in enumerate(order)}
+    return [_NodeSet(name, t, model.working_set(t), resident_touched(model, t), scratch.get(name, 0))
+            for t, name in enumerate(order)]
+
+
+def _why_unsplit(g: StepGraph, node: Node | None) -> str:
+    """Why `node` (of the step the split pass sees; None: not one of its nodes) splits in no K
+    of 2..MAX_K ("" when it splits in one)."""
+    if node is None:
+        return "not a node of the step the split pass sees"
+    whys = [why_not(g, node, k) for k in range(2, MAX_K + 1)]
+    return "" if not all(whys) else whys[0]
+
+
+def _split_floor(pre: StepGraph, swapped: PlanOutcome, graph: StepGraph, floor: Floor) -> Floor | None:
+    """The floor no split reaches below, without planning a split: of the nodes that split in no
+    K, the largest bound (the resident bytes, less the state a split update could home, + its
+    working set); None when every node splits."""
+    pre_nodes = {n.name: n for n in pre.nodes}
+    homeable = {v for n in pre.nodes if n.key in UPDATE_OPS and not _why_unsplit(pre, n)
+                for v in sliced_inputs(pre, n) if pre.values[v].persistent}
+    resident = max(floor.resident - sum(pre.values[v].nbytes for v in homeable), 0)
+    best: Floor | None = None
+    for s in _node_sets(swapped, graph):
+        why = _why_unsplit(pre, pre_nodes.get(base_node(s.node)))
+        cand = Floor(floor.peak_bytes, s.working_set, s.eo, s.node, s.scratch, resident, s.resident_touched, why)
+        if why and (best is None or cand.bound > best.bound):
+            best = cand
+    return best
 
 
 def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -> int | None:
@@ -54,7 +101,7 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     spec = g.values[out].spec if out else None
     if spec is None or not spec.shape:
         return None
-    valid = [k for k in range(above + 1, spec.shape[0] + 1) if k >= 2 and not why_not(g, node, k)]
+    valid = [k for k in range(max(above + 1, 2), min(spec.shape[0], MAX_K) + 1) if not why_not(g, node, k)]
     if not valid:
         return None
     sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *(o for o in node.outputs if o)})
@@ -71,6 +118,12 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
     if budget is None or floor is None or floor.bound <= budget:
         return swapped
     pre = step_before_inplace(graph, replace(opts, splits=()))
+    lowest = _split_floor(pre, swapped, graph, floor)
+    if lowest is not None and budget < lowest.bound and swapped.swap is not None:  # no split plan can fit
+        swapped.swap.floor = lowest
+        swapped.pass_notes.append(f"split: not tried: {lowest.node!r} does not split ({lowest.unsplit}), and its "
+                                  f"floor {format_bytes(lowest.bound)} is above the budget {format_bytes(budget)}")
+        return swapped
     pre_nodes = {n.name: n for n in pre.nodes}
     specs: dict[str, SplitSpec] = {}
     best, out = swapped, swapped
@@ -85,7 +138,8 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
                                                      room, k_floor) is None:
             break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
-        for name, ws in _touched(out, graph).items():
+        for ns in _node_sets(out, graph):
+            name, ws = ns.node, ns.touched
             base = base_node(name)
             if ws <= room or base not in pre_nodes:
                 continue
@@ -96,7 +150,10 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         if chosen == specs:
             break
         specs = chosen
-        out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
+        try:
+            out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
+        except SplitRefused:  # a split the pass cannot make: the best plan so far stands
+            break
         if out.plan.peak_bytes < best.plan.peak_bytes:
             best = out
         if out.plan.peak_bytes <= budget:

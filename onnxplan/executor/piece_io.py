@@ -17,7 +17,7 @@ import numpy as np
 
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
-from onnxplan.passes.split import homed_slots, is_piece_node
+from onnxplan.passes.split import homed_slots, slot_bytes
 from onnxplan.swap.store import SwapStore
 
 __all__ = ["PieceRuntime", "piece_in", "piece_out"]
@@ -46,9 +46,7 @@ class PieceRuntime:
     """The host slots of a split graph's pieces, and the kernels of its piece nodes."""
 
     def __init__(self, graph: StepGraph, folder: str | Path | None = None) -> None:
-        slots = {str(n.attrs["slot"]): graph.values[str(n.attrs["slot"])].nbytes
-                 for n in graph.nodes if is_piece_node(n)}
-        self.store = SwapStore(slots, folder)
+        self.store = SwapStore(slot_bytes(graph), folder)
         # homed state (a split optimizer update's parameter and moments): slot -> class, spec
         self.state = {slot: (graph.values[slot].vclass.value, graph.values[slot].known_spec)
                       for slot in sorted(homed_slots(graph))}

@@ -117,8 +117,8 @@ def _adopt(graph: StepGraph, plan: Plan) -> StepGraph:
     _check_passes(plan)
     g, _ = run_pipeline(graph, list(plan.passes))
     _check_checkpoint_record(plan)
-    if plan.splits != split_records(g, plan.passes):
-        raise PlanError("the plan's splits are not those of its split pass")
+    if plan.splits != split_records(g, plan.passes):  # node, axis and K are _check_passes's: the ops differ
+        raise PlanError("the plan's split ops are not those of the nodes its split pass splits")
     if plan.pieces != piece_ranges(g):
         raise PlanError("the plan's piece ranges are not those the split pass makes")
     what = f"{graph.name!r} after passes {', '.join(plan.passes)}"

@@ -20,7 +20,7 @@ from onnxplan.step_analysis import step_analysis
 __all__ = ["UPDATE_OPS", "interleave"]
 
 JOINED = {("com.microsoft", "AdamWOptimizer"): "AdamWUpdate", ("com.microsoft", "SGDOptimizerV2"): "SGDUpdate"}
-UPDATE_OPS = {("onnxplan", "AdamWUpdate"), ("onnxplan", "SGDUpdate")}
+UPDATE_OPS = frozenset({("onnxplan", "AdamWUpdate"), ("onnxplan", "SGDUpdate")})
 
 
 def _split(n: Node, readers: Mapping[str, tuple[str, ...]]) -> list[Node]:

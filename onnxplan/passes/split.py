@@ -22,12 +22,14 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
   - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
     store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
     the whole, the same op on fewer rows.
-  - An optimizer update (UPDATE_OPS: the interleaved AdamWUpdate, SGDUpdate) is elementwise over
+  - An optimizer update (UPDATE_OPS, passes/interleave.py: AdamWUpdate, SGDUpdate) is elementwise over
     its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
     their home between steps is their slot (not the state region), chunk k reads its range
     (`piece-in:P:k`, no write before it in the step: the slot holds the state) and writes the
-    updated range back (`piece-out:P:k`, after every whole read of the old bytes); a reader of
-    the parameter whole (the forward pass) reads it from the slot first (`piece-in:P`). The
+    updated range back (`piece-out:P:k`); a reader of the parameter whole (the forward pass, a
+    split node broadcasting it) reads it from the slot first (`piece-in:P`, once), and every
+    write-back of a range of P runs after every whole read of P (control dependencies added
+    once the node list is built, so a whole read placed after the update is held too). The
     updated copies leave the step's outputs; the executor loads and reads the homed state in
     the piece store (executor/piece_io.py).
 Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
@@ -52,6 +54,7 @@ from onnxplan.errors import OnnxplanError
 from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
+from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
@@ -72,9 +75,6 @@ _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGra
 # each row on its own
 ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
                      (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
-# the interleaved optimizer's per-parameter updates (passes/interleave.py): elementwise over the
-# parameter, its gradient and its state; their state is homed in the host store when split
-UPDATE_OPS = frozenset({(PIECE_DOMAIN, "AdamWUpdate"), (PIECE_DOMAIN, "SGDUpdate")})
 # (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
 SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
                            | UPDATE_OPS)
@@ -190,7 +190,8 @@ class _Splitter:
         self.g = graph.copy()
         self.specs = {s.node: s for s in specs}
         self.nodes: list[Node] = []
-        self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena
+        self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena (its first layout)
+        self.layouts: dict[tuple[str, int], _Layout] = {}  # (value, K) -> a further layout read from its slot
         self.split_made: set[str] = set()  # values made only as pieces (by split producers)
         self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
         self.whole: set[str] = set()  # split-made values assembled whole
@@ -224,19 +225,33 @@ class _Splitter:
                 for i in n.inputs:
                     if i in self.split_made:
                         self._assemble(i, n.phase)
-                    elif i in self.homes and not self.homes[i]:  # read whole from its home
-                        self.homes[i].append(f"piece-in:{i}")
-                        self.nodes.append(Node(f"piece-in:{i}", "PieceIn", PIECE_DOMAIN, [], [i],
-                                               {"slot": i, "offset": 0, "nbytes": self.g.values[i].nbytes},
-                                               n.phase))
+                    elif i in self.homes:
+                        self._read_home(i, n.phase)
                 self.nodes.append(n)
             else:
                 self._split(n, spec)
         for o in self.g.outputs:
             if o in self.split_made:
                 self._assemble(o, "backward")
+        self._order_write_backs()
         self.g.nodes = self.nodes
         return self.g
+
+    def _read_home(self, v: str, phase: str) -> None:
+        """Homed `v` whole, read from its slot (once: the old bytes, before any write-back)."""
+        if self.homes[v]:
+            return
+        self.homes[v].append(f"piece-in:{v}")
+        self.nodes.append(Node(f"piece-in:{v}", "PieceIn", PIECE_DOMAIN, [], [v],
+                               {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase))
+
+    def _order_write_backs(self) -> None:
+        """Every write-back of a homed slot's range runs after every whole read of that slot
+        (a whole read placed later in the node list than the split update included)."""
+        for n in self.nodes:
+            slot = str(n.attrs.get("slot", ""))
+            if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
+                n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
 
     def _piece_value(self, v: str, j: int, k: int, first: bool) -> str:
         """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`)."""
@@ -257,8 +272,12 @@ class _Splitter:
         k = spec.k
         sliced = sliced_inputs(self.g, n)
         for i in n.inputs:
-            if i in self.split_made and i not in sliced:  # read whole by every chunk
+            if i in sliced:
+                continue
+            if i in self.split_made:  # read whole by every chunk
                 self._assemble(i, n.phase)
+            elif i in self.homes:
+                self._read_home(i, n.phase)
         reads = {v: self._pieces_of(v, k, n.phase) for v in sliced}
         outs = [o for o in n.outputs if o]
         made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
@@ -274,8 +293,8 @@ class _Splitter:
             self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
-            for o, home in back.items():  # after every whole read of the state's old bytes
-                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, self.homes[home]))
+            for o, home in back.items():  # after every whole read of the old bytes (_order_write_backs)
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase))
         for o in kept:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
@@ -310,10 +329,10 @@ class _Splitter:
                 return True
         return False
 
-    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, after: list[str] | None = None) -> Node:
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str) -> Node:
         step = self.g.values[v].nbytes // k
         return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
-                    {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(after or ()))
+                    {"slot": v, "offset": j * step, "nbytes": step}, phase)
 
     def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
         """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
@@ -322,6 +341,8 @@ class _Splitter:
         have = self.pieces.get(v)
         if have is not None and have.k == k:
             return have.names, []
+        if (v, k) in self.layouts:  # a second layout, already read for an earlier consumer
+            return self.layouts[v, k].names, []
         writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
         step = self.g.values[v].nbytes // k
         names, nodes = [], []
@@ -333,6 +354,8 @@ class _Splitter:
             names.append(piece)
         if have is None:
             self.pieces[v] = _Layout(k, tuple(names))
+        else:
+            self.layouts[v, k] = _Layout(k, tuple(names))
         return tuple(names), nodes
 
     def _fill_slot(self, v: str, phase: str) -> list[str]:

@@ -18,7 +18,7 @@ from onnxplan.swap.policies import PolicyOptions, SwapPolicy, make_policy
 from onnxplan.swap.select import Selection, select_all, select_greedy
 from onnxplan.verify import verify_offsets
 
-__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "SwapTotals", "plan_swaps", "realize_selection",
+__all__ = ["AUTO_POLICIES", "SWAP_CHOICES", "Floor", "SwapOutcome", "SwapTotals", "plan_swaps", "realize_selection", "resident_touched",
            "swap_totals"]
 
 SWAP_CHOICES = ("none", "auto", "on-demand", "reduced", "proactive", "adaptive", "window")
@@ -40,6 +40,7 @@ class Floor:
     scratch: int = 0  # that node's scratch bytes (its kernel's working memory)
     resident: int = 0  # persistent bytes that stay in memory (constants, state the runtime copies back)
     resident_touched: int = 0  # of the working set, bytes of resident values (counted once)
+    unsplit: str = ""  # set by the split search (budget/split.py): why that node does not split
 
     @property
     def bound(self) -> int:
@@ -53,7 +54,15 @@ class Floor:
         return (f"floor {format_bytes(self.bound)} ({self.bound} B): the largest single working set is at node "
                 f"{self.node!r} (EO {self.eo}: {format_bytes(self.working_set)} touched + "
                 f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident), in memory while "
-                f"it runs, which no recomputation or swap avoids")
+                f"it runs, which no recomputation{', swap or split' if self.unsplit else ' or swap'} avoids"
+                + (f" (it does not split: {self.unsplit})" if self.unsplit else ""))
+
+
+def resident_touched(model: SwapModel, t: int) -> int:
+    """Of the working set of the node at EO `t`, the bytes of resident values (persistent, not
+    swappable), counted once: Floor.resident holds them already."""
+    return sum(b for _, root, b in model.entries[model.entry_start[t]:model.entry_start[t + 1]]
+               if root in model.groups and model.groups[root].persistent and not model.groups[root].swappable)
 
 
 @dataclass
@@ -159,9 +168,8 @@ def _run(g: StepGraph, model: SwapModel, policy: SwapPolicy, budget: int | None,
         t = select_all(model, policy).peak_eo
         node = model.order[t] if model.n else ""
         scratch = next((b.padded for b in every.lifetimes.buffers if b.name == SCRATCH_PREFIX + node), 0)
-        stays = sum(b for _, root, b in model.entries[model.entry_start[t]:model.entry_start[t + 1]]
-                    if root in model.groups and model.groups[root].persistent and not model.groups[root].swappable)
-        floor = Floor(every.peak_bytes, model.working_set(t), t, node, scratch, every.lifetimes.persistent_bytes, stays)
+        floor = Floor(every.peak_bytes, model.working_set(t), t, node, scratch, every.lifetimes.persistent_bytes,
+                      resident_touched(model, t))
         out = every if every.peak_bytes < out.peak_bytes else out
         out.floor = floor
     return out

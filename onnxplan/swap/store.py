@@ -187,8 +187,11 @@ class SwapStore:
 
     def _at(self, slot: str, offset: int, nbytes: int) -> int:
         """The file offset of byte `offset` of `slot`, for a transfer of `nbytes` inside it (a
-        range of a slot starts on a page: PIECE_ALIGN, onnxplan.passes.split)."""
-        if offset < 0 or offset % PAGE or offset + nbytes > self.sizes[slot]:
+        range of a slot starts on a page, PIECE_ALIGN, onnxplan.passes.split; and is whole pages
+        unless it ends the slot: O_DIRECT writes whole pages, a short range would overwrite the
+        start of the next)."""
+        end = offset + nbytes
+        if offset < 0 or offset % PAGE or end > self.sizes[slot] or (nbytes % PAGE and end != self.sizes[slot]):
             raise ValueError(f"swap store: bytes {offset}..{offset + nbytes} are not a page-aligned range of "
                              f"slot {slot!r} ({self.sizes[slot]} B)")
         return self.offsets[slot] + offset
