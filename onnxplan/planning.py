@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onnxplan._version import __version__
-from onnxplan.errors import BudgetError, UsageError
+from onnxplan.errors import BudgetError, ModelError, UsageError
 from onnxplan.ir.graph import StepGraph
 from onnxplan.limits import DEFAULT_TIME_LIMIT  # the one default (re-exported: planning.DEFAULT_TIME_LIMIT)
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
@@ -284,6 +284,7 @@ def plan_step(graph: StepGraph, opts: PlanOptions = PlanOptions()) -> PlanOutcom
         graph_fingerprint=graph.fingerprint(),
         onnxplan_version=__version__,
     )
+    _check_model_reads(graph, g)
     verify_plan(g, plan)
     stages["verify"] = time.perf_counter() - t0 - sum(stages.values())
     outcome = PlanOutcome(plan, g, rows, bounds, notes, swap, skipped, stages)
@@ -331,6 +332,19 @@ def planned_buffers(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[Planne
     """The plan's buffer rows: each buffer at its offset in `op`, by first EO then name."""
     return tuple(PlannedBuffer(b.name, b.nbytes, b.vclass, b.first, b.last, op.offsets[b.name], b.aliases)
                  for b in sorted(buffers, key=lambda b: (b.first, b.name)))
+
+
+def _check_model_reads(source: StepGraph, graph: StepGraph) -> None:
+    """ModelError (exit 2) when the step reads a value of the model itself (`source`, before the
+    passes) that it never provides: not persistent, not step data, made by no node (e.g. a
+    gradient accumulation buffer read without a reset flag). A value the passes made and left
+    unprovided is the checker's (verify_plan: PlanError)."""
+    made = set(graph.inputs) | {o for n in graph.nodes for o in n.outputs if o}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i and i not in made and i in source.values and not graph.values[i].persistent:
+                raise ModelError(f"node {n.name!r} reads {i!r}, a value of the model that the step never provides "
+                                 "(not a parameter or optimizer state, not step data, made by no node)")
 
 
 def _check_reads(graph: StepGraph) -> None:
