@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from onnxplan._version import __version__
 from onnxplan.errors import BudgetError, ModelError, UsageError
-from onnxplan.ir.graph import StepGraph
+from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.limits import DEFAULT_TIME_LIMIT  # the one default (re-exported: planning.DEFAULT_TIME_LIMIT)
 from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_offsets
 from onnxplan.orders import memory_model, order_policy
@@ -334,27 +335,30 @@ def planned_buffers(buffers: tuple[Buffer, ...], op: OffsetPlan) -> tuple[Planne
                  for b in sorted(buffers, key=lambda b: (b.first, b.name)))
 
 
-def _check_model_reads(source: StepGraph, graph: StepGraph) -> None:
-    """ModelError (exit 2) when the step reads a value of the model itself (`source`, before the
-    passes) that it never provides: not persistent, not step data, made by no node (e.g. a
-    gradient accumulation buffer read without a reset flag). A value the passes made and left
-    unprovided is the checker's (verify_plan: PlanError)."""
-    made = set(graph.inputs) | {o for n in graph.nodes for o in n.outputs if o}
-    for n in graph.nodes:
-        for i in n.inputs:
-            if i and i not in made and i in source.values and not graph.values[i].persistent:
-                raise ModelError(f"node {n.name!r} reads {i!r}, a value of the model that the step never provides "
-                                 "(not a parameter or optimizer state, not step data, made by no node)")
-
-
-def _check_reads(graph: StepGraph) -> None:
-    """PlanError unless every value a node reads is persistent, a step input or made by a node."""
+def _unprovided_reads(graph: StepGraph) -> Iterator[tuple[Node, str]]:
+    """(node, value) for every read of a value that is not persistent, not step data and made by no node."""
     made = set(graph.inputs) | {o for n in graph.nodes for o in n.outputs if o}
     for n in graph.nodes:
         for i in n.inputs:
             if i and i not in made and not graph.values[i].persistent:
-                raise PlanError(f"node {n.name!r} reads {i!r}, which is neither persistent, a step input, "
-                                "nor made by a node")
+                yield n, i
+
+
+def _check_model_reads(source: StepGraph, graph: StepGraph) -> None:
+    """ModelError (exit 2) when the step reads a value of the model itself (`source`, before the
+    passes) that it never provides (e.g. a gradient accumulation buffer read without a reset
+    flag). A value the passes made and left unprovided is the checker's (verify_plan: PlanError)."""
+    for n, i in _unprovided_reads(graph):
+        if i in source.values:
+            raise ModelError(f"node {n.name!r} reads {i!r}, a value of the model that the step never provides "
+                             "(not a parameter or optimizer state, not step data, made by no node)")
+
+
+def _check_reads(graph: StepGraph) -> None:
+    """PlanError unless every value a node reads is persistent, a step input or made by a node."""
+    for n, i in _unprovided_reads(graph):
+        raise PlanError(f"node {n.name!r} reads {i!r}, which is neither persistent, a step input, "
+                        "nor made by a node")
 
 
 def verify_plan(graph: StepGraph, plan: Plan) -> None:
