@@ -51,6 +51,7 @@ from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, chosen_strategy, cos
 from onnxplan.budget.joint import plan_joint_strategy
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.sizes import format_bytes
+from onnxplan.swap.pricing import store_rates
 
 # the zoo's families at small batches (a tiny model, mlp or the hf-* ones at batch 2, has no budget
 # where recompute fits: its activations are a few KiB next to its parameters)
@@ -151,6 +152,15 @@ def bench_model(spec: str, args) -> list[dict]:
     return rows
 
 
+def _store_line(machine: dict) -> str:
+    store = machine.get("store_at_start")
+    if not store:
+        return ""
+    how = "measured at the start" if store["source"] == "measured" else f"its kept {store['source']}"
+    return (f" Swap store: {store['bandwidth'] / 1e6:.0f} MB/s ({how}; each swapped run then moves the kept "
+            "estimate the next plans are priced with).")
+
+
 def summarize(doc: dict) -> list[str]:
     rows = doc["rows"]
     for r in rows:
@@ -178,7 +188,7 @@ def summarize(doc: dict) -> list[str]:
         f"(threads=1; the FLOP estimate runs no kernel). {doc['rounds']} paired rounds, the plans' order rotated each round; each round one fresh "
         f"process per distinct plan, {doc['steps']} steps after one warm-up, its fastest step kept. Off = the "
         "median over rounds of chosen / fastest of the same round, - 1. Wall time "
-        f"{doc['wall_seconds'] / 60:.1f} min."), "",
+        f"{doc['wall_seconds'] / 60:.1f} min." + _store_line(m)), "",
         ("| model | budget (f of arena) | chosen | other model's | fastest measured | chosen off | other off | "
         "measured ms: recompute / swap / joint | predicted ms: recompute / swap |"),
         "|---|---|---|---|---|---|---|---|---|"]
@@ -206,6 +216,9 @@ def main() -> None:
     ap.add_argument("--other", action=argparse.BooleanOptionalAction, default=True,
                     help="also plan and measure the other cost model's choice")
     ap.add_argument("--minutes", type=float, default=None, help="start no budget after this many minutes")
+    ap.add_argument("--measure-store", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the swap store at the start (its kept estimate moves with every swapped run, "
+                         "e.g. runs on a loaded machine); the plans are priced with it")
     args = ap.parse_args()
     if args.rounds < 1 or args.steps < 1:
         ap.error("--rounds and --steps must be >= 1")
@@ -217,12 +230,14 @@ def main() -> None:
         t0, load_start = time.perf_counter(), round(os.getloadavg()[0], 2)
         args.deadline = None if args.minutes is None else t0 + 60 * args.minutes
         doc = {"rounds": args.rounds, "steps": args.steps, "default_profile": DEFAULT_PROFILE, "rows": []}
+        kept = store_rates(refresh=args.measure_store)
+        store = {"bandwidth": kept.bandwidth, "cpu_per_byte": kept.cpu_per_byte, "source": kept.source}
 
         def save(row: dict | None) -> None:  # after every budget: an interrupted run keeps what it measured
             if row is not None:
                 doc["rows"].append(row)
             doc["machine"] = {"host": platform.node(), "cpus": os.cpu_count(), "load_start": load_start,
-                              "load_end": round(os.getloadavg()[0], 2)}
+                              "load_end": round(os.getloadavg()[0], 2), "store_at_start": store}
             doc["wall_seconds"] = time.perf_counter() - t0
             doc["not_reached"] = args.not_reached
             Path(args.json).write_text(json.dumps(doc, indent=1))

@@ -319,7 +319,7 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     in a fresh process (checked against ONNX Runtime), and `explain` shows each value."""
     from typer.testing import CliRunner
 
-    from onnxplan.budget import decide
+    from onnxplan.budget import choice, decide
     from onnxplan.cli.app import app
     from onnxplan.ir.load import read_step
 
@@ -338,7 +338,8 @@ def test_cli_plans_with_the_joint_strategy_and_replays_it_verified(tmp_path):
     assert j["chosen"] in ("joint", "joint-recompute", "recompute", "swap")
     fitting = [c for c in j["candidates"] if c["fits"]]
     fastest = min(c["predicted_step_seconds"] for c in fitting)
-    ties = [c["strategy"] for c in fitting if c["predicted_step_seconds"] <= fastest * (1 + decide.MARGIN)]
+    margin = choice.ESTIMATE_MARGIN  # --no-profile: the FLOP estimate's tie margin
+    ties = [c["strategy"] for c in fitting if c["predicted_step_seconds"] <= fastest * (1 + margin)]
     assert j["chosen"] == min(ties, key=decide.PREFERENCE.index)  # budget.decide's tie rule
     assert j["schedule"].startswith("dag.") or j["chosen"] != "joint" or d["swaps"]
     r = _fresh_cli("run", "--plan", str(p), "--steps", "2", "--verify", "--no-measure", "--json")
@@ -431,7 +432,7 @@ def test_the_joint_strategy_returns_a_candidate_predicted_faster_than_its_own_sc
     assert len(fitting) >= 2 and j.chosen != "joint"
     fastest = min(c.predicted_step_seconds for c in fitting)
     chosen = next(c for c in fitting if c.strategy == j.chosen)
-    assert chosen.predicted_step_seconds <= fastest * (1 + choice.MARGIN)
+    assert chosen.predicted_step_seconds <= fastest * (1 + choice.ESTIMATE_MARGIN)  # FlopCosts: the estimate's margin
     assert out is seen[j.chosen] and out.plan.peak_bytes <= budget
     assert j.notes[-1].startswith(f"{j.chosen} chosen")
     plan = Plan.from_json(json.loads(out.plan.dumps()))  # its file: passes replayed, records checked
@@ -573,9 +574,9 @@ def test_a_paged_buffer_is_held_while_its_write_runs():
 
 def test_the_joint_strategy_chooses_by_the_one_tie_rule(monkeypatch):
     """The joint strategy's candidates go through budget.choice.choose: rotor's plan (the
-    "recompute" strategy, first in PREFERENCE) planted MARGIN / 2 slower than every other is a
-    tie and wins; planted 2 x MARGIN slower it is not, and the tie among the others goes to the
-    first of them in PREFERENCE."""
+    "recompute" strategy, first in PREFERENCE) planted half the FLOP estimate's tie margin
+    (ESTIMATE_MARGIN) slower than every other is a tie and wins; planted twice it, it is not,
+    and the tie among the others goes to the first of them in PREFERENCE."""
     import onnxplan.budget.joint as bj
     from onnxplan.budget import FlopCosts, choice
     from onnxplan.ir.load import read_step
@@ -585,7 +586,7 @@ def test_the_joint_strategy_chooses_by_the_one_tie_rule(monkeypatch):
     plain = planning.plan_step(graph, OPTS)
     budget = plain.plan.persistent_bytes + int(0.9 * plain.plan.arena_bytes)  # rotor reaches 0.9, not 0.8
     assert choice.PREFERENCE[1] == "recompute"
-    for slower, winner in ((1 + choice.MARGIN / 2, "recompute"), (1 + 2 * choice.MARGIN, None)):
+    for slower, winner in ((1 + choice.ESTIMATE_MARGIN / 2, "recompute"), (1 + 2 * choice.ESTIMATE_MARGIN, None)):
         def planted(out, times=None, rates=None, slower=slower):
             # rotor's plan: `slower` s; every other: 1 s
             rotor = out.plan.joint is None and out.plan.checkpoint is not None and bool(out.plan.checkpoint.schedule)

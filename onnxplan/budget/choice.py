@@ -2,7 +2,9 @@
 strategies with them; the recompute strategy its schedules, the swap strategy its policies):
 
   1. Of the candidates that fit the budget, the fastest predicted step sets the mark; every
-     fitting candidate predicted within MARGIN (10%) of it is a tie.
+     fitting candidate predicted within the margin of it is a tie: MARGIN (10%) where node
+     times were measured (a profile: its noise), ESTIMATE_MARGIN (2%) where they are the FLOP
+     estimate (deterministic: a wider margin overrules what it predicts, see ESTIMATE_MARGIN).
   2. A tie goes to the strategy first in PREFERENCE (the plain plan, then recompute, swap, the
      joint solver's plans: the order measurement favoured, see PREFERENCE), then to the
      least peak, then to the least predicted seconds (then the name: a strategy not in
@@ -21,12 +23,18 @@ from onnxplan.plan_records import StrategyCandidate
 from onnxplan.planning import PlanOutcome
 from onnxplan.swap.pricing import StepPrice, StoreRates, price_outcome
 
-__all__ = ["MARGIN", "PREFERENCE", "Candidate", "choose", "price", "weigh"]
+__all__ = ["ESTIMATE_MARGIN", "MARGIN", "PREFERENCE", "Candidate", "choose", "margin_of", "price", "weigh"]
 
 # predicted within this fraction of the fastest fitting candidate: a tie (the rule above). 10%: two
 # candidates 2% apart stay in one order under 3% of noise on either (a profile of another call,
 # another load); the predictions themselves are rarely closer than that to the measured step
 MARGIN = 0.10
+# the margin where node times are the FLOP estimate (checkpoint.costs: the same graph, the same
+# seconds, no noise of its own). Measured (benchmarks/decision.py, reports/decision.md, session
+# 11): with 10% here, three of the five misses were swap predicted 5.6-8% faster than recompute
+# and given to recompute by the tie (measured 8-36% slower); 2% keeps PREFERENCE for candidates
+# the estimate cannot tell apart
+ESTIMATE_MARGIN = 0.02
 # the order a tie is broken in: the plain plan, recompute, swap, then the joint solver's plans.
 # Recompute before swap: a recomputed plan's time is CPU alone, priced by the calibrated FLOP
 # estimate (checkpoint.costs.CPU_NUMPY); a swap plan's adds transfers whose time depends on a
@@ -56,6 +64,7 @@ class Candidate:
     price: StepPrice  # the predicted step (price)
     budget: int | None
     notes: tuple[str, ...] = ()
+    margin: float = ESTIMATE_MARGIN  # what counts as a tie with it (margin_of its node times)
 
     @property
     def seconds(self) -> float:
@@ -76,10 +85,16 @@ class Candidate:
         return f"{self.name} {self.seconds * 1e3:.2f} ms" + ("" if self.fits else " (misses the budget)")
 
 
+def margin_of(times: TimeModel | None) -> float:
+    """The tie margin of predictions made with `times`: MARGIN for measured node times (a
+    profile), ESTIMATE_MARGIN for the FLOP estimate (None: the estimate)."""
+    return MARGIN if times is not None and times.source == "profile" else ESTIMATE_MARGIN
+
+
 def weigh(name: str, outcome: PlanOutcome, budget: int | None, times: TimeModel | None = None,
           rates: StoreRates | None = None) -> Candidate:
     """`outcome` as a candidate for `budget`, priced by `price`."""
-    return Candidate(name, outcome, price(outcome, times, rates), budget)
+    return Candidate(name, outcome, price(outcome, times, rates), budget, margin=margin_of(times))
 
 
 def _rank(name: str) -> int:
@@ -88,11 +103,11 @@ def _rank(name: str) -> int:
 
 def choose(candidates: list[Candidate]) -> Candidate:
     """The one tie rule (this module's docstring): of the fitting candidates, those predicted
-    within MARGIN of the fastest, the first in PREFERENCE, then of least peak; none fits: the
-    least peak."""
+    within the margin of the fastest (the widest of the candidates' margins), the first in
+    PREFERENCE, then of least peak; none fits: the least peak."""
     fitting = [c for c in candidates if c.fits]
     if not fitting:
         return min(candidates, key=lambda c: (c.peak_bytes, _rank(c.name), c.seconds, c.name))
-    mark = min(c.seconds for c in fitting) * (1 + MARGIN)
+    mark = min(c.seconds for c in fitting) * (1 + max(c.margin for c in fitting))
     return min((c for c in fitting if c.seconds <= mark),
                key=lambda c: (_rank(c.name), c.peak_bytes, c.seconds, c.name))

@@ -5,7 +5,8 @@ The strategies (budget.strategies, budget.joint) only produce plans; this module
 with budget.choice: each plan becomes a `Candidate`, priced by the one price function
 (`price`: onnxplan.swap.pricing.price_outcome, node times from the cost model, transfers on one
 I/O worker at the swap store's rates), and `choose` keeps one by the one tie rule (budget.choice:
-the fastest fitting sets the mark, within MARGIN the first in PREFERENCE, then the least peak).
+the fastest fitting sets the mark, within the margin the first in PREFERENCE, then the least peak;
+the margin is MARGIN for profiled node times, ESTIMATE_MARGIN for the FLOP estimate).
 The choices inside a strategy go through the same rule: the recompute strategy's schedules
 (budget.checkpoint) and the swap strategy's policies (budget.strategies).
 
@@ -147,7 +148,7 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
         others = ", ".join(c.line() for c in cands[1:] if c is not best)
         why = (f"{best.name}: the plain plan needs {format_bytes(plain.plan.peak_bytes)} > budget "
                f"{format_bytes(budget)}; {best.name} fits with predicted step {best.seconds * 1e3:.2f} ms"
-               + (f" (vs {others})" if others else "") + f" (ties within {MARGIN:.0%}: {', '.join(PREFERENCE)})")
+               + (f" (vs {others})" if others else "") + f" (ties within {best.margin:.0%}: {', '.join(PREFERENCE)})")
     else:
         why = (f"{best.name}: no strategy reaches {format_bytes(budget)}; the smallest peak is "
                f"{format_bytes(best.peak_bytes)} ({best.name})")

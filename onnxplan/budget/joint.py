@@ -94,7 +94,7 @@ def _borrowed(joint: JointRecord, out: PlanOutcome, name: str) -> JointRecord:
                        swap_bandwidth=joint.swap_bandwidth, stages=joint.stages, order_policy=joint.order_policy,
                        rounds=joint.rounds,
                        notes=((f"the {name!r} strategy's plan wins over the joint schedule (budget.decide.choose: "
-                               f"predicted faster, or within {decide.MARGIN:.0%} and first in its preference) "
+                               f"predicted faster, or within the tie margin and first in its preference) "
                                f"({joint.status}, {joint.recomputations} recomputations, placed peak "
                                f"{format_bytes(joint.placed_peak_bytes)})"),))
 
