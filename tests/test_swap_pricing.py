@@ -3,6 +3,7 @@ hand-computed cases, the priced plan, the store's measured bandwidth and its cac
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -279,8 +280,61 @@ def test_a_swapped_run_updates_its_stores_estimate(tmp_path, monkeypatch):
     ex.swap.close()
     entry = json.loads((tmp_path / "cache" / pricing.CACHE_NAME).read_text())[pricing.store_key(folder)]
     assert entry["runs"] == 1 and entry["last_run"]["bytes"] == busy.bytes_moved == moved
-    assert entry["bandwidth"] == pytest.approx(moved / busy.busy_seconds)
+    assert 0 <= busy.queued_seconds < busy.busy_seconds
+    assert entry["bandwidth"] == pytest.approx(moved / (busy.busy_seconds - busy.queued_seconds))
     assert entry["folder"] == str(folder)
+
+
+def test_run_delay_reads_the_thread_s_wait_for_a_cpu(tmp_path):
+    """RunDelay: the second field of schedstat in seconds; 0 where the file is missing or odd."""
+    from onnxplan.executor.swap_io import RunDelay
+
+    stat = tmp_path / "schedstat"
+    stat.write_text("123 2500000000 7\n")
+    assert RunDelay(str(stat)).seconds() == 2.5
+    stat.write_text("garbage\n")
+    assert RunDelay(str(stat)).seconds() == 0.0
+    assert RunDelay(str(tmp_path / "missing")).seconds() == 0.0
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="Linux schedstat only")
+def test_run_delay_sees_other_processes_on_the_cores():
+    """Twice as many busy processes as cores: a spinning thread waits for a CPU (its run delay
+    grows by a good part of the time it spins; about two thirds here)."""
+    import multiprocessing
+    import threading
+    import time
+
+    from onnxplan.executor.swap_io import RunDelay
+
+    def spin(seconds: float, out: list) -> None:
+        delay = RunDelay()
+        d0, t0 = delay.seconds(), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            pass
+        out.append(delay.seconds() - d0)
+        delay.close()
+
+    ctx = multiprocessing.get_context("spawn")
+    burners = [ctx.Process(target=_burn, args=(2.0,)) for _ in range(2 * (os.cpu_count() or 1))]
+    for b in burners:
+        b.start()
+    time.sleep(0.3)  # the burners are running
+    loaded: list[float] = []
+    t = threading.Thread(target=spin, args=(1.0, loaded))
+    t.start()
+    t.join()
+    for b in burners:
+        b.join()
+    assert loaded[0] > 0.2, loaded
+
+
+def _burn(seconds: float) -> None:
+    import time
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
 
 
 def test_a_plan_is_priced_for_the_swap_dir_it_will_run_with(tmp_path, monkeypatch):

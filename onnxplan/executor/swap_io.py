@@ -26,6 +26,7 @@ its read. Each wait that blocks counts as a stall, with its seconds.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -70,6 +71,35 @@ def _host(view: Any) -> tuple[np.ndarray, Any]:
     return host, (lambda h: view.set(h))
 
 
+SCHEDSTAT = "/proc/thread-self/schedstat"  # Linux: the calling thread's CPU time, run-queue wait, slices
+
+
+class RunDelay:
+    """Seconds the thread that made it has waited, runnable, for a CPU (Linux's run delay: the
+    second field of `path`, in ns; read from the thread it measures). 0 where the kernel does
+    not say. The swap store's kept estimate learns from transfers less this wait: on a machine
+    other processes load, a transfer's wall time holds their turns on the cores, not the disk's."""
+
+    def __init__(self, path: str = SCHEDSTAT) -> None:
+        try:
+            self.fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def seconds(self) -> float:
+        if self.fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class SwapWorker(threading.Thread):
     """Runs store jobs one at a time, in the order they were put."""
 
@@ -85,12 +115,21 @@ class SwapWorker(threading.Thread):
         self.failure: BaseException | None = None
         self.failed = ""
         self.bytes_moved = 0  # by the transfers done: with busy_seconds, the store's bandwidth as this run saw it
+        self.queued_seconds = 0.0  # of busy_seconds, waited for a CPU (RunDelay: other processes' load)
+        self._delay: RunDelay | None = None
 
     def put(self, job: Job) -> Job:
         self.jobs.put(job)
         return job
 
     def run(self) -> None:
+        self._delay = RunDelay()
+        try:
+            self._serve()
+        finally:
+            self._delay.close()
+
+    def _serve(self) -> None:
         while True:
             try:
                 job = self.jobs.get_nowait()
@@ -106,7 +145,7 @@ class SwapWorker(threading.Thread):
                 job.error, job.failed = self.failure, self.failed
                 job.done.set()
                 continue
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, q0 = time.perf_counter(), time.thread_time(), self._queued()
             try:
                 host, back = _host(job.view)
                 if job.kind == "write":
@@ -122,18 +161,23 @@ class SwapWorker(threading.Thread):
             job.seconds = time.perf_counter() - t0
             self.busy_seconds += job.seconds
             self.cpu_seconds += time.thread_time() - c0
+            self.queued_seconds += self._queued() - q0
             job.done.set()
+
+    def _queued(self) -> float:
+        return 0.0 if self._delay is None else self._delay.seconds()
 
     def _settle(self, until: Callable[[], bool] | None = None) -> None:
         if self.failure is not None:
             return
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0, q0 = time.perf_counter(), time.thread_time(), self._queued()
         try:
             self.store.settle(until)
         except BaseException as exc:  # noqa: BLE001 - handed to every later job
             self.failure, self.failed = exc, "the write-back of the written pages"
         self.busy_seconds += time.perf_counter() - t0
         self.cpu_seconds += time.thread_time() - c0
+        self.queued_seconds += self._queued() - q0
 
     def stop(self) -> None:
         self.jobs.put(None)
@@ -390,8 +434,8 @@ class SwapRuntime:
     def close(self) -> None:
         """Stop the worker, close the store (its file goes), give the switch interval back; then
         the store's kept bandwidth estimate learns from this runtime's own transfers
-        (onnxplan.swap.pricing.record_transfers), unless one failed. A runtime collected unclosed
-        records nothing."""
+        (onnxplan.swap.pricing.record_transfers: its busy time less what it waited for a CPU,
+        RunDelay), unless one failed. A runtime collected unclosed records nothing."""
         if not self._finalizer.alive:
             return
         self._finalizer()
@@ -399,4 +443,4 @@ class SwapRuntime:
         if w.failure is None and w.bytes_moved:
             from onnxplan.swap.pricing import record_transfers
 
-            record_transfers(self.folder, w.bytes_moved, w.busy_seconds, w.cpu_seconds)
+            record_transfers(self.folder, w.bytes_moved, w.busy_seconds - w.queued_seconds, w.cpu_seconds)

@@ -335,7 +335,9 @@ def moving_estimate(old: StoreRates, bandwidth: float, cpu_per_byte: float, weig
 def record_transfers(folder: str | Path | None, nbytes: int, seconds: float, cpu_seconds: float) -> StoreRates | None:
     """A swap runtime's own transfers through the store in `folder` (None: the default folder):
     `nbytes` moved (written and read) in `seconds` of the I/O worker's busy time (its write-backs
-    included, as the probe's round trips include them) and `cpu_seconds` of its CPU. Moves the
+    included, as the probe's round trips include them; the swap runtime passes it less what the
+    worker waited for a CPU, executor.swap_io.RunDelay, as the probe runs on a free core) and
+    `cpu_seconds` of its CPU. Moves the
     kept estimate of that store (store_key) by ESTIMATE_WEIGHT towards them (the first
     observation of a store is its estimate) and returns it; runs moving less than
     MIN_OBSERVED_BYTES are not counted (None): their time is the jobs' overhead, not the disk's."""
