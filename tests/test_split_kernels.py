@@ -131,16 +131,67 @@ def test_split_off_runs_whole(monkeypatch):
 
 
 @pytest.mark.parametrize("split, parts", [(True, 2), (False, 1)])
-def test_a_transformers_product_splits_with_the_switch(split, parts):
-    """A 1024 x 128 x 128 product (16.8 M multiply-adds, transformer b16's) splits in two at 2
-    threads with ONNXPLAN_SPLIT_KERNELS on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and
-    stays whole with it off (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
-    a, b = np.ones((1024, 128), F), np.ones((128, 128), F)
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((1024, 128), (128, 128)),  # transformer b16's projections, 16.8 M multiply-adds
+    ((16, 4, 64, 64), (16, 4, 64, 32)),  # its attention products, 8.4 M
+    ((64, 784), (784, 256)),  # mlp b64's first layer, 12.8 M
+])
+def test_a_product_splits_with_the_switch(split, parts, a_shape, b_shape):
+    """Products of transformer and mlp sizes split in two at 2 threads with ONNXPLAN_SPLIT_KERNELS
+    on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and stay whole with it off
+    (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
+    a, b = np.ones(a_shape, F), np.ones(b_shape, F)
     before = threads.current().threads
     try:
         threads.use_threads(2)
         with settings.override(split_kernels=split):
-            assert matmul._product_parts(a, b, np.empty((1024, 128), F)) == parts
+            assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F)) == parts
+    finally:
+        threads.use_threads(before)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, monkeypatch):
+    """Cut by its batch axis (attention's products, FusedMatMul's transposed operand a strided
+    view), a batched product makes each batch's matrix in one BLAS call as the whole product
+    does: bit for bit the same at 1 and 2 threads, with pieces forced."""
+    a = RNG.standard_normal((8, 4, 24, 24)).astype(F)
+    a = np.swapaxes(a, -1, -2) if transposed else a
+    b = RNG.standard_normal((8, 4, 24, 16)).astype(F)
+    want = np.matmul(a, b)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1)
+    most = [1]
+    run = parallel.run
+    before = threads.current().threads
+
+    def counting(tasks):
+        most[0] = max(most[0], len(tasks))
+        run(tasks)
+
+    try:
+        threads.use_threads(n)
+        monkeypatch.setattr(parallel, "run", counting)
+        got = np.full(want.shape, np.nan, F)
+        matmul.split_matmul(np, a, b, got)
+    finally:
+        threads.use_threads(before)
+    assert most[0] == n
+    np.testing.assert_array_equal(want, got)
+
+
+def test_a_transformers_layer_norm_stays_whole():
+    """LayerNormalization(Grad) of transformer b16's 16 x 64 x 128 is not cut at 2 threads (cut
+    in two, it took longer than whole on an idle machine: kernels/norm.py, LN_PASSES); four
+    times its rows are."""
+    from onnxplan.kernels import norm
+
+    before = threads.current().threads
+    try:
+        threads.use_threads(2)
+        assert len(norm.row_parts(np, 16 * 64, 128)) == 1
+        assert len(norm.row_parts(np, 4 * 16 * 64, 128)) == 2
     finally:
         threads.use_threads(before)
 

@@ -18,10 +18,15 @@ MS = "com.microsoft"
 # a piece (MIN_ELEMS: kernels.parallel's threshold, in elements, for a one-pass ufunc): a piece
 # must outlast the hand-off to a worker by far. Measured: reports/threads.md, session 10.
 GEMM_MACS_PER_ELEM = 16
-# With ONNXPLAN_SPLIT_KERNELS on (the default), from half that: a transformer's 16.8 M
-# multiply-add products (1024 x 128 x 128) split in two (session 10 left them whole: -0.05 ms
-# each under load, a gain on a quiet machine); switched off, GEMM_MACS_PER_ELEM as before.
-GEMM_MACS_PER_ELEM_SPLIT = 8
+# With ONNXPLAN_SPLIT_KERNELS on (the default), from a quarter of that: 4 M multiply-adds a piece
+# (~0.1 ms of BLAS on one core, against a hand-off of ~0.03 ms: the calling thread runs any piece
+# no worker has started, so a busy machine costs the hand-off only). Transformer and GPT b16's
+# attention products (64 batches of 64 x 64 x 32, 8.4 M) split in two by batches (each batch's
+# one BLAS call as in the whole product: the same bits), mlp b64's 64 x 784 x 256 products
+# (12.8 M) by columns. Each op type's products cut from 8 M a piece took 0.91-0.97x their time
+# cut from 16 M at 2 threads on an idle machine (reports/threads.md, session 12); switched off,
+# GEMM_MACS_PER_ELEM as before.
+GEMM_MACS_PER_ELEM_SPLIT = 4
 # A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
 # piece packs all of the other operand, and a piece of few rows against many columns (a
 # convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
