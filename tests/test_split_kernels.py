@@ -1,6 +1,7 @@
 """The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
 images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
-its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels): bit for bit their one-thread result, at 1 and 2
+its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels,
+SoftmaxCrossEntropyLossGrad by rows; a batched product by batches): bit for bit their one-thread result, at 1 and 2
 threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def _case(name: str) -> tuple:
     odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
     bn_x, positive = r(4, 6, 5, 7), (np.abs(r(6)) + 0.5).astype(F)
     big_x, big_pos, ln_x = r(2, 8, 40, 40), (np.abs(r(8)) + 0.5).astype(F), r(4, 64, 80)
+    def log_probs(*shape):  # a log-softmax along axis 1
+        z = r(*shape)
+        return (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype(F)
+
     cases = {
         "conv": ("Conv", "", [image, w, r(5)], [(4, 5, 34, 34)], conv),
         "conv_stride": ("Conv", "", [r(5, 3, 70, 66), w], [(5, 5, 35, 33)], {**conv, "strides": [2, 2]}),
@@ -62,6 +67,12 @@ def _case(name: str) -> tuple:
         "layer_norm_grad_torch": ("LayerNormalizationGrad", MS, [r(*ln_x.shape), ln_x, r(80), r(4, 64, 1),
                                                                  (np.abs(r(4, 64, 1)) + 0.5).astype(F)],
                                   [ln_x.shape, (80,), (80,)], {"axis": -1}),
+        "sce_grad": ("SoftmaxCrossEntropyLossGrad", MS, [np.array(0.7, F), log_probs(6, 40),
+                                                          np.array([3, 0, 39, 7, 7, 1], np.int64)],
+                     [(6, 40)], {"reduction": "mean"}),
+        "sce_grad_none_3d": ("SoftmaxCrossEntropyLossGrad", MS, [r(4, 7), log_probs(4, 10, 7),
+                                                                  RNG.integers(-1, 10, (4, 7))],
+                             [(4, 10, 7)], {"reduction": "none", "ignore_index": -1}),
         "batch_norm_grad_no_dx": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
                                   [None, (6,), (6,)], {}),
     }
@@ -71,7 +82,8 @@ def _case(name: str) -> tuple:
 CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
          "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
          "gelu_grad", "fast_gelu_grad", "relu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
-         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch"]
+         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch", "sce_grad",
+         "sce_grad_none_3d"]
 
 
 def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
