@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -64,6 +65,46 @@ def test_the_caller_runs_the_pieces_no_worker_has_started(split):
         release.set()
         for f in blockers:
             f.result()
+
+
+def test_after_a_stall_the_caller_runs_every_piece_for_a_while(split, monkeypatch):
+    """A worker's piece that keeps the caller waiting (here: it sleeps 20 ms, a descheduled
+    worker's time slice) is a stall: for BACKOFF_SECONDS the calling thread then runs every
+    piece itself (the same pieces: the same bits); after that, the workers take pieces again."""
+    monkeypatch.setattr(parallel, "_backoff_until", 0.0)
+    monkeypatch.setattr(parallel, "BACKOFF_SECONDS", 30.0)
+    started = threading.Event()
+    me = threading.current_thread()
+
+    def piece():  # on the caller: wait for the worker's piece to start; on the worker: 20 ms
+        if threading.current_thread() is me:
+            assert started.wait(10)
+        else:
+            started.set()
+            time.sleep(0.02)
+
+    stalls = parallel.stalls
+    parallel.run([piece, piece])
+    assert parallel.stalls == stalls + 1
+    ran: list[str] = []
+    parallel.run([lambda: ran.append(threading.current_thread().name) for _ in range(6)])
+    assert ran == [me.name] * 6
+    monkeypatch.setattr(parallel, "_backoff_until", 0.0)  # the back-off over
+    release = threading.Event()
+    ran.clear()
+    parallel.run([lambda: (ran.append(threading.current_thread().name), release.wait(10)),
+                  lambda: (ran.append(threading.current_thread().name), release.set())])
+    assert len(ran) == 2 and set(ran) != {me.name}
+
+
+def test_balanced_pieces_are_no_stall(split, monkeypatch):
+    """Pieces of 5 ms on both threads: the caller waits little or nothing, no back-off (an idle
+    machine keeps its workers)."""
+    monkeypatch.setattr(parallel, "_backoff_until", 0.0)
+    stalls = parallel.stalls
+    for _ in range(3):
+        parallel.run([lambda: time.sleep(0.005), lambda: time.sleep(0.005)])
+    assert parallel.stalls == stalls
 
 
 def test_every_piece_runs_once_on_whichever_thread_is_free(split):

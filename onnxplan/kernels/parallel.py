@@ -11,12 +11,21 @@ scratch gives each piece its own slice of the scratch it declared (see kernels/o
 
 The pool's idle workers wait on a queue (asleep, not spinning), so they never take a core from
 BLAS or torch; it is sized to the compute threads less the calling one, anew when that changes.
+
+When other processes keep the cores busy, a worker that took a piece may be descheduled (or stop
+holding the interpreter lock the caller needs) for a scheduler time slice: the caller waits
+milliseconds for a piece of 0.1 ms (mlp b64's split products at 2 threads: 5-14 ms steps
+instead of 1.1, load 4-6; reports/threads.md, session 12). `run` notices such a stall (the
+caller waited STALL_SECONDS longer than its own pieces took) and then runs every piece on the
+calling thread for BACKOFF_SECONDS before it hands pieces out again: the same pieces in the same
+arithmetic (the same bits), on one thread while the machine is contended.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,7 +34,8 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.settings import Settings
 
-__all__ = ["MIN_ELEMS", "parts_for", "row_parts", "rows", "run", "ufunc"]
+__all__ = ["BACKOFF_SECONDS", "MIN_ELEMS", "STALL_SECONDS", "parts_for", "row_parts", "rows", "run", "stalls",
+           "ufunc"]
 
 # Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
 # pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
@@ -37,6 +47,12 @@ MIN_ELEMS = Settings.from_environ().parallel_min_elems  # read at import (onnxpl
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
+# A stall: the caller waited this much longer for a worker's pieces than its own pieces took
+# (a scheduler time slice is 1-4 ms; balanced pieces make it wait far less).
+STALL_SECONDS = 1e-3
+BACKOFF_SECONDS = 0.25  # after a stall, pieces run on the calling thread for this long
+_backoff_until = 0.0
+stalls = 0  # stalls seen by this process (benchmarks report them)
 
 
 def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) -> int:
@@ -96,21 +112,37 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
     finished). A worker the scheduler has not started yet (other processes busy on the cores)
     costs nothing: this thread runs the pieces it would have run, so a step never waits a time
     slice for a descheduled thread (as OpenBLAS's and OpenMP's static splits do:
-    reports/threads.md, session 10); it waits only for pieces already begun elsewhere."""
+    reports/threads.md, session 10); it waits only for pieces already begun elsewhere, and after
+    such a wait turned out a stall, runs every piece itself for a while (the module's docstring)."""
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
     pieces = _Pieces(tasks)
-    helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
-    pool = _workers(helpers)
-    futures = [pool.submit(pieces.drain) for _ in range(helpers)]
-    pieces.drain()
-    for f in futures:
-        f.cancel()  # not started: nothing left for it (started ones find no piece and return)
-    pieces.all_done.wait()
+    if time.perf_counter() < _backoff_until:  # after a stall: every piece here
+        pieces.drain()
+    else:
+        helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
+        pool = _workers(helpers)
+        futures = [pool.submit(pieces.drain) for _ in range(helpers)]
+        start = time.perf_counter()
+        pieces.drain()
+        own_end = time.perf_counter()
+        for f in futures:
+            f.cancel()  # not started: nothing left for it (started ones find no piece and return)
+        pieces.all_done.wait()
+        _note_wait(time.perf_counter() - own_end, own_end - start)
     if pieces.error is not None:
         raise pieces.error
+
+
+def _note_wait(waited: float, own: float) -> None:
+    """After a run whose caller waited `waited` s for the workers' pieces, its own taking `own`:
+    a stall starts the back-off (the module's docstring)."""
+    global _backoff_until, stalls
+    if waited > own + STALL_SECONDS:
+        stalls += 1
+        _backoff_until = time.perf_counter() + BACKOFF_SECONDS
 
 
 def row_parts(xp, rows: int, width: int, passes: int = 1, min_rows: int = 1) -> list[tuple[int, int]]:
