@@ -161,6 +161,7 @@ def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
     """1 thread, 2 threads and 2 threads with the split off, interleaved round by round."""
     keys = [(1, True), (2, True), (2, False)]
     steps: dict[tuple[int, bool], list[float]] = {key: [] for key in keys}
+    stalls = getattr(parallel, "stalls", None)  # None: a library before the stall back-off
     for _ in range(args.rounds):
         for key in keys:
             steps[key].append(statistics.median(runs[key].step() for _ in range(args.steps)))
@@ -171,7 +172,8 @@ def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
             + "; ".join(f"{shown[k]} {' / '.join(_ms(s) for s in steps[k])}" for k in keys)
             + f". Median of the rounds' 2t / 1t **{statistics.median(two_one):.2f}** (least steps: "
             f"{_ms(min(steps[(1, True)]))} / {_ms(min(steps[(2, True)]))} ms), 2t split on / off "
-            f"**{statistics.median(on_off):.2f}**", ""]
+            f"**{statistics.median(on_off):.2f}**"
+            + ("" if stalls is None else f"; stalls (kernels.parallel) {parallel.stalls - stalls}"), ""]
 
 
 def model_tables(model: str, args: argparse.Namespace) -> list[str]:
