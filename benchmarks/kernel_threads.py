@@ -7,8 +7,8 @@ executor's binding and steps).
 1. Per op type: the least over --repeat steps of each op type's summed kernel time (a clock
    around every kernel, `Executor.timed_nodes`), at 1 and 2 threads with the split on, and at 2
    threads with it off; the four executors' steps interleaved. "split at 2t": the share of the
-   op type's 1-thread time in nodes that handed pieces to our pool at 2 threads (counted in one
-   step: kernels.parallel's hand-offs, read as the clock of `timed_nodes`); what is not split runs
+   op type's 1-thread time in nodes that cut their work into pieces for our pool at 2 threads
+   (counted in one step: kernels.parallel's count, read as the clock of `timed_nodes`); what is not split runs
    on one thread at 2 (Amdahl: the step at 2 threads is at least the unsplit time plus half the
    split time, printed under the table as "serial share" and "Amdahl 2t / 1t"). These two do not
    depend on the machine's load (a count, and 1-thread times).
@@ -27,8 +27,6 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 
 from onnxplan import settings
@@ -95,29 +93,12 @@ class _Run:
             least[name] = min(least.get(name, sec), sec)
 
 
-@contextmanager
-def _counting_handoffs() -> Iterator[list[int]]:
-    """kernels.parallel's hand-offs (a run of more than one piece asks for the pool) counted in
-    the list's one element while inside."""
-    count = [0]
-    workers = parallel._workers
-
-    def counted(need: int):
-        count[0] += 1
-        return workers(need)
-
-    parallel._workers = counted  # type: ignore[assignment]
-    try:
-        yield count
-    finally:
-        parallel._workers = workers  # type: ignore[assignment]
-
-
 def _split_nodes(run: _Run) -> set[str]:
-    """The nodes that hand pieces to the pool in one step of `run`."""
-    with _counting_handoffs() as count:
-        handoffs = run.node_seconds(lambda: float(count[0]))
-    return {name for name, n in handoffs.items() if n > 0}
+    """The nodes that cut their work into pieces for the pool in one step of `run`
+    (kernels.parallel's count of runs of more than one piece, read as the clock of
+    `timed_nodes`; whether the pieces then ran on one thread or two)."""
+    splits = run.node_seconds(lambda: float(parallel.splits))
+    return {name for name, n in splits.items() if n > 0}
 
 
 def _ms(s: float) -> str:

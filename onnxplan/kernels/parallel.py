@@ -12,13 +12,14 @@ scratch gives each piece its own slice of the scratch it declared (see kernels/o
 The pool's idle workers wait on a queue (asleep, not spinning), so they never take a core from
 BLAS or torch; it is sized to the compute threads less the calling one, anew when that changes.
 
-When other processes keep the cores busy, a worker that took a piece may be descheduled (or stop
-holding the interpreter lock the caller needs) for a scheduler time slice: the caller waits
-milliseconds for a piece of 0.1 ms (mlp b64's split products at 2 threads: 5-14 ms steps
-instead of 1.1, load 4-6; reports/threads.md, session 12). `run` notices such a stall (the
-caller waited STALL_SECONDS longer than its own pieces took) and then runs every piece on the
-calling thread for BACKOFF_SECONDS before it hands pieces out again: the same pieces in the same
-arithmetic (the same bits), on one thread while the machine is contended.
+When other processes keep the cores busy, a worker that took a piece may be descheduled (or hold
+the interpreter lock the caller needs while descheduled) for up to a scheduler time slice: the
+caller waits milliseconds for a piece of 0.1 ms (mlp b64's split products at 2 threads: 5-14 ms
+steps instead of 1.1, load 4-6; reports/threads.md, session 12). `run` notices a split that lost
+(a stall: the run took STALL_SECONDS longer than the calling thread would have taken alone, as
+its own pieces' time says) and then runs every piece on the calling thread for BACKOFF_SECONDS
+before it hands pieces out again: the same pieces in the same arithmetic (the same bits), on
+one thread while the machine is contended.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.settings import Settings
 
-__all__ = ["BACKOFF_SECONDS", "MIN_ELEMS", "STALL_SECONDS", "parts_for", "row_parts", "rows", "run", "stalls",
-           "ufunc"]
+__all__ = ["BACKOFF_SECONDS", "MIN_ELEMS", "STALL_SECONDS", "parts_for", "row_parts", "rows", "run", "splits",
+           "stalls", "ufunc"]
 
 # Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
 # pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
@@ -47,12 +48,14 @@ MIN_ELEMS = Settings.from_environ().parallel_min_elems  # read at import (onnxpl
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
-# A stall: the caller waited this much longer for a worker's pieces than its own pieces took
-# (a scheduler time slice is 1-4 ms; balanced pieces make it wait far less).
-STALL_SECONDS = 1e-3
+# A stall: a run that took this much longer than the calling thread alone would have (its own
+# pieces' time, scaled to all the pieces). On an idle machine a worker starts its piece 0.01-0.03
+# ms after the caller starts its own, so balanced pieces finish within that.
+STALL_SECONDS = 5e-5
 BACKOFF_SECONDS = 0.25  # after a stall, pieces run on the calling thread for this long
 _backoff_until = 0.0
 stalls = 0  # stalls seen by this process (benchmarks report them)
+splits = 0  # runs of more than one piece (benchmarks count them per node)
 
 
 def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) -> int:
@@ -91,9 +94,11 @@ class _Pieces:
         self.all_done = threading.Event()
         self.error: BaseException | None = None
 
-    def drain(self) -> None:
-        """Run unclaimed pieces until none is left (on whichever thread calls it)."""
+    def drain(self) -> int:
+        """Run unclaimed pieces until none is left (on whichever thread calls it); how many it ran."""
+        ran = 0
         while (i := next(self.claims)) < len(self.tasks):
+            ran += 1
             error = None
             try:
                 self.tasks[i]()
@@ -104,6 +109,7 @@ class _Pieces:
                 self.left -= 1
                 if self.left == 0:
                     self.all_done.set()
+        return ran
 
 
 def run(tasks: Sequence[Callable[[], None]]) -> None:
@@ -113,11 +119,14 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
     costs nothing: this thread runs the pieces it would have run, so a step never waits a time
     slice for a descheduled thread (as OpenBLAS's and OpenMP's static splits do:
     reports/threads.md, session 10); it waits only for pieces already begun elsewhere, and after
-    such a wait turned out a stall, runs every piece itself for a while (the module's docstring)."""
+    a run that took longer than this thread alone would have (a stall), runs every piece itself
+    for a while (the module's docstring)."""
+    global splits
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
+    splits += 1
     pieces = _Pieces(tasks)
     if time.perf_counter() < _backoff_until:  # after a stall: every piece here
         pieces.drain()
@@ -126,21 +135,21 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
         pool = _workers(helpers)
         futures = [pool.submit(pieces.drain) for _ in range(helpers)]
         start = time.perf_counter()
-        pieces.drain()
+        ran = pieces.drain()
         own_end = time.perf_counter()
         for f in futures:
             f.cancel()  # not started: nothing left for it (started ones find no piece and return)
         pieces.all_done.wait()
-        _note_wait(time.perf_counter() - own_end, own_end - start)
+        _note_run(time.perf_counter() - start, own_end - start, ran, len(tasks))
     if pieces.error is not None:
         raise pieces.error
 
 
-def _note_wait(waited: float, own: float) -> None:
-    """After a run whose caller waited `waited` s for the workers' pieces, its own taking `own`:
-    a stall starts the back-off (the module's docstring)."""
+def _note_run(took: float, own: float, ran: int, count: int) -> None:
+    """After a run of `count` pieces that took `took` s, `ran` of them on the calling thread in
+    `own` s: a split that lost (a stall) starts the back-off (the module's docstring)."""
     global _backoff_until, stalls
-    if waited > own + STALL_SECONDS:
+    if ran and took > own * count / ran + STALL_SECONDS:
         stalls += 1
         _backoff_until = time.perf_counter() + BACKOFF_SECONDS
 
