@@ -142,7 +142,7 @@ def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
     """1 thread, 2 threads and 2 threads with the split off, interleaved round by round."""
     keys = [(1, True), (2, True), (2, False)]
     steps: dict[tuple[int, bool], list[float]] = {key: [] for key in keys}
-    stalls = getattr(parallel, "stalls", None)  # None: a library before the stall back-off
+    stalls = parallel.outcomes.stalls
     for _ in range(args.rounds):
         for key in keys:
             steps[key].append(statistics.median(runs[key].step() for _ in range(args.steps)))
@@ -154,7 +154,8 @@ def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
             + f". Median of the rounds' 2t / 1t **{statistics.median(two_one):.2f}** (least steps: "
             f"{_ms(min(steps[(1, True)]))} / {_ms(min(steps[(2, True)]))} ms), 2t split on / off "
             f"**{statistics.median(on_off):.2f}**"
-            + ("" if stalls is None else f"; stalls (kernels.parallel) {parallel.stalls - stalls}"), ""]
+            + f"; split runs that lost (kernels.parallel.outcomes) {parallel.outcomes.stalls - stalls}, "
+            f"score at the end {parallel.outcomes.score:.2f}", ""]
 
 
 def model_tables(model: str, args: argparse.Namespace) -> list[str]:

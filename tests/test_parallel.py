@@ -67,44 +67,56 @@ def test_the_caller_runs_the_pieces_no_worker_has_started(split):
             f.result()
 
 
-def test_after_a_stall_the_caller_runs_every_piece_for_a_while(split, monkeypatch):
-    """A worker's piece that keeps the caller waiting (here: it sleeps 20 ms, a descheduled
-    worker's time slice) is a stall: for BACKOFF_SECONDS the calling thread then runs every
-    piece itself (the same pieces: the same bits); after that, the workers take pieces again."""
-    monkeypatch.setattr(parallel, "_backoff_until", 0.0)
-    monkeypatch.setattr(parallel, "BACKOFF_SECONDS", 30.0)
+@pytest.fixture
+def fresh_outcomes(monkeypatch):
+    """A score of its own (no probe for 30 s), whatever the runs before left."""
+    outcomes = parallel.Outcomes()
+    monkeypatch.setattr(parallel, "outcomes", outcomes)
+    monkeypatch.setattr(parallel, "PROBE_SECONDS", 30.0)
+    return outcomes
+
+
+def _stalled_run() -> None:
+    """Two pieces: the caller's ends at once, the worker's takes 20 ms (a descheduled worker's
+    time slice): the run takes far longer than the caller alone would have."""
     started = threading.Event()
     me = threading.current_thread()
 
-    def piece():  # on the caller: wait for the worker's piece to start; on the worker: 20 ms
+    def piece():
         if threading.current_thread() is me:
             assert started.wait(10)
         else:
             started.set()
             time.sleep(0.02)
 
-    stalls = parallel.stalls
     parallel.run([piece, piece])
-    assert parallel.stalls == stalls + 1
+
+
+def test_while_splits_lose_the_caller_runs_every_piece(split, fresh_outcomes):
+    """Splits that lose (stalls) raise the score over 1 (two from the start): the calling thread
+    then runs every piece itself (the same pieces: the same bits); a probe hands one run out."""
+    _stalled_run()
+    assert fresh_outcomes.stalls == 1 and fresh_outcomes.score <= 1.0  # one stall is not enough
+    _stalled_run()
+    assert fresh_outcomes.stalls == 2 and fresh_outcomes.score > 1.0
+    me = threading.current_thread().name
     ran: list[str] = []
     parallel.run([lambda: ran.append(threading.current_thread().name) for _ in range(6)])
-    assert ran == [me.name] * 6
-    monkeypatch.setattr(parallel, "_backoff_until", 0.0)  # the back-off over
+    assert ran == [me] * 6
+    fresh_outcomes.next_probe = 0.0  # time for a probe: the workers take pieces again
     release = threading.Event()
     ran.clear()
     parallel.run([lambda: (ran.append(threading.current_thread().name), release.wait(10)),
                   lambda: (ran.append(threading.current_thread().name), release.set())])
-    assert len(ran) == 2 and set(ran) != {me.name}
+    assert len(ran) == 2 and set(ran) != {me}
 
 
-def test_balanced_pieces_are_no_stall(split, monkeypatch):
-    """Pieces of 5 ms on both threads: the caller waits little or nothing, no back-off (an idle
-    machine keeps its workers)."""
-    monkeypatch.setattr(parallel, "_backoff_until", 0.0)
-    stalls = parallel.stalls
+def test_balanced_pieces_keep_the_workers(split, fresh_outcomes):
+    """Pieces of 5 ms on both threads: no stall, the score falls (an idle machine keeps its
+    workers)."""
     for _ in range(3):
         parallel.run([lambda: time.sleep(0.005), lambda: time.sleep(0.005)])
-    assert parallel.stalls == stalls
+    assert fresh_outcomes.stalls == 0 and fresh_outcomes.score < parallel.SCORE_START
 
 
 def test_every_piece_runs_once_on_whichever_thread_is_free(split):
