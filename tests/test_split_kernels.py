@@ -125,6 +125,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
         # cut by images (one BLAS call per image either way) is what is checked
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1 << 40)
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1 << 40)
     got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
     assert pieces == (2 if small and n == 2 else 1)
     for a, b in zip(want, got):
@@ -142,22 +143,22 @@ def test_split_off_runs_whole(monkeypatch):
         assert pieces == 1, name
 
 
-@pytest.mark.parametrize("split, parts", [(True, 2), (False, 1)])
-@pytest.mark.parametrize("a_shape, b_shape", [
-    ((1024, 128), (128, 128)),  # transformer b16's projections, 16.8 M multiply-adds
-    ((16, 4, 64, 64), (16, 4, 64, 32)),  # its attention products, 8.4 M
-    ((64, 784), (784, 256)),  # mlp b64's first layer, 12.8 M
+@pytest.mark.parametrize("a_shape, b_shape, on, off", [
+    ((1024, 128), (128, 128), (2, False), (1, False)),  # transformer b16's projections, 16.8 M
+    ((16, 4, 64, 64), (16, 4, 64, 32), (2, True), (1, False)),  # its attention products, 8.4 M
+    ((64, 784), (784, 256), (1, False), (1, False)),  # mlp b64's first layer, 12.8 M: whole
 ])
-def test_a_product_splits_with_the_switch(split, parts, a_shape, b_shape):
-    """Products of transformer and mlp sizes split in two at 2 threads with ONNXPLAN_SPLIT_KERNELS
-    on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and stay whole with it off
-    (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
+def test_products_split_with_the_switch(a_shape, b_shape, on, off):
+    """At 2 threads with ONNXPLAN_SPLIT_KERNELS on, a product splits in two from MIN_ELEMS x
+    GEMM_MACS_PER_ELEM_SPLIT multiply-adds a piece, or x GEMM_MACS_PER_ELEM_BATCHES by batches; with
+    it off from MIN_ELEMS x GEMM_MACS_PER_ELEM (as before). (pieces, by batches)"""
     a, b = np.ones(a_shape, F), np.ones(b_shape, F)
     before = threads.current().threads
     try:
         threads.use_threads(2)
-        with settings.override(split_kernels=split):
-            assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F)) == parts
+        for split, want in ((True, on), (False, off)):
+            with settings.override(split_kernels=split):
+                assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F)) == want, split
     finally:
         threads.use_threads(before)
 
@@ -173,7 +174,7 @@ def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, monkey
     b = RNG.standard_normal((8, 4, 24, 16)).astype(F)
     want = np.matmul(a, b)
     monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1)
+    monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1)
     most = [1]
     run = parallel.run
     before = threads.current().threads
