@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from onnxplan.kernels import _torch, _xp, parallel
-from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, kernel
+from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
 
@@ -223,26 +223,34 @@ def _sce_scratch(node, in_specs, out_specs) -> int:
     return 0 if has_log_prob or in_specs[0] is None else in_specs[0].nbytes
 
 
-@kernel("SoftmaxCrossEntropyLoss", scratch=_sce_scratch)
-@kernel("SoftmaxCrossEntropyLossInternal", MS, scratch=_sce_scratch)
-def softmax_cross_entropy_loss(ctx, inputs, outputs):
-    """(loss, log_prob) from scores [N, C, d...] and labels [N, d...]: log_prob = logsoftmax over C;
-    loss = -log_prob[label] * weight[label] per sample (0 where label == ignore_index), summed
-    (sum), divided by the summed weights or the count of kept samples (mean), or kept (none)."""
-    xp, logits, labels = ctx.xp, inputs[0], inputs[1]
-    weight, ignore_input = _optional(inputs, 2), _optional(inputs, 3)
+def _prepare_sce(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """SoftmaxCrossEntropyLoss's views and its log-softmax step (torch's row kernel where it
+    takes them) made once; the step returned computes the loss from them (bound: once a node, a
+    0.7 ms mlp step's ~20 us of views and torch tensors saved)."""
+    xp, logits = ctx.xp, inputs[0]
     n, c, d = _ncd(logits.shape)
     log_prob = outputs[1] if len(outputs) > 1 else None
     if log_prob is None:
         log_prob = ctx.scratch_array(0, logits.shape, logits.dtype)
-    lp3 = log_prob.reshape(n, c, d)
-    _softmax(xp, logits.reshape(n, c, d), lp3, log=True)
+    lp3, x3 = log_prob.reshape(n, c, d), logits.reshape(n, c, d)
+    log_softmax = _torch_softmax(xp, x3, lp3, log=True) or partial(_softmax, xp, x3, lp3, True)
+    reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
 
+    def step(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        log_softmax()
+        _sce_loss(ctx_, lp3, inputs_[1], _optional(inputs_, 2), _optional(inputs_, 3), outputs_[0], reduction)
+
+    return step
+
+
+def _sce_loss(ctx, lp3, labels, weight, ignore_input, loss, reduction: str) -> None:
+    """loss from log_prob ([N, C, D]) and the labels: -log_prob[label] * weight[label] per
+    sample, reduced."""
+    xp = ctx.xp
+    n, c, d = lp3.shape
     safe, _, w = _label_weights(ctx, labels, weight, ignore_input, (n, c, d), lp3.dtype)
     picked = xp.take_along_axis(lp3, safe.reshape(n, 1, d), axis=1).reshape(n, d)
     per_sample = -picked * w
-    loss = outputs[0]
-    reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
     if reduction == "none":
         xp.copyto(loss, per_sample.reshape(loss.shape))
         return
@@ -252,6 +260,15 @@ def softmax_cross_entropy_loss(ctx, inputs, outputs):
         if bool(denom != 0):
             total = total / denom
     xp.copyto(loss, total, casting="unsafe")
+
+
+@kernel("SoftmaxCrossEntropyLoss", scratch=_sce_scratch, bind=bind_prepared(_prepare_sce))
+@kernel("SoftmaxCrossEntropyLossInternal", MS, scratch=_sce_scratch, bind=bind_prepared(_prepare_sce))
+def softmax_cross_entropy_loss(ctx, inputs, outputs):
+    """(loss, log_prob) from scores [N, C, d...] and labels [N, d...]: log_prob = logsoftmax over C;
+    loss = -log_prob[label] * weight[label] per sample (0 where label == ignore_index), summed
+    (sum), divided by the summed weights or the count of kept samples (mean), or kept (none)."""
+    prepared_call(_prepare_sce, ctx, inputs, outputs)
 
 
 @kernel("SoftmaxCrossEntropyLossGrad", MS, overwrites={0: (1,)})
