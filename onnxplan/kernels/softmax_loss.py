@@ -293,8 +293,12 @@ def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
                 scaled = scaled / denom
         factor = w * scaled
     factor3, safe2, kept2 = factor.reshape(n, 1, d), safe.reshape(n, d), kept.reshape(n, d)
-    parallel.run([partial(_sce_grad_rows, xp, lp3[lo:hi], out3[lo:hi], safe2[lo:hi], kept2[lo:hi], factor3[lo:hi])
-                  for lo, hi in parallel.row_parts(xp, n, c * d, passes=SCE_GRAD_PASSES)])
+    parts = parallel.row_parts(xp, n, c * d, passes=SCE_GRAD_PASSES)
+    if len(parts) == 1:  # whole (mlp's 64 x 10): no views, no hand-off
+        _sce_grad_rows(xp, lp3, out3, safe2, kept2, factor3)
+    else:
+        parallel.run([partial(_sce_grad_rows, xp, lp3[lo:hi], out3[lo:hi], safe2[lo:hi], kept2[lo:hi],
+                              factor3[lo:hi]) for lo, hi in parts])
     if bias is not None:
         xp.add(out, bias, out=out)
 
