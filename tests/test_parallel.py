@@ -77,8 +77,9 @@ def fresh_outcomes(monkeypatch):
 
 
 def _stalled_run() -> None:
-    """Two pieces: the caller's ends at once, the worker's takes 20 ms (a descheduled worker's
-    time slice): the run takes far longer than the caller alone would have."""
+    """Two pieces: the caller's ends when the worker's starts, the worker's takes 100 ms (a
+    descheduled worker's time slices): the run takes far longer than the caller alone would have
+    (over twice, the ratio's cap, unless the worker starts 33 ms late)."""
     started = threading.Event()
     me = threading.current_thread()
 
@@ -87,7 +88,7 @@ def _stalled_run() -> None:
             assert started.wait(10)
         else:
             started.set()
-            time.sleep(0.02)
+            time.sleep(0.1)
 
     parallel.run([piece, piece])
 
@@ -112,10 +113,10 @@ def test_while_splits_lose_the_caller_runs_every_piece(split, fresh_outcomes):
 
 
 def test_balanced_pieces_keep_the_workers(split, fresh_outcomes):
-    """Pieces of 5 ms on both threads: no stall, the score falls (an idle machine keeps its
-    workers)."""
+    """Pieces of 20 ms on both threads: no stall (unless the worker starts 20 ms late), the score
+    falls (an idle machine keeps its workers)."""
     for _ in range(3):
-        parallel.run([lambda: time.sleep(0.005), lambda: time.sleep(0.005)])
+        parallel.run([lambda: time.sleep(0.02), lambda: time.sleep(0.02)])
     assert fresh_outcomes.stalls == 0 and fresh_outcomes.score < parallel.SCORE_START
 
 
