@@ -6,9 +6,15 @@ ONNXPLAN_SPLIT_KERNELS on and off: onnxplan.settings.split_kernels, put in force
 executor's binding and steps).
 1. Per op type: the least over --repeat steps of each op type's summed kernel time (a clock
    around every kernel, `Executor.timed_nodes`), at 1 and 2 threads with the split on, and at 2
-   threads with it off; the four executors' steps interleaved.
-2. Paired step: the executors at 2 threads with the split on and off run alternately, --rounds
-   rounds of --steps steps each after a warm-up; the median step of each, and of the ratios.
+   threads with it off; the four executors' steps interleaved. "split at 2t": the share of the
+   op type's 1-thread time in nodes that cut their work into pieces for our pool at 2 threads
+   (counted in one step: kernels.parallel's count, read as the clock of `timed_nodes`); what is not split runs
+   on one thread at 2 (Amdahl: the step at 2 threads is at least the unsplit time plus half the
+   split time, printed under the table as "serial share" and "Amdahl 2t / 1t"). These two do not
+   depend on the machine's load (a count, and 1-thread times).
+2. Paired steps: the executors at 1 thread, 2 threads and 2 threads with the split off run in
+   turn, --rounds rounds of --steps steps each after a warm-up; each round's median step, the
+   median of the rounds' ratios 2t / 1t and split on / off, and the least steps.
 The load average (`os.getloadavg`) is printed before and after. Prints Markdown.
 
 Usage: python benchmarks/kernel_threads.py [MODEL[:BATCH] ...] [--repeat 8] [--rounds 4] [--steps 4]
@@ -26,6 +32,7 @@ from dataclasses import replace
 from onnxplan import settings
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.executor.runner import Executor, initial_parameters, step_batches
+from onnxplan.kernels import parallel
 from onnxplan.loading.request import LoadRequest
 from onnxplan.threads import use_threads
 
@@ -76,50 +83,86 @@ class _Run:
         self.ex.step(self.batches[0])
         return time.perf_counter() - t0
 
-    def time_ops(self, least: dict[str, float], clock) -> None:
-        """One step with `clock` around every kernel: `least` keeps each op type's least sum."""
+    def node_seconds(self, clock) -> dict[str, float]:
         self._enter()
-        _, seconds = self.ex.timed_nodes(self.batches[0], clock)
-        by_op: dict[str, float] = {}
-        for c in self.ex.calls:
-            by_op[c.node.op_type] = by_op.get(c.node.op_type, 0.0) + seconds[c.node.name]
-        for op, s in by_op.items():
-            least[op] = min(least.get(op, s), s)
+        return self.ex.timed_nodes(self.batches[0], clock)[1]
+
+    def time_nodes(self, least: dict[str, float], clock) -> None:
+        """One step with `clock` around every kernel: `least` keeps each node's least time."""
+        for name, sec in self.node_seconds(clock).items():
+            least[name] = min(least.get(name, sec), sec)
+
+
+def _split_nodes(run: _Run) -> set[str]:
+    """The nodes that cut their work into pieces for the pool in one step of `run`
+    (kernels.parallel's count of runs of more than one piece, read as the clock of
+    `timed_nodes`; whether the pieces then ran on one thread or two)."""
+    splits = run.node_seconds(lambda: float(parallel.splits))
+    return {name for name, n in splits.items() if n > 0}
 
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:.2f}"
 
 
+def _by_op(runs: dict, least: dict[str, float], only: set[str] | None = None) -> dict[str, float]:
+    """Per op type, the sum of its nodes' least times (of the nodes in `only`, where given)."""
+    calls = next(iter(runs.values())).ex.calls
+    out: dict[str, float] = {}
+    for c in calls:
+        if only is None or c.node.name in only:
+            out[c.node.op_type] = out.get(c.node.op_type, 0.0) + least[c.node.name]
+    return out
+
+
+def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
+    nodes: dict[tuple[int, bool], dict[str, float]] = {key: {} for key in runs}
+    for _ in range(args.repeat):  # interleaved: the machine's load falls on all alike
+        for key, run in runs.items():
+            run.time_nodes(nodes[key], CLOCKS[args.clock])
+    ops = {key: _by_op(runs, least) for key, least in nodes.items()}
+    split = _by_op(runs, nodes[(1, True)], _split_nodes(runs[(2, True)]))
+    top = sorted(ops[(1, True)], key=lambda op: -ops[(1, True)][op])[:args.top]
+    lines = [f"### {model} ({args.clock} clock)", "",
+             "| op type | 1t ms | share of 1t | split at 2t | 2t ms | 2t / 1t | 2t, split off, ms | 2t on / off |",
+             "|---|---|---|---|---|---|---|---|"]
+    total = sum(ops[(1, True)].values())
+    for op in top + ["(all)"]:
+        one, two, off, cut = (sum(o.values()) if op == "(all)" else o.get(op, 0.0)
+                              for o in (ops[(1, True)], ops[(2, True)], ops[(2, False)], split))
+        lines.append(f"| {op} | {_ms(one)} | {one / total:.0%} | {cut / one:.0%} | {_ms(two)} | {two / one:.2f} | "
+                     f"{_ms(off)} | {two / off:.2f} |")
+    serial = (total - sum(split.values())) / total
+    lines += ["", f"Serial share at 2 threads (1t time of the nodes that do not split): **{serial:.0%}**; "
+              f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}", ""]
+    return lines
+
+
+def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
+    """1 thread, 2 threads and 2 threads with the split off, interleaved round by round."""
+    keys = [(1, True), (2, True), (2, False)]
+    steps: dict[tuple[int, bool], list[float]] = {key: [] for key in keys}
+    stalls = parallel.outcomes.stalls
+    for _ in range(args.rounds):
+        for key in keys:
+            steps[key].append(statistics.median(runs[key].step() for _ in range(args.steps)))
+    two_one = [b / a for a, b in zip(steps[(1, True)], steps[(2, True)])]
+    on_off = [a / b for a, b in zip(steps[(2, True)], steps[(2, False)])]
+    shown = {(1, True): "1t", (2, True): "2t", (2, False): "2t split off"}
+    return [f"Paired steps, {args.rounds} rounds of {args.steps} steps (ms, each round's median): "
+            + "; ".join(f"{shown[k]} {' / '.join(_ms(s) for s in steps[k])}" for k in keys)
+            + f". Median of the rounds' 2t / 1t **{statistics.median(two_one):.2f}** (least steps: "
+            f"{_ms(min(steps[(1, True)]))} / {_ms(min(steps[(2, True)]))} ms), 2t split on / off "
+            f"**{statistics.median(on_off):.2f}**"
+            + f"; split runs that lost (kernels.parallel.outcomes) {parallel.outcomes.stalls - stalls}, "
+            f"score at the end {parallel.outcomes.score:.2f}", ""]
+
+
 def model_tables(model: str, args: argparse.Namespace) -> list[str]:
     prep = prepare(_request(model))
     params, batches = initial_parameters(prep.folder), step_batches(prep.folder, 1, 0)
     runs = {(t, s): _Run(prep, t, s, params, batches) for t in (1, 2) for s in (True, False)}
-    ops: dict[tuple[int, bool], dict[str, float]] = {key: {} for key in runs}
-    for _ in range(args.repeat):  # interleaved: the machine's load falls on all alike
-        for key, run in runs.items():
-            run.time_ops(ops[key], CLOCKS[args.clock])
-    top = sorted(ops[(1, True)], key=lambda op: -ops[(1, True)][op])[:args.top]
-    lines = [f"### {model} ({args.clock} clock)", "", "| op type | 1t ms | 2t ms | 2t / 1t | 2t, split off, ms | 2t on / off |",
-             "|---|---|---|---|---|---|"]
-    for op in top + ["(all)"]:
-        one, two, off = (sum(o.values()) if op == "(all)" else o.get(op, 0.0)
-                         for o in (ops[(1, True)], ops[(2, True)], ops[(2, False)]))
-        lines.append(f"| {op} | {_ms(one)} | {_ms(two)} | {two / one:.2f} | {_ms(off)} | {two / off:.2f} |")
-    on, off = runs[(2, True)], runs[(2, False)]
-    steps_on: list[float] = []
-    steps_off: list[float] = []
-    ratios = []
-    for _ in range(args.rounds):
-        a = statistics.median(on.step() for _ in range(args.steps))
-        b = statistics.median(off.step() for _ in range(args.steps))
-        steps_on.append(a)
-        steps_off.append(b)
-        ratios.append(a / b)
-    lines += ["", f"Paired step at 2 threads, {args.rounds} rounds of {args.steps} steps: split on "
-              f"{' / '.join(_ms(s) for s in steps_on)} ms, off {' / '.join(_ms(s) for s in steps_off)} ms; "
-              f"median on / off **{statistics.median(ratios):.2f}**", ""]
-    return lines
+    return _op_table(model, args, runs) + _paired_steps(args, runs)
 
 
 def main() -> None:

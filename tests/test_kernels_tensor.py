@@ -137,6 +137,36 @@ def test_gather_grad(shape, axis, indices):
     check("GatherGrad", [np.array(shape, I64), indices, rand(*dy_shape)], {"axis": axis}, domain=MS)
 
 
+@pytest.mark.parametrize("rows,width,entries,repeat", [
+    (1000, 128, 1024, 0),  # a transformer's embedding gradient: a few entries a row
+    (50, 128, 1024, 0),  # ~20 entries a row: many rounds
+    (1000, 16, 300, 150),  # a row repeated 150 times (a padding token): the rest goes to add.at
+    (3, 20, 5000, 0),  # rounds of fewer rows than SCATTER_ROUND_MIN from the start
+])
+def test_scatter_add_rows_is_add_at_bitwise(rows, width, entries, repeat):
+    """GatherGrad's row scatter (kernels/_xp._scatter_add_rows, in rounds) adds every row's
+    entries in the order numpy's add.at does: the same bits, zeros' signs included. The values
+    span many magnitudes, so another order of the additions changes bits (checked: a sorted
+    add.reduceat differs)."""
+    from onnxplan.kernels import _xp
+
+    rng = np.random.default_rng(rows + entries)
+    index = rng.integers(0, rows, entries)
+    index[:repeat] = 1
+    values = (rng.standard_normal((entries, width)) * np.exp(3 * rng.standard_normal((entries, width)))).astype(F)
+    values[::7, ::5] = -0.0
+    want = np.zeros((rows, width), F)
+    np.add.at(want, index, values)
+    got = np.zeros((1, rows, width), F)
+    _xp.scatter_add(np, got, index, values[None])
+    np.testing.assert_array_equal(want.view(np.int32), got[0].view(np.int32))
+    order = np.argsort(index, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(index[order]) != 0])
+    other = np.zeros((rows, width), F)
+    other[index[order][starts]] = np.add.reduceat(values[order], starts, axis=0)
+    assert not np.array_equal(want, other)
+
+
 # ---- shape-valued ops --------------------------------------------------------------------------------
 @pytest.mark.parametrize("attrs", [{}, {"start": 1}, {"start": -2, "end": -1}, {"end": 10}, {"start": 3, "end": 1}])
 def test_shape(attrs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +67,59 @@ def test_the_caller_runs_the_pieces_no_worker_has_started(split):
             f.result()
 
 
+@pytest.fixture
+def fresh_outcomes(monkeypatch):
+    """A score of its own (no probe for 30 s), whatever the runs before left."""
+    outcomes = parallel.Outcomes()
+    monkeypatch.setattr(parallel, "outcomes", outcomes)
+    monkeypatch.setattr(parallel, "PROBE_SECONDS", 30.0)
+    return outcomes
+
+
+def _stalled_run() -> None:
+    """Two pieces: the caller's ends when the worker's starts, the worker's takes 100 ms (a
+    descheduled worker's time slices): the run takes far longer than the caller alone would have
+    (over twice, the ratio's cap, unless the worker starts 33 ms late)."""
+    started = threading.Event()
+    me = threading.current_thread()
+
+    def piece():
+        if threading.current_thread() is me:
+            assert started.wait(10)
+        else:
+            started.set()
+            time.sleep(0.1)
+
+    parallel.run([piece, piece])
+
+
+def test_while_splits_lose_the_caller_runs_every_piece(split, fresh_outcomes):
+    """Splits that lose (stalls) raise the score over 1 (two from the start): the calling thread
+    then runs every piece itself (the same pieces: the same bits); a probe hands one run out."""
+    _stalled_run()
+    assert fresh_outcomes.stalls == 1 and fresh_outcomes.score <= 1.0  # one stall is not enough
+    _stalled_run()
+    assert fresh_outcomes.stalls == 2 and fresh_outcomes.score > 1.0
+    me = threading.current_thread().name
+    ran: list[str] = []
+    parallel.run([lambda: ran.append(threading.current_thread().name) for _ in range(6)])
+    assert ran == [me] * 6
+    fresh_outcomes.next_probe = 0.0  # time for a probe: the workers take pieces again
+    release = threading.Event()
+    ran.clear()
+    parallel.run([lambda: (ran.append(threading.current_thread().name), release.wait(10)),
+                  lambda: (ran.append(threading.current_thread().name), release.set())])
+    assert len(ran) == 2 and set(ran) != {me}
+
+
+def test_balanced_pieces_keep_the_workers(split, fresh_outcomes):
+    """Pieces of 20 ms on both threads: no stall (unless the worker starts 20 ms late), the score
+    falls (an idle machine keeps its workers)."""
+    for _ in range(3):
+        parallel.run([lambda: time.sleep(0.02), lambda: time.sleep(0.02)])
+    assert fresh_outcomes.stalls == 0 and fresh_outcomes.score < parallel.SCORE_START
+
+
 def test_every_piece_runs_once_on_whichever_thread_is_free(split):
     hits = np.zeros(200, np.int64)
     for _ in range(50):
@@ -92,7 +146,7 @@ def test_a_split_product_is_the_whole_one(split, a_shape, b_shape):
     b = RNG.standard_normal(b_shape).astype(np.float32)
     want = np.matmul(a, b)
     got = np.full_like(want, np.nan)
-    assert _product_parts(a, b, got) == 3
+    assert _product_parts(a, b, got)[0] == 3
     split_matmul(np, a, b, got)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     got_t = np.full(want.shape[:-2] + want.shape[:-3:-1], np.nan, np.float32).swapaxes(-1, -2)

@@ -1,6 +1,7 @@
 """The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
 images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
-its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels): bit for bit their one-thread result, at 1 and 2
+its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels,
+SoftmaxCrossEntropyLossGrad by rows; a batched product by batches): bit for bit their one-thread result, at 1 and 2
 threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def _case(name: str) -> tuple:
     odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
     bn_x, positive = r(4, 6, 5, 7), (np.abs(r(6)) + 0.5).astype(F)
     big_x, big_pos, ln_x = r(2, 8, 40, 40), (np.abs(r(8)) + 0.5).astype(F), r(4, 64, 80)
+    def log_probs(*shape):  # a log-softmax along axis 1
+        z = r(*shape)
+        return (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype(F)
+
     cases = {
         "conv": ("Conv", "", [image, w, r(5)], [(4, 5, 34, 34)], conv),
         "conv_stride": ("Conv", "", [r(5, 3, 70, 66), w], [(5, 5, 35, 33)], {**conv, "strides": [2, 2]}),
@@ -62,6 +67,12 @@ def _case(name: str) -> tuple:
         "layer_norm_grad_torch": ("LayerNormalizationGrad", MS, [r(*ln_x.shape), ln_x, r(80), r(4, 64, 1),
                                                                  (np.abs(r(4, 64, 1)) + 0.5).astype(F)],
                                   [ln_x.shape, (80,), (80,)], {"axis": -1}),
+        "sce_grad": ("SoftmaxCrossEntropyLossGrad", MS, [np.array(0.7, F), log_probs(6, 40),
+                                                          np.array([3, 0, 39, 7, 7, 1], np.int64)],
+                     [(6, 40)], {"reduction": "mean"}),
+        "sce_grad_none_3d": ("SoftmaxCrossEntropyLossGrad", MS, [r(4, 7), log_probs(4, 10, 7),
+                                                                  RNG.integers(-1, 10, (4, 7))],
+                             [(4, 10, 7)], {"reduction": "none", "ignore_index": -1}),
         "batch_norm_grad_no_dx": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
                                   [None, (6,), (6,)], {}),
     }
@@ -71,7 +82,8 @@ def _case(name: str) -> tuple:
 CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
          "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
          "gelu_grad", "fast_gelu_grad", "relu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
-         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch"]
+         "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch", "sce_grad",
+         "sce_grad_none_3d"]
 
 
 def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
@@ -113,6 +125,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
         # cut by images (one BLAS call per image either way) is what is checked
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1 << 40)
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1 << 40)
     got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
     assert pieces == (2 if small and n == 2 else 1)
     for a, b in zip(want, got):
@@ -130,17 +143,68 @@ def test_split_off_runs_whole(monkeypatch):
         assert pieces == 1, name
 
 
-@pytest.mark.parametrize("split, parts", [(True, 2), (False, 1)])
-def test_a_transformers_product_splits_with_the_switch(split, parts):
-    """A 1024 x 128 x 128 product (16.8 M multiply-adds, transformer b16's) splits in two at 2
-    threads with ONNXPLAN_SPLIT_KERNELS on (pieces from MIN_ELEMS x GEMM_MACS_PER_ELEM_SPLIT), and
-    stays whole with it off (MIN_ELEMS x GEMM_MACS_PER_ELEM, as before)."""
-    a, b = np.ones((1024, 128), F), np.ones((128, 128), F)
+@pytest.mark.parametrize("a_shape, b_shape, on, off", [
+    ((1024, 128), (128, 128), (2, False), (1, False)),  # transformer b16's projections, 16.8 M
+    ((16, 4, 64, 64), (16, 4, 64, 32), (2, True), (1, False)),  # its attention products, 8.4 M
+    ((64, 784), (784, 256), (1, False), (1, False)),  # mlp b64's first layer, 12.8 M: whole
+])
+def test_products_split_with_the_switch(a_shape, b_shape, on, off):
+    """At 2 threads with ONNXPLAN_SPLIT_KERNELS on, a product splits in two from MIN_ELEMS x
+    GEMM_MACS_PER_ELEM_SPLIT multiply-adds a piece, or x GEMM_MACS_PER_ELEM_BATCHES by batches; with
+    it off from MIN_ELEMS x GEMM_MACS_PER_ELEM (as before). (pieces, by batches)"""
+    a, b = np.ones(a_shape, F), np.ones(b_shape, F)
     before = threads.current().threads
     try:
         threads.use_threads(2)
-        with settings.override(split_kernels=split):
-            assert matmul._product_parts(a, b, np.empty((1024, 128), F)) == parts
+        for split, want in ((True, on), (False, off)):
+            with settings.override(split_kernels=split):
+                assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F)) == want, split
+    finally:
+        threads.use_threads(before)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
+def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, monkeypatch):
+    """Cut by its batch axis (attention's products, FusedMatMul's transposed operand a strided
+    view), a batched product makes each batch's matrix in one BLAS call as the whole product
+    does: bit for bit the same at 1 and 2 threads, with pieces forced."""
+    a = RNG.standard_normal((8, 4, 24, 24)).astype(F)
+    a = np.swapaxes(a, -1, -2) if transposed else a
+    b = RNG.standard_normal((8, 4, 24, 16)).astype(F)
+    want = np.matmul(a, b)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1)
+    most = [1]
+    run = parallel.run
+    before = threads.current().threads
+
+    def counting(tasks):
+        most[0] = max(most[0], len(tasks))
+        run(tasks)
+
+    try:
+        threads.use_threads(n)
+        monkeypatch.setattr(parallel, "run", counting)
+        got = np.full(want.shape, np.nan, F)
+        matmul.split_matmul(np, a, b, got)
+    finally:
+        threads.use_threads(before)
+    assert most[0] == n
+    np.testing.assert_array_equal(want, got)
+
+
+def test_a_transformers_layer_norm_stays_whole():
+    """LayerNormalization(Grad) of transformer b16's 16 x 64 x 128 is not cut at 2 threads (cut
+    in two, it took longer than whole on an idle machine: kernels/norm.py, LN_PASSES); four
+    times its rows are."""
+    from onnxplan.kernels import norm
+
+    before = threads.current().threads
+    try:
+        threads.use_threads(2)
+        assert len(norm.row_parts(np, 16 * 64, 128)) == 1
+        assert len(norm.row_parts(np, 4 * 16 * 64, 128)) == 2
     finally:
         threads.use_threads(before)
 

@@ -22,6 +22,13 @@ GEMM_MACS_PER_ELEM = 16
 # multiply-add products (1024 x 128 x 128) split in two (session 10 left them whole: -0.05 ms
 # each under load, a gain on a quiet machine); switched off, GEMM_MACS_PER_ELEM as before.
 GEMM_MACS_PER_ELEM_SPLIT = 8
+# Cut by its batch axis (each piece whole matrices: one BLAS call a matrix as in the whole
+# product, the same bits, nothing packed twice), a product splits from 4 M multiply-adds a piece:
+# transformer and GPT b16's attention products (64 batches of 64 x 64 x 32, 8.4 M, ~0.2 ms) in
+# two. Cut by rows or columns from 4 M, mlp b64's 64 x 784 x 256 (12.8 M) took 1.4x its whole
+# time at 2 threads, the least of 12 steps under load 3.5 (each piece packs the other operand
+# whole; reports/threads.md, session 12): those stay at GEMM_MACS_PER_ELEM_SPLIT.
+GEMM_MACS_PER_ELEM_BATCHES = 4
 # A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
 # piece packs all of the other operand, and a piece of few rows against many columns (a
 # convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
@@ -42,13 +49,20 @@ def matmul_into(xp, a, b, out) -> None:
     split_matmul(xp, a, b, out)
 
 
-def _product_parts(a, b, out) -> int:
-    """How many pieces out = a @ b is cut into: by its multiply-adds (MIN_ELEMS times
-    GEMM_MACS_PER_ELEM(_SPLIT) a piece)."""
+def _product_parts(a, b, out) -> tuple[int, bool]:
+    """(how many pieces out = a @ b is cut into, whether by its batch axis): by its multiply-adds,
+    MIN_ELEMS times GEMM_MACS_PER_ELEM_BATCHES a piece where out has batches for every piece,
+    else GEMM_MACS_PER_ELEM_SPLIT (GEMM_MACS_PER_ELEM with ONNXPLAN_SPLIT_KERNELS off)."""
     if a.ndim < 2 or b.ndim < 2:
-        return 1
-    per_elem = GEMM_MACS_PER_ELEM_SPLIT if settings.current().split_kernels else GEMM_MACS_PER_ELEM
-    return parallel.parts_for(out.size * a.shape[-1], min_elems=parallel.MIN_ELEMS * per_elem)
+        return 1, False
+    macs = out.size * a.shape[-1]
+    if not settings.current().split_kernels:
+        return parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM), False
+    if out.ndim >= 3:
+        parts = parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM_BATCHES)
+        if 1 < parts <= out.shape[0]:
+            return parts, True
+    return parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM_SPLIT), False
 
 
 def _operand_batch(x, out_ndim: int, lo: int, hi: int):
@@ -67,12 +81,12 @@ def split_matmul(xp, a, b, out) -> None:
     (kernels.parallel), so a busy core never stalls the product. The bits may differ from one
     whole call's (OpenBLAS's kernel choice depends on the sizes), as they did between BLAS's own
     thread counts: GEMM results depend on the thread count."""
-    parts = _product_parts(a, b, out) if xp is np else 1
+    parts, by_batches = _product_parts(a, b, out) if xp is np else (1, False)
     if parts <= 1:
         xp.matmul(a, b, out=out)
         return
     rows, cols = out.shape[-2], out.shape[-1]
-    if out.ndim >= 3 and out.shape[0] >= parts:
+    if by_batches or (out.ndim >= 3 and out.shape[0] >= parts):
         def piece(lo: int, hi: int):
             return lambda: np.matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
                                      out=out[lo:hi])

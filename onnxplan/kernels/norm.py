@@ -90,13 +90,15 @@ def _layer_norm_scratch(node, in_specs, out_specs) -> int:
 
 
 # A layer norm (and its gradient) cuts each chunk's rows across the compute threads as a kernel
-# of this many passes per element would (kernels.parallel.parts_for): about 15 numpy or torch
-# calls a chunk (the transposed copy, two sums, the square, three or four normalizing passes),
-# measured at ~11x a one-pass ufunc's time per element (transformer b16's five LayerNormalization
-# nodes of 16 x 64 x 128: 0.90 ms, the thread's CPU time, least of 10, 1.4 ns an element; a
-# float32 multiply ~0.12 ns), rounded up: a 131K-element node splits in two; each part at least
+# of this many passes per element would (kernels.parallel.parts_for): a part from MIN_ELEMS /
+# LN_PASSES elements. A part takes about 15 numpy or torch calls (the transposed copy, two sums,
+# the square, three or four normalizing passes), and two parts running them at once contend for
+# the interpreter lock between calls: at 16 (parts from 65K elements: transformer b16's 16 x 64 x
+# 128 nodes in two) the split nodes took longer at 2 threads than whole, on an idle machine
+# (LayerNormalization 1.29x, its gradient 1.44x, paired in one process: reports/threads.md,
+# session 12). At 4, a part holds 256K elements or more. Each part keeps at least
 # ROW_PART_MIN rows (a transposed part of one column would be summed pairwise, not in ORT's order).
-LN_PASSES = 16
+LN_PASSES = 4
 ROW_PART_MIN = 2
 
 

@@ -11,12 +11,22 @@ scratch gives each piece its own slice of the scratch it declared (see kernels/o
 
 The pool's idle workers wait on a queue (asleep, not spinning), so they never take a core from
 BLAS or torch; it is sized to the compute threads less the calling one, anew when that changes.
+
+When other processes keep the cores busy, a worker that took a piece may be descheduled (or hold
+the interpreter lock the caller needs while descheduled) for up to a scheduler time slice: the
+caller waits milliseconds for a piece of 0.1 ms (mlp b64's split products at 2 threads: 5-14 ms
+steps instead of 1.1, load 4-6; reports/threads.md, session 12). So `run` keeps score of how its
+splits pay off (`outcomes`): each run's time against the calling thread's alone (its own pieces'
+time, scaled to all the pieces), averaged; while splits lose on average, the calling thread runs
+every piece itself (the same pieces in the same arithmetic: the same bits), handing them out
+again every PROBE_SECONDS to see whether the machine has freed up.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,7 +35,7 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.settings import Settings
 
-__all__ = ["MIN_ELEMS", "parts_for", "row_parts", "rows", "run", "ufunc"]
+__all__ = ["MIN_ELEMS", "Outcomes", "outcomes", "parts_for", "row_parts", "rows", "run", "splits", "ufunc"]
 
 # Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
 # pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
@@ -37,6 +47,49 @@ MIN_ELEMS = Settings.from_environ().parallel_min_elems  # read at import (onnxpl
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_workers = 0
+# The score: an average (weight SCORE_WEIGHT a run) of each split run's time over the calling
+# thread's estimated time alone, each capped at RATIO_CAP (a warm-up's slow first pieces weigh
+# little); over 1, pieces run on the calling thread. On an idle machine a split of two balanced
+# pieces scores ~0.5-0.8 (a worker starts its piece 0.01-0.03 ms after the caller).
+SCORE_START = 0.75
+SCORE_WEIGHT = 0.125
+RATIO_CAP = 2.0
+PROBE_SECONDS = 0.05  # while splits lose, one run is handed out this often
+splits = 0  # runs of more than one piece (benchmarks count them per node)
+
+
+class Outcomes:
+    """How this process's splits have paid off: the score, when to probe next, and the stalls
+    (split runs that took longer than the calling thread alone would have)."""
+
+    def __init__(self) -> None:
+        self.score = SCORE_START
+        self.next_probe = 0.0
+        self.stalls = 0
+
+    def hand_out(self) -> bool:
+        """Whether this run's pieces go to the workers (splits pay, or it is time to probe)."""
+        if self.score <= 1.0:
+            return True
+        now = time.perf_counter()
+        if now < self.next_probe:
+            return False
+        self.next_probe = now + PROBE_SECONDS
+        return True
+
+    def note(self, took: float, own: float, ran: int, count: int) -> None:
+        """A run of `count` pieces took `took` s, `ran` of them on the calling thread in `own` s."""
+        if not ran or own <= 0.0:
+            return  # the workers ran every piece: no estimate of the caller alone
+        ratio = took / (own * count / ran)
+        self.stalls += ratio > 1.0
+        paid = self.score <= 1.0
+        self.score += SCORE_WEIGHT * (min(ratio, RATIO_CAP) - self.score)
+        if paid and self.score > 1.0:  # splits just began to lose: the first probe a while later
+            self.next_probe = time.perf_counter() + PROBE_SECONDS
+
+
+outcomes = Outcomes()
 
 
 def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) -> int:
@@ -75,9 +128,11 @@ class _Pieces:
         self.all_done = threading.Event()
         self.error: BaseException | None = None
 
-    def drain(self) -> None:
-        """Run unclaimed pieces until none is left (on whichever thread calls it)."""
+    def drain(self) -> int:
+        """Run unclaimed pieces until none is left (on whichever thread calls it); how many it ran."""
+        ran = 0
         while (i := next(self.claims)) < len(self.tasks):
+            ran += 1
             error = None
             try:
                 self.tasks[i]()
@@ -88,6 +143,7 @@ class _Pieces:
                 self.left -= 1
                 if self.left == 0:
                     self.all_done.set()
+        return ran
 
 
 def run(tasks: Sequence[Callable[[], None]]) -> None:
@@ -96,19 +152,28 @@ def run(tasks: Sequence[Callable[[], None]]) -> None:
     finished). A worker the scheduler has not started yet (other processes busy on the cores)
     costs nothing: this thread runs the pieces it would have run, so a step never waits a time
     slice for a descheduled thread (as OpenBLAS's and OpenMP's static splits do:
-    reports/threads.md, session 10); it waits only for pieces already begun elsewhere."""
+    reports/threads.md, session 10); it waits only for pieces already begun elsewhere. While
+    splits have been losing (the module's docstring), it runs every piece itself."""
+    global splits
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
+    splits += 1
     pieces = _Pieces(tasks)
-    helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
-    pool = _workers(helpers)
-    futures = [pool.submit(pieces.drain) for _ in range(helpers)]
-    pieces.drain()
-    for f in futures:
-        f.cancel()  # not started: nothing left for it (started ones find no piece and return)
-    pieces.all_done.wait()
+    if not outcomes.hand_out():  # splits have been losing: every piece here
+        pieces.drain()
+    else:
+        helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
+        pool = _workers(helpers)
+        futures = [pool.submit(pieces.drain) for _ in range(helpers)]
+        start = time.perf_counter()
+        ran = pieces.drain()
+        own_end = time.perf_counter()
+        for f in futures:
+            f.cancel()  # not started: nothing left for it (started ones find no piece and return)
+        pieces.all_done.wait()
+        outcomes.note(time.perf_counter() - start, own_end - start, ran, len(tasks))
     if pieces.error is not None:
         raise pieces.error
 
