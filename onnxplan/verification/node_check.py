@@ -115,7 +115,11 @@ class NodeReference:
         proto.name = "node"
         del proto.input[:], proto.output[:]
         proto.input.extend(f"i{k}" if theirs.input[k] else "" for k in range(len(feeds)))
-        proto.output.extend(f"o{k}" if k in outs else "" for k in range(max(outs) + 1))
+        # ONNX Runtime's kernels write the outputs the training model has (BatchNormInternal's running
+        # statistics: omitted, it crashes); only ConvGrad computes just those asked for (ours split it)
+        n_out = max(outs) + 1 if theirs.op_type == "ConvGrad" else len(theirs.output)
+        proto.output.extend(f"o{k}" if k in outs else f"x{k}" if theirs.output[k] and theirs.op_type != "ConvGrad"
+                            else "" for k in range(n_out))
         return _Counterpart(proto, feeds, outs)
 
     def run(self, cp: _Counterpart, inputs: list, outputs: list) -> dict[int, np.ndarray]:
@@ -127,9 +131,9 @@ class NodeReference:
                 continue
             if src is None:
                 feeds[f"i{k}"] = np.zeros(outputs[0].shape, outputs[0].dtype)
-            elif inputs[src] is not None:
-                a = inputs[src]
-                feeds[f"i{k}"] = a if isinstance(a, np.ndarray) else _download(a)
+            elif inputs[src] is not None:  # a copy: ONNX Runtime may write into an input it is given
+                a = inputs[src]  # (BatchNormInternal's running statistics, in place of an unread output)
+                feeds[f"i{k}"] = np.array(a, copy=True) if isinstance(a, np.ndarray) else _download(a)
         # the outputs typed and shaped as ours (a kernel such as MaxPoolGrad reads its output's
         # shape from the graph: untyped, ONNX Runtime's one-node run crashes)
         sess = self._session(cp, feeds, {f"o{k}": outputs[k] for k in cp.outputs})
