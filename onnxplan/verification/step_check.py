@@ -461,11 +461,11 @@ class StepVerifier:
                 worst[c.kind] = c
         failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
         rep = StepReport(k, loss, ort.loss, worst, failures, zero_gradients=tuple(self._zero_grads), nodes=nodes)
-        if any(c.kind != "node" for c in failures):  # the end-to-end comparison failed: explained as ever
-            self._explain(rep, batch, done)
-        elif nodes.failures:  # only a kernel differs from ONNX Runtime's on the same inputs: named already
+        if nodes.failures:  # a kernel differs from ONNX Runtime's on the same inputs: the first names the cause
             rep.first_difference = nodes.failures[0]
             rep.explanation = "our kernel and ONNX Runtime's differ on the same inputs at this node"
+        elif failures:  # the end-to-end comparison alone failed: found again node by node
+            self._explain(rep, batch, done)
         return rep
 
     def _release_arena(self) -> None:
