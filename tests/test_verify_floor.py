@@ -14,11 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxplan.kernels.registry import find_decl
+from onnxplan.verification.norm_floors import loss_floor
 from onnxplan.verification.step_check import (
     TOLERANCES,
     bn_floor,
     ln_grad_floor,
-    loss_floor,
     reduction_floor,
     sum_rounding,
     verify_run,

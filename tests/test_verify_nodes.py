@@ -68,9 +68,9 @@ def test_correct_runs_pass_per_node(model):
 
 
 def test_an_in_place_kernel_is_checked_on_what_it_read(monkeypatch):
-    """ONNX Runtime's node runs before ours, on the inputs ours reads: an Add or Sum planned in
-    place (its output over an input's buffer) is compared on the inputs it was given; run after
-    ours, ONNX Runtime would read the sum as an input and the check would fail."""
+    """ONNX Runtime's node reads copies of our inputs taken before our kernel runs: an Add or Sum
+    planned in place (its output over an input's buffer) is compared on the inputs it was given;
+    on our inputs after our kernel, ONNX Runtime would read the sum as an input and fail."""
     from onnxplan.verification import step_check
 
     prep = prepared("resnet18", 2)
@@ -81,8 +81,8 @@ def test_an_in_place_kernel_is_checked_on_what_it_read(monkeypatch):
     checked: set[str] = set()
     real = step_check._Hooks._node_reference
 
-    def recording(self, node, counterpart, inputs, outputs):
-        got = real(self, node, counterpart, inputs, outputs)
+    def recording(self, node, counterpart, feeds):
+        got = real(self, node, counterpart, feeds)
         if got is not None:
             checked.add(node.name)
         return got

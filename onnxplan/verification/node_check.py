@@ -39,9 +39,9 @@ from onnxplan.executor.runner import _download
 from onnxplan.ir.graph import Node, original_name
 from onnxplan.kernels.registry import is_random
 from onnxplan.passes.split import is_piece_node
-from onnxplan.verification.checks import Check, NodeChecks
+from onnxplan.verification.checks import Check
 
-__all__ = ["NODE_TOLERANCE", "NodeChecks", "NodeReference"]
+__all__ = ["NODE_TOLERANCE", "NodeFeeds", "NodeReference", "compare_node", "subnormal_floor"]
 
 # relative norm error of one node's output against ONNX Runtime's on the same inputs (raised by the
 # node's own rounding floor): elementwise kernels agree to a few ulp (~1e-7), reductions are floored
@@ -50,6 +50,15 @@ _MAX_IR_VERSION = 10  # the newest IR onnxruntime 1.19 loads
 _SKIP_OPS = {"InPlaceAccumulatorV2": "updates state in place"}
 # ours split in two by passes/split_grad.py: ConvGrad's dX half (X is read for its shape only)
 _CONV_GRAD_INPUT = ("onnxplan", "ConvGradInput")
+
+
+@dataclass(frozen=True)
+class NodeFeeds:
+    """What ONNX Runtime's one-node model reads (input name -> a copy of ours) and the types and
+    shapes of the outputs it writes (output name -> (dtype, shape), ours)."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, tuple[np.dtype, tuple[int, ...]]]
 
 
 @dataclass(frozen=True)
@@ -122,37 +131,41 @@ class NodeReference:
                             else "" for k in range(n_out))
         return _Counterpart(proto, feeds, outs)
 
-    def run(self, cp: _Counterpart, inputs: list, outputs: list) -> dict[int, np.ndarray]:
-        """ONNX Runtime's outputs (our output index -> value) on our `inputs` (numpy arrays or
-        device arrays, downloaded); `outputs` gives ConvGradInput's X shape."""
+    def feeds(self, cp: _Counterpart, inputs: list, outputs: list) -> NodeFeeds:
+        """Copies of our `inputs` (numpy or device arrays) as ONNX Runtime's node reads them (a
+        copy: ONNX Runtime may write into an input it is given, BatchNormInternal's running
+        statistics in place of an output nobody reads), and our outputs' types and shapes (a
+        kernel such as MaxPoolGrad reads its output's shape from the graph: untyped, ONNX
+        Runtime's one-node run crashes; ConvGradInput's X has our dX's)."""
         feeds: dict[str, np.ndarray] = {}
         for k, src in enumerate(cp.feeds):
             if not cp.proto.input[k]:
                 continue
             if src is None:
                 feeds[f"i{k}"] = np.zeros(outputs[0].shape, outputs[0].dtype)
-            elif inputs[src] is not None:  # a copy: ONNX Runtime may write into an input it is given
-                a = inputs[src]  # (BatchNormInternal's running statistics, in place of an unread output)
+            elif inputs[src] is not None:
+                a = inputs[src]
                 feeds[f"i{k}"] = np.array(a, copy=True) if isinstance(a, np.ndarray) else _download(a)
-        # the outputs typed and shaped as ours (a kernel such as MaxPoolGrad reads its output's
-        # shape from the graph: untyped, ONNX Runtime's one-node run crashes)
-        sess = self._session(cp, feeds, {f"o{k}": outputs[k] for k in cp.outputs})
-        got = sess.run([f"o{k}" for k in cp.outputs], feeds)
+        return NodeFeeds(feeds, {f"o{k}": (np.dtype(outputs[k].dtype), tuple(outputs[k].shape)) for k in cp.outputs})
+
+    def run(self, cp: _Counterpart, feeds: NodeFeeds) -> dict[int, np.ndarray]:
+        """ONNX Runtime's outputs of the node (our output index -> value) on `feeds`."""
+        sess = self._session(cp, feeds)
+        got = sess.run([f"o{k}" for k in cp.outputs], feeds.inputs)
         return dict(zip(cp.outputs, got))
 
-    def _session(self, cp: _Counterpart, feeds: dict[str, np.ndarray], outs: dict[str, Any]) -> Any:
-        typed = {**feeds, **outs}
-        key = (cp.proto.SerializeToString(), tuple((n, np.dtype(a.dtype).str, tuple(a.shape)) for n, a in typed.items()))
+    def _session(self, cp: _Counterpart, feeds: NodeFeeds) -> Any:
+        typed = {**{n: (a.dtype, a.shape) for n, a in feeds.inputs.items()}, **feeds.outputs}
+        key = (cp.proto.SerializeToString(), tuple((n, d.str, s) for n, (d, s) in typed.items()))
         if key not in self._sessions:
             import onnxruntime
 
             from onnxplan.threads import ort_session_options
 
             h = onnx.helper
-            inputs = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(a.dtype), a.shape)
-                      for n, a in feeds.items()]
-            outputs = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(np.dtype(a.dtype)), a.shape)
-                       for n, a in outs.items()]
+            inputs = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(d), s) for n, (d, s) in typed.items()
+                      if n in feeds.inputs]
+            outputs = [h.make_tensor_value_info(n, h.np_dtype_to_tensor_dtype(d), s) for n, (d, s) in feeds.outputs.items()]
             graph = h.make_graph([cp.proto], "node", inputs, outputs)
             model = h.make_model(graph, opset_imports=self.opsets)
             model.ir_version = self.ir_version
@@ -168,10 +181,28 @@ class NodeReference:
         self._sessions.clear()
 
 
-def compare_node(node: Node, outputs: list, theirs: dict[int, np.ndarray], floors: dict[int, float]) -> list[Check]:
-    """Our outputs of `node` against ONNX Runtime's on the same inputs: a float output by relative
-    norm error within NODE_TOLERANCE raised by its own rounding floor (`floors`: output index ->
-    absolute floor), any other output exactly."""
+def subnormal_floor(inputs: list, out: np.ndarray) -> float:
+    """The norm of what rounding in float's subnormal range may leave in `out`: below the
+    smallest normal number a value is rounded to a fixed spacing s (2^-149 in float32), not to a
+    relative u, so each term of a K-term sum and each addition may be off by s/2 absolutely
+    (two sides, the probabilistic count of norm_floors.sum_rounding with s/2 for u):
+        2 (6 sqrt(K) + 2) s/2 per element, K from the sizes (step_check._terms).
+    Negligible unless the values themselves are subnormal (a fresh EfficientNet-B0 at 224x224:
+    BatchNorm gradients of ~1e-38 at blocks 6-7, before its values underflow to 0)."""
+    from onnxplan.verification.norm_floors import LAMBDA
+    from onnxplan.verification.step_check import _terms
+
+    sizes = [int(np.prod(np.shape(a))) for a in inputs if a is not None and a.dtype.kind == "f"]
+    k = _terms(sizes, int(out.size), False)
+    half = float(np.finfo(out.dtype).smallest_subnormal) / 2
+    return 2 * (LAMBDA * math.sqrt(k) + 2) * half * math.sqrt(out.size)
+
+
+def compare_node(node: Node, outputs: list, theirs: dict[int, np.ndarray], floors: dict[int, float],
+                 inputs: list) -> list[Check]:
+    """Our outputs of `node` against ONNX Runtime's on the same `inputs`: a float output by
+    relative norm error within NODE_TOLERANCE raised by its own rounding floor (`floors`: output
+    index -> absolute floor, plus subnormal_floor), any other output exactly."""
     from onnxplan.verification.step_check import floored, gradient_error
 
     checks = []
@@ -182,7 +213,7 @@ def compare_node(node: Node, outputs: list, theirs: dict[int, np.ndarray], floor
         ours = arr if isinstance(arr, np.ndarray) else _download(arr)
         want = np.asarray(want)
         if want.dtype.kind == "f":
-            floor = floors.get(k, 0.0)
+            floor = floors.get(k, 0.0) + subnormal_floor(inputs, want)
             tol = floored(NODE_TOLERANCE, floor, want)
             err = gradient_error(ours, want, tol, floor) if ours.shape == want.shape else math.inf
         else:

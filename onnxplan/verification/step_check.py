@@ -74,8 +74,8 @@ from onnxplan.threads import current as current_threads
 from onnxplan.verification import ort_step
 from onnxplan.verification.checks import Check, NodeChecks, StepReport, Verification
 from onnxplan.verification.compare import rel_norm_error, update_error
-from onnxplan.verification.node_check import NODE_TOLERANCE, NodeReference, compare_node
-from onnxplan.verification.norm_floors import _U32, bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
+from onnxplan.verification.node_check import NODE_TOLERANCE, NodeFeeds, NodeReference, compare_node
+from onnxplan.verification.norm_floors import bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
 from onnxplan.verification.ort_process import OrtProcess, StepOutcome
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 from onnxplan.verification.store import StoredTensors, TensorStore
@@ -136,38 +136,6 @@ def reduction_floor(fn, ctx, inputs, outputs, xp) -> dict[int, tuple[float, floa
             c = sum_rounding(_terms(sizes, int(np.prod(o.shape)), ctx.node.op_type == "Sum"), 2)
             out[j] = (c, _norm(o))
     return out
-
-
-def loss_floor(node, inputs: list) -> float:
-    """An absolute error bound for the loss node `node` (ONNX Runtime's training model) evaluated on
-    `inputs` by two sides, from its reduction's length and magnitudes (sum_rounding):
-    - SoftmaxCrossEntropyLoss over K labelled elements of V classes: each term log sum exp(x - max)
-      - (x_y - max) is off by c(V) (a V-term sum of values in (0, 1] whose log turns its relative
-      error into an absolute one) plus 4 u (|x_y| + |max|) (the subtractions), and their mean by
-      c(K) mean|term| = c(K) |loss| besides (the terms are >= 0);
-    - any other reduction to the scalar loss (ReduceMean of MSELoss: K = |in|): c(K) mean|in|.
-    Above the 1e-5 loss tolerance from ~200 terms on (GPT-2 at 4 x 256 tokens over 50257 words:
-    ~4e-5 of the loss)."""
-    xs = [None if x is None else np.asarray(x) for x in inputs]
-    if not xs or xs[0] is None or xs[0].dtype.kind != "f":
-        return 0.0
-    x = xs[0].astype(np.float64)
-    if node.op_type == "SoftmaxCrossEntropyLoss" and len(xs) > 1 and xs[1] is not None and x.ndim >= 2:
-        scores = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])  # [K, V]
-        labels = xs[1].reshape(-1)
-        ignore = next((a.i for a in node.attribute if a.name == "ignore_index"), None)
-        keep = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
-        if not keep.any():
-            return 0.0
-        scores, labels = scores[keep], labels[keep]
-        top = scores.max(axis=1)
-        shifted = scores - top[:, None]
-        lse = np.log(np.exp(shifted).sum(axis=1))
-        picked = scores[np.arange(len(labels)), np.clip(labels, 0, scores.shape[1] - 1)]
-        terms = lse - (picked - top)
-        per_term = sum_rounding(scores.shape[1], 2) + 4 * _U32 * (np.abs(picked) + np.abs(top))
-        return float(sum_rounding(len(terms), 2) * np.mean(np.abs(terms)) + np.mean(per_term))
-    return float(sum_rounding(x.size, 2) * np.mean(np.abs(x))) if x.size else 0.0  # a scalar loss: K = |in|
 
 
 def _terms(sizes: list[int], out: int, n_ary: bool) -> float:
@@ -232,9 +200,12 @@ class _Hooks:
                 want = self.on_gradient(original_name(node.inputs[k]), inputs[k])
                 if want is not None:
                     _upload(self.xp, inputs[k], want)
-            theirs = self._node_reference(node, counterpart, inputs, outputs)  # before ours: in-place kernels
+            feeds = self._node_feeds(counterpart, inputs, outputs)  # copies before ours: in-place kernels
             rho, floors, own = self._own_floors(node, fn, ctx, inputs, outputs)
             fn(ctx, inputs, outputs)
+            # ONNX Runtime's node after ours: a kernel refusing garbage (indices out of range) raises
+            # first, where ONNX Runtime's may crash the process
+            theirs = self._node_reference(node, counterpart, feeds)
             for k, (o, arr) in enumerate(zip(node.outputs, outputs)):
                 if not o or arr is None or arr.dtype.kind != "f":
                     continue
@@ -244,13 +215,13 @@ class _Hooks:
                     f += rho * _norm(arr)
                 if f > 0:
                     self.floor[original_name(o)] = f
-            if theirs is not None and self.node_checks is not None:
+            if theirs is not None and feeds is not None and self.node_checks is not None:
                 own_floors = {k: c * m for k, (c, m) in own.items()}
                 if floors and rho > 0:  # the statistics' floors without what the input carries in
                     floors = self._stat_floors(node, inputs, 0.0)
                 for k, f in floors.items():
                     own_floors[k] = own_floors.get(k, 0.0) + f
-                for check in compare_node(node, outputs, theirs, own_floors):
+                for check in compare_node(node, outputs, theirs, own_floors, list(feeds.inputs.values())):
                     self.node_checks.add(check)
             if self.reference is not None and self.first is None:
                 self._compare(node, outputs)
@@ -286,17 +257,24 @@ class _Hooks:
         return bn_floor(_download(inputs[0]), _download(inputs[3]), _download(inputs[4]),
                         node.attrs.get("momentum", 0.9), rho)
 
-    def _node_reference(self, node, counterpart, inputs, outputs) -> dict[int, np.ndarray] | None:
-        """ONNX Runtime's outputs of `node` on our inputs, where the per-node check is on and the
-        node has a counterpart; else the reason it is skipped is counted."""
+    def _node_feeds(self, counterpart, inputs, outputs) -> NodeFeeds | None:
+        """Copies of what ONNX Runtime's node will read (None: the per-node check is off or the
+        node has no counterpart: the reason is counted)."""
         checks, nodes = self.node_checks, self.nodes
         if checks is None or nodes is None:
             return None
         if isinstance(counterpart, str):
             checks.skipped[counterpart] += 1
             return None
+        return nodes.feeds(counterpart, inputs, outputs)
+
+    def _node_reference(self, node, counterpart, feeds) -> dict[int, np.ndarray] | None:
+        """ONNX Runtime's outputs of `node` on `feeds` (None where there are none to compare)."""
+        checks, nodes = self.node_checks, self.nodes
+        if feeds is None or checks is None or nodes is None:
+            return None
         try:
-            theirs = nodes.run(counterpart, inputs, outputs)
+            theirs = nodes.run(counterpart, feeds)
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing a node alone is a skip, counted
             checks.skipped[f"ONNX Runtime refused {node.op_type} alone: {ort_cause(str(exc))}"] += 1
             return None
