@@ -14,8 +14,11 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
   3. the loss and every gradient are compared by relative norm error (tolerances below), the
      optimizer's update (parameters and moments) against ONNX Runtime's optimizer model run on
      the same state and the same gradients (read back a group of parameters at a time), and
-     the BatchNorm running statistics;
-  4. on a failure, the step is run again from the same state (read back) on both sides with
+     the BatchNorm running statistics; in the same step, the hook also runs ONNX Runtime's
+     kernel of each node alone on copies of our kernel's inputs and compares the outputs within
+     that node's own rounding (node_check.py: the per-node check, blind to nothing upstream);
+  4. on a failure of a node's kernel, the first such node is named; on a failure of the
+     end-to-end checks alone, the step is run again from the same state (read back) on both sides with
      every intermediate value of ONNX Runtime's training model exposed, ours compared node by
      node in execution order: the first value beyond tolerance names the node that computed it.
 
