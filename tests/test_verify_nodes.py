@@ -90,3 +90,18 @@ def test_an_in_place_kernel_is_checked_on_what_it_read(monkeypatch):
     v = verify_run(prep, steps=1)
     assert v.ok, v.summary()
     assert in_place <= checked, in_place - checked
+
+
+def test_infinities_on_which_both_kernels_agree_are_agreement():
+    """Two kernels given infinities (a stale swap-in's garbage) agree where they produce the same
+    infinity or NaN: no per-node failure there; a finite value against an infinity still fails."""
+    from onnxplan.ir.graph import Node
+    from onnxplan.verification.node_check import compare_node
+
+    node = Node("n", "Relu", "", ["x"], ["y"])
+    want = np.array([np.inf, -np.inf, np.nan, 1.0, 2.0], np.float32)
+    same = compare_node(node, [want.copy()], {0: want}, {}, [want])
+    assert same[0].ok and same[0].error == 0.0, same
+    other = want.copy()
+    other[0] = 3.0
+    assert not compare_node(node, [other], {0: want}, {}, [want])[0].ok
