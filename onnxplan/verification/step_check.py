@@ -17,10 +17,11 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
      the BatchNorm running statistics; in the same step, the hook also runs ONNX Runtime's
      kernel of each node alone on copies of our kernel's inputs and compares the outputs within
      that node's own rounding (node_check.py: the per-node check, blind to nothing upstream);
-  4. on a failure of a node's kernel, the first such node is named; on a failure of the
-     end-to-end checks alone, the step is run again from the same state (read back) on both sides with
-     every intermediate value of ONNX Runtime's training model exposed, ours compared node by
-     node in execution order: the first value beyond tolerance names the node that computed it.
+  4. on a failure of the end-to-end checks, the step is run again from the same state (read
+     back) on both sides with every intermediate value of ONNX Runtime's training model
+     exposed, ours compared node by node in execution order: the first value beyond tolerance
+     names the node that computed it, unless a node whose kernel differs per node comes no
+     later (then that node: a kernel fault named where it is, not where it first shows).
 
 Memory: ONNX Runtime's training runs happen in child processes while this one holds only its
 state (the arena's pages given back); beside our executor the verification then holds a tensor
@@ -442,11 +443,15 @@ class StepVerifier:
                 worst[c.kind] = c
         failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
         rep = StepReport(k, loss, ort.loss, worst, failures, zero_gradients=tuple(self._zero_grads), nodes=nodes)
-        if nodes.failures:  # a kernel differs from ONNX Runtime's on the same inputs: the first names the cause
-            rep.first_difference = nodes.failures[0]
-            rep.explanation = "our kernel and ONNX Runtime's differ on the same inputs at this node"
-        elif failures:  # the end-to-end comparison alone failed: found again node by node
+        if any(c.kind != "node" for c in failures):  # the end-to-end comparison failed: found again node by node
             self._explain(rep, batch, done)
+        first_node = nodes.failures[0] if nodes.failures else None
+        eo = self.ex.eo
+        if first_node is not None and (rep.first_difference is None or eo.get(first_node.node, len(eo))
+                                       <= eo.get(rep.first_difference.node, len(eo))):
+            # the first difference in execution order is a kernel that differs on the same inputs
+            rep.first_difference = first_node
+            rep.explanation = "our kernel and ONNX Runtime's differ on the same inputs at this node"
         return rep
 
     def _release_arena(self) -> None:
