@@ -105,3 +105,24 @@ def test_infinities_on_which_both_kernels_agree_are_agreement():
     other = want.copy()
     other[0] = 3.0
     assert not compare_node(node, [other], {0: want}, {}, [want])[0].ok
+
+
+def test_the_report_says_what_was_compared_per_node_and_names_the_failing_node(monkeypatch):
+    from rich.console import Console
+
+    from onnxplan.verification.report import describe_verification
+
+    def text(v) -> str:
+        console = Console(width=400, record=True)
+        for r in describe_verification(v.as_dict()):
+            console.print(r)
+        return console.export_text()
+
+    prep = prepared("resnet18", 2)
+    ok = text(verify_run(prep, steps=1))
+    assert "per node (each kernel against ONNX Runtime's on the same inputs):" in ok
+    assert "node(s) checked; worst" in ok and "not in the training model:" in ok
+    planted = _plant_small_error(monkeypatch, prep, "ConvGrad")
+    bad = text(verify_run(prep, steps=1))
+    assert f"first value in execution order that differs: node conv1.weight_grad computed by node {planted!r}" in bad
+    assert "our kernel and ONNX Runtime's differ on the same inputs at this node" in bad
