@@ -6,11 +6,13 @@ same name; its tolerance must cover everything upstream (fifty layers of float32
 ResNet-50's stem gradient: 0.18 relative), so a kernel computing a slightly different function at
 one deep node (BatchNorm's unbiased running variance, a 10% error in one gradient) hides inside
 it. Here every node our executor runs (where the training model has the node) is also run by
-ONNX Runtime on the inputs our kernel reads, before our kernel runs (so an in-place kernel never
-changes what ONNX Runtime reads), as a one-node model; the two outputs differ only by that node's
+ONNX Runtime on copies of the inputs our kernel reads, taken before our kernel runs (an in-place
+kernel never changes what ONNX Runtime reads), as a one-node model run after ours (a kernel of
+ours refusing garbage, such as a stale swap-in's indices out of range, raises first: ONNX
+Runtime's MaxPoolGrad crashes the process on them); the two outputs differ only by that node's
 own rounding: NODE_TOLERANCE, raised by the node's own rounding floor (a reduction's c(K) u
-||kernel(|inputs|)||, BatchNorm's statistics and gradients: norm_floors; never the relative
-error the inputs carry in from upstream). A kernel that computes another function fails at the
+||kernel(|inputs|)||, BatchNorm's statistics and gradients: norm_floors; subnormal_floor; never
+the relative error the inputs carry in from upstream). A kernel that computes another function fails at the
 node that is wrong, at any depth and any size.
 
 What it cannot see: the plan (two live buffers at one offset, a stale swap-in, a recomputed node
@@ -18,7 +20,9 @@ reading the wrong value): both kernels then read the same wrong input and agree;
 comparison catches those. Not checked (counted by reason in the report): random nodes (ONNX
 Runtime's single node would draw its own values), nodes the training model does not have
 (swap-ins, optimizer, onnxplan's own ops), split pieces (a chunk of a node), in-place
-accumulators (they update state), nodes whose op our passes rewrote.
+accumulators (they update state), nodes whose op our passes rewrote (except ConvGrad's dX half,
+ConvGradInput: ONNX Runtime's ConvGrad asked for dX alone), views (no kernel runs: counted by
+step_check), nodes ONNX Runtime refuses to run alone (counted with its reason).
 
 Design note: the alternative, our kernel on ONNX Runtime's captured inputs, needs every
 intermediate of ONNX Runtime's step exposed at once (its run then holds all of them: several GB
