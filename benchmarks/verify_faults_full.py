@@ -42,14 +42,36 @@ def _row(model: str, fault: str, what: str, expect_ok: bool, v, expected: str | 
         verdict = "MISSED"
     elif expected is not None and named != expected:
         verdict = f"caught, named {named!r} (planted at {expected!r})"
-    elif kind is not None and bad is not None and not any(c.kind == kind for c in bad.failures):
-        verdict = f"caught, but not by a {kind} check"
+    elif kind is not None and bad is not None and not any(c.kind in (kind, "node") for c in bad.failures):
+        verdict = f"caught, but not by a {kind} check nor per node"
     else:
         verdict = "caught"
     worst = max(v.steps[0].checks.values(), key=lambda c: c.error / c.tolerance) if v.steps else None
     ratio = (first.error / first.tolerance) if first is not None else (worst.error / worst.tolerance if worst else 0)
+    nodes = v.steps[0].nodes if v.steps else None
     return {"model": model, "fault": fault, "what": what, "verdict": verdict, "named": named or "",
-            "planted_at": expected or "", "error_over_tolerance": round(float(ratio), 3), "seconds": round(seconds, 1)}
+            "planted_at": expected or "", "caught_by": caught_by(bad.failures if bad is not None else []),
+            "error_over_tolerance": round(float(ratio), 3),
+            "end_to_end": round(float(_worst_ratio(v, lambda k: k != "node")), 3),
+            "per_node": round(float(_worst_ratio(v, lambda k: k == "node")), 3),
+            "nodes_checked": nodes.checked if nodes is not None else 0,
+            "nodes_skipped": dict(nodes.skipped) if nodes is not None else {}, "seconds": round(seconds, 1)}
+
+
+def caught_by(failures: list) -> str:
+    """Which check failed: end-to-end (loss, gradients, updates, running statistics), per node, both."""
+    kinds = {c.kind for c in failures}
+    e2e, node = bool(kinds - {"node"}), "node" in kinds
+    return "both" if e2e and node else "per node" if node else "end-to-end" if e2e else ""
+
+
+def _worst_ratio(v, kind_ok) -> float:
+    """The largest error / tolerance of the first step's checks of the kinds `kind_ok` accepts."""
+    if not v.steps:
+        return 0.0
+    s = v.steps[0]
+    checks = [c for c in s.checks.values() if kind_ok(c.kind)] + [c for c in s.failures if kind_ok(c.kind)]
+    return max((c.error / c.tolerance for c in checks), default=0.0)
 
 
 def run_model(arg: str, only: set[str] | None = None) -> list[dict]:
@@ -68,7 +90,8 @@ def run_model(arg: str, only: set[str] | None = None) -> list[dict]:
             planted = fault.plant(mp, prep)
             if planted is None:
                 rows.append({"model": model, "fault": fault.name, "what": fault.what, "verdict": "no victim",
-                             "named": "", "planted_at": "", "error_over_tolerance": 0, "seconds": 0})
+                             "named": "", "planted_at": "", "caught_by": "", "error_over_tolerance": 0,
+                             "end_to_end": 0, "per_node": 0, "seconds": 0})
                 print(json.dumps(rows[-1]), flush=True)
                 continue
             t0 = time.perf_counter()
@@ -77,7 +100,8 @@ def run_model(arg: str, only: set[str] | None = None) -> list[dict]:
             except KernelError as exc:  # garbage in (a stale swap-in of pooling indices): a kernel refuses it
                 rows.append({"model": model, "fault": fault.name, "what": fault.what,
                              "verdict": "caught: the run stops with a kernel error", "named": str(exc).split("'")[1] if "'" in str(exc) else str(exc),
-                             "planted_at": planted.node or "", "error_over_tolerance": float("inf"),
+                             "planted_at": planted.node or "", "caught_by": "the run (a kernel error)",
+                             "error_over_tolerance": float("inf"), "end_to_end": float("inf"), "per_node": 0,
                              "seconds": round(time.perf_counter() - t0, 1)})
             else:
                 rows.append(_row(model, fault.name, fault.what, False, v, planted.node, planted.kind,
@@ -87,9 +111,10 @@ def run_model(arg: str, only: set[str] | None = None) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    out = ["| model | fault | verdict | first difference named | error / tolerance | s |", "|---|---|---|---|---|---|"]
-    out += [f"| {r['model']} | {r['fault']} | {r['verdict']} | `{r['named']}` | {r['error_over_tolerance']} | "
-            f"{r['seconds']} |" for r in rows]
+    out = ["| model | fault | verdict | caught by | first difference named | error / tolerance | "
+           "worst end-to-end | worst per node | s |", "|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r['model']} | {r['fault']} | {r['verdict']} | {r['caught_by'] or '-'} | `{r['named']}` | "
+            f"{r['error_over_tolerance']} | {r['end_to_end']} | {r['per_node']} | {r['seconds']} |" for r in rows]
     return "\n".join(out)
 
 

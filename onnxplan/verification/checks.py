@@ -3,18 +3,19 @@ check of each kind, the failures, the first difference in execution order), the 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-__all__ = ["Check", "StepReport", "Verification"]
+__all__ = ["Check", "NodeChecks", "StepReport", "Verification", "check_dict"]
 
 
 @dataclass
 class Check:
     """One compared tensor."""
 
-    kind: str  # loss, gradient, update, running, intermediate
+    kind: str  # loss, gradient, update, running, intermediate, node (verification/node_check.py)
     name: str
     error: float
     tolerance: float
@@ -30,6 +31,28 @@ class Check:
 
 
 @dataclass
+class NodeChecks:
+    """What the per-node check found in one step: nodes checked, skipped (reason -> count), the
+    failures in execution order and the worst check."""
+
+    checked: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)  # reason -> nodes
+    failures: list[Check] = field(default_factory=list)
+    worst: Check | None = None
+
+    def add(self, check: Check) -> None:
+        if self.worst is None or check.error / check.tolerance > self.worst.error / self.worst.tolerance:
+            self.worst = check
+        if not check.ok:
+            self.failures.append(check)
+
+    def as_dict(self) -> dict:
+        return {"checked": self.checked, "skipped": dict(self.skipped),
+                "worst": None if self.worst is None else check_dict(self.worst),
+                "failures": [check_dict(c) for c in self.failures]}
+
+
+@dataclass
 class StepReport:
     step: int
     loss: float
@@ -41,6 +64,7 @@ class StepReport:
     # parameters whose gradient is exactly 0 on both sides: their checks pass and say nothing (a
     # fresh EfficientNet-B0 at 224x224 underflows to 0 before its classifier: every weight's)
     zero_gradients: tuple[str, ...] = ()
+    nodes: NodeChecks | None = None  # the per-node check (verification/node_check.py)
 
     @property
     def ok(self) -> bool:
@@ -50,17 +74,19 @@ class StepReport:
         """JSON-able; an error that is not finite (NaN against a number, a missing value) is None."""
         return {"step": self.step, "ok": self.ok, "loss": self.loss, "ort_loss": self.ort_loss,
                 "loss_error": _finite(self.checks["loss"].error),
-                "worst": {k: _check_dict(c) for k, c in self.checks.items()},
+                "worst": {k: check_dict(c) for k, c in self.checks.items()},
                 "failures": [str(c) for c in self.failures],
-                "first_difference": None if self.first_difference is None else _check_dict(self.first_difference),
-                "explanation": self.explanation, "zero_gradients": list(self.zero_gradients)}
+                "first_difference": None if self.first_difference is None else check_dict(self.first_difference),
+                "explanation": self.explanation, "zero_gradients": list(self.zero_gradients),
+                "nodes": None if self.nodes is None else self.nodes.as_dict()}
 
 
 def _finite(x: float) -> float | None:
     return x if np.isfinite(x) else None
 
 
-def _check_dict(c: Check) -> dict:
+def check_dict(c: Check) -> dict:
+    """JSON-able (a non-finite error is None)."""
     return {**asdict(c), "error": _finite(c.error), "ok": c.ok}
 
 

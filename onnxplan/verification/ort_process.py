@@ -82,7 +82,7 @@ class StepOutcome:
     `loss:K`, `running:R`, `random:NODE`; `value:NAME` for an explained step)."""
 
     loss: float
-    loss_floor: float  # step_check.loss_floor on the loss node's inputs
+    loss_floor: float  # norm_floors.loss_floor on the loss node's inputs
     noise: dict[Any, float]  # "loss" and (kind, name) -> the nudged run's relative error
     random: list[str]  # random nodes whose draws are stored
     running: list[str]  # running statistics whose new values are stored
@@ -204,7 +204,7 @@ def _put_all(store: TensorStore, prefix: str, items: Iterable[tuple[str, np.ndar
 
 
 def _step(job: OrtJob) -> dict:
-    from onnxplan.verification.step_check import loss_floor
+    from onnxplan.verification.norm_floors import loss_floor
 
     store = TensorStore.attach(job.store)
     ort = _training_step(job)

@@ -29,6 +29,20 @@ def _zero_note(v: dict) -> list[str]:
             "(a fresh deep network at its published size) trains nothing there"]
 
 
+def _node_line(v: dict) -> list[str]:
+    """The per-node check (verification/node_check.py) of the last step compared: how many nodes,
+    the worst, what was skipped and why."""
+    nodes = v["steps"][-1].get("nodes") if v["steps"] else None
+    if not nodes:
+        return []
+    w = nodes["worst"]
+    worst = "" if w is None else (f"; worst {w['node']!r} ({'inf' if w['error'] is None else format(w['error'], '.2e')}"
+                                  f", {'inf' if w['error'] is None else format(w['error'] / w['tolerance'], '.2g')}x tol)")
+    skipped = ", ".join(f"{why}: {n}" for why, n in sorted(nodes["skipped"].items())) or "none"
+    return [f"per node (each kernel against ONNX Runtime's on the same inputs): {nodes['checked']} node(s) "
+            f"checked{worst}; not checked: {skipped}"]
+
+
 def describe_verification(v: dict) -> list:
     """Rich renderables: per step the loss (ours, ONNX Runtime's from the same state), the worst
     gradient, optimizer update and running statistic (error and its share of the tolerance) and
@@ -46,6 +60,7 @@ def describe_verification(v: dict) -> list:
         out.append(f"[green]matches ONNX Runtime[/]: {len(v['steps'])} step(s), each from the same state; loss, every "
                    f"gradient, the optimizer's update and the running statistics within tolerance (gradients: "
                    f"relative norm error <= {tol['gradient']:g} or the tensor's own noise)")
+        out += _node_line(v)
         out += _zero_note(v)
         return out
     bad = next(s for s in v["steps"] if not s["ok"])
@@ -60,4 +75,4 @@ def describe_verification(v: dict) -> list:
                    f"tolerance {fd['tolerance']:.3g})")
     if bad["explanation"]:
         out.append(f"  {bad['explanation']}")
-    return out
+    return out + _node_line(v)

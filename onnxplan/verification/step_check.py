@@ -14,10 +14,14 @@ Per step k (our executor runs the plan exactly as `run` does: arena, swap, recom
   3. the loss and every gradient are compared by relative norm error (tolerances below), the
      optimizer's update (parameters and moments) against ONNX Runtime's optimizer model run on
      the same state and the same gradients (read back a group of parameters at a time), and
-     the BatchNorm running statistics;
-  4. on a failure, the step is run again from the same state (read back) on both sides with
-     every intermediate value of ONNX Runtime's training model exposed, ours compared node by
-     node in execution order: the first value beyond tolerance names the node that computed it.
+     the BatchNorm running statistics; in the same step, the hook also runs ONNX Runtime's
+     kernel of each node alone on copies of our kernel's inputs and compares the outputs within
+     that node's own rounding (node_check.py: the per-node check, blind to nothing upstream);
+  4. on a failure of the end-to-end checks, the step is run again from the same state (read
+     back) on both sides with every intermediate value of ONNX Runtime's training model
+     exposed, ours compared node by node in execution order: the first value beyond tolerance
+     names the node that computed it, unless a node whose kernel differs per node comes no
+     later (then that node: a kernel fault named where it is, not where it first shows).
 
 Memory: ONNX Runtime's training runs happen in child processes while this one holds only its
 state (the arena's pages given back); beside our executor the verification then holds a tensor
@@ -68,12 +72,14 @@ from onnxplan.executor import runner
 from onnxplan.executor.runner import Executor, _download, _upload, initial_parameters
 from onnxplan.hostmem import give_back_freed
 from onnxplan.ir.graph import original_name
+from onnxplan.ort import ort_cause
 from onnxplan.step_analysis import step_analysis
 from onnxplan.threads import current as current_threads
 from onnxplan.verification import ort_step
-from onnxplan.verification.checks import Check, StepReport, Verification
+from onnxplan.verification.checks import Check, NodeChecks, StepReport, Verification
 from onnxplan.verification.compare import rel_norm_error, update_error
-from onnxplan.verification.norm_floors import _U32, bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
+from onnxplan.verification.node_check import NODE_TOLERANCE, NodeFeeds, NodeReference, compare_node
+from onnxplan.verification.norm_floors import bn_floor, bn_grad_floor, ln_grad_floor, sum_rounding
 from onnxplan.verification.ort_process import OrtProcess, StepOutcome
 from onnxplan.verification.ort_step import ORT_DEFAULT_LEARNING_RATE, OrtOptimizerStep, OrtTrainingStep
 from onnxplan.verification.store import StoredTensors, TensorStore
@@ -136,38 +142,6 @@ def reduction_floor(fn, ctx, inputs, outputs, xp) -> dict[int, tuple[float, floa
     return out
 
 
-def loss_floor(node, inputs: list) -> float:
-    """An absolute error bound for the loss node `node` (ONNX Runtime's training model) evaluated on
-    `inputs` by two sides, from its reduction's length and magnitudes (sum_rounding):
-    - SoftmaxCrossEntropyLoss over K labelled elements of V classes: each term log sum exp(x - max)
-      - (x_y - max) is off by c(V) (a V-term sum of values in (0, 1] whose log turns its relative
-      error into an absolute one) plus 4 u (|x_y| + |max|) (the subtractions), and their mean by
-      c(K) mean|term| = c(K) |loss| besides (the terms are >= 0);
-    - any other reduction to the scalar loss (ReduceMean of MSELoss: K = |in|): c(K) mean|in|.
-    Above the 1e-5 loss tolerance from ~200 terms on (GPT-2 at 4 x 256 tokens over 50257 words:
-    ~4e-5 of the loss)."""
-    xs = [None if x is None else np.asarray(x) for x in inputs]
-    if not xs or xs[0] is None or xs[0].dtype.kind != "f":
-        return 0.0
-    x = xs[0].astype(np.float64)
-    if node.op_type == "SoftmaxCrossEntropyLoss" and len(xs) > 1 and xs[1] is not None and x.ndim >= 2:
-        scores = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1])  # [K, V]
-        labels = xs[1].reshape(-1)
-        ignore = next((a.i for a in node.attribute if a.name == "ignore_index"), None)
-        keep = labels != ignore if ignore is not None else np.ones(labels.shape, bool)
-        if not keep.any():
-            return 0.0
-        scores, labels = scores[keep], labels[keep]
-        top = scores.max(axis=1)
-        shifted = scores - top[:, None]
-        lse = np.log(np.exp(shifted).sum(axis=1))
-        picked = scores[np.arange(len(labels)), np.clip(labels, 0, scores.shape[1] - 1)]
-        terms = lse - (picked - top)
-        per_term = sum_rounding(scores.shape[1], 2) + 4 * _U32 * (np.abs(picked) + np.abs(top))
-        return float(sum_rounding(len(terms), 2) * np.mean(np.abs(terms)) + np.mean(per_term))
-    return float(sum_rounding(x.size, 2) * np.mean(np.abs(x))) if x.size else 0.0  # a scalar loss: K = |in|
-
-
 def _terms(sizes: list[int], out: int, n_ary: bool) -> float:
     """How many terms each output element sums, from the sizes alone: Sum of n tensors, n;
     one input (ReduceSum), |in| / |out|; a product of two (MatMul A[M,K] B[K,N]: sqrt(MK KN / MN)
@@ -217,36 +191,25 @@ class _Hooks:
         self.tolerance: dict[str, float] = {}  # value -> its tolerance, where not "intermediate"
         self.floor: dict[str, float] = {}  # value -> its absolute error floor (bn_floor, bn_grad_floor, reduction_floor)
         self.first: Check | None = None
+        self.nodes: NodeReference | None = None  # ONNX Runtime's kernels, node by node (node_check.py)
+        self.node_checks: NodeChecks | None = None  # the step's per-node checks, while they are made
 
     def wrap(self, node, fn):
         # a gradient may reach the optimizer as a swapped-in copy, `NAME@inK`
         grads = [k for k, i in enumerate(node.inputs) if original_name(i) in self.grad_names]
-        stats = ort_step.is_batch_norm(node.domain, node.op_type) and len(node.inputs) >= 5 \
-            and len([o for o in node.outputs if o]) > 1
-        bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
-        ln_grad = node.op_type == "LayerNormalizationGrad" and len(node.inputs) >= 5
-        reduction = node.op_type in REDUCTION_OPS
+        counterpart = self.nodes.counterpart(node) if self.nodes is not None else "no reference"
 
         def run(ctx, inputs, outputs):
             for k in grads:
                 want = self.on_gradient(original_name(node.inputs[k]), inputs[k])
                 if want is not None:
                     _upload(self.xp, inputs[k], want)
-            # BatchNormalizationGrad: only dY carries error in relative to itself; the saved mean's
-            # floor is absolute (a centred channel's mean is ~0) and bn_grad_floor counts it already
-            rho = self._inherited(node.inputs[:1] if bn_grad or ln_grad else node.inputs, inputs)
-            floors, own = {}, {}  # before the kernel: it may update its inputs in place
-            if stats:
-                floors = bn_floor(_download(inputs[0]), _download(inputs[3]), _download(inputs[4]),
-                                  node.attrs.get("momentum", 0.9), self._inherited(node.inputs[:1], inputs[:1]))
-            elif bn_grad:
-                own = bn_grad_floor(*(_download(a) for a in inputs[:5]))
-            elif ln_grad:
-                dy, x, scale, mean, inv_std = (_download(a) for a in inputs[:5])
-                own = ln_grad_floor(dy, x, scale, mean, inv_std, axis=node.attrs.get("axis", -1))
-            elif reduction:
-                own = reduction_floor(fn, ctx, inputs, outputs, self.xp)
+            feeds = self._node_feeds(counterpart, inputs, outputs)  # copies before ours: in-place kernels
+            rho, floors, own = self._own_floors(node, fn, ctx, inputs, outputs)
             fn(ctx, inputs, outputs)
+            # ONNX Runtime's node after ours: a kernel refusing garbage (indices out of range) raises
+            # first, where ONNX Runtime's may crash the process
+            theirs = self._node_reference(node, counterpart, feeds)
             for k, (o, arr) in enumerate(zip(node.outputs, outputs)):
                 if not o or arr is None or arr.dtype.kind != "f":
                     continue
@@ -256,10 +219,71 @@ class _Hooks:
                     f += rho * _norm(arr)
                 if f > 0:
                     self.floor[original_name(o)] = f
+            if theirs is not None and feeds is not None and self.node_checks is not None:
+                own_floors = {k: c * m for k, (c, m) in own.items()}
+                if floors and rho > 0:  # the statistics' floors without what the input carries in
+                    floors = self._stat_floors(node, inputs, 0.0)
+                for k, f in floors.items():
+                    own_floors[k] = own_floors.get(k, 0.0) + f
+                for check in compare_node(node, outputs, theirs, own_floors, list(feeds.inputs.values())):
+                    self.node_checks.add(check)
             if self.reference is not None and self.first is None:
                 self._compare(node, outputs)
 
         return run
+
+    def _own_floors(self, node, fn, ctx, inputs, outputs) -> tuple[float, dict, dict]:
+        """Before the kernel (it may update its inputs in place): rho, the relative error the
+        inputs carry in; the statistics' absolute floors (output -> floor, with rho); the
+        reductions' own floors (output -> (c, M))."""
+        stats = ort_step.is_batch_norm(node.domain, node.op_type) and len(node.inputs) >= 5 \
+            and len([o for o in node.outputs if o]) > 1
+        bn_grad = node.op_type == "BatchNormalizationGrad" and len(node.inputs) >= 5
+        ln_grad = node.op_type == "LayerNormalizationGrad" and len(node.inputs) >= 5
+        # BatchNormalizationGrad: only dY carries error in relative to itself; the saved mean's
+        # floor is absolute (a centred channel's mean is ~0) and bn_grad_floor counts it already
+        rho = self._inherited(node.inputs[:1] if bn_grad or ln_grad else node.inputs, inputs)
+        floors: dict[int, float] = {}
+        own: dict[int, tuple[float, float]] = {}
+        if stats:
+            floors = self._stat_floors(node, inputs, self._inherited(node.inputs[:1], inputs[:1]))
+        elif bn_grad:
+            own = bn_grad_floor(*(_download(a) for a in inputs[:5]))
+        elif ln_grad:
+            dy, x, scale, mean, inv_std = (_download(a) for a in inputs[:5])
+            own = ln_grad_floor(dy, x, scale, mean, inv_std, axis=node.attrs.get("axis", -1))
+        elif node.op_type in REDUCTION_OPS:
+            own = reduction_floor(fn, ctx, inputs, outputs, self.xp)
+        return rho, floors, own
+
+    @staticmethod
+    def _stat_floors(node, inputs, rho: float) -> dict[int, float]:
+        return bn_floor(_download(inputs[0]), _download(inputs[3]), _download(inputs[4]),
+                        node.attrs.get("momentum", 0.9), rho)
+
+    def _node_feeds(self, counterpart, inputs, outputs) -> NodeFeeds | None:
+        """Copies of what ONNX Runtime's node will read (None: the per-node check is off or the
+        node has no counterpart: the reason is counted)."""
+        checks, nodes = self.node_checks, self.nodes
+        if checks is None or nodes is None:
+            return None
+        if isinstance(counterpart, str):
+            checks.skipped[counterpart] += 1
+            return None
+        return nodes.feeds(counterpart, inputs, outputs)
+
+    def _node_reference(self, node, counterpart, feeds) -> dict[int, np.ndarray] | None:
+        """ONNX Runtime's outputs of `node` on `feeds` (None where there are none to compare)."""
+        checks, nodes = self.node_checks, self.nodes
+        if feeds is None or checks is None or nodes is None:
+            return None
+        try:
+            theirs = nodes.run(counterpart, feeds)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing a node alone is a skip, counted
+            checks.skipped[f"ONNX Runtime refused {node.op_type} alone: {ort_cause(str(exc))}"] += 1
+            return None
+        checks.checked += 1
+        return theirs
 
     def _inherited(self, names, inputs) -> float:
         """The largest of the inputs' floors relative to their norms: the relative error they
@@ -299,13 +323,16 @@ class StepVerifier:
         self.params = list(graph.optimizer["params"])
         self.grad_name = dict(zip(self.params, graph.optimizer["grads"]))
         self.hooks = _Hooks(set(self.grad_name.values()), xp)
+        # the training model read here for what it computes (gradients, running statistics, the
+        # loss node; ConvGrad's pads repaired as ONNX Runtime runs it); it runs in a child process
+        # per step (verification/ort_process.py), its nodes one at a time here (node_check.py)
+        shapes = {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None}
+        self.ort = OrtTrainingStep(self.folder, shapes)
+        self.hooks.nodes = NodeReference(self.ort.model)
         self.ex = Executor(graph, plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir, wrap=self.hooks.wrap)
         # each side's own default: a default that differs between them is a difference to find
         self.ex.learning_rate = float(learning_rate) if learning_rate is not None else runner.DEFAULT_LEARNING_RATE
         self.lr = float(learning_rate) if learning_rate is not None else ORT_DEFAULT_LEARNING_RATE
-        # the training model read here for what it computes (gradients, running statistics, the
-        # loss node); it runs in a child process per step (verification/ort_process.py)
-        self.ort = OrtTrainingStep(self.folder)
         self.ort_opt = OrtOptimizerStep(self.folder)
         self.hooks.tolerance = {v: TOLERANCES["running"] for v in self.ort.running_of.values()}
         self.optimizer_node = {original_name(i): n.name for n in graph.nodes if n.phase == "optimizer"
@@ -323,7 +350,6 @@ class StepVerifier:
         self.stat_node = {r: a.consumers[r][0] for r in self.ort.running_of if a.consumers.get(r)}
         # the state before the step and ONNX Runtime's gradients and loss inputs, out of memory
         self.store = TensorStore(swap_dir)
-        shapes = {n: v.spec.shape for n, v in graph.values.items() if v.spec is not None}
         self.ort_process = OrtProcess(self.folder, self.store, self.ort.conv_grad_shapes(shapes),
                                       current_threads().threads, graph.persistent_bytes)
         self._state_names: list[str] = []
@@ -336,6 +362,8 @@ class StepVerifier:
         self._noise_now: dict = {}  # this step's noise (ort_process: ONNX Runtime against itself)
 
     def close(self) -> None:
+        if self.hooks.nodes is not None:
+            self.hooks.nodes.close()
         self.store.close()
         if self.ex.swap is not None:
             self.ex.swap.close()
@@ -394,25 +422,36 @@ class StepVerifier:
         ort = self.ort_process.step(self._param_names, list(batch))
         self._noise_now = ort.noise
         self._theirs, self._grad_checks, self._zero_grads = StoredTensors(self.store, self.params, "grad:"), {}, []
+        nodes = self.hooks.node_checks = NodeChecks()
+        if self.ex.views:  # read-only views of their input: no kernel runs
+            nodes.skipped["a view (no kernel)"] = len(self.ex.views)
         try:
             loss = self._our_step(batch, ort.random)
             grads = self._grad_checks
         finally:
-            self._grad_checks = None
+            self._grad_checks = self.hooks.node_checks = None
         checks = [self._loss_check(loss, ort)]
         for p in self.params:  # a gradient that never reached the optimizer: inf
             checks.append(grads.get(p) or Check("gradient", p, float("inf"), TOLERANCES["gradient"],
                                                 self.grad_node.get(p, "")))
         checks += self._update_checks(done)
         checks += self._running_checks(ort)
+        checks += nodes.failures + ([nodes.worst] if nodes.worst is not None and nodes.worst.ok else [])
         worst: dict[str, Check] = {}
         for c in checks:
             if c.kind not in worst or c.error / c.tolerance > worst[c.kind].error / worst[c.kind].tolerance:
                 worst[c.kind] = c
         failures = sorted((c for c in checks if not c.ok), key=lambda c: -c.error / c.tolerance)
-        rep = StepReport(k, loss, ort.loss, worst, failures, zero_gradients=tuple(self._zero_grads))
-        if failures:
+        rep = StepReport(k, loss, ort.loss, worst, failures, zero_gradients=tuple(self._zero_grads), nodes=nodes)
+        if any(c.kind != "node" for c in failures):  # the end-to-end comparison failed: found again node by node
             self._explain(rep, batch, done)
+        first_node = nodes.failures[0] if nodes.failures else None
+        eo = self.ex.eo
+        if first_node is not None and (rep.first_difference is None or eo.get(first_node.node, len(eo))
+                                       <= eo.get(rep.first_difference.node, len(eo))):
+            # the first difference in execution order is a kernel that differs on the same inputs
+            rep.first_difference = first_node
+            rep.explanation = "our kernel and ONNX Runtime's differ on the same inputs at this node"
         return rep
 
     def _release_arena(self) -> None:
@@ -535,5 +574,5 @@ def verify_run(prepared, *, steps: int, seed: int = 0, learning_rate: float | No
                 break
     finally:
         v.close()
-    return Verification(all(r.ok for r in reports), reports, dict(TOLERANCES), len(v.params),
+    return Verification(all(r.ok for r in reports), reports, {**TOLERANCES, "node": NODE_TOLERANCE}, len(v.params),
                         v.ort_process.peak_rss_bytes)
