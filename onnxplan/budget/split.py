@@ -27,6 +27,7 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
+from onnxplan.passes.split_ops import sliced_outputs, split_rows
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -97,14 +98,11 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     """The smallest K > `above` at which `node` (of `g`, the step the split pass sees) splits
     and a chunk's bytes fit `room`, its whole working set being `touched` (none fits: the
     largest K it splits in; None when it splits in none above `above`)."""
-    out = next((o for o in node.outputs if o), None)
-    spec = g.values[out].spec if out else None
-    if spec is None or not spec.shape:
-        return None
-    valid = [k for k in range(max(above + 1, 2), min(spec.shape[0], MAX_K) + 1) if not why_not(g, node, k)]
+    rows = split_rows(g, node)
+    valid = [k for k in range(max(above + 1, 2), min(rows, MAX_K) + 1) if not why_not(g, node, k)]
     if not valid:
         return None
-    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *(o for o in node.outputs if o)})
+    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *sliced_outputs(g, node)})
     whole = max(touched - sliced, 0)
     return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
 

@@ -51,10 +51,22 @@ import json
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
+from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueClass
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
+from onnxplan.passes.split_ops import (
+    KIND_VIEW,
+    PIECE_ALIGN,
+    ROW_OPS,
+    SPLITTABLE_OPS,
+    copied_rows,
+    sliced_inputs,
+    sliced_outputs,
+    split_kind,
+    summed_outputs,
+    why_not,
+)
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
@@ -63,21 +75,7 @@ __all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PA
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
 PIECE_DOMAIN = "onnxplan"
-PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
 SPLIT_PASS = "split"
-MS = "com.microsoft"
-_UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
-          "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
-_MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
-           "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
-# row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
-# each row on its own
-ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
-                     (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
-# (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
-SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
-                           | UPDATE_OPS)
 
 
 @dataclass
@@ -128,51 +126,14 @@ def chunk_name(node: str, k: int) -> str:
 
 
 def base_node(name: str) -> str:
-    """The node a chunk `N#k` was split from (`name` itself otherwise)."""
+    """The node a chunk `N#k` (or an accumulation's add `N#k.addI`) was split from (`name`
+    itself otherwise)."""
     head, sep, tail = name.rpartition("#")
-    return head if sep and tail.isdigit() else name
+    return head if sep and tail.partition(".")[0].isdigit() else name
 
 
 def is_piece_node(node: Node) -> bool:
     return node.domain == PIECE_DOMAIN and node.op_type in ("PieceIn", "PieceOut")
-
-
-def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
-    return g.values[v].known_spec.shape
-
-
-def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
-    """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
-    if node.key not in SPLITTABLE_OPS:
-        return f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise nor row-wise)"
-    if node.aliases or node.after:
-        return "the node aliases an input or has control dependencies"
-    outs = [o for o in node.outputs if o]
-    if not outs or any(g.values[o].spec is None for o in outs) or len({_shape(g, o) for o in outs}) != 1:
-        return "its outputs differ in shape (or have none)"
-    shape = _shape(g, outs[0])
-    if axis != 0 or not shape:
-        return "only the leading axis of a tensor of rank >= 1 is split"
-    rows = shape[0]
-    if node.key in ROW_OPS and (len(shape) < 2 or int(node.attrs.get("axis", -1)) % len(shape) == axis):
-        return f"its softmax runs across axis {axis}, the one split"
-    if k < 2 or rows % k:
-        return f"K={k} does not divide the {rows} rows of axis {axis}"
-    for v in sliced_inputs(g, node) + outs:
-        if g.values[v].persistent and node.key not in UPDATE_OPS:
-            return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
-        piece = g.values[v].nbytes // k
-        if piece % PIECE_ALIGN:
-            return f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page)"
-    return ""
-
-
-def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
-    """The inputs of `node` that each chunk reads a piece of (same rank and leading rows as the output)."""
-    out = _shape(g, next(o for o in node.outputs if o))
-    return [i for i in dict.fromkeys(node.inputs)
-            if i and g.values[i].spec is not None and len(_shape(g, i)) == len(out) and _shape(g, i)[0] == out[0]
-            and out[0] > 1]
 
 
 @dataclass
@@ -253,11 +214,11 @@ class _Splitter:
             if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
                 n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
 
-    def _piece_value(self, v: str, j: int, k: int, first: bool) -> str:
-        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`)."""
+    def _piece_value(self, v: str, j: int, k: int, first: bool, name: str = "") -> str:
+        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`; `name` when given)."""
         whole = self.g.values[v]
         spec = whole.known_spec
-        name = f"{v}#{j}" if first else f"{v}#{k}.{j}"
+        name = name or (f"{v}#{j}" if first else f"{v}#{k}.{j}")
         if name in self.g.values:
             raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
         kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
@@ -271,26 +232,32 @@ class _Splitter:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
         sliced = sliced_inputs(self.g, n)
+        copied = copied_rows(self.g, n, k)
         for i in n.inputs:
-            if i in sliced:
+            if i in sliced and i not in copied:
                 continue
             if i in self.split_made:  # read whole by every chunk
                 self._assemble(i, n.phase)
             elif i in self.homes:
                 self._read_home(i, n.phase)
-        reads = {v: self._pieces_of(v, k, n.phase) for v in sliced}
-        outs = [o for o in n.outputs if o]
+        reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase) for v in sliced}
+        view = split_kind(self.g, n) == KIND_VIEW
+        outs = sliced_outputs(self.g, n)
         made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
         for o in outs:
             self.pieces[o] = _Layout(k, made[o])
             self.split_made.add(o)
         back = self._written_back(n)  # an update's outputs -> the state slot they go home to
         kept = [o for o in outs if o not in back and self._read_otherwise(o, k)]  # also saved to their slot
+        sums = _Sums(self, n, k)
         for j in range(k):  # chunk by chunk: its pieces read, the chunk, its pieces saved
             self.nodes.extend(new[j] for _, new in reads.values() if new)
-            ins = [reads[i][0][j] if i in reads else i for i in n.inputs]
-            outs_j = [made[o][j] if o else "" for o in n.outputs]
-            self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
+            ins = sums.inputs(j, [reads[i][0][j] if i in reads else i for i in n.inputs])
+            outs_j = [made[o][j] if o in made else sums.part(o, j) if o else "" for o in n.outputs]
+            aliases = {outs_j[0]: (ins[0], "rv")} if view else {}  # piece j of a view: piece j of its input
+            self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, sums.attrs(j), n.phase,
+                                   aliases))
+            self.nodes.extend(sums.adds(j))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
             for o, home in back.items():  # after every whole read of the old bytes (_order_write_backs)
@@ -299,6 +266,28 @@ class _Splitter:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
             del self.g.values[o]
+
+    def _rows_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
+        """The K pieces of small `v` (split_ops.copied_rows) copied by rows from `v` whole in the
+        arena (PieceRows: rows [j R/K, (j+1) R/K)), and the nodes that copy them."""
+        if (v, -k) in self.layouts:
+            return self.layouts[v, -k].names, []
+        rows = self.g.values[v].known_spec.shape[0]
+        names, nodes = [], []
+        for j in range(k):
+            piece = self._piece_value(v, j, k, False, f"{v}#rows{k}.{j}")
+            nodes.append(Node(f"piece-rows:{v}:{k}.{j}", "PieceRows", PIECE_DOMAIN, [v], [piece],
+                              {"start": j * rows // k, "stop": (j + 1) * rows // k}, phase))
+            names.append(piece)
+        self.layouts[v, -k] = _Layout(k, tuple(names))
+        return tuple(names), nodes
+
+    def _acc_value(self, whole: Value, name: str) -> str:
+        """A running sum of an accumulation: a temporary of the whole output's spec."""
+        if name in self.g.values:
+            raise SplitRefused(f"split: the value name {name!r} is already a value of the step")
+        self.g.values[name] = Value(name, whole.spec, ValueClass.TEMPORARY)
+        return name
 
     def _written_back(self, n: Node) -> dict[str, str]:
         """A split update's outputs and the homed state each updates (output k of the kernel's
@@ -383,6 +372,42 @@ class _Splitter:
         self.nodes.append(Node(f"piece-in:{v}", "PieceIn", PIECE_DOMAIN, [], [v],
                                {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase, {},
                                list(writes)))
+
+
+class _Sums:
+    """The outputs of one split node that are sums over its rows (split_ops.summed_outputs):
+    each made whole, chunk by chunk. A Gemm adds into its running sum itself (chunk j > 0 reads
+    the sum so far as C, beta 1; chunk 0 has the node's own C and beta); any other op makes a
+    partial sum per chunk, added to the running one by an Add (`N#j.addI`). The running sums
+    are temporaries `OUT#accJ`; the last chunk makes OUT."""
+
+    def __init__(self, sp: _Splitter, n: Node, k: int) -> None:
+        self.sp, self.n, self.k = sp, n, k
+        self.outs = summed_outputs(sp.g, n)
+        self.chained = n.op_type == "Gemm" and bool(self.outs)
+        self.target = {(o, j): o if j == k - 1 else sp._acc_value(sp.g.values[o], f"{o}#acc{j}")
+                       for o in self.outs for j in range(k)}
+
+    def part(self, o: str, j: int) -> str:
+        """What chunk j writes for summed output `o`: the running sum itself (chunk 0, or a
+        Gemm), else a partial sum."""
+        if j == 0 or self.chained:
+            return self.target[o, j]
+        return self.sp._acc_value(self.sp.g.values[o], f"{o}#part{j}")
+
+    def inputs(self, j: int, ins: list[str]) -> list[str]:
+        return [*ins[:2], self.target[self.outs[0], j - 1]] if self.chained and j else ins
+
+    def attrs(self, j: int) -> dict:
+        return {**self.n.attrs, "beta": 1.0} if self.chained and j else dict(self.n.attrs)
+
+    def adds(self, j: int) -> list[Node]:
+        """The Adds of chunk j's partial sums to the running ones (none for chunk 0 or a Gemm)."""
+        if j == 0 or self.chained:
+            return []
+        return [Node(f"{chunk_name(self.n.name, j)}.add{i}", "Add", "",
+                     [self.target[o, j - 1], f"{o}#part{j}"], [self.target[o, j]], {}, self.n.phase)
+                for i, o in enumerate(self.outs)]
 
 
 def split_pass(arg: str) -> PassFn:
