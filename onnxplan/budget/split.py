@@ -27,7 +27,7 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
-from onnxplan.passes.split_ops import sliced_outputs, split_rows
+from onnxplan.passes.split_ops import sliced_outputs, split_rows, unread_inputs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -103,7 +103,7 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     if not valid:
         return None
     sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *sliced_outputs(g, node)})
-    whole = max(touched - sliced, 0)
+    whole = max(touched - sliced - sum(align(g.values[v].nbytes) for v in unread_inputs(g, node)), 0)
     return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
 
 

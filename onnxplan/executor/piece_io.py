@@ -20,7 +20,7 @@ from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
 from onnxplan.passes.split import homed_slots, slot_bytes
 from onnxplan.swap.store import SwapStore
 
-__all__ = ["PieceRuntime", "piece_in", "piece_out", "piece_rows"]
+__all__ = ["PieceRuntime", "piece_in", "piece_out"]
 
 
 @kernel("PieceOut", "onnxplan")
@@ -33,13 +33,6 @@ def piece_out(ctx: KernelContext, inputs: list, outputs: list) -> None:
 def piece_in(ctx: KernelContext, inputs: list, outputs: list) -> None:
     """Read a range of a host slot into a value (bound by PieceRuntime)."""
     raise RuntimeError(f"{ctx.node.name}: piece nodes run through the executor's piece runtime")
-
-
-@kernel("PieceRows", "onnxplan")
-def piece_rows(ctx: KernelContext, inputs: list, outputs: list) -> None:
-    """Copy rows [start, stop) of a small value whole in the arena into a chunk's piece
-    (passes/split_ops.copied_rows: a piece off the store's page)."""
-    ctx.xp.copyto(outputs[0], inputs[0][int(ctx.attrs["start"]):int(ctx.attrs["stop"])])
 
 
 def _raw(arr: Any) -> np.ndarray:

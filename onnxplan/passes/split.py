@@ -56,6 +56,7 @@ from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.split_ops import (
+    KIND_CHANNELS,
     KIND_VIEW,
     PIECE_ALIGN,
     ROW_OPS,
@@ -241,6 +242,12 @@ class _Splitter:
             elif i in self.homes:
                 self._read_home(i, n.phase)
         reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase) for v in sliced}
+        channels = split_kind(self.g, n) == KIND_CHANNELS
+        if channels:  # dY by channels, copied from the whole (split_ops, KIND_CHANNELS)
+            dy = n.inputs[0]
+            if dy in self.split_made:
+                self._assemble(dy, n.phase)
+            reads[dy] = self._rows_of(dy, k, n.phase, axis=1)
         view = split_kind(self.g, n) == KIND_VIEW
         outs = sliced_outputs(self.g, n)
         made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
@@ -255,8 +262,11 @@ class _Splitter:
             ins = sums.inputs(j, [reads[i][0][j] if i in reads else i for i in n.inputs])
             outs_j = [made[o][j] if o in made else sums.part(o, j) if o else "" for o in n.outputs]
             aliases = {outs_j[0]: (ins[0], "rv")} if view else {}  # piece j of a view: piece j of its input
-            self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, sums.attrs(j), n.phase,
-                                   aliases))
+            if channels:
+                self.nodes.append(self._weight_chunk(n, j, ins, made[n.outputs[1]][j]))
+            else:
+                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, sums.attrs(j),
+                                       n.phase, aliases))
             self.nodes.extend(sums.adds(j))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
@@ -267,20 +277,33 @@ class _Splitter:
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
             del self.g.values[o]
 
-    def _rows_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
-        """The K pieces of small `v` (split_ops.copied_rows) copied by rows from `v` whole in the
-        arena (PieceRows: rows [j R/K, (j+1) R/K)), and the nodes that copy them."""
-        if (v, -k) in self.layouts:
-            return self.layouts[v, -k].names, []
-        rows = self.g.values[v].known_spec.shape[0]
+    def _rows_of(self, v: str, k: int, phase: str, axis: int = 0) -> tuple[tuple[str, ...], list[Node]]:
+        """The K pieces of `v` along `axis` (split_ops.copied_rows; a dW ConvGrad's dY by
+        channels) copied from `v` whole in the arena (PieceRows: indices [j R/K, (j+1) R/K) of
+        the axis), and the nodes that copy them."""
+        key = (v, -k - 1000 * axis)
+        if key in self.layouts:
+            return self.layouts[key].names, []
+        spec = self.g.values[v].known_spec
+        rows, tag = spec.shape[axis], "rows" if axis == 0 else f"axis{axis}."
         names, nodes = [], []
         for j in range(k):
-            piece = self._piece_value(v, j, k, False, f"{v}#rows{k}.{j}")
-            nodes.append(Node(f"piece-rows:{v}:{k}.{j}", "PieceRows", PIECE_DOMAIN, [v], [piece],
-                              {"start": j * rows // k, "stop": (j + 1) * rows // k}, phase))
-            names.append(piece)
-        self.layouts[v, -k] = _Layout(k, tuple(names))
+            name = f"{v}#{tag}{k}.{j}"
+            if name in self.g.values:
+                raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
+            shape = (*spec.shape[:axis], rows // k, *spec.shape[axis + 1:])
+            self.g.values[name] = Value(name, TensorSpec(spec.dtype, shape), self.g.values[v].vclass)
+            nodes.append(Node(f"piece-rows:{v}:{tag}{k}.{j}", "PieceRows", PIECE_DOMAIN, [v], [name],
+                              {"start": j * rows // k, "stop": (j + 1) * rows // k, "axis": axis}, phase))
+            names.append(name)
+        self.layouts[key] = _Layout(k, tuple(names))
         return tuple(names), nodes
+
+    def _weight_chunk(self, n: Node, j: int, ins: list[str], piece: str) -> Node:
+        """Chunk j of a dW ConvGrad: onnxplan.ConvGradWeight(dY's channels, X) -> its piece of dW."""
+        shape = [int(d) for d in self.g.values[piece].known_spec.shape]
+        return Node(chunk_name(n.name, j), "ConvGradWeight", PIECE_DOMAIN, ins[:2], [piece],
+                    {**n.attrs, "w_shape": shape}, n.phase)
 
     def _acc_value(self, whole: Value, name: str) -> str:
         """A running sum of an accumulation: a temporary of the whole output's spec."""

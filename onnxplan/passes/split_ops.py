@@ -23,6 +23,16 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     partial sums added in chunk order): not the same bits; the tolerance (a few float32 ulps of
     the sum of |terms|) is tested against the unsplit kernel (tests/test_split_products.py) and
     against ONNX Runtime by `run --verify`.
+  - channels (KIND_CHANNELS): a ConvGrad making dW only (split_grad's dW half, no dB, group 1)
+    over dW's output channels: chunk k makes dW[k M/K : (k+1) M/K] (a piece of dW: a byte range)
+    from dY's channels k M/K .. (k+1) M/K, copied out of dY whole (PieceRows along axis 1, M/K of
+    its channels) and X whole: onnxplan.ConvGradWeight (ConvGrad's kernel with dW requested and
+    W's piece shape as `w_shape`: W itself is not read, kernels/conv_grad_weight.py). Each
+    output channel's dW is summed over the same images and positions in the same order by the
+    same GEMM on fewer rows: same bits unless BLAS blocks fewer rows otherwise (tested). Its
+    im2col scratch is X's whole (the columns do not depend on the output channels), each chunk
+    makes it again: the least machinery that puts W and dW (9 MiB each at resnet18's layer4)
+    out of the working set, dW a piece of 9/K MiB; over the batch dW would stay whole.
 Refused (why_not, one line): any other op; a softmax across the split axis; a product with a
 transposed left operand of rank 2 (its output rows are A's columns) or a batch-axis transpose; a
 Gemm accumulation with transB; a reduction that keeps axis 0; a node that aliases an input
@@ -38,13 +48,13 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
-__all__ = ["KIND_ACCUMULATE", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
+__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
            "ROW_OPS", "SPLITTABLE_OPS", "accumulate_axes", "copied_rows", "sliced_inputs", "sliced_outputs", "split_kind",
-           "split_rows", "summed_outputs", "why_not"]
+           "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
 MS = "com.microsoft"
-KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE = "rows", "view", "accumulate"
+KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS = "rows", "view", "accumulate", "channels"
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
           "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
@@ -93,8 +103,16 @@ def accumulate_axes(g: StepGraph, node: Node) -> tuple[int, ...] | None:
     return tuple(sorted({a % rank for a in axes})) if rank else ()
 
 
+def weight_gradient(node: Node) -> bool:
+    """A ConvGrad that makes dW only (split_grad's dW half without dB)."""
+    outs = [*node.outputs, "", "", ""][:3]
+    return node.key == (MS, "ConvGrad") and not outs[0] and bool(outs[1]) and not outs[2] and len(node.inputs) >= 3
+
+
 def split_kind(g: StepGraph, node: Node) -> str:
     """The kind of split `node` makes (module docstring), "" when its op is not split."""
+    if weight_gradient(node):
+        return KIND_CHANNELS
     if node.key in SPLITTABLE_OPS:
         return KIND_ROWS
     if node.key in READ_ONLY_VIEW_OPS:
@@ -140,6 +158,8 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
     kind = split_kind(g, node)
     if kind == KIND_VIEW:
         return [node.inputs[0]]
+    if kind == KIND_CHANNELS:  # dY is copied by channels (channel_copies), X read whole
+        return []
     if kind == KIND_ACCUMULATE:
         return [node.inputs[0]] if node.key == _SUM else list(dict.fromkeys(node.inputs[:2]))
     if node.key in MATMUL_OPS:
@@ -162,6 +182,12 @@ def sliced_outputs(g: StepGraph, node: Node) -> list[str]:
     """The outputs each chunk makes a piece of (the others are summed_outputs)."""
     summed = summed_outputs(g, node)
     return [o for o in node.outputs if o and o not in summed]
+
+
+def unread_inputs(g: StepGraph, node: Node) -> list[str]:
+    """Inputs of `node` its chunks do not read: a dW ConvGrad's W (its chunks take their piece's
+    shape as an attribute; the kernel reads only W's shape)."""
+    return [node.inputs[2]] if split_kind(g, node) == KIND_CHANNELS else []
 
 
 def copied_rows(g: StepGraph, node: Node, k: int) -> list[str]:
@@ -205,6 +231,8 @@ def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
         return "the node aliases an input or has control dependencies"
     if kind == KIND_ACCUMULATE:
         return _accumulate_refusal(g, node)
+    if kind == KIND_CHANNELS:
+        return "" if int(node.attrs.get("group", 1)) == 1 else "a grouped convolution (its dW channels are per group)"
     outs = sliced_outputs(g, node)
     if not outs or any(g.values[o].spec is None for o in outs) or len({_shape(g, o) for o in outs}) != 1:
         return "its outputs differ in shape (or have none)"
