@@ -209,3 +209,34 @@ def test_a_plan_of_summed_splits_survives_its_file_and_an_edited_one_is_refused(
     next(s for s in bad["splits"] if s["node"] == "dw")["k"] = 2  # the record says 2 chunks, the passes made 4
     with pytest.raises(ModelError, match="split"):
         adopt_plan(g, Plan.from_json(bad))
+
+
+def _conv_weight_grad(group: int = 1):
+    """dW only of ConvGrad(dY, X, W) (split_grad's dW half): W [64, 128 / group, 3, 3]."""
+    b = GraphBuilder("conv-dw")
+    b.value("dy", (4, 64, 8, 8), ValueClass.INPUT)
+    b.value("x", (4, 128, 8, 8), ValueClass.INPUT)
+    b.value("w", (64, 128 // group, 3, 3), ValueClass.INPUT)
+    b.node("ConvGrad", ["dy", "x", "w"], ["", "dw"], [None, (64, 128 // group, 3, 3)], domain=MS, name="target",
+           kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], group=group)
+    return _step(b, ["dw"])
+
+
+def test_a_conv_weight_gradient_splits_over_its_output_channels():
+    """Chunk j: dW[j M/K:(j+1) M/K] from dY's channels (copied) and X whole; W is not read."""
+    g = _conv_weight_grad()
+    feed = _feed(g, 13)
+    whole, = _run(g, PlanOptions(), feed, ["dw"])
+    dy, x = np.abs(feed["dy"]).astype(np.float64), np.abs(feed["x"]).astype(np.float64)
+    scale = np.einsum("nmhw,nc->mc", dy, x.sum(axis=(2, 3)))[:, :, None, None]  # >= the sum of |terms|
+    for k in KS:
+        out = split_pass(split_pass_name([SplitSpec("target", k)])[6:])(g).graph
+        chunks = [n for n in out.nodes if n.op_type == "ConvGradWeight"]
+        assert len(chunks) == k and all("w" not in n.inputs for n in chunks)
+        assert chunks[1].attrs["w_shape"] == [64 // k, 128, 3, 3]
+        split, = _run(g, PlanOptions(splits=(SplitSpec("target", k),)), feed, ["dw"])
+        assert _close(whole, split, scale, 4), (k, float(np.max(np.abs(whole - split))))
+    wrong = whole.copy()
+    wrong[:8] = 0  # a chunk's channels left out: far outside the tolerance
+    assert not _close(whole, wrong, scale, 4)
+    assert "grouped" in why_not(_conv_weight_grad(2), _conv_weight_grad(2).node("target"), 2)
