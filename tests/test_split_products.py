@@ -240,3 +240,20 @@ def test_a_conv_weight_gradient_splits_over_its_output_channels():
     wrong[:8] = 0  # a chunk's channels left out: far outside the tolerance
     assert not _close(whole, wrong, scale, 4)
     assert "grouped" in why_not(_conv_weight_grad(2), _conv_weight_grad(2).node("target"), 2)
+
+
+def test_the_chunk_checker_passes_every_chunk_and_refuses_one_left_out():
+    """verify_chunks: a sum's chunks each once; a chunk left out of the order (a term missing
+    from the sum) or a chunk beyond K is refused."""
+    from onnxplan.verify import PlanError, verify_chunks
+
+    g = _weight_grad()
+    res = plan_step(g, PlanOptions(interleave=False, splits=(SplitSpec("dw", 4), SplitSpec("db", 2))))
+    verify_chunks(res.plan.splits, res.plan.order)
+    assert "db#1.add0" in res.plan.order
+    with pytest.raises(PlanError, match=r"chunks \[2\] missing"):
+        verify_chunks(res.plan.splits, [n for n in res.plan.order if n != "dw#2"])
+    with pytest.raises(PlanError, match=r"\[4\] beyond K"):
+        verify_chunks(res.plan.splits, [*res.plan.order, "dw#4"])
+    with pytest.raises(PlanError, match="whole"):
+        verify_chunks(res.plan.splits, [*res.plan.order, "dw"])

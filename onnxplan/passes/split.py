@@ -3,10 +3,17 @@ of its tensors, so the node's working set is a piece, not the whole (issue 28).
 
 Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split:` + JSON):
   - N becomes chunk nodes `N#0` .. `N#K-1`: the same op, domain and attributes on pieces. Chunk
-    k covers rows [k R/K, (k+1) R/K) of axis a of N's output shape (R rows; K divides R). An
-    input of the output's rank whose axis a has R rows is sliced (chunk k reads its piece); any
-    other input (a broadcast bias, a scalar) is read whole by every chunk. Only the leading axis
-    (a = 0) is split today, so every piece is one contiguous byte range of its tensor.
+    k covers rows [k R/K, (k+1) R/K) of axis a (R rows; K divides R). Which inputs a chunk
+    reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
+    elementwise and row-wise ops, products over rows, views, sums over rows, a conv dW over its
+    output channels); any other input (a broadcast bias, a weight) is read whole by every chunk.
+    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
+  - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
+    whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
+    a partial sum `OUT#partJ` and an Add `N#J.addI`); the last chunk makes OUT (_Sums).
+  - A sliced input whose pieces are off the store's page and that is small (split_ops.ROW_COPY_MAX)
+    is read whole and its rows copied into each chunk's piece (`piece-rows:V:...`, op PieceRows,
+    in the arena); so are a dW ConvGrad's dY channels (axis 1).
   - A piece is a value of its own, `V#k` (a fresh buffer of the piece's size): lifetimes, the
     offset planners, the verifier, swap planning and the executor see a normal buffer.
   - Pieces of a value V move through the host store's slot `V` (the whole tensor's bytes), by
@@ -20,7 +27,8 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     A piece made by a split producer is read by a split consumer of the same layout directly
     (no transfer); the whole V never exists unless something not split reads it.
   - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
-    store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
+    store (the store's file, as swap's); a PieceRows copies a small input's rows (or a dW
+    ConvGrad's dY channels) in the arena. Nothing else: a chunk computes its piece in place of
     the whole, the same op on fewer rows.
   - An optimizer update (UPDATE_OPS, passes/interleave.py: AdamWUpdate, SGDUpdate) is elementwise over
     its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
@@ -32,17 +40,14 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     once the node list is built, so a whole read placed after the update is held too). The
     updated copies leave the step's outputs; the executor loads and reads the homed state in
     the piece store (executor/piece_io.py).
-Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
-softmax over another axis than the split one); a chunk computes each element from the same
-elements (rows) of its inputs as the whole node, so the outputs are the same bits
-(tests/test_split.py runs every op whole and split on seeded random inputs, and two steps of the
-mlp with a split AdamW and SGD update). Piece byte offsets are multiples of PIECE_ALIGN (the
-store's page: O_DIRECT transfers move whole pages). Refused, with the reason (SplitRefused,
-`why_not`): an op not listed (LayerNorm, GEMMs, convolutions, losses: not yet), a softmax across
-the split axis, a node that
-aliases an input or has control dependencies, outputs of differing shapes, a K that does not
-divide the rows or leaves a piece off a page boundary, a persistent sliced input of a node that
-is not an update (parameters are swap's to page there).
+Exact semantics (split_ops' docstring has each kind's): elementwise and row-wise ops and the
+updates give the same bits (tests/test_split.py on seeded random inputs, and two steps of the
+mlp with a split AdamW and SGD update); products over rows and the conv dW the same dot products
+on fewer rows (bitwise where BLAS blocks them alike, else a few ulps); sums over rows change the
+summation order (tested within a few ulps of the sum of |terms|, tests/test_split_products.py;
+verified against ONNX Runtime by `run --verify`). Piece byte offsets are multiples of
+PIECE_ALIGN (the store's page: O_DIRECT transfers move whole pages). Refused, with the reason
+(SplitRefused, `why_not`, split_ops.py).
 """
 
 from __future__ import annotations
