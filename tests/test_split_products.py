@@ -240,6 +240,9 @@ def test_a_conv_weight_gradient_splits_over_its_output_channels():
     wrong[:8] = 0  # a chunk's channels left out: far outside the tolerance
     assert not _close(whole, wrong, scale, 4)
     assert "grouped" in why_not(_conv_weight_grad(2), _conv_weight_grad(2).node("target"), 2)
+    fused = g.node("target")
+    fused.outputs = ["x", "dw"]  # a ConvGrad making dX too: refused, saying so
+    assert "making dX or dB too" in why_not(g, fused, 2)
 
 
 def test_the_chunk_checker_passes_every_chunk_and_refuses_one_left_out():

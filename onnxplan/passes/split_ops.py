@@ -255,6 +255,9 @@ def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
 def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
     kind = split_kind(g, node)
+    if not kind and node.key == (MS, "ConvGrad"):
+        return ("a ConvGrad making dX or dB too (only a dW-only ConvGrad, split-grad's dW half, splits: over "
+                "dW's output channels; dB's channel pieces would be off the store's page)")
     if not kind:
         return (f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise, "
                 "row-wise, a product over rows nor a sum over rows)")
