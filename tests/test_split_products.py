@@ -260,3 +260,38 @@ def test_the_chunk_checker_passes_every_chunk_and_refuses_one_left_out():
         verify_chunks(res.plan.splits, [*res.plan.order, "dw#4"])
     with pytest.raises(PlanError, match="whole"):
         verify_chunks(res.plan.splits, [*res.plan.order, "dw"])
+
+
+def _conv(op: str):
+    """Conv (X [8, 64, 8, 8], W [64, 64, 3, 3], bias) or ConvGradInput (dY, W -> dX) over 8 images."""
+    b = GraphBuilder(f"conv-{op}")
+    b.value("x", (8, 64, 8, 8), ValueClass.INPUT)
+    b.value("w", (64, 64, 3, 3), ValueClass.INPUT)
+    attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+    if op == "Conv":
+        b.value("b", (64,), ValueClass.INPUT)
+        b.node("Conv", ["x", "w", "b"], ["y"], [(8, 64, 8, 8)], name="target", **attrs)
+    else:
+        b.node("ConvGradInput", ["x", "w"], ["y"], [(8, 64, 8, 8)], domain="onnxplan", name="target",
+               x_shape=[8, 64, 8, 8], **attrs)
+    return _step(b, ["y"])
+
+
+@pytest.mark.parametrize("op", ["Conv", "ConvGradInput"])
+def test_a_convolution_splits_over_its_images(op):
+    g = _conv(op)
+    feed = _feed(g, 17)
+    whole, = _run(g, PlanOptions(), feed, ["y"])
+    scale = np.einsum("nchw,mc->nmhw", np.abs(feed["x"]).astype(np.float64),
+                      np.abs(feed["w"]).astype(np.float64).sum(axis=(2, 3))).max() + np.abs(feed.get("b", 0)).max()
+    for k in KS:
+        out = split_pass(split_pass_name([SplitSpec("target", k)])[6:])(g).graph
+        chunk = out.node("target#1")
+        assert chunk.inputs[1] == "w" and out.values[chunk.inputs[0]].spec.shape[0] == 8 // k
+        if op == "ConvGradInput":
+            assert chunk.attrs["x_shape"] == [8 // k, 64, 8, 8]
+        split, = _run(g, PlanOptions(splits=(SplitSpec("target", k),)), feed, ["y"])
+        assert _close(whole, split, np.full(whole.shape, scale), 4), (op, k, float(np.max(np.abs(whole - split))))
+    wrong = whole.copy()
+    wrong[1] = 0
+    assert not _close(whole, wrong, np.full(whole.shape, scale), 4)

@@ -66,6 +66,7 @@ from onnxplan.passes.split_ops import (
     PIECE_ALIGN,
     ROW_OPS,
     SPLITTABLE_OPS,
+    chunk_attrs,
     copied_rows,
     sliced_inputs,
     sliced_outputs,
@@ -270,8 +271,8 @@ class _Splitter:
             if channels:
                 self.nodes.append(self._weight_chunk(n, j, ins, made[n.outputs[1]][j]))
             else:
-                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, sums.attrs(j),
-                                       n.phase, aliases))
+                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j,
+                                       chunk_attrs(n, k, sums.attrs(j)), n.phase, aliases))
             self.nodes.extend(sums.adds(j))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))

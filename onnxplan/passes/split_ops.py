@@ -11,6 +11,11 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     inputs as the whole node; the bits may still differ where BLAS blocks fewer rows differently
     (the kernel cuts a product for the compute threads by its size, kernels/matmul.py): the
     tolerance is float32 rounding of one dot product, tests/test_split_products.py.
+    Convolutions over the batch (Conv, onnxplan.ConvGradInput: split-grad's dX half) are rows
+    too: chunk k reads its images of X (or dY) and the whole W, writes its images of Y (dX,
+    `x_shape` its images' shape); the im2col scratch is the chunk's (its images' columns),
+    so it shrinks with K; each image from the same products (tested within 4 ulps: the kernel
+    cuts its GEMMs by size).
   - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose leading rows
     (in and out) K divides: piece k of the output is piece k of the input under the piece's
     shape (the same bytes: a read-only view of the input piece, as realize makes the whole).
@@ -42,6 +47,8 @@ piece off a page boundary; a persistent sliced input of a node that is not an up
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from onnxplan.ir.graph import Node, StepGraph
@@ -49,7 +56,7 @@ from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
 __all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
-           "ROW_OPS", "SPLITTABLE_OPS", "accumulate_axes", "copied_rows", "sliced_inputs", "sliced_outputs", "split_kind",
+           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "copied_rows", "sliced_inputs", "sliced_outputs", "split_kind",
            "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
@@ -68,6 +75,8 @@ ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13")
 SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
                            | UPDATE_OPS)
 MATMUL_OPS = frozenset({("", "MatMul"), (MS, "FusedMatMul"), ("", "Gemm")})
+# convolutions over the batch: each image's output from its own image (and the whole W)
+CONV_OPS = frozenset({("", "Conv"), ("onnxplan", "ConvGradInput")})
 # normalization gradients over the last axes: dX by rows, dscale (and dbias) summed over the rows
 NORM_GRAD_OPS = frozenset({(MS, "LayerNormalizationGrad"), (MS, "SimplifiedLayerNormalizationGrad")})
 # a sliced input whose pieces are off the store's page (a norm's per-row mean, 4 KiB at
@@ -119,7 +128,7 @@ def split_kind(g: StepGraph, node: Node) -> str:
         return KIND_VIEW
     if node.key == ("", "Gemm") and int(node.attrs.get("transA", 0)):
         return KIND_ACCUMULATE
-    if node.key in MATMUL_OPS or node.key in NORM_GRAD_OPS:
+    if node.key in MATMUL_OPS or node.key in NORM_GRAD_OPS or node.key in CONV_OPS:
         return KIND_ROWS
     if node.key == _SUM:
         axes = accumulate_axes(g, node)
@@ -164,6 +173,9 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
         return [node.inputs[0]] if node.key == _SUM else list(dict.fromkeys(node.inputs[:2]))
     if node.key in MATMUL_OPS:
         return list(dict.fromkeys(_product_inputs(g, node)))
+    if node.key in CONV_OPS:  # X (Conv) or dY (ConvGradInput) by images; W and a bias whole
+        x, out = node.inputs[0], _shape(g, node.outputs[0])
+        return [x] if _known(g, x) and len(_shape(g, x)) == len(out) and _shape(g, x)[0] == out[0] > 1 else []
     out = _shape(g, next(o for o in node.outputs if o))
     return [i for i in dict.fromkeys(node.inputs)
             if i and g.values[i].spec is not None and len(_shape(g, i)) == len(out) and _shape(g, i)[0] == out[0]
@@ -247,9 +259,19 @@ def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
             return "its softmax runs across axis 0, the one split"
     if node.key in MATMUL_OPS:
         return _product_refusal(g, node)
+    if node.key in CONV_OPS and not sliced_inputs(g, node):
+        return "its input is not read by images"
     if node.key in NORM_GRAD_OPS and int(node.attrs.get("axis", -1)) % len(_shape(g, outs[0])) == 0:
         return "it normalizes across axis 0, the one split"
     return ""
+
+
+def chunk_attrs(node: Node, k: int, attrs: dict[str, Any]) -> dict[str, Any]:
+    """A chunk's attributes: the node's, but a ConvGradInput's `x_shape` of its K-th of the images."""
+    if node.key == ("onnxplan", "ConvGradInput") and "x_shape" in attrs:
+        x_shape = [int(d) for d in attrs["x_shape"]]
+        return {**attrs, "x_shape": [x_shape[0] // k, *x_shape[1:]]}
+    return attrs
 
 
 def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
