@@ -5,7 +5,8 @@ while it runs. When a budget is below that floor, `split_to_fit` splits (passes/
 splittable node whose bound (the memory that stays resident + its working set + its scratch)
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
 shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap again on the split
-graph. A chunk still above the budget gets the next K that fits. Before any of it, a lower bound
+graph. A chunk still above the budget gets the next K that fits; when no working set is above
+the budget's room and the plan still misses it, the node that sets the floor gets its next K. Before any of it, a lower bound
 computed without planning: of the nodes that split in no K, the largest bound (the resident
 bytes, less the state a split update could home, + its working set + scratch); a budget below
 it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
@@ -132,8 +133,9 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         room = budget - fl.resident
         floor_node = base_node(fl.node)
         k_floor = specs[floor_node].k if floor_node in specs else 1
-        if floor_node not in pre_nodes or _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor,
-                                                     room, k_floor) is None:
+        k_next = None if floor_node not in pre_nodes else \
+            _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor, room, k_floor)
+        if k_next is None:
             break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
         for ns in _node_sets(out, graph):
@@ -145,8 +147,8 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
             k = _smallest_k(pre, pre_nodes[base], ws * k_now, room, k_now)
             if k is not None:
                 chosen[base] = SplitSpec(base, k)
-        if chosen == specs:
-            break
+        if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks
+            chosen[floor_node] = SplitSpec(floor_node, k_next)
         specs = chosen
         try:
             out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))
