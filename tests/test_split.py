@@ -276,3 +276,20 @@ def test_a_split_plan_on_another_array_module_is_refused_in_one_line():
     g, res = _split_plan()
     with pytest.raises(UsageError, match="runs on the CPU only"):
         Executor(res.graph, res.plan, xp=object())
+
+
+def test_an_update_whose_rows_do_not_split_splits_over_its_flattened_state():
+    """mlp's fc1 update (784 x 256) in 3 chunks: 784 rows do not divide by 3, so its state is cut
+    flat in pieces of whole pages, the last the rest (ending the slot): the same bits."""
+    from onnxplan.executor.runner import run_plan
+    from tests.zoo_small import small_artifacts
+
+    folder = small_artifacts("mlp")
+    base = run_plan(folder, PlanOptions(), steps=2, warmup=0)
+    node = next(n for n in base.plan.order if n.endswith("/fc1.weight") and "Optimizer" in n)
+    res = run_plan(folder, PlanOptions(splits=(SplitSpec(node, 3),)), steps=2, warmup=0)
+    backs = sorted((p.offset, p.nbytes) for p in res.plan.pieces if p.slot == "fc1.weight" and p.kind == "out")
+    per = 66 * 1024  # ceil(784 * 256 / 3) = 66902 elements, up to whole pages of 1024 float32
+    assert backs == [(0, per * 4), (per * 4, per * 4), (2 * per * 4, 784 * 256 * 4 - 2 * per * 4)]
+    assert res.losses == base.losses
+    assert all(np.array_equal(base.params[p], res.params[p]) for p in base.params)

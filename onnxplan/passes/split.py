@@ -68,6 +68,7 @@ from onnxplan.passes.split_ops import (
     SPLITTABLE_OPS,
     chunk_attrs,
     copied_rows,
+    flat_elems,
     sliced_inputs,
     sliced_outputs,
     split_kind,
@@ -145,10 +146,12 @@ def is_piece_node(node: Node) -> bool:
 
 @dataclass
 class _Layout:
-    """The pieces of one value in the arena: K and their names."""
+    """The pieces of one value in the arena: K, their names, and elements per piece when cut
+    over the flattened value (split_ops.flat_elems; 0: by its leading rows)."""
 
     k: int
     names: tuple[str, ...]
+    flat: int = 0
 
 
 class _Splitter:
@@ -159,7 +162,7 @@ class _Splitter:
         self.specs = {s.node: s for s in specs}
         self.nodes: list[Node] = []
         self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena (its first layout)
-        self.layouts: dict[tuple[str, int], _Layout] = {}  # (value, K) -> a further layout read from its slot
+        self.layouts: dict[tuple[str, int, int], _Layout] = {}  # (value, K, flat) -> a further layout read from its slot
         self.split_made: set[str] = set()  # values made only as pieces (by split producers)
         self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
         self.whole: set[str] = set()  # split-made values assembled whole
@@ -221,17 +224,25 @@ class _Splitter:
             if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
                 n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
 
-    def _piece_value(self, v: str, j: int, k: int, first: bool, name: str = "") -> str:
-        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`; `name` when given)."""
+    def _piece_value(self, v: str, j: int, k: int, first: bool, flat: int = 0) -> str:
+        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`;
+        `V#K.fj` over the flattened value)."""
         whole = self.g.values[v]
         spec = whole.known_spec
-        name = name or (f"{v}#{j}" if first else f"{v}#{k}.{j}")
+        name = f"{v}#{j}" if first else f"{v}#{k}.{'f' if flat else ''}{j}"
         if name in self.g.values:
             raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
         kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
-        self.g.values[name] = kind(name, TensorSpec(spec.dtype, (spec.shape[0] // k, *spec.shape[1:])),
-                                   whole.vclass, whole.trainable)
+        shape = (min(flat, spec.numel - j * flat),) if flat else (spec.shape[0] // k, *spec.shape[1:])
+        self.g.values[name] = kind(name, TensorSpec(spec.dtype, shape), whole.vclass, whole.trainable)
         return name
+
+    def _span(self, v: str, j: int, k: int, flat: int) -> tuple[int, int]:
+        """Piece j of K of `v`: its byte offset in the slot and its bytes."""
+        spec = self.g.values[v].known_spec
+        if flat:
+            return j * flat * spec.itemsize, min(flat, spec.numel - j * flat) * spec.itemsize
+        return j * (spec.nbytes // k), spec.nbytes // k
 
     def _split(self, n: Node, spec: SplitSpec) -> None:
         why = why_not(self.g, n, spec.k, spec.axis)
@@ -247,7 +258,9 @@ class _Splitter:
                 self._assemble(i, n.phase)
             elif i in self.homes:
                 self._read_home(i, n.phase)
-        reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase) for v in sliced}
+        flat = flat_elems(self.g, n, k)  # an update over its flattened state (0: by rows)
+        reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase, flat)
+                 for v in sliced}
         channels = split_kind(self.g, n) == KIND_CHANNELS
         if channels:  # dY by channels, copied from the whole (split_ops, KIND_CHANNELS)
             dy = n.inputs[0]
@@ -256,9 +269,9 @@ class _Splitter:
             reads[dy] = self._rows_of(dy, k, n.phase, axis=1)
         view = split_kind(self.g, n) == KIND_VIEW
         outs = sliced_outputs(self.g, n)
-        made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
+        made = {o: tuple(self._piece_value(o, j, k, True, flat) for j in range(k)) for o in outs}
         for o in outs:
-            self.pieces[o] = _Layout(k, made[o])
+            self.pieces[o] = _Layout(k, made[o], flat)
             self.split_made.add(o)
         back = self._written_back(n)  # an update's outputs -> the state slot they go home to
         kept = [o for o in outs if o not in back and self._read_otherwise(o, k)]  # also saved to their slot
@@ -275,9 +288,9 @@ class _Splitter:
                                        chunk_attrs(n, k, sums.attrs(j)), n.phase, aliases))
             self.nodes.extend(sums.adds(j))
             for o in kept:
-                self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
+                self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase, flat))
             for o, home in back.items():  # after every whole read of the old bytes (_order_write_backs)
-                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase))
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, flat))
         for o in kept:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
@@ -287,7 +300,7 @@ class _Splitter:
         """The K pieces of `v` along `axis` (split_ops.copied_rows; a dW ConvGrad's dY by
         channels) copied from `v` whole in the arena (PieceRows: indices [j R/K, (j+1) R/K) of
         the axis), and the nodes that copy them."""
-        key = (v, -k - 1000 * axis)
+        key = (v, -k, axis)
         if key in self.layouts:
             return self.layouts[key].names, []
         spec = self.g.values[v].known_spec
@@ -347,33 +360,33 @@ class _Splitter:
                 return True
         return False
 
-    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str) -> Node:
-        step = self.g.values[v].nbytes // k
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, flat: int = 0) -> Node:
+        offset, nbytes = self._span(v, j, k, flat)
         return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
-                    {"slot": v, "offset": j * step, "nbytes": step}, phase)
+                    {"slot": v, "offset": offset, "nbytes": nbytes}, phase)
 
-    def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
+    def _pieces_of(self, v: str, k: int, phase: str, flat: int = 0) -> tuple[tuple[str, ...], list[Node]]:
         """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
         when they are in the arena, laid out alike; else read by range from its slot, filled
         first)."""
         have = self.pieces.get(v)
-        if have is not None and have.k == k:
+        if have is not None and have.k == k and have.flat == flat:
             return have.names, []
-        if (v, k) in self.layouts:  # a second layout, already read for an earlier consumer
-            return self.layouts[v, k].names, []
+        if (v, k, flat) in self.layouts:  # a second layout, already read for an earlier consumer
+            return self.layouts[v, k, flat].names, []
         writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
-        step = self.g.values[v].nbytes // k
         names, nodes = [], []
         for j in range(k):
-            piece = self._piece_value(v, j, k, have is None)
-            suffix = f"{j}" if have is None else f"{k}.{j}"
+            piece = self._piece_value(v, j, k, have is None, flat)
+            suffix = f"{j}" if have is None else f"{k}.{'f' if flat else ''}{j}"
+            offset, nbytes = self._span(v, j, k, flat)
             nodes.append(Node(f"piece-in:{v}:{suffix}", "PieceIn", PIECE_DOMAIN, [], [piece],
-                              {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(writes)))
+                              {"slot": v, "offset": offset, "nbytes": nbytes}, phase, {}, list(writes)))
             names.append(piece)
         if have is None:
-            self.pieces[v] = _Layout(k, tuple(names))
+            self.pieces[v] = _Layout(k, tuple(names), flat)
         else:
-            self.layouts[v, k] = _Layout(k, tuple(names))
+            self.layouts[v, k, flat] = _Layout(k, tuple(names), flat)
         return tuple(names), nodes
 
     def _fill_slot(self, v: str, phase: str) -> list[str]:
@@ -383,7 +396,7 @@ class _Splitter:
             return self.slot_writes[v]
         if v in self.split_made:  # filled chunk by chunk (_split) unless nothing was to read it whole
             lay = self.pieces[v]
-            self.nodes.extend(self._piece_out(v, p, j, lay.k, phase) for j, p in enumerate(lay.names))
+            self.nodes.extend(self._piece_out(v, p, j, lay.k, phase, lay.flat) for j, p in enumerate(lay.names))
             writes = [f"piece-out:{v}:{j}" for j in range(lay.k)]
         else:
             self.nodes.append(Node(f"piece-out:{v}", "PieceOut", PIECE_DOMAIN, [v], [],

@@ -40,6 +40,9 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     im2col scratch is X's whole (the columns do not depend on the output channels), each chunk
     makes it again: the least machinery that puts W and dW (9 MiB each at resnet18's layer4)
     out of the working set, dW a piece of 9/K MiB; over the batch dW would stay whole.
+  - flat: an optimizer update whose leading axis does not split in K (its rows, or its pieces'
+    pages) splits over its flattened state (flat_elems): pieces of E elements, E a whole number
+    of pages, the last the rest (ending its slot); elementwise, the same bits.
 Refused (why_not, one line): any other op; a softmax across the split axis; a product with a
 transposed left operand of rank 2 (its output rows are A's columns) or a batch-axis transpose; a
 Gemm accumulation with transB; a reduction that keeps axis 0; a node that aliases an input
@@ -58,7 +61,7 @@ from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
 __all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
-           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "copied_rows", "sliced_inputs", "sliced_outputs", "split_kind",
+           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
            "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
@@ -276,8 +279,36 @@ def chunk_attrs(node: Node, k: int, attrs: dict[str, Any]) -> dict[str, Any]:
     return attrs
 
 
+def flat_elems(g: StepGraph, node: Node, k: int) -> int:
+    """Elements per piece of an optimizer update split over its flattened state (0: not flat).
+    Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257 rows, whose
+    bytes are no whole number of pages per piece): pieces of E elements (a whole number of the
+    store's pages), the last one the rest, ending the slot."""
+    if node.key not in UPDATE_OPS or k < 2 or _rows_refusal(g, node, k) == "":
+        return 0
+    out = next((o for o in node.outputs if o), "")
+    if not _known(g, out):
+        return 0
+    spec = g.values[out].known_spec
+    total, size = spec.numel, spec.itemsize
+    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced_inputs(g, node)):
+        return 0
+    page = PIECE_ALIGN // size
+    per = -(-total // k)
+    per = -(-per // page) * page
+    return per if (k - 1) * per < total else 0
+
+
 def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
+    why = _rows_refusal(g, node, k, axis)
+    if why and axis == 0 and flat_elems(g, node, k):
+        return ""
+    return why
+
+
+def _rows_refusal(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
+    """Why `node` cannot be split in `k` chunks along `axis` by its rows ("" when it can)."""
     kind = split_kind(g, node)
     if not kind and node.key == (MS, "ConvGrad"):
         return ("a ConvGrad making dX or dB too (only a dW-only ConvGrad, split-grad's dW half, splits: over "
