@@ -293,3 +293,18 @@ def test_an_update_whose_rows_do_not_split_splits_over_its_flattened_state():
     assert backs == [(0, per * 4), (per * 4, per * 4), (2 * per * 4, 784 * 256 * 4 - 2 * per * 4)]
     assert res.losses == base.losses
     assert all(np.array_equal(base.params[p], res.params[p]) for p in base.params)
+
+
+def test_a_flat_cut_rescues_only_a_cut_not_a_refused_node():
+    """An update with control dependencies stays refused in any K, flat or not."""
+    from onnxplan.budget.attempt import step_before_inplace
+    from onnxplan.ir.load import read_step
+    from onnxplan.passes.split_ops import flat_elems
+    from tests.zoo_small import small_artifacts
+
+    g = step_before_inplace(read_step(small_artifacts("mlp")), PlanOptions())  # the step the split pass sees
+    n = next(n for n in g.nodes if n.op_type == "AdamWUpdate" and n.name.endswith("/fc1.weight"))
+    n.after = []
+    assert flat_elems(g, n, 3) and why_not(g, n, 3) == ""
+    n.after = ["x"]
+    assert flat_elems(g, n, 3) == 0 and "control dependencies" in why_not(g, n, 3)

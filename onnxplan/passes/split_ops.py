@@ -284,8 +284,8 @@ def flat_elems(g: StepGraph, node: Node, k: int) -> int:
     Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257 rows, whose
     bytes are no whole number of pages per piece): pieces of E elements (a whole number of the
     store's pages), the last one the rest, ending the slot."""
-    if node.key not in UPDATE_OPS or k < 2 or _rows_refusal(g, node, k) == "":
-        return 0
+    if node.key not in UPDATE_OPS or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
+        return 0  # not an update, refused whatever its cut (aliases, control dependencies), or split by rows
     out = next((o for o in node.outputs if o), "")
     if not _known(g, out):
         return 0
