@@ -29,7 +29,7 @@ from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
-from onnxplan.verify import PlanError, verify_offsets, verify_pieces
+from onnxplan.verify import PlanError, verify_chunks, verify_offsets, verify_pieces
 
 __all__ = ["BudgetNotMet", "PlanOptions", "require_budget", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
@@ -372,3 +372,5 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
         verify_swaps(graph, plan)
     if plan.pieces:  # piece ranges: none written twice, none read before it is written
         verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph))
+    if plan.splits:  # every split node's K chunks, none left out
+        verify_chunks(plan.splits, plan.order)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import re
 from collections.abc import Iterable
 from typing import Protocol
 
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan
 
-__all__ = ["PieceRange", "PlanError", "verify_offsets", "verify_pieces"]
+__all__ = ["PieceRange", "PlanError", "SplitRecord", "verify_chunks", "verify_offsets", "verify_pieces"]
 
 
 class PieceRange(Protocol):
@@ -26,6 +27,15 @@ class PieceRange(Protocol):
     def offset(self) -> int: ...
     @property
     def nbytes(self) -> int: ...
+
+
+class SplitRecord(Protocol):
+    """A node split in chunks (onnxplan.plan.PlannedSplit)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def k(self) -> int: ...
 
 
 class PlanError(OnnxplanError):
@@ -150,3 +160,27 @@ def _covered(spans: list[tuple[int, int]], start: int) -> int:
         if low <= reach < high:
             reach = high
     return reach
+
+
+_CHUNK = re.compile(r"^(.*)#(\d+)(?:\.add\d+)?$")
+
+
+def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, ...]) -> None:
+    """Raise PlanError unless every split node's chunks are in `order` as its record says: the
+    node itself gone, chunks `NODE#0` .. `NODE#K-1` each present (a sum's chunk may add its
+    partial sum in `NODE#j.addI`), none beyond K (a chunk left out would leave rows uncomputed,
+    or a term out of a sum over rows)."""
+    seen: dict[str, set[int]] = {}
+    names = set(order)
+    for name in order:
+        m = _CHUNK.match(name)
+        if m:
+            seen.setdefault(m.group(1), set()).add(int(m.group(2)))
+    for s in splits:
+        if s.node in names:
+            raise PlanError(f"split node {s.node!r} is still in the order whole")
+        got = seen.get(s.node, set())
+        if got != set(range(s.k)):
+            missing, extra = sorted(set(range(s.k)) - got), sorted(got - set(range(s.k)))
+            raise PlanError(f"split node {s.node!r} in {s.k} chunks: chunks {missing} missing, {extra} beyond K "
+                            "in the order")

@@ -132,3 +132,19 @@ def test_plan_below_the_floor_records_splits_and_explain_lists_them(tmp_path):
     out.write_text(json.dumps(text))
     r = runner.invoke(app, ["explain", str(out)])
     assert r.exit_code == 2 and "splits are not those of its split pass" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, budget", [("transformer", 2 << 20), ("resnet18", 18 << 20)])
+def test_issue_28s_halved_floors_plan_run_and_match_onnx_runtime(model, budget):
+    """transformer b16 at 2 MiB (products, views, sums over rows, LayerNorm's gradient split) and
+    resnet18 b16 at 18 MiB (layer4's dW ConvGrads over their output channels): half the floors
+    of h-split; verified against ONNX Runtime, measured peak within 10% + the fixed overhead."""
+    from onnxplan.run_report import RUNTIME_OVERHEAD_BYTES
+
+    step = api.load(model, batch=16)
+    out = api.solve(step, PlanOptions(), MemoryRequest(budget=budget))
+    assert out.plan.splits and out.plan.peak_bytes <= budget
+    report = api.run(step, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
+    assert report.verified is True
+    assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]

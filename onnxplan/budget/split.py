@@ -5,7 +5,8 @@ while it runs. When a budget is below that floor, `split_to_fit` splits (passes/
 splittable node whose bound (the memory that stays resident + its working set + its scratch)
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
 shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap again on the split
-graph. A chunk still above the budget gets the next K that fits. Before any of it, a lower bound
+graph. A chunk still above the budget gets the next K that fits; when no working set is above
+the budget's room and the plan still misses it, the node that sets the floor gets its next K. Before any of it, a lower bound
 computed without planning: of the nodes that split in no K, the largest bound (the resident
 bytes, less the state a split update could home, + its working set + scratch); a budget below
 it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
@@ -27,6 +28,7 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
+from onnxplan.passes.split_ops import sliced_outputs, split_rows, unread_inputs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -97,15 +99,12 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     """The smallest K > `above` at which `node` (of `g`, the step the split pass sees) splits
     and a chunk's bytes fit `room`, its whole working set being `touched` (none fits: the
     largest K it splits in; None when it splits in none above `above`)."""
-    out = next((o for o in node.outputs if o), None)
-    spec = g.values[out].spec if out else None
-    if spec is None or not spec.shape:
-        return None
-    valid = [k for k in range(max(above + 1, 2), min(spec.shape[0], MAX_K) + 1) if not why_not(g, node, k)]
+    rows = split_rows(g, node)
+    valid = [k for k in range(max(above + 1, 2), min(rows, MAX_K) + 1) if not why_not(g, node, k)]
     if not valid:
         return None
-    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *(o for o in node.outputs if o)})
-    whole = max(touched - sliced, 0)
+    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *sliced_outputs(g, node)})
+    whole = max(touched - sliced - sum(align(g.values[v].nbytes) for v in unread_inputs(g, node)), 0)
     return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
 
 
@@ -134,8 +133,9 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         room = budget - fl.resident
         floor_node = base_node(fl.node)
         k_floor = specs[floor_node].k if floor_node in specs else 1
-        if floor_node not in pre_nodes or _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor,
-                                                     room, k_floor) is None:
+        k_next = None if floor_node not in pre_nodes else \
+            _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor, room, k_floor)
+        if k_next is None:
             break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
         for ns in _node_sets(out, graph):
@@ -147,8 +147,8 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
             k = _smallest_k(pre, pre_nodes[base], ws * k_now, room, k_now)
             if k is not None:
                 chosen[base] = SplitSpec(base, k)
-        if chosen == specs:
-            break
+        if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks
+            chosen[floor_node] = SplitSpec(floor_node, k_next)
         specs = chosen
         try:
             out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))

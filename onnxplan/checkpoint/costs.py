@@ -107,6 +107,8 @@ def node_flops(g: StepGraph, n: Node) -> float:
         outs = [*n.outputs, "", ""][:2] if n.op_type == "ConvGrad" else [n.outputs[0], ""]
         weight = n.inputs[2] if n.op_type == "ConvGrad" else n.inputs[1]
         return 2.0 * sum(bool(o) for o in outs) * _numel(g, n.inputs[0]) * _conv_taps(g, n, weight)
+    if n.key == ("onnxplan", "ConvGradWeight"):  # dW's rows: each summed over dY's images and positions
+        return 2.0 * out * prod(_shape(g, n.inputs[0])[:1] + _shape(g, n.inputs[0])[2:])
     if n.op_type in ("ReduceSum", "ReduceMean", "GlobalAveragePool", "Sum"):
         return float(sum(_numel(g, i) for i in n.inputs if i))
     total = sum(_numel(g, o) for o in n.outputs if o)
@@ -119,7 +121,7 @@ def work_kind(n: Node) -> str:
         return "matmul"
     if n.op_type == "Conv":
         return "conv"
-    return "conv_grad" if n.op_type in ("ConvGrad", "ConvGradInput") else "elementwise"
+    return "conv_grad" if n.op_type in ("ConvGrad", "ConvGradInput", "ConvGradWeight") else "elementwise"
 
 
 def node_bytes(g: StepGraph, n: Node) -> int:

@@ -166,7 +166,7 @@ def kernel(op_type: str, domain: str = "", *, since: int = 1, until: int | None 
 # The kernel modules, listed: each declares its kernels when imported (_load_all, on first lookup).
 KERNEL_MODULES = ("batch_norm", "conv", "conv_grad", "conv_grad_input", "conv_transpose", "elementwise",
                   "elementwise_more", "indexing", "matmul", "norm", "optimizer", "pool", "random", "reduce", "resize",
-                  "softmax_loss", "tensor_ops")
+                  "softmax_loss", "split_chunks", "tensor_ops")
 
 
 def _load_all() -> None:

@@ -3,10 +3,17 @@ of its tensors, so the node's working set is a piece, not the whole (issue 28).
 
 Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split:` + JSON):
   - N becomes chunk nodes `N#0` .. `N#K-1`: the same op, domain and attributes on pieces. Chunk
-    k covers rows [k R/K, (k+1) R/K) of axis a of N's output shape (R rows; K divides R). An
-    input of the output's rank whose axis a has R rows is sliced (chunk k reads its piece); any
-    other input (a broadcast bias, a scalar) is read whole by every chunk. Only the leading axis
-    (a = 0) is split today, so every piece is one contiguous byte range of its tensor.
+    k covers rows [k R/K, (k+1) R/K) of axis a (R rows; K divides R). Which inputs a chunk
+    reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
+    elementwise and row-wise ops, products over rows, views, sums over rows, a conv dW over its
+    output channels); any other input (a broadcast bias, a weight) is read whole by every chunk.
+    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
+  - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
+    whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
+    a partial sum `OUT#partJ` and an Add `N#J.addI`); the last chunk makes OUT (_Sums).
+  - A sliced input whose pieces are off the store's page and that is small (split_ops.ROW_COPY_MAX)
+    is read whole and its rows copied into each chunk's piece (`piece-rows:V:...`, op PieceRows,
+    in the arena); so are a dW ConvGrad's dY channels (axis 1).
   - A piece is a value of its own, `V#k` (a fresh buffer of the piece's size): lifetimes, the
     offset planners, the verifier, swap planning and the executor see a normal buffer.
   - Pieces of a value V move through the host store's slot `V` (the whole tensor's bytes), by
@@ -20,7 +27,8 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     A piece made by a split producer is read by a split consumer of the same layout directly
     (no transfer); the whole V never exists unless something not split reads it.
   - What is copied: every piece-in and piece-out moves its bytes between the arena and the host
-    store (the store's file, as swap's). Nothing else: a chunk computes its piece in place of
+    store (the store's file, as swap's); a PieceRows copies a small input's rows (or a dW
+    ConvGrad's dY channels) in the arena. Nothing else: a chunk computes its piece in place of
     the whole, the same op on fewer rows.
   - An optimizer update (UPDATE_OPS, passes/interleave.py: AdamWUpdate, SGDUpdate) is elementwise over
     its parameter, gradient and moments. Split, its parameter and moments become HomedValues:
@@ -32,17 +40,14 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     once the node list is built, so a whole read placed after the update is held too). The
     updated copies leave the step's outputs; the executor loads and reads the homed state in
     the piece store (executor/piece_io.py).
-Exact semantics: the ops split today are elementwise (SPLITTABLE_OPS) or row-wise (ROW_OPS: a
-softmax over another axis than the split one); a chunk computes each element from the same
-elements (rows) of its inputs as the whole node, so the outputs are the same bits
-(tests/test_split.py runs every op whole and split on seeded random inputs, and two steps of the
-mlp with a split AdamW and SGD update). Piece byte offsets are multiples of PIECE_ALIGN (the
-store's page: O_DIRECT transfers move whole pages). Refused, with the reason (SplitRefused,
-`why_not`): an op not listed (LayerNorm, GEMMs, convolutions, losses: not yet), a softmax across
-the split axis, a node that
-aliases an input or has control dependencies, outputs of differing shapes, a K that does not
-divide the rows or leaves a piece off a page boundary, a persistent sliced input of a node that
-is not an update (parameters are swap's to page there).
+Exact semantics (split_ops' docstring has each kind's): elementwise and row-wise ops and the
+updates give the same bits (tests/test_split.py on seeded random inputs, and two steps of the
+mlp with a split AdamW and SGD update); products over rows and the conv dW the same dot products
+on fewer rows (bitwise where BLAS blocks them alike, else a few ulps); sums over rows change the
+summation order (tested within a few ulps of the sum of |terms|, tests/test_split_products.py;
+verified against ONNX Runtime by `run --verify`). Piece byte offsets are multiples of
+PIECE_ALIGN (the store's page: O_DIRECT transfers move whole pages). Refused, with the reason
+(SplitRefused, `why_not`, split_ops.py).
 """
 
 from __future__ import annotations
@@ -51,10 +56,25 @@ import json
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value
+from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueClass
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
+from onnxplan.passes.split_ops import (
+    KIND_CHANNELS,
+    KIND_VIEW,
+    PIECE_ALIGN,
+    ROW_OPS,
+    SPLITTABLE_OPS,
+    chunk_attrs,
+    copied_rows,
+    flat_elems,
+    sliced_inputs,
+    sliced_outputs,
+    split_kind,
+    summed_outputs,
+    why_not,
+)
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
@@ -63,21 +83,7 @@ __all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PA
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
 PIECE_DOMAIN = "onnxplan"
-PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
 SPLIT_PASS = "split"
-MS = "com.microsoft"
-_UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
-          "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
-_MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
-           "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
-# row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
-# each row on its own
-ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
-                     (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
-# (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
-SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
-                           | UPDATE_OPS)
 
 
 @dataclass
@@ -128,59 +134,24 @@ def chunk_name(node: str, k: int) -> str:
 
 
 def base_node(name: str) -> str:
-    """The node a chunk `N#k` was split from (`name` itself otherwise)."""
+    """The node a chunk `N#k` (or an accumulation's add `N#k.addI`) was split from (`name`
+    itself otherwise)."""
     head, sep, tail = name.rpartition("#")
-    return head if sep and tail.isdigit() else name
+    return head if sep and tail.partition(".")[0].isdigit() else name
 
 
 def is_piece_node(node: Node) -> bool:
     return node.domain == PIECE_DOMAIN and node.op_type in ("PieceIn", "PieceOut")
 
 
-def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
-    return g.values[v].known_spec.shape
-
-
-def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
-    """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
-    if node.key not in SPLITTABLE_OPS:
-        return f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise nor row-wise)"
-    if node.aliases or node.after:
-        return "the node aliases an input or has control dependencies"
-    outs = [o for o in node.outputs if o]
-    if not outs or any(g.values[o].spec is None for o in outs) or len({_shape(g, o) for o in outs}) != 1:
-        return "its outputs differ in shape (or have none)"
-    shape = _shape(g, outs[0])
-    if axis != 0 or not shape:
-        return "only the leading axis of a tensor of rank >= 1 is split"
-    rows = shape[0]
-    if node.key in ROW_OPS and (len(shape) < 2 or int(node.attrs.get("axis", -1)) % len(shape) == axis):
-        return f"its softmax runs across axis {axis}, the one split"
-    if k < 2 or rows % k:
-        return f"K={k} does not divide the {rows} rows of axis {axis}"
-    for v in sliced_inputs(g, node) + outs:
-        if g.values[v].persistent and node.key not in UPDATE_OPS:
-            return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
-        piece = g.values[v].nbytes // k
-        if piece % PIECE_ALIGN:
-            return f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page)"
-    return ""
-
-
-def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
-    """The inputs of `node` that each chunk reads a piece of (same rank and leading rows as the output)."""
-    out = _shape(g, next(o for o in node.outputs if o))
-    return [i for i in dict.fromkeys(node.inputs)
-            if i and g.values[i].spec is not None and len(_shape(g, i)) == len(out) and _shape(g, i)[0] == out[0]
-            and out[0] > 1]
-
-
 @dataclass
 class _Layout:
-    """The pieces of one value in the arena: K and their names."""
+    """The pieces of one value in the arena: K, their names, and elements per piece when cut
+    over the flattened value (split_ops.flat_elems; 0: by its leading rows)."""
 
     k: int
     names: tuple[str, ...]
+    flat: int = 0
 
 
 class _Splitter:
@@ -191,7 +162,7 @@ class _Splitter:
         self.specs = {s.node: s for s in specs}
         self.nodes: list[Node] = []
         self.pieces: dict[str, _Layout] = {}  # value -> its pieces in the arena (its first layout)
-        self.layouts: dict[tuple[str, int], _Layout] = {}  # (value, K) -> a further layout read from its slot
+        self.layouts: dict[tuple[str, int, int], _Layout] = {}  # (value, K, flat) -> a further layout read from its slot
         self.split_made: set[str] = set()  # values made only as pieces (by split producers)
         self.slot_writes: dict[str, list[str]] = {}  # value -> the PieceOut nodes that filled its slot
         self.whole: set[str] = set()  # split-made values assembled whole
@@ -253,17 +224,25 @@ class _Splitter:
             if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
                 n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
 
-    def _piece_value(self, v: str, j: int, k: int, first: bool) -> str:
-        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`)."""
+    def _piece_value(self, v: str, j: int, k: int, first: bool, flat: int = 0) -> str:
+        """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`;
+        `V#K.fj` over the flattened value)."""
         whole = self.g.values[v]
         spec = whole.known_spec
-        name = f"{v}#{j}" if first else f"{v}#{k}.{j}"
+        name = f"{v}#{j}" if first else f"{v}#{k}.{'f' if flat else ''}{j}"
         if name in self.g.values:
             raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
         kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
-        self.g.values[name] = kind(name, TensorSpec(spec.dtype, (spec.shape[0] // k, *spec.shape[1:])),
-                                   whole.vclass, whole.trainable)
+        shape = (min(flat, spec.numel - j * flat),) if flat else (spec.shape[0] // k, *spec.shape[1:])
+        self.g.values[name] = kind(name, TensorSpec(spec.dtype, shape), whole.vclass, whole.trainable)
         return name
+
+    def _span(self, v: str, j: int, k: int, flat: int) -> tuple[int, int]:
+        """Piece j of K of `v`: its byte offset in the slot and its bytes."""
+        spec = self.g.values[v].known_spec
+        if flat:
+            return j * flat * spec.itemsize, min(flat, spec.numel - j * flat) * spec.itemsize
+        return j * (spec.nbytes // k), spec.nbytes // k
 
     def _split(self, n: Node, spec: SplitSpec) -> None:
         why = why_not(self.g, n, spec.k, spec.axis)
@@ -271,34 +250,86 @@ class _Splitter:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
         sliced = sliced_inputs(self.g, n)
+        copied = copied_rows(self.g, n, k)
         for i in n.inputs:
-            if i in sliced:
+            if i in sliced and i not in copied:
                 continue
             if i in self.split_made:  # read whole by every chunk
                 self._assemble(i, n.phase)
             elif i in self.homes:
                 self._read_home(i, n.phase)
-        reads = {v: self._pieces_of(v, k, n.phase) for v in sliced}
-        outs = [o for o in n.outputs if o]
-        made = {o: tuple(self._piece_value(o, j, k, True) for j in range(k)) for o in outs}
+        flat = flat_elems(self.g, n, k)  # an update over its flattened state (0: by rows)
+        reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase, flat)
+                 for v in sliced}
+        channels = split_kind(self.g, n) == KIND_CHANNELS
+        if channels:  # dY by channels, copied from the whole (split_ops, KIND_CHANNELS)
+            dy = n.inputs[0]
+            if dy in self.split_made:
+                self._assemble(dy, n.phase)
+            reads[dy] = self._rows_of(dy, k, n.phase, axis=1)
+        view = split_kind(self.g, n) == KIND_VIEW
+        outs = sliced_outputs(self.g, n)
+        made = {o: tuple(self._piece_value(o, j, k, True, flat) for j in range(k)) for o in outs}
         for o in outs:
-            self.pieces[o] = _Layout(k, made[o])
+            self.pieces[o] = _Layout(k, made[o], flat)
             self.split_made.add(o)
         back = self._written_back(n)  # an update's outputs -> the state slot they go home to
         kept = [o for o in outs if o not in back and self._read_otherwise(o, k)]  # also saved to their slot
+        sums = _Sums(self, n, k)
         for j in range(k):  # chunk by chunk: its pieces read, the chunk, its pieces saved
             self.nodes.extend(new[j] for _, new in reads.values() if new)
-            ins = [reads[i][0][j] if i in reads else i for i in n.inputs]
-            outs_j = [made[o][j] if o else "" for o in n.outputs]
-            self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j, dict(n.attrs), n.phase))
+            ins = sums.inputs(j, [reads[i][0][j] if i in reads else i for i in n.inputs])
+            outs_j = [made[o][j] if o in made else sums.part(o, j) if o else "" for o in n.outputs]
+            aliases = {outs_j[0]: (ins[0], "rv")} if view else {}  # piece j of a view: piece j of its input
+            if channels:
+                self.nodes.append(self._weight_chunk(n, j, ins, made[n.outputs[1]][j]))
+            else:
+                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j,
+                                       chunk_attrs(n, k, sums.attrs(j)), n.phase, aliases))
+            self.nodes.extend(sums.adds(j))
             for o in kept:
-                self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase))
+                self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase, flat))
             for o, home in back.items():  # after every whole read of the old bytes (_order_write_backs)
-                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase))
+                self.nodes.append(self._piece_out(home, made[o][j], j, k, n.phase, flat))
         for o in kept:
             self.slot_writes[o] = [f"piece-out:{o}:{j}" for j in range(k)]
         for o in back:  # made only as pieces, which go home: the whole updated copy is no value of the step
             del self.g.values[o]
+
+    def _rows_of(self, v: str, k: int, phase: str, axis: int = 0) -> tuple[tuple[str, ...], list[Node]]:
+        """The K pieces of `v` along `axis` (split_ops.copied_rows; a dW ConvGrad's dY by
+        channels) copied from `v` whole in the arena (PieceRows: indices [j R/K, (j+1) R/K) of
+        the axis), and the nodes that copy them."""
+        key = (v, -k, axis)
+        if key in self.layouts:
+            return self.layouts[key].names, []
+        spec = self.g.values[v].known_spec
+        rows, tag = spec.shape[axis], "rows" if axis == 0 else f"axis{axis}."
+        names, nodes = [], []
+        for j in range(k):
+            name = f"{v}#{tag}{k}.{j}"
+            if name in self.g.values:
+                raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
+            shape = (*spec.shape[:axis], rows // k, *spec.shape[axis + 1:])
+            self.g.values[name] = Value(name, TensorSpec(spec.dtype, shape), self.g.values[v].vclass)
+            nodes.append(Node(f"piece-rows:{v}:{tag}{k}.{j}", "PieceRows", PIECE_DOMAIN, [v], [name],
+                              {"start": j * rows // k, "stop": (j + 1) * rows // k, "axis": axis}, phase))
+            names.append(name)
+        self.layouts[key] = _Layout(k, tuple(names))
+        return tuple(names), nodes
+
+    def _weight_chunk(self, n: Node, j: int, ins: list[str], piece: str) -> Node:
+        """Chunk j of a dW ConvGrad: onnxplan.ConvGradWeight(dY's channels, X) -> its piece of dW."""
+        shape = [int(d) for d in self.g.values[piece].known_spec.shape]
+        return Node(chunk_name(n.name, j), "ConvGradWeight", PIECE_DOMAIN, ins[:2], [piece],
+                    {**n.attrs, "w_shape": shape}, n.phase)
+
+    def _acc_value(self, whole: Value, name: str) -> str:
+        """A running sum of an accumulation: a temporary of the whole output's spec."""
+        if name in self.g.values:
+            raise SplitRefused(f"split: the value name {name!r} is already a value of the step")
+        self.g.values[name] = Value(name, whole.spec, ValueClass.TEMPORARY)
+        return name
 
     def _written_back(self, n: Node) -> dict[str, str]:
         """A split update's outputs and the homed state each updates (output k of the kernel's
@@ -329,33 +360,33 @@ class _Splitter:
                 return True
         return False
 
-    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str) -> Node:
-        step = self.g.values[v].nbytes // k
+    def _piece_out(self, v: str, piece: str, j: int, k: int, phase: str, flat: int = 0) -> Node:
+        offset, nbytes = self._span(v, j, k, flat)
         return Node(f"piece-out:{v}:{j}", "PieceOut", PIECE_DOMAIN, [piece], [],
-                    {"slot": v, "offset": j * step, "nbytes": step}, phase)
+                    {"slot": v, "offset": offset, "nbytes": nbytes}, phase)
 
-    def _pieces_of(self, v: str, k: int, phase: str) -> tuple[tuple[str, ...], list[Node]]:
+    def _pieces_of(self, v: str, k: int, phase: str, flat: int = 0) -> tuple[tuple[str, ...], list[Node]]:
         """The K pieces of `v` a chunk set reads, and the PieceIn nodes that make them (none
         when they are in the arena, laid out alike; else read by range from its slot, filled
         first)."""
         have = self.pieces.get(v)
-        if have is not None and have.k == k:
+        if have is not None and have.k == k and have.flat == flat:
             return have.names, []
-        if (v, k) in self.layouts:  # a second layout, already read for an earlier consumer
-            return self.layouts[v, k].names, []
+        if (v, k, flat) in self.layouts:  # a second layout, already read for an earlier consumer
+            return self.layouts[v, k, flat].names, []
         writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
-        step = self.g.values[v].nbytes // k
         names, nodes = [], []
         for j in range(k):
-            piece = self._piece_value(v, j, k, have is None)
-            suffix = f"{j}" if have is None else f"{k}.{j}"
+            piece = self._piece_value(v, j, k, have is None, flat)
+            suffix = f"{j}" if have is None else f"{k}.{'f' if flat else ''}{j}"
+            offset, nbytes = self._span(v, j, k, flat)
             nodes.append(Node(f"piece-in:{v}:{suffix}", "PieceIn", PIECE_DOMAIN, [], [piece],
-                              {"slot": v, "offset": j * step, "nbytes": step}, phase, {}, list(writes)))
+                              {"slot": v, "offset": offset, "nbytes": nbytes}, phase, {}, list(writes)))
             names.append(piece)
         if have is None:
-            self.pieces[v] = _Layout(k, tuple(names))
+            self.pieces[v] = _Layout(k, tuple(names), flat)
         else:
-            self.layouts[v, k] = _Layout(k, tuple(names))
+            self.layouts[v, k, flat] = _Layout(k, tuple(names), flat)
         return tuple(names), nodes
 
     def _fill_slot(self, v: str, phase: str) -> list[str]:
@@ -365,7 +396,7 @@ class _Splitter:
             return self.slot_writes[v]
         if v in self.split_made:  # filled chunk by chunk (_split) unless nothing was to read it whole
             lay = self.pieces[v]
-            self.nodes.extend(self._piece_out(v, p, j, lay.k, phase) for j, p in enumerate(lay.names))
+            self.nodes.extend(self._piece_out(v, p, j, lay.k, phase, lay.flat) for j, p in enumerate(lay.names))
             writes = [f"piece-out:{v}:{j}" for j in range(lay.k)]
         else:
             self.nodes.append(Node(f"piece-out:{v}", "PieceOut", PIECE_DOMAIN, [v], [],
@@ -383,6 +414,42 @@ class _Splitter:
         self.nodes.append(Node(f"piece-in:{v}", "PieceIn", PIECE_DOMAIN, [], [v],
                                {"slot": v, "offset": 0, "nbytes": self.g.values[v].nbytes}, phase, {},
                                list(writes)))
+
+
+class _Sums:
+    """The outputs of one split node that are sums over its rows (split_ops.summed_outputs):
+    each made whole, chunk by chunk. A Gemm adds into its running sum itself (chunk j > 0 reads
+    the sum so far as C, beta 1; chunk 0 has the node's own C and beta); any other op makes a
+    partial sum per chunk, added to the running one by an Add (`N#j.addI`). The running sums
+    are temporaries `OUT#accJ`; the last chunk makes OUT."""
+
+    def __init__(self, sp: _Splitter, n: Node, k: int) -> None:
+        self.sp, self.n, self.k = sp, n, k
+        self.outs = summed_outputs(sp.g, n)
+        self.chained = n.op_type == "Gemm" and bool(self.outs)
+        self.target = {(o, j): o if j == k - 1 else sp._acc_value(sp.g.values[o], f"{o}#acc{j}")
+                       for o in self.outs for j in range(k)}
+
+    def part(self, o: str, j: int) -> str:
+        """What chunk j writes for summed output `o`: the running sum itself (chunk 0, or a
+        Gemm), else a partial sum."""
+        if j == 0 or self.chained:
+            return self.target[o, j]
+        return self.sp._acc_value(self.sp.g.values[o], f"{o}#part{j}")
+
+    def inputs(self, j: int, ins: list[str]) -> list[str]:
+        return [*ins[:2], self.target[self.outs[0], j - 1]] if self.chained and j else ins
+
+    def attrs(self, j: int) -> dict:
+        return {**self.n.attrs, "beta": 1.0} if self.chained and j else dict(self.n.attrs)
+
+    def adds(self, j: int) -> list[Node]:
+        """The Adds of chunk j's partial sums to the running ones (none for chunk 0 or a Gemm)."""
+        if j == 0 or self.chained:
+            return []
+        return [Node(f"{chunk_name(self.n.name, j)}.add{i}", "Add", "",
+                     [self.target[o, j - 1], f"{o}#part{j}"], [self.target[o, j]], {}, self.n.phase)
+                for i, o in enumerate(self.outs)]
 
 
 def split_pass(arg: str) -> PassFn:

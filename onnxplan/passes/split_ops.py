@@ -1,0 +1,336 @@
+"""What the split pass (passes/split.py) splits, how, and why not: the ops, the kind of split each
+makes, the inputs a chunk reads a piece of, and the one-line refusal (issue 28).
+
+Three kinds of split, all along the leading axis (every piece one contiguous byte range):
+  - rows (KIND_ROWS): chunk k makes rows [k R/K, (k+1) R/K) of the output (R its leading rows)
+    from the same rows of its sliced inputs; any other input is read whole. The elementwise and
+    row-wise ops (SPLITTABLE_OPS), and the products over the rows of the left operand (MatMul,
+    com.microsoft FusedMatMul without a batch-axis transpose, Gemm with transA = 0: each chunk
+    reads its rows of A, the whole B, writes its rows of Y; a batched product of rank >= 3 also
+    slices a B of the output's rank along the batch). A chunk computes each row from the same
+    inputs as the whole node; the bits may still differ where BLAS blocks fewer rows differently
+    (the kernel cuts a product for the compute threads by its size, kernels/matmul.py): the
+    tolerance is float32 rounding of one dot product, tests/test_split_products.py.
+    Convolutions over the batch (Conv, onnxplan.ConvGradInput: split-grad's dX half) are rows
+    too: chunk k reads its images of X (or dY) and the whole W, writes its images of Y (dX,
+    `x_shape` its images' shape); the im2col scratch is the chunk's (its images' columns),
+    so it shrinks with K; each image from the same products (tested within 4 ulps: the kernel
+    cuts its GEMMs by size).
+  - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose leading rows
+    (in and out) K divides: piece k of the output is piece k of the input under the piece's
+    shape (the same bytes: a read-only view of the input piece, as realize makes the whole).
+  - accumulate (KIND_ACCUMULATE): the output is a sum over the leading rows R of the sliced
+    inputs, so it is not split: the K chunks each read their rows and add into a running whole
+    output. Gemm with transA = 1, transB = 0 (dW = A^T dY, A [R, M], dY [R, N]): chunk 0 is
+    Gemm(A_0, dY_0 [, C]) with the node's own C and beta, chunk k > 0 is Gemm(A_k, dY_k,
+    acc_{k-1}) with beta 1; ReduceSum over axes that include axis 0 (a bias gradient): chunk k
+    is ReduceSum(X_k) -> part_k, then Add(acc_{k-1}, part_k) (in place where the in-place pass
+    lets it). A Gemm chunk holds the sum so far and the new one (Gemm writes no input in place):
+    two dW-sized buffers, against one unsplit. The summation order changes (K
+    partial sums added in chunk order): not the same bits; the tolerance (a few float32 ulps of
+    the sum of |terms|) is tested against the unsplit kernel (tests/test_split_products.py) and
+    against ONNX Runtime by `run --verify`.
+  - channels (KIND_CHANNELS): a ConvGrad making dW only (split_grad's dW half, no dB, group 1)
+    over dW's output channels: chunk k makes dW[k M/K : (k+1) M/K] (a piece of dW: a byte range)
+    from dY's channels k M/K .. (k+1) M/K, copied out of dY whole (PieceRows along axis 1, M/K of
+    its channels) and X whole: onnxplan.ConvGradWeight (ConvGrad's kernel with dW requested and
+    W's piece shape as `w_shape`: W itself is not read, kernels/conv_grad_weight.py). Each
+    output channel's dW is summed over the same images and positions in the same order by the
+    same GEMM on fewer rows: same bits unless BLAS blocks fewer rows otherwise (tested). Its
+    im2col scratch is X's whole (the columns do not depend on the output channels), each chunk
+    makes it again: the least machinery that puts W and dW (9 MiB each at resnet18's layer4)
+    out of the working set, dW a piece of 9/K MiB; over the batch dW would stay whole.
+  - flat: an optimizer update whose leading axis does not split in K (its rows, or its pieces'
+    pages) splits over its flattened state (flat_elems): pieces of E elements, E a whole number
+    of pages, the last the rest (ending its slot); elementwise, the same bits.
+Refused (why_not, one line): any other op; a softmax across the split axis; a product with a
+transposed left operand of rank 2 (its output rows are A's columns) or a batch-axis transpose; a
+Gemm accumulation with transB; a reduction that keeps axis 0; a node that aliases an input
+(views excepted) or has control dependencies; a K that does not divide the rows or leaves a
+piece off a page boundary; a persistent sliced input of a node that is not an update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.passes.interleave import UPDATE_OPS
+from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
+
+__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
+           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
+           "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
+
+PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
+MS = "com.microsoft"
+KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS = "rows", "view", "accumulate", "channels"
+_UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
+          "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
+           "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
+# row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
+# each row on its own
+ROW_OPS = frozenset({("", "Softmax"), ("", "LogSoftmax"), (MS, "SoftmaxGrad_13"), (MS, "LogSoftmaxGrad_13"),
+                     (MS, "SoftmaxGrad"), (MS, "LogSoftmaxGrad")})
+# (domain, op): elementwise, so any rows of the output depend on the same rows of the inputs only
+SPLITTABLE_OPS = frozenset({("", op) for op in (*_UNARY, *_BINARY)} | {(MS, op) for op in _MS_OPS} | ROW_OPS
+                           | UPDATE_OPS)
+MATMUL_OPS = frozenset({("", "MatMul"), (MS, "FusedMatMul"), ("", "Gemm")})
+# convolutions over the batch: each image's output from its own image (and the whole W)
+CONV_OPS = frozenset({("", "Conv"), ("onnxplan", "ConvGradInput")})
+# normalization gradients over the last axes: dX by rows, dscale (and dbias) summed over the rows
+NORM_GRAD_OPS = frozenset({(MS, "LayerNormalizationGrad"), (MS, "SimplifiedLayerNormalizationGrad")})
+# a sliced input whose pieces are off the store's page (a norm's per-row mean, 4 KiB at
+# transformer b16) is read whole and each chunk's rows copied (PieceRows), up to this size whole
+ROW_COPY_MAX = 256 * 1024
+_SUM = ("", "ReduceSum")
+
+
+def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
+    return g.values[v].known_spec.shape
+
+
+def _known(g: StepGraph, v: str) -> bool:
+    return bool(v) and v in g.values and g.values[v].spec is not None
+
+
+def accumulate_axes(g: StepGraph, node: Node) -> tuple[int, ...] | None:
+    """The axes a ReduceSum sums (normalized; None: its axes are not known statically, or it
+    keeps them all)."""
+    x = node.inputs[0] if node.inputs else ""
+    if not _known(g, x):
+        return None
+    rank = len(_shape(g, x))
+    if len(node.inputs) > 1 and node.inputs[1]:
+        raw = g.initializers.get(node.inputs[1], g.folded.get(node.inputs[1]))
+        if raw is None:
+            return None
+        axes = [int(a) for a in np.asarray(raw).reshape(-1)]
+    else:
+        axes = [int(a) for a in node.attrs.get("axes") or []]
+    if not axes:
+        return None if int(node.attrs.get("noop_with_empty_axes", 0)) else tuple(range(rank))
+    return tuple(sorted({a % rank for a in axes})) if rank else ()
+
+
+def weight_gradient(node: Node) -> bool:
+    """A ConvGrad that makes dW only (split_grad's dW half without dB)."""
+    outs = [*node.outputs, "", "", ""][:3]
+    return node.key == (MS, "ConvGrad") and not outs[0] and bool(outs[1]) and not outs[2] and len(node.inputs) >= 3
+
+
+def split_kind(g: StepGraph, node: Node) -> str:
+    """The kind of split `node` makes (module docstring), "" when its op is not split."""
+    if weight_gradient(node):
+        return KIND_CHANNELS
+    if node.key in SPLITTABLE_OPS:
+        return KIND_ROWS
+    if node.key in READ_ONLY_VIEW_OPS:
+        return KIND_VIEW
+    if node.key == ("", "Gemm") and int(node.attrs.get("transA", 0)):
+        return KIND_ACCUMULATE
+    if node.key in MATMUL_OPS or node.key in NORM_GRAD_OPS or node.key in CONV_OPS:
+        return KIND_ROWS
+    if node.key == _SUM:
+        axes = accumulate_axes(g, node)
+        return KIND_ACCUMULATE if axes and 0 in axes else ""
+    return ""
+
+
+def split_rows(g: StepGraph, node: Node) -> int:
+    """The rows the chunks divide: the output's leading axis, or for an accumulation the
+    leading axis of what it sums over (0 when unknown)."""
+    if split_kind(g, node) == KIND_ACCUMULATE:
+        x = node.inputs[0] if node.inputs else ""
+        return _shape(g, x)[0] if _known(g, x) and _shape(g, x) else 0
+    out = next((o for o in node.outputs if o), "")
+    return _shape(g, out)[0] if _known(g, out) and _shape(g, out) else 0
+
+
+def _product_inputs(g: StepGraph, node: Node) -> list[str]:
+    """A product's inputs each chunk reads a piece of: A of the output's rank; B where the
+    output is batched (rank >= 3) and B is too; Gemm's C of rank 2 over the output's rows."""
+    out = _shape(g, node.outputs[0])
+    rows, rank = out[0], len(out)
+    ins = [*node.inputs, "", ""]
+    a, b, c = ins[0], ins[1], ins[2] if node.op_type == "Gemm" else ""
+    picked = [a] if _known(g, a) and len(_shape(g, a)) == rank and _shape(g, a)[0] == rows else []
+    if rank >= 3 and _known(g, b) and len(_shape(g, b)) == rank and _shape(g, b)[0] == rows:
+        picked.append(b)
+    if _known(g, c) and len(_shape(g, c)) == 2 and _shape(g, c)[0] == rows:
+        picked.append(c)
+    return picked if rows > 1 else []
+
+
+def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
+    """The inputs of `node` that each chunk reads a piece of (by its kind; elementwise: the
+    inputs of the output's rank and leading rows)."""
+    kind = split_kind(g, node)
+    if kind == KIND_VIEW:
+        return [node.inputs[0]]
+    if kind == KIND_CHANNELS:  # dY is copied by channels (channel_copies), X read whole
+        return []
+    if kind == KIND_ACCUMULATE:
+        return [node.inputs[0]] if node.key == _SUM else list(dict.fromkeys(node.inputs[:2]))
+    if node.key in MATMUL_OPS:
+        return list(dict.fromkeys(_product_inputs(g, node)))
+    if node.key in CONV_OPS:  # X (Conv) or dY (ConvGradInput) by images; W and a bias whole
+        x, out = node.inputs[0], _shape(g, node.outputs[0])
+        return [x] if _known(g, x) and len(_shape(g, x)) == len(out) and _shape(g, x)[0] == out[0] > 1 else []
+    out = _shape(g, next(o for o in node.outputs if o))
+    return [i for i in dict.fromkeys(node.inputs)
+            if i and g.values[i].spec is not None and len(_shape(g, i)) == len(out) and _shape(g, i)[0] == out[0]
+            and out[0] > 1]
+
+
+def summed_outputs(g: StepGraph, node: Node) -> list[str]:
+    """The outputs that are sums over the rows (made whole, added up chunk by chunk): an
+    accumulation's output, a norm gradient's dscale and dbias."""
+    if split_kind(g, node) == KIND_ACCUMULATE:
+        return [node.outputs[0]]
+    return [o for o in node.outputs[1:] if o] if node.key in NORM_GRAD_OPS else []
+
+
+def sliced_outputs(g: StepGraph, node: Node) -> list[str]:
+    """The outputs each chunk makes a piece of (the others are summed_outputs)."""
+    summed = summed_outputs(g, node)
+    return [o for o in node.outputs if o and o not in summed]
+
+
+def unread_inputs(g: StepGraph, node: Node) -> list[str]:
+    """Inputs of `node` its chunks do not read: a dW ConvGrad's W (its chunks take their piece's
+    shape as an attribute; the kernel reads only W's shape)."""
+    return [node.inputs[2]] if split_kind(g, node) == KIND_CHANNELS else []
+
+
+def copied_rows(g: StepGraph, node: Node, k: int) -> list[str]:
+    """The sliced inputs whose pieces in `k` are off the store's page and that are small enough
+    (ROW_COPY_MAX) to be read whole and copied by rows into each chunk's piece."""
+    return [v for v in sliced_inputs(g, node)
+            if (g.values[v].nbytes // k) % PIECE_ALIGN and g.values[v].nbytes <= ROW_COPY_MAX]
+
+
+def _product_refusal(g: StepGraph, node: Node) -> str:
+    """Why a product (MatMul, FusedMatMul, Gemm with transA = 0) does not split over its rows."""
+    out = _shape(g, node.outputs[0])
+    if node.op_type == "FusedMatMul" and (int(node.attrs.get("transBatchA", 0)) or int(node.attrs.get("transBatchB", 0))):
+        return "a batch-axis transpose of an operand"
+    if len(out) < 2:
+        return "a product of rank < 2"
+    if len(out) == 2 and int(node.attrs.get("transA", 0)):
+        return "its left operand is transposed (the output's rows are its columns: a sum over its rows)"
+    picked = _product_inputs(g, node)
+    if not picked or (len(out) == 2 and node.inputs[0] not in picked):
+        return "no operand is read by rows"
+    return ""
+
+
+def _accumulate_refusal(g: StepGraph, node: Node) -> str:
+    """Why a sum over the leading rows (Gemm transA = 1, ReduceSum over axis 0) does not split."""
+    ins = node.inputs[:1 if node.key == _SUM else 2]
+    if not all(_known(g, i) and _shape(g, i) for i in ins):
+        return "an input has no static shape"
+    if node.op_type == "Gemm":
+        if int(node.attrs.get("transB", 0)):
+            return "Gemm's dW accumulation with transB (B's rows are not the summed axis)"
+        if _shape(g, ins[0])[0] != _shape(g, ins[1])[0]:
+            return "A and B differ in leading rows"
+    return ""
+
+
+def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
+    """Why `node` of `kind` does not split in any K (its op, attributes and layout)."""
+    if node.after or (node.aliases and kind != KIND_VIEW):
+        return "the node aliases an input or has control dependencies"
+    if kind == KIND_ACCUMULATE:
+        return _accumulate_refusal(g, node)
+    if kind == KIND_CHANNELS:
+        return "" if int(node.attrs.get("group", 1)) == 1 else "a grouped convolution (its dW channels are per group)"
+    outs = sliced_outputs(g, node)
+    if not outs or any(g.values[o].spec is None for o in outs) or len({_shape(g, o) for o in outs}) != 1:
+        return "its outputs differ in shape (or have none)"
+    if not _shape(g, outs[0]):
+        return "only the leading axis of a tensor of rank >= 1 is split"
+    if kind == KIND_VIEW:
+        src = node.inputs[0]
+        return "" if _known(g, src) and _shape(g, src) else "a view of a scalar or of an unknown shape"
+    if node.key in ROW_OPS:
+        shape = _shape(g, outs[0])
+        if len(shape) < 2 or int(node.attrs.get("axis", -1)) % len(shape) == 0:
+            return "its softmax runs across axis 0, the one split"
+    if node.key in MATMUL_OPS:
+        return _product_refusal(g, node)
+    if node.key in CONV_OPS and not sliced_inputs(g, node):
+        return "its input is not read by images"
+    if node.key in NORM_GRAD_OPS and int(node.attrs.get("axis", -1)) % len(_shape(g, outs[0])) == 0:
+        return "it normalizes across axis 0, the one split"
+    return ""
+
+
+def chunk_attrs(node: Node, k: int, attrs: dict[str, Any]) -> dict[str, Any]:
+    """A chunk's attributes: the node's, but a ConvGradInput's `x_shape` of its K-th of the images."""
+    if node.key == ("onnxplan", "ConvGradInput") and "x_shape" in attrs:
+        x_shape = [int(d) for d in attrs["x_shape"]]
+        return {**attrs, "x_shape": [x_shape[0] // k, *x_shape[1:]]}
+    return attrs
+
+
+def flat_elems(g: StepGraph, node: Node, k: int) -> int:
+    """Elements per piece of an optimizer update split over its flattened state (0: not flat).
+    Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257 rows, whose
+    bytes are no whole number of pages per piece): pieces of E elements (a whole number of the
+    store's pages), the last one the rest, ending the slot."""
+    if node.key not in UPDATE_OPS or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
+        return 0  # not an update, refused whatever its cut (aliases, control dependencies), or split by rows
+    out = next((o for o in node.outputs if o), "")
+    if not _known(g, out):
+        return 0
+    spec = g.values[out].known_spec
+    total, size = spec.numel, spec.itemsize
+    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced_inputs(g, node)):
+        return 0
+    page = PIECE_ALIGN // size
+    per = -(-total // k)
+    per = -(-per // page) * page
+    return per if (k - 1) * per < total else 0
+
+
+def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
+    """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
+    why = _rows_refusal(g, node, k, axis)
+    if why and axis == 0 and flat_elems(g, node, k):
+        return ""
+    return why
+
+
+def _rows_refusal(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
+    """Why `node` cannot be split in `k` chunks along `axis` by its rows ("" when it can)."""
+    kind = split_kind(g, node)
+    if not kind and node.key == (MS, "ConvGrad"):
+        return ("a ConvGrad making dX or dB too (only a dW-only ConvGrad, split-grad's dW half, splits: over "
+                "dW's output channels; dB's channel pieces would be off the store's page)")
+    if not kind:
+        return (f"op {node.domain + '.' if node.domain else ''}{node.op_type} is not split (neither elementwise, "
+                "row-wise, a product over rows nor a sum over rows)")
+    if axis != 0:
+        return "only the leading axis of a tensor of rank >= 1 is split"
+    why = _kind_refusal(g, node, kind)
+    if why:
+        return why
+    rows = split_rows(g, node)
+    if k < 2 or not rows or rows % k:
+        return f"K={k} does not divide the {rows} rows of axis {axis}"
+    if kind == KIND_VIEW and _shape(g, node.outputs[0])[0] % k:
+        return f"K={k} does not divide the {_shape(g, node.outputs[0])[0]} rows of the view's output"
+    copied = copied_rows(g, node, k)
+    for v in sliced_inputs(g, node) + sliced_outputs(g, node):
+        if g.values[v].persistent and node.key not in UPDATE_OPS:
+            return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
+        piece = g.values[v].nbytes // k
+        if piece % PIECE_ALIGN and v not in copied:
+            return f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page)"
+    return ""
