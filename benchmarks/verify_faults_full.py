@@ -46,8 +46,8 @@ def _row(model: str, fault: str, what: str, expect_ok: bool, v, expected: str | 
         verdict = f"caught, but not by a {kind} check nor per node"
     else:
         verdict = "caught"
-    worst = max(v.steps[0].checks.values(), key=lambda c: c.error / c.tolerance) if v.steps else None
-    ratio = (first.error / first.tolerance) if first is not None else (worst.error / worst.tolerance if worst else 0)
+    worst = max(v.steps[0].checks.values(), key=lambda c: c.ratio) if v.steps else None
+    ratio = first.ratio if first is not None else (worst.ratio if worst else 0)
     nodes = v.steps[0].nodes if v.steps else None
     return {"model": model, "fault": fault, "what": what, "verdict": verdict, "named": named or "",
             "planted_at": expected or "", "caught_by": caught_by(bad.failures if bad is not None else []),
@@ -71,7 +71,7 @@ def _worst_ratio(v, kind_ok) -> float:
         return 0.0
     s = v.steps[0]
     checks = [c for c in s.checks.values() if kind_ok(c.kind)] + [c for c in s.failures if kind_ok(c.kind)]
-    return max((c.error / c.tolerance for c in checks), default=0.0)
+    return max((c.ratio for c in checks), default=0.0)
 
 
 def run_model(arg: str, only: set[str] | None = None) -> list[dict]:

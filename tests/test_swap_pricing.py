@@ -291,9 +291,11 @@ def test_run_delay_reads_the_thread_s_wait_for_a_cpu(tmp_path):
 
     stat = tmp_path / "schedstat"
     stat.write_text("123 2500000000 7\n")
-    assert RunDelay(str(stat)).seconds() == 2.5
+    delay = RunDelay(str(stat))
+    assert delay.seconds() == 2.5
     stat.write_text("garbage\n")
-    assert RunDelay(str(stat)).seconds() == 0.0
+    assert delay.seconds() == 0.0
+    delay.close()
     assert RunDelay(str(tmp_path / "missing")).seconds() == 0.0
 
 
@@ -316,7 +318,7 @@ def test_run_delay_sees_other_processes_on_the_cores():
         delay.close()
 
     ctx = multiprocessing.get_context("spawn")
-    burners = [ctx.Process(target=_burn, args=(2.0,)) for _ in range(2 * (os.cpu_count() or 1))]
+    burners = [ctx.Process(target=_burn, args=(2.0,)) for _ in range(2 * len(os.sched_getaffinity(0)))]
     for b in burners:
         b.start()
     time.sleep(0.3)  # the burners are running

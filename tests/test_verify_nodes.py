@@ -126,3 +126,93 @@ def test_the_report_says_what_was_compared_per_node_and_names_the_failing_node(m
     bad = text(verify_run(prep, steps=1))
     assert f"first value in execution order that differs: node conv1.weight_grad computed by node {planted!r}" in bad
     assert "our kernel and ONNX Runtime's differ on the same inputs at this node" in bad
+
+
+def test_integer_and_boolean_outputs_are_compared_exactly():
+    """MaxPool's indices 9 off in 100,000 (the gradient routed elsewhere), a mask with one element
+    flipped: each fails (found by review: a share of differing elements under 1e-4 had passed);
+    equal ones pass, at ratio 0."""
+    from onnxplan.ir.graph import Node
+    from onnxplan.verification.node_check import compare_node
+
+    want = np.arange(100_000, dtype=np.int64)
+    y = np.ones(100_000, np.float32)
+    ours = want.copy()
+    ours[1:10] = 0  # 9 indices wrong (index 0 is 0 already)
+    pool = Node("pool", "MaxPool", "", ["x"], ["y", "idx"])
+    bad = compare_node(pool, [y, ours], {0: y, 1: want}, {}, [y])[1]
+    assert not bad.ok and bad.error == pytest.approx(9e-5) and bad.ratio == float("inf")
+    good = compare_node(pool, [y, want.copy()], {0: y, 1: want}, {}, [y])[1]
+    assert good.ok and good.ratio == 0.0
+    mask = np.zeros(50_000, bool)
+    flipped = mask.copy()
+    flipped[3] = True
+    assert not compare_node(Node("eq", "Equal", "", ["a", "b"], ["m"]), [flipped], {0: mask}, {}, [])[0].ok
+
+
+@pytest.mark.parametrize("op", ["ReduceSumTraining", "ReduceMean"])
+def test_a_reduction_that_cancels_is_held_to_its_rounding_floor(op):
+    """A bias gradient (ReduceSumTraining) or a mean over centred values is ~0: our kernel and ONNX
+    Runtime's differ by their rounding, O(1) relative. With the reduction's own floor (what the
+    step hook gives every op of REDUCTION_OPS) the correct kernel passes; held to the flat
+    tolerance alone it would fail (found by review: 0.64-0.75 against 1e-4)."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    from onnxplan.ir.graph import Node
+    from onnxplan.kernels.registry import KernelContext, find_kernel
+    from onnxplan.verification.node_check import NodeReference, compare_node
+    from onnxplan.verification.step_check import REDUCTION_OPS, reduction_floor
+
+    assert op in REDUCTION_OPS
+    rng = np.random.default_rng(0)
+    shape, axes = (64, 4096), (1,)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x -= x.mean(axis=axes, keepdims=True, dtype=np.float64).astype(np.float32)
+    domain = "com.microsoft" if op == "ReduceSumTraining" else ""
+    graph = h.make_graph([h.make_node(op, ["x", "axes"], ["y"], domain=domain, keepdims=0)], "g",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+                          h.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [64])])
+    ref = NodeReference(h.make_model(graph, opset_imports=[h.make_opsetid("", 18), h.make_opsetid("com.microsoft", 1)]))
+    try:
+        node = Node("n", op, domain, ["x", "axes"], ["y"], {"keepdims": 0}, phase="backward")
+        kernel = find_kernel(node, 1 if domain else 18).fn
+        ctx = KernelContext(np, node, [None, None], [None])
+        ours = np.empty(64, np.float32)
+        kernel(ctx, [x, np.array(axes, np.int64)], [ours])
+        cp = ref.counterpart(node)
+        feeds = ref.feeds(cp, [x, np.array(axes, np.int64)], [ours])
+        theirs = ref.run(cp, feeds)
+        inputs = list(feeds.inputs.values())
+        own = reduction_floor(kernel, ctx, [x, np.array(axes, np.int64)], [ours], np)
+        assert compare_node(node, [ours], theirs, {k: c * m for k, (c, m) in own.items()}, inputs)[0].ok
+        assert not compare_node(node, [ours], theirs, {}, inputs)[0].ok  # the floor is what passes it
+    finally:
+        ref.close()
+
+
+def test_one_node_sessions_run_on_one_thread():
+    """A session per node signature is kept for the run: each must not hold a pool of native
+    threads (found by review: 840 threads at 16 threads on resnet18)."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    from onnxplan.ir.graph import Node
+    from onnxplan.verification.node_check import NodeReference
+
+    graph = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    ref = NodeReference(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    try:
+        node = Node("r", "Relu", "", ["x"], ["y"])
+        cp = ref.counterpart(node)
+        x = np.arange(-2, 2, dtype=np.float32)
+        feeds = ref.feeds(cp, [x], [np.empty(4, np.float32)])
+        assert np.array_equal(ref.run(cp, feeds)[0], np.maximum(x, 0))
+        (session,) = ref._sessions.values()
+        opts = session.get_session_options()
+        assert opts.intra_op_num_threads == 1 and opts.inter_op_num_threads == 1
+    finally:
+        ref.close()

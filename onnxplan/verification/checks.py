@@ -25,9 +25,16 @@ class Check:
     def ok(self) -> bool:
         return self.error <= self.tolerance
 
+    @property
+    def ratio(self) -> float:
+        """error / tolerance (an exact comparison, tolerance 0: 0 when equal, else inf)."""
+        if self.tolerance > 0:
+            return self.error / self.tolerance
+        return 0.0 if self.error == 0 else float("inf")
+
     def __str__(self) -> str:
         at = f" (node {self.node!r})" if self.node else ""
-        return f"{self.kind} {self.name}{at}: error {self.error:.3g}, {self.error / self.tolerance:.3g}x tolerance"
+        return f"{self.kind} {self.name}{at}: error {self.error:.3g}, {self.ratio:.3g}x tolerance"
 
 
 @dataclass
@@ -41,7 +48,7 @@ class NodeChecks:
     worst: Check | None = None
 
     def add(self, check: Check) -> None:
-        if self.worst is None or check.error / check.tolerance > self.worst.error / self.worst.tolerance:
+        if self.worst is None or check.ratio > self.worst.ratio:
             self.worst = check
         if not check.ok:
             self.failures.append(check)
@@ -86,8 +93,8 @@ def _finite(x: float) -> float | None:
 
 
 def check_dict(c: Check) -> dict:
-    """JSON-able (a non-finite error is None)."""
-    return {**asdict(c), "error": _finite(c.error), "ok": c.ok}
+    """JSON-able (a non-finite error or ratio is None)."""
+    return {**asdict(c), "error": _finite(c.error), "ratio": _finite(c.ratio), "ok": c.ok}
 
 
 @dataclass

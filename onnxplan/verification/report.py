@@ -12,9 +12,9 @@ def _cell(worst: dict, key: str) -> str:
     if c is None:
         return "-"
     name = "" if key == "loss" else f"{c['name']} "
-    if c["error"] is None:
-        return f"{name}inf"
-    return f"{name}{c['error']:.2e} ({c['error'] / c['tolerance']:.2f}x tol)"
+    if c["error"] is None or c["ratio"] is None:
+        return f"{name}{'inf' if c['error'] is None else format(c['error'], '.2e')} (inf x tol)"
+    return f"{name}{c['error']:.2e} ({c['ratio']:.2f}x tol)"
 
 
 def _zero_note(v: dict) -> list[str]:
@@ -37,7 +37,7 @@ def _node_line(v: dict) -> list[str]:
         return []
     w = nodes["worst"]
     worst = "" if w is None else (f"; worst {w['node']!r} ({'inf' if w['error'] is None else format(w['error'], '.2e')}"
-                                  f", {'inf' if w['error'] is None else format(w['error'] / w['tolerance'], '.2g')}x tol)")
+                                  f", {'inf' if w['ratio'] is None else format(w['ratio'], '.2g')}x tol)")
     skipped = ", ".join(f"{why}: {n}" for why, n in sorted(nodes["skipped"].items())) or "none"
     return [f"per node (each kernel against ONNX Runtime's on the same inputs): {nodes['checked']} node(s) "
             f"checked{worst}; not checked: {skipped}"]
