@@ -123,3 +123,36 @@ def test_keep_threshold_is_orts_rule_on_32_bit_uniforms():
     t = krandom._keep_threshold(0.1)
     assert t / 2 ** 32 >= 0.1 > (t - 1) / 2 ** 32
     assert krandom._keep_threshold(1 - 2 ** -40) == 2 ** 32  # rounds to 1: nothing kept
+
+
+def test_a_keep_mask_drawn_in_blocks_is_the_one_drawn_at_once(monkeypatch):
+    """The keep-mask is drawn a block of raw words at a time (no word array of the tensor's size):
+    the same stream, so the same mask as one draw, for any block size (even) and an odd size."""
+    node = Node("n", "Dropout", "", ["x"], ["y", "mask"])
+    ctx = type("Ctx", (), {"node": node, "random": None})()
+    masks = []
+    for block in (1 << 20, 6, 2):
+        monkeypatch.setattr(krandom, "DRAW_BLOCK", block)
+        monkeypatch.setattr(krandom, "_FALLBACK", krandom.Randomness(3))
+        masks.append(krandom._keep_mask(ctx, (7, 13), 0.3, packed=False))
+    gen = np.random.default_rng(3)
+    words = gen.bit_generator.random_raw(-(-91 // 2)).view(np.uint32)[:91]
+    once = (words >= np.uint32(krandom._keep_threshold(0.3))).reshape(7, 13)
+    for m in masks:
+        np.testing.assert_array_equal(m, once)
+
+
+def test_the_executor_keeps_only_the_draws_a_recomputed_copy_reads():
+    """A draw kept through the step is host memory outside the plan: kept only for the random
+    nodes that have a recomputed copy (NAME@rcK) later in the step; every draw without `keep`."""
+    r = krandom.Randomness(0)
+    r.keep = krandom.recompute_draws(["drop", "drop2", "drop@rc1", "mm"])
+    assert r.keep == frozenset({"drop"})
+    for name in ("drop", "drop2"):
+        r.draw(name, lambda gen: gen.random(4))
+    assert set(r.drawn) == {"drop"}
+    again = r.draw("drop@rc1", lambda gen: gen.random(4))
+    np.testing.assert_array_equal(again, r.drawn["drop"])  # the copy reads the original's draw
+    r.keep = None
+    r.draw("drop2", lambda gen: gen.random(4))
+    assert set(r.drawn) == {"drop", "drop2"}

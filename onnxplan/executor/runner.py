@@ -17,7 +17,7 @@ from onnxplan.executor.check_arena import ArenaChecker
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels import _xp
-from onnxplan.kernels.random import DEFAULT_SEED, Randomness
+from onnxplan.kernels.random import DEFAULT_SEED, Randomness, recompute_draws
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.loading.request import LoadRequest
 from onnxplan.passes.split import is_piece_node
@@ -75,6 +75,7 @@ class Executor:
                              "above swap's floor")
         self.graph, self.plan, self.xp = graph, plan, xp
         self.random = Randomness(seed)
+        self.random.keep = recompute_draws(n.name for n in graph.nodes)
         self.layout = state_layout(graph)
         self.arena = Arena(plan.arena_bytes, xp)
         self.state = Arena(self.layout.nbytes, xp)
