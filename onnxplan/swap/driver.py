@@ -26,7 +26,10 @@ AUTO_POLICIES = ("proactive", "adaptive")  # what `auto` tries, in order, when a
 MAX_ROUNDS = 200
 SLACK_ROUNDS = 6  # placements tried while spending the slack
 SLACK_RESOLUTION = 256 << 10
-SLACK_SECONDS = 1.0  # offset ILP per placement while spending the slack
+# offset ILP per placement while spending the slack (CP-SAT's deterministic time: ~1.4 s of wall a
+# unit on one worker). 1.0 took BERT-base's `plan --budget` (persistent + 25%) to 31 s of wall with a
+# warm cache, 20 of them in 14 solves here; 0.3: 15.7 s (ResNet-50 15.0, GPT-2 5.5; same peaks, load 2)
+SLACK_SECONDS = 0.3
 
 
 @dataclass(frozen=True)
