@@ -74,6 +74,7 @@ class _Counterpart:
     proto: onnx.NodeProto  # renamed: inputs i0.., outputs o0.. (omitted: "")
     feeds: tuple[int | None, ...]  # per ORT input: our input index; None: zeros like our output 0
     outputs: tuple[int, ...]  # our output indices it computes (ORT output k = ours k)
+    key: bytes = b""  # the proto serialised once: sessions are keyed by it and the feeds' types
 
 
 def _normal(domain: str) -> str:
@@ -133,7 +134,7 @@ class NodeReference:
         n_out = max(outs) + 1 if theirs.op_type == "ConvGrad" else len(theirs.output)
         proto.output.extend(f"o{k}" if k in outs else f"x{k}" if theirs.output[k] and theirs.op_type != "ConvGrad"
                             else "" for k in range(n_out))
-        return _Counterpart(proto, feeds, outs)
+        return _Counterpart(proto, feeds, outs, proto.SerializeToString())
 
     def feeds(self, cp: _Counterpart, inputs: list, outputs: list) -> NodeFeeds:
         """Copies of our `inputs` (numpy or device arrays) as ONNX Runtime's node reads them (a
@@ -160,7 +161,7 @@ class NodeReference:
 
     def _session(self, cp: _Counterpart, feeds: NodeFeeds) -> Any:
         typed = {**{n: (a.dtype, a.shape) for n, a in feeds.inputs.items()}, **feeds.outputs}
-        key = (cp.proto.SerializeToString(), tuple((n, d.str, s) for n, (d, s) in typed.items()))
+        key = (cp.key, tuple((n, d.str, s) for n, (d, s) in typed.items()))
         if key not in self._sessions:
             import onnxruntime
 
