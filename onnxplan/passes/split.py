@@ -6,7 +6,8 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     k covers rows [k R/K, (k+1) R/K) of axis a (R rows; K divides R). Which inputs a chunk
     reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
     elementwise and row-wise ops, products over rows, views, sums over rows, a conv dW over its
-    output channels); any other input (a broadcast bias, a weight) is read whole by every chunk.
+    output channels, a loss over rows: its chunks are onnxplan.SoftmaxCrossEntropyLoss(Grad)Rows
+    on rows [start, stop), the loss a sum over the rows); any other input (a broadcast bias, a weight) is read whole by every chunk.
     Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
   - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
     whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
@@ -63,10 +64,12 @@ from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.split_ops import (
     KIND_CHANNELS,
     KIND_VIEW,
+    OFF_PAGE_MIN,
     PIECE_ALIGN,
     ROW_OPS,
     SPLITTABLE_OPS,
     chunk_attrs,
+    chunk_op,
     copied_rows,
     flat_elems,
     sliced_inputs,
@@ -78,7 +81,7 @@ from onnxplan.passes.split_ops import (
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
-__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
+__all__ = ["OFF_PAGE_MIN", "PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
            "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
@@ -284,8 +287,9 @@ class _Splitter:
             if channels:
                 self.nodes.append(self._weight_chunk(n, j, ins, made[n.outputs[1]][j]))
             else:
-                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j,
-                                       chunk_attrs(n, k, sums.attrs(j)), n.phase, aliases))
+                domain, op = chunk_op(n)
+                self.nodes.append(Node(chunk_name(n.name, j), op, domain, ins, outs_j,
+                                       chunk_attrs(self.g, n, k, j, sums.attrs(j)), n.phase, aliases))
             self.nodes.extend(sums.adds(j))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase, flat))
