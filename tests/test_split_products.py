@@ -118,6 +118,10 @@ def test_a_weight_gradient_and_a_bias_gradient_sum_their_chunks():
         nodes = {n.name: n for n in split_pass(split_pass_name(specs)[6:])(g).graph.nodes}
         assert nodes[f"dw#{k - 1}"].inputs[2] == f"dw#acc{k - 2}" and nodes[f"dw#{k - 1}"].outputs == ["dw"]
         assert nodes[f"db#{k - 1}.add0"].outputs == ["db"]
+        planned = plan_step(g, PlanOptions(interleave=False, splits=specs)).graph
+        for j in range(1, k):  # the running sum updated in place: one dW-sized buffer, not two
+            chunk = planned.node(f"dw#{j}")
+            assert chunk.op_type == "GemmAdd" and chunk.aliases == {chunk.outputs[0]: (chunk.inputs[2], "mv")}
 
 
 def test_a_summed_split_is_not_the_unsplit_sum_bit_for_bit_but_the_check_sees_a_wrong_one():
