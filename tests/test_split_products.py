@@ -299,3 +299,24 @@ def test_a_convolution_splits_over_its_images(op):
     wrong = whole.copy()
     wrong[1] = 0
     assert not _close(whole, wrong, np.full(whole.shape, scale), 4)
+
+
+def test_an_elementwise_sum_whose_rows_do_not_split_splits_flat():
+    """Sum of two [67, 1024] (67 rows: no K divides them): pieces of whole pages of the flattened
+    tensors, the last the rest; elementwise, the same bits. A broadcast input: not flat."""
+    b = GraphBuilder("flat-sum")
+    b.value("x", (67, 1024), ValueClass.INPUT)
+    b.value("y", (67, 1024), ValueClass.INPUT)
+    b.node("Sum", ["x", "y"], ["s"], name="target")
+    g = _step(b, ["s"])
+    feed = _feed(g, 19)
+    whole, = _run(g, PlanOptions(), feed, ["s.out"])
+    for k in KS:
+        assert why_not(g, g.node("target"), k) == ""
+        out = split_pass(split_pass_name([SplitSpec("target", k)])[6:])(g).graph
+        shapes = [out.values[f"s#{j}"].spec.shape for j in range(k)]
+        assert all(len(s) == 1 for s in shapes) and sum(s[0] for s in shapes) == 67 * 1024
+        split, = _run(g, PlanOptions(splits=(SplitSpec("target", k),)), feed, ["s.out"])
+        assert np.array_equal(whole, split), k
+    g.values["y"] = dataclasses.replace(g.values["y"], spec=dataclasses.replace(g.values["y"].spec, shape=(1024,)))
+    assert "does not divide" in why_not(g, g.node("target"), 2)  # y broadcast over the rows: no flat cut

@@ -28,7 +28,7 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
-from onnxplan.passes.split_ops import sliced_outputs, split_rows, unread_inputs
+from onnxplan.passes.split_ops import MAX_K, sliced_outputs, split_rows, unread_inputs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -39,7 +39,6 @@ from onnxplan.swap.model import swap_model
 __all__ = ["MAX_K", "MAX_ROUNDS", "split_to_fit"]
 
 MAX_ROUNDS = 4  # plans of the split graph tried (each a swap planning)
-MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 
 
 @dataclass(frozen=True)

@@ -253,7 +253,8 @@ class _Splitter:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
         sliced = sliced_inputs(self.g, n)
-        copied = copied_rows(self.g, n, k)
+        flat = flat_elems(self.g, n, k)  # over its flattened tensors (0: by rows)
+        copied = [] if flat else copied_rows(self.g, n, k)
         for i in n.inputs:
             if i in sliced and i not in copied:
                 continue
@@ -261,7 +262,6 @@ class _Splitter:
                 self._assemble(i, n.phase)
             elif i in self.homes:
                 self._read_home(i, n.phase)
-        flat = flat_elems(self.g, n, k)  # an update over its flattened state (0: by rows)
         reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase, flat)
                  for v in sliced}
         channels = split_kind(self.g, n) == KIND_CHANNELS

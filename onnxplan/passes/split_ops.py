@@ -52,8 +52,9 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     page); the Internal forms (ignore_index as an input, the gradient's bias) are not LOSS_OPS. The
     gradient gives the same bits; the loss sums its terms in another order (K partial sums added
     in chunk order): within a few float32 ulps of the sum of |terms| (tests/test_split_loss.py).
-  - flat: an optimizer update whose leading axis does not split in K (its rows, or its pieces'
-    pages) splits over its flattened state (flat_elems): pieces of E elements, E a whole number
+  - flat: an optimizer update (or an elementwise op none of whose inputs broadcasts, and whose
+    rows split in no K up to MAX_K) whose leading axis does not split in K (its rows, or its pieces' pages) splits over its flattened
+    tensors (flat_elems): pieces of E elements, E a whole number
     of pages, the last the rest (ending its slot); elementwise, the same bits.
 Refused (why_not, one line): any other op; a softmax across the split axis; a product with a
 transposed left operand of rank 2 (its output rows are A's columns) or a batch-axis transpose; a
@@ -74,7 +75,7 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
-__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "LOSS_OPS", "MATMUL_OPS", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
+__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "LOSS_OPS", "MATMUL_OPS", "MAX_K", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
            "PIECE_ALIGN", "ROW_COPY_MAX",
            "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "chunk_op", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
            "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
@@ -84,11 +85,12 @@ PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot i
 # (executor/piece_io.py), small against its bytes (GPT-2's logits: 50257-float rows, no whole
 # number of pages in any K)
 OFF_PAGE_MIN = 1 << 20
+MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 MS = "com.microsoft"
 KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS = "rows", "view", "accumulate", "channels"
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
           "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum")
 _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
            "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
 # row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
@@ -332,18 +334,27 @@ def chunk_attrs(g: StepGraph, node: Node, k: int, j: int, attrs: dict[str, Any])
 
 
 def flat_elems(g: StepGraph, node: Node, k: int) -> int:
-    """Elements per piece of an optimizer update split over its flattened state (0: not flat).
-    Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257 rows, whose
-    bytes are no whole number of pages per piece): pieces of E elements (a whole number of the
-    store's pages), the last one the rest, ending the slot."""
-    if node.key not in UPDATE_OPS or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
-        return 0  # not an update, refused whatever its cut (aliases, control dependencies), or split by rows
+    """Elements per piece of an optimizer update (or an elementwise op whose inputs all have its
+    output's shape: GPT-2's tied embedding's gradient Sum) split over its flattened tensors (0:
+    not flat). Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257
+    rows, whose bytes are no whole number of pages per piece): pieces of E elements (a whole
+    number of the store's pages), the last one the rest, ending the slot."""
+    flat_op = node.key in UPDATE_OPS or (node.key in SPLITTABLE_OPS and node.key not in ROW_OPS)
+    if not flat_op or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
+        return 0  # not an update or elementwise, refused whatever its cut (aliases, ...), or split by rows
     out = next((o for o in node.outputs if o), "")
     if not _known(g, out):
         return 0
     spec = g.values[out].known_spec
     total, size = spec.numel, spec.itemsize
-    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced_inputs(g, node)):
+    sliced = sliced_inputs(g, node)
+    if node.key not in UPDATE_OPS and (set(sliced) != {i for i in node.inputs if i} or len(node.outputs) != 1):
+        return 0  # an elementwise op flat only with every input its output's shape (no broadcast)
+    if node.key not in UPDATE_OPS and any(_rows_refusal(g, node, j) == "" for j in range(2, MAX_K + 1)):
+        return 0  # an elementwise op flat only where its rows split in no K (plans of those that do stay)
+    if node.key not in UPDATE_OPS and any(g.values[v].persistent for v in [*sliced, *node.outputs]):
+        return 0  # parameters and state are paged by swap, not split (an update's are homed)
+    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced):
         return 0
     page = PIECE_ALIGN // size
     per = -(-total // k)
