@@ -172,7 +172,7 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
     """Raise PlanError unless every split node's chunks are in `order` as its record says: the
     node itself gone, chunks `NODE#0` .. `NODE#K-1` each present (a sum's chunk may add its
     partial sum in `NODE#j.addI`), none beyond K (a chunk left out would leave rows uncomputed,
-    or a term out of a sum over rows)."""
+    or a term out of a sum over rows); K = 1 (a transpose folded into its products): gone, no chunk."""
     seen: dict[str, set[int]] = {}
     names = set(order)
     for name in order:
@@ -183,7 +183,7 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
         if s.node in names:
             raise PlanError(f"split node {s.node!r} is still in the order whole")
         got = seen.get(s.node, set())
-        if got != set(range(s.k)):
+        if got != set(range(s.k if s.k > 1 else 0)):  # K = 1: folded into its products, no chunk
             missing, extra = sorted(set(range(s.k)) - got), sorted(got - set(range(s.k)))
             raise PlanError(f"split node {s.node!r} in {s.k} chunks: chunks {missing} missing, {extra} beyond K "
                             "in the order")

@@ -2,6 +2,8 @@
 of its tensors, so the node's working set is a piece, not the whole (issue 28).
 
 Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split:` + JSON):
+  - K = 1: N, a Transpose of a weight or of a weight gradient, is folded into the products around
+    it (passes/split_fold.py), before any split.
   - N becomes chunk nodes `N#0` .. `N#K-1`: the same op, domain and attributes on pieces. Chunk
     k covers rows [k R/K, (k+1) R/K) of axis a (R rows; K divides R). Which inputs a chunk
     reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
@@ -61,6 +63,7 @@ from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueC
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
+from onnxplan.passes.split_fold import fold, fold_refusal
 from onnxplan.passes.split_ops import (
     KIND_CHANNELS,
     KIND_VIEW,
@@ -192,6 +195,14 @@ class _Splitter:
         for s in self.specs.values():
             if s.node not in names:
                 raise SplitRefused(f"split of {s.node!r}: no such node")
+        for s in sorted(self.specs.values()):  # K = 1: a transpose folded into its products (split_fold)
+            if s.k == 1:
+                node = self.g.node(s.node)
+                why = fold_refusal(self.g, node)
+                if why:
+                    raise SplitRefused(f"fold of {s.node!r}: {why}")
+                fold(self.g, node)
+        self.consumers = self.g.consumers()
         self._home()
         for n in self.g.nodes:
             spec = self.specs.get(n.name)
@@ -491,7 +502,8 @@ def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[Pl
     if arg is None:
         return ()
     ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in g.nodes}
-    return tuple(PlannedSplit(s.node, ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k) for s in sorted(split_specs(arg)))
+    return tuple(PlannedSplit(s.node, "fold" if s.k == 1 else ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k)
+                 for s in sorted(split_specs(arg)))
 
 
 def homed_slots(g: StepGraph) -> set[str]:
