@@ -119,6 +119,7 @@ def test_a_weight_gradient_and_a_bias_gradient_sum_their_chunks():
         assert nodes[f"dw#{k - 1}"].inputs[2] == f"dw#acc{k - 2}" and nodes[f"dw#{k - 1}"].outputs == ["dw"]
         assert nodes[f"db#{k - 1}.add0"].outputs == ["db"]
         planned = plan_step(g, PlanOptions(interleave=False, splits=specs)).graph
+        assert planned.node("dw#0").op_type == "GemmAdd" and not planned.node("dw#0").aliases
         for j in range(1, k):  # the running sum updated in place: one dW-sized buffer, not two
             chunk = planned.node(f"dw#{j}")
             assert chunk.op_type == "GemmAdd" and chunk.aliases == {chunk.outputs[0]: (chunk.inputs[2], "mv")}
@@ -320,3 +321,20 @@ def test_an_elementwise_sum_whose_rows_do_not_split_splits_flat():
         assert np.array_equal(whole, split), k
     g.values["y"] = dataclasses.replace(g.values["y"], spec=dataclasses.replace(g.values["y"].spec, shape=(1024,)))
     assert "does not divide" in why_not(g, g.node("target"), 2)  # y broadcast over the rows: no flat cut
+
+
+def test_a_weight_gradient_with_its_own_c_and_beta_keeps_them_in_its_first_chunk():
+    """dW = A^T dY + 2 C: chunk 0 (onnxplan.GemmAdd, by blocks of rows) adds beta C, the others the sum so far."""
+    b = GraphBuilder("weight-grad-c")
+    b.value("a", (R, M), ValueClass.INPUT)
+    b.value("dy", (R, N), ValueClass.INPUT)
+    b.value("c", (M, N), ValueClass.INPUT)
+    b.node("Gemm", ["a", "dy", "c"], ["dw"], [(M, N)], name="dw", transA=1, transB=0, alpha=0.5, beta=2.0)
+    g = _step(b, ["dw"])
+    feed = _feed(g, 37)
+    whole, = _run(g, PlanOptions(), feed, ["dw"])
+    scale = 0.5 * np.abs(feed["a"]).T.astype(np.float64) @ np.abs(feed["dy"]) + 2 * np.abs(feed["c"])
+    for k in KS:
+        split, = _run(g, PlanOptions(splits=(SplitSpec("dw", k),)), feed, ["dw"])
+        assert _close(whole, split, scale, 2 * k), k
+    assert not _close(whole, whole - feed["c"], scale, 2 * KS[-1])  # C left out: far outside

@@ -9,11 +9,14 @@ ConvGrad's other attributes: dW's rows need dY's channels m0..m1 and all of X, n
 Computed by ConvGrad's own kernel with only dW requested, on a zero-strided stand-in for W that is
 never read (as ConvGradInput's for X).
 
-onnxplan.GemmAdd: chunk j > 0 of a weight gradient summed over rows (passes/split.py's _Sums):
-Y = C + alpha op(A) op(B), Y allowed to be C's memory (the running sum updated in place: one
-dW-sized buffer, not two), by blocks of Y's rows: each block's product into a scratch block of at
-most GEMM_ADD_BLOCK bytes, then added to C's rows. The same dot products as Gemm's with beta 1,
-blocked otherwise (a few ulps: tests/test_split_products.py).
+onnxplan.GemmAdd: a chunk of a weight gradient summed over rows (passes/split.py's _Sums):
+Y = alpha op(A) op(B) + beta C (C optional; chunk j > 0 has C the running sum and beta 1), Y
+allowed to be C's memory (the running sum updated in place: one dW-sized buffer, not two), by
+blocks of Y's rows: each block's product into a scratch block of at most GEMM_ADD_BLOCK bytes,
+then added to C's rows. The same dot products as Gemm's, blocked otherwise (a few ulps:
+tests/test_split_products.py). Blocks also keep OpenBLAS's working memory small: one product
+with a transposed A of GPT-2's 50257 rows grew the process by 50 MiB outside the arena (its
+packing of the whole operand), 4 MiB blocks of rows by 2 MiB.
 """
 
 from __future__ import annotations
@@ -62,11 +65,14 @@ def _gemm_add_scratch(node, in_specs, out_specs) -> int:
 
 @kernel("GemmAdd", "onnxplan", overwrites={0: (2,)}, scratch=_gemm_add_scratch)
 def gemm_add(ctx: KernelContext, inputs, outputs) -> None:
-    """Y = C + alpha op(A) op(B), Y possibly C's memory: by blocks of Y's rows (module docstring)."""
-    xp, attrs, (a, b, c), y = ctx.xp, ctx.attrs, inputs[:3], outputs[0]
+    """Y = alpha op(A) op(B) + beta C, Y possibly C's memory: by blocks of Y's rows (module docstring)."""
+    xp, attrs, y = ctx.xp, ctx.attrs, outputs[0]
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
     a = a.T if int(attrs.get("transA", 0)) else a
     b = b.T if int(attrs.get("transB", 0)) else b
-    alpha = y.dtype.type(float(attrs.get("alpha", 1.0)))
+    alpha, beta = (y.dtype.type(float(attrs.get(k, 1.0))) for k in ("alpha", "beta"))
+    by_rows = c is not None and c.ndim == 2 and c.shape[0] == y.shape[0]  # else C broadcasts to every row
     step = _block_rows(TensorSpec(str(y.dtype), tuple(y.shape)))
     block = ctx.scratch_array(0, (step, *y.shape[1:]), y.dtype)
     for lo in range(0, y.shape[0], step):
@@ -75,4 +81,12 @@ def gemm_add(ctx: KernelContext, inputs, outputs) -> None:
         split_matmul(xp, a[lo:hi], b, part)
         if alpha != 1:
             xp.multiply(part, alpha, out=part)
-        xp.add(c[lo:hi], part, out=y[lo:hi])
+        if c is None or beta == 0:
+            xp.copyto(y[lo:hi], part)
+            continue
+        rows = c[lo:hi] if by_rows else c
+        if beta != 1:
+            part += rows * beta
+            xp.copyto(y[lo:hi], part)
+        else:
+            xp.add(rows, part, out=y[lo:hi])

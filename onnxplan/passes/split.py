@@ -436,8 +436,8 @@ class _Sums:
     each made whole, chunk by chunk. A Gemm adds into its running sum itself (chunk j > 0 reads
     the sum so far as C, beta 1; chunk 0 has the node's own C and beta); any other op makes a
     partial sum per chunk, added to the running one by an Add (`N#j.addI`). The running sums
-    are temporaries `OUT#accJ`; the last chunk makes OUT. A Gemm's chunk j > 0 is
-    onnxplan.GemmAdd, which may write the new sum over the old one (in place)."""
+    are temporaries `OUT#accJ`; the last chunk makes OUT. A Gemm's chunks are onnxplan.GemmAdd,
+    whose chunk j > 0 may write the new sum over the old one (in place)."""
 
     def __init__(self, sp: _Splitter, n: Node, k: int) -> None:
         self.sp, self.n, self.k = sp, n, k
@@ -454,9 +454,10 @@ class _Sums:
         return self.sp._acc_value(self.sp.g.values[o], f"{o}#part{j}")
 
     def op(self, j: int) -> tuple[str, str] | None:
-        """Chunk j's op when it is not the node's: a Gemm's chunk j > 0 adds into the running sum
-        in place (onnxplan.GemmAdd, kernels/split_chunks.py: one dW-sized buffer, not two)."""
-        return (PIECE_DOMAIN, "GemmAdd") if self.chained and j else None
+        """Chunk j's op when it is not the node's: a Gemm's chunks are onnxplan.GemmAdd
+        (kernels/split_chunks.py: by blocks of rows; chunk j > 0 adds into the running sum in
+        place: one dW-sized buffer, not two)."""
+        return (PIECE_DOMAIN, "GemmAdd") if self.chained else None
 
     def inputs(self, j: int, ins: list[str]) -> list[str]:
         return [*ins[:2], self.target[self.outs[0], j - 1]] if self.chained and j else ins

@@ -25,8 +25,9 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     Gemm(A_0, dY_0 [, C]) with the node's own C and beta, chunk k > 0 is Gemm(A_k, dY_k,
     acc_{k-1}) with beta 1; ReduceSum over axes that include axis 0 (a bias gradient): chunk k
     is ReduceSum(X_k) -> part_k, then Add(acc_{k-1}, part_k) (in place where the in-place pass
-    lets it). A Gemm's chunk k > 0 is onnxplan.GemmAdd (kernels/split_chunks.py), which adds
-    into the sum so far in place where the in-place pass lets it: one dW-sized buffer. The summation order changes (K
+    lets it). A Gemm's chunks are onnxplan.GemmAdd (kernels/split_chunks.py: by blocks of
+    rows), chunk k > 0 adding into the sum so far in place where the in-place pass lets it: one
+    dW-sized buffer. The summation order changes (K
     partial sums added in chunk order): not the same bits; the tolerance (a few float32 ulps of
     the sum of |terms|) is tested against the unsplit kernel (tests/test_split_products.py) and
     against ONNX Runtime by `run --verify`.
