@@ -69,9 +69,9 @@ class PlannedSplit:
     of its tensors along `axis`."""
 
     node: Annotated[str, doc("the node split (its chunks are `NODE#0` .. `NODE#K-1`)")]
-    op: Annotated[str, doc("its op (`domain.op` outside the default domain)")]
+    op: Annotated[str, doc("its chunks' op (`domain.op` outside the default domain); `fold` for k 1")]
     axis: Annotated[int, doc("the axis of its output cut in pieces")]
-    k: Annotated[int, doc("chunks")]
+    k: Annotated[int, doc("chunks (1: a transpose folded into its products, passes/split_fold.py: no chunk)")]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from onnxplan.offsets import PLANNERS, Buffer, OffsetPlan, lower_bound, plan_off
 from onnxplan.orders import memory_model, order_policy
 from onnxplan.passes.lifetimes import lifetime_model, lifetimes
 from onnxplan.passes.split import (
+    OFF_PAGE_MIN,
     PIECE_ALIGN,
     SplitSpec,
     homed_slots,
@@ -371,6 +372,6 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
     if plan.swaps:  # swap-ins bring back the current bytes; nothing reads a stale copy
         verify_swaps(graph, plan)
     if plan.pieces:  # piece ranges: none written twice, none read before it is written
-        verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph))
+        verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph), OFF_PAGE_MIN)
     if plan.splits:  # every split node's K chunks, none left out
         verify_chunks(plan.splits, plan.order)

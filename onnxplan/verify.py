@@ -112,11 +112,13 @@ def _check_no_overlap(plan: OffsetPlan, bufs: list[Buffer]) -> None:
 
 
 def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ...], slot_bytes: dict[str, int],
-                  align: int, homes: Iterable[str] = ()) -> None:
+                  align: int, homes: Iterable[str] = (), off_page_min: int | None = None) -> None:
     """Raise PlanError unless the split pass's transfers (onnxplan.passes.split) are sound along
     `order`: each range lies inside its slot (`slot_bytes`) at a multiple of `align`; no two
     writes of one slot in a step overlap; a range's length is a multiple of `align` unless it
-    ends the slot (a store writes whole pages); every read finds its whole range written earlier
+    ends the slot (a store writes whole pages); a range of at least `off_page_min` bytes (None:
+    none) may start and end off the page (the piece runtime moves its partial end pages by
+    read-modify-write, one transfer at a time); every read finds its whole range written earlier
     in the step (none missing), except in `homes`, the slots of state (full at the step's start),
     each of which the step writes back whole and none of which is read after the write-back of
     any of the bytes read (the read would find the updated bytes). Each range names its node, which `order` must hold."""
@@ -130,9 +132,10 @@ def verify_pieces(pieces: Iterable[PieceRange], order: list[str] | tuple[str, ..
             raise PlanError(f"{where}: no such node in the order")
         if p.slot not in slot_bytes or p.offset < 0 or p.nbytes <= 0 or p.offset + p.nbytes > slot_bytes[p.slot]:
             raise PlanError(f"{where}: outside its slot ({slot_bytes.get(p.slot, 'no')} B)")
-        if p.offset % align:
+        large = off_page_min is not None and p.nbytes >= off_page_min
+        if p.offset % align and not large:
             raise PlanError(f"{where}: offset not a multiple of {align}")
-        if p.nbytes % align and p.offset + p.nbytes != slot_bytes[p.slot]:
+        if p.nbytes % align and p.offset + p.nbytes != slot_bytes[p.slot] and not large:
             raise PlanError(f"{where}: length not a multiple of {align} and the range does not end the slot")
         spans = written.setdefault(p.slot, [])
         other = next((s for s in spans if s[0] < p.offset + p.nbytes and p.offset < s[1]), None)
@@ -169,7 +172,7 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
     """Raise PlanError unless every split node's chunks are in `order` as its record says: the
     node itself gone, chunks `NODE#0` .. `NODE#K-1` each present (a sum's chunk may add its
     partial sum in `NODE#j.addI`), none beyond K (a chunk left out would leave rows uncomputed,
-    or a term out of a sum over rows)."""
+    or a term out of a sum over rows); K = 1 (a transpose folded into its products): gone, no chunk."""
     seen: dict[str, set[int]] = {}
     names = set(order)
     for name in order:
@@ -180,7 +183,7 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
         if s.node in names:
             raise PlanError(f"split node {s.node!r} is still in the order whole")
         got = seen.get(s.node, set())
-        if got != set(range(s.k)):
+        if got != set(range(s.k if s.k > 1 else 0)):  # K = 1: folded into its products, no chunk
             missing, extra = sorted(set(range(s.k)) - got), sorted(got - set(range(s.k)))
             raise PlanError(f"split node {s.node!r} in {s.k} chunks: chunks {missing} missing, {extra} beyond K "
                             "in the order")

@@ -118,6 +118,11 @@ def test_a_weight_gradient_and_a_bias_gradient_sum_their_chunks():
         nodes = {n.name: n for n in split_pass(split_pass_name(specs)[6:])(g).graph.nodes}
         assert nodes[f"dw#{k - 1}"].inputs[2] == f"dw#acc{k - 2}" and nodes[f"dw#{k - 1}"].outputs == ["dw"]
         assert nodes[f"db#{k - 1}.add0"].outputs == ["db"]
+        planned = plan_step(g, PlanOptions(interleave=False, splits=specs)).graph
+        assert planned.node("dw#0").op_type == "GemmAdd" and not planned.node("dw#0").aliases
+        for j in range(1, k):  # the running sum updated in place: one dW-sized buffer, not two
+            chunk = planned.node(f"dw#{j}")
+            assert chunk.op_type == "GemmAdd" and chunk.aliases == {chunk.outputs[0]: (chunk.inputs[2], "mv")}
 
 
 def test_a_summed_split_is_not_the_unsplit_sum_bit_for_bit_but_the_check_sees_a_wrong_one():
@@ -295,3 +300,41 @@ def test_a_convolution_splits_over_its_images(op):
     wrong = whole.copy()
     wrong[1] = 0
     assert not _close(whole, wrong, np.full(whole.shape, scale), 4)
+
+
+def test_an_elementwise_sum_whose_rows_do_not_split_splits_flat():
+    """Sum of two [67, 1024] (67 rows: no K divides them): pieces of whole pages of the flattened
+    tensors, the last the rest; elementwise, the same bits. A broadcast input: not flat."""
+    b = GraphBuilder("flat-sum")
+    b.value("x", (67, 1024), ValueClass.INPUT)
+    b.value("y", (67, 1024), ValueClass.INPUT)
+    b.node("Sum", ["x", "y"], ["s"], name="target")
+    g = _step(b, ["s"])
+    feed = _feed(g, 19)
+    whole, = _run(g, PlanOptions(), feed, ["s.out"])
+    for k in KS:
+        assert why_not(g, g.node("target"), k) == ""
+        out = split_pass(split_pass_name([SplitSpec("target", k)])[6:])(g).graph
+        shapes = [out.values[f"s#{j}"].spec.shape for j in range(k)]
+        assert all(len(s) == 1 for s in shapes) and sum(s[0] for s in shapes) == 67 * 1024
+        split, = _run(g, PlanOptions(splits=(SplitSpec("target", k),)), feed, ["s.out"])
+        assert np.array_equal(whole, split), k
+    g.values["y"] = dataclasses.replace(g.values["y"], spec=dataclasses.replace(g.values["y"].spec, shape=(1024,)))
+    assert "does not divide" in why_not(g, g.node("target"), 2)  # y broadcast over the rows: no flat cut
+
+
+def test_a_weight_gradient_with_its_own_c_and_beta_keeps_them_in_its_first_chunk():
+    """dW = A^T dY + 2 C: chunk 0 (onnxplan.GemmAdd, by blocks of rows) adds beta C, the others the sum so far."""
+    b = GraphBuilder("weight-grad-c")
+    b.value("a", (R, M), ValueClass.INPUT)
+    b.value("dy", (R, N), ValueClass.INPUT)
+    b.value("c", (M, N), ValueClass.INPUT)
+    b.node("Gemm", ["a", "dy", "c"], ["dw"], [(M, N)], name="dw", transA=1, transB=0, alpha=0.5, beta=2.0)
+    g = _step(b, ["dw"])
+    feed = _feed(g, 37)
+    whole, = _run(g, PlanOptions(), feed, ["dw"])
+    scale = 0.5 * np.abs(feed["a"]).T.astype(np.float64) @ np.abs(feed["dy"]) + 2 * np.abs(feed["c"])
+    for k in KS:
+        split, = _run(g, PlanOptions(splits=(SplitSpec("dw", k),)), feed, ["dw"])
+        assert _close(whole, split, scale, 2 * k), k
+    assert not _close(whole, whole - feed["c"], scale, 2 * KS[-1])  # C left out: far outside

@@ -6,7 +6,9 @@ splittable node whose bound (the memory that stays resident + its working set + 
 is above the budget, each in the smallest K whose chunk fits (the pieces of its sliced tensors
 shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap again on the split
 graph. A chunk still above the budget gets the next K that fits; when no working set is above
-the budget's room and the plan still misses it, the node that sets the floor gets its next K. Before any of it, a lower bound
+the budget's room and the plan still misses it, the node that sets the floor gets its next K. A transpose that folds into its products
+(passes/split_fold.py: GPT-2's tied LM head) is folded (K = 1) when its working set is above the
+room. Before any of it, a lower bound
 computed without planning: of the nodes that split in no K, the largest bound (the resident
 bytes, less the state a split update could home, + its working set + scratch); a budget below
 it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
@@ -28,7 +30,8 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
-from onnxplan.passes.split_ops import sliced_outputs, split_rows, unread_inputs
+from onnxplan.passes.split_fold import fold_refusal
+from onnxplan.passes.split_ops import MAX_K, sliced_outputs, split_rows, unread_inputs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -39,7 +42,6 @@ from onnxplan.swap.model import swap_model
 __all__ = ["MAX_K", "MAX_ROUNDS", "split_to_fit"]
 
 MAX_ROUNDS = 4  # plans of the split graph tried (each a swap planning)
-MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ def _why_unsplit(g: StepGraph, node: Node | None) -> str:
     of 2..MAX_K ("" when it splits in one)."""
     if node is None:
         return "not a node of the step the split pass sees"
+    if not fold_refusal(g, node):  # a transpose that folds into its products: it leaves the step
+        return ""
     whys = [why_not(g, node, k) for k in range(2, MAX_K + 1)]
     return "" if not all(whys) else whys[0]
 
@@ -98,7 +102,10 @@ def _split_floor(pre: StepGraph, swapped: PlanOutcome, graph: StepGraph, floor: 
 def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -> int | None:
     """The smallest K > `above` at which `node` (of `g`, the step the split pass sees) splits
     and a chunk's bytes fit `room`, its whole working set being `touched` (none fits: the
-    largest K it splits in; None when it splits in none above `above`)."""
+    largest K it splits in; None when it splits in none above `above`); 1 for a transpose that
+    folds into its products (passes/split_fold.py), not folded yet."""
+    if above < 1 and not fold_refusal(g, node):
+        return 1
     rows = split_rows(g, node)
     valid = [k for k in range(max(above + 1, 2), min(rows, MAX_K) + 1) if not why_not(g, node, k)]
     if not valid:
@@ -132,9 +139,9 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
             break
         room = budget - fl.resident
         floor_node = base_node(fl.node)
-        k_floor = specs[floor_node].k if floor_node in specs else 1
+        k_floor = specs[floor_node].k if floor_node in specs else 0
         k_next = None if floor_node not in pre_nodes else \
-            _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * k_floor, room, k_floor)
+            _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * max(k_floor, 1), room, k_floor)
         if k_next is None:
             break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
@@ -143,8 +150,8 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
             base = base_node(name)
             if ws <= room or base not in pre_nodes:
                 continue
-            k_now = specs[base].k if base in specs else 1
-            k = _smallest_k(pre, pre_nodes[base], ws * k_now, room, k_now)
+            k_now = specs[base].k if base in specs else 0
+            k = _smallest_k(pre, pre_nodes[base], ws * max(k_now, 1), room, k_now)
             if k is not None:
                 chosen[base] = SplitSpec(base, k)
         if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks

@@ -5,7 +5,12 @@ O_DIRECT where the file system allows it: onnxplan.swap.store).
 Each transfer runs where its node stands in the order, synchronously (no I/O thread: a piece is
 read right before its chunk needs it and written right after its chunk made it; the pricing
 counts it as a transfer on the node's own time). A store of its own: swap's I/O worker moves
-bytes through its store's bounce block on another thread."""
+bytes through its store's bounce block on another thread.
+
+A range off the store's page (a piece of at least split_ops.OFF_PAGE_MIN bytes whose rows are no
+whole number of pages: GPT-2's 50257-wide logits) moves its page-aligned middle directly and each
+partial end page through a page buffer: read, patched, written back (read-modify-write; the
+transfers run one at a time, so a neighbouring piece's bytes on a shared page are kept)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import numpy as np
 from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel
 from onnxplan.passes.split import homed_slots, slot_bytes
-from onnxplan.swap.store import SwapStore
+from onnxplan.swap.store import PAGE, SwapStore
 
 __all__ = ["PieceRuntime", "piece_in", "piece_out"]
 
@@ -69,15 +74,44 @@ class PieceRuntime:
             src = _raw(inputs[0])
 
             def save(ctx: KernelContext, ins: list, outs: list) -> None:
-                self.store.write(slot, src, offset=offset)
+                self.move(slot, src, offset, write=True)
                 self.bytes_out += src.nbytes
             return save
         dst = _raw(outputs[0])
 
         def load(ctx: KernelContext, ins: list, outs: list) -> None:
-            self.store.read(slot, dst, offset=offset)
+            self.move(slot, dst, offset, write=False)
             self.bytes_in += dst.nbytes
         return load
+
+    def move(self, slot: str, data: np.ndarray, offset: int, write: bool) -> None:
+        """`data` (1-D uint8) to (write) or from bytes `offset`.. of `slot`: the page-aligned
+        middle directly, a partial page at either end through a page buffer (module docstring)."""
+        size, end = self.store.sizes[slot], offset + data.nbytes
+        lo = min(-(-offset // PAGE) * PAGE, end)
+        hi = max(end if end == size else end // PAGE * PAGE, lo)
+        for a, b in ((offset, lo), (hi, end)):  # the partial head and tail pages (empty when aligned)
+            if a < b:
+                self._partial(slot, data[a - offset:b - offset], a, write)
+        if lo < hi:
+            part = data[lo - offset:hi - offset]
+            if write:
+                self.store.write(slot, part, offset=lo)
+            else:
+                self.store.read(slot, part, offset=lo)
+
+    def _partial(self, slot: str, data: np.ndarray, offset: int, write: bool) -> None:
+        """Bytes inside one page of `slot`: the page read into a buffer, patched and written back
+        (write), or copied out of it."""
+        start = offset // PAGE * PAGE
+        page = np.empty(min(PAGE, self.store.sizes[slot] - start), np.uint8)
+        self.store.read(slot, page, offset=start)
+        at = slice(offset - start, offset - start + data.nbytes)
+        if write:
+            page[at] = data
+            self.store.write(slot, page, offset=start)
+        else:
+            data[:] = page[at]
 
     def close(self) -> None:
         self.store.close()

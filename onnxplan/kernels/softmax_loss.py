@@ -1,5 +1,13 @@
 """Softmax-family kernels: (Log)Softmax, their gradients, SoftmaxCrossEntropyLoss and its gradient,
-NegativeLogLikelihoodLoss."""
+NegativeLogLikelihoodLoss.
+
+The split pass's loss chunks (passes/split_ops.py, KIND_ROWS over the loss's rows):
+onnxplan.SoftmaxCrossEntropyLossRows and onnxplan.SoftmaxCrossEntropyLossGradRows are the two ops'
+kernels on rows [start, stop) of the scores (log_prob) with the labels (and weights) whole: the
+mean's denominator (the kept labels' summed weights) is the whole step's, computed as the unsplit
+kernel does; a forward chunk writes its rows of log_prob and its share of the loss (its rows'
+sum, over the whole denominator for mean), a gradient chunk its rows of dlogits (the same bits:
+each row from the same factor)."""
 
 from __future__ import annotations
 
@@ -235,22 +243,36 @@ def _prepare_sce(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -
     lp3, x3 = log_prob.reshape(n, c, d), logits.reshape(n, c, d)
     log_softmax = _torch_softmax(xp, x3, lp3, log=True) or partial(_softmax, xp, x3, lp3, True)
     reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
+    rows = _row_range(ctx.attrs, n)
 
     def step(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         log_softmax()
-        _sce_loss(ctx_, lp3, inputs_[1], _optional(inputs_, 2), _optional(inputs_, 3), outputs_[0], reduction)
+        _sce_loss(ctx_, lp3, inputs_[1], _optional(inputs_, 2), _optional(inputs_, 3), outputs_[0], reduction, rows)
 
     return step
 
 
-def _sce_loss(ctx, lp3, labels, weight, ignore_input, loss, reduction: str) -> None:
-    """loss from log_prob ([N, C, D]) and the labels: -log_prob[label] * weight[label] per
-    sample, reduced."""
+def _row_range(attrs: dict, n: int) -> tuple[int, int]:
+    """The rows [start, stop) of the labels a loss chunk covers (its scores' n rows); the whole
+    node: [0, n)."""
+    start = int(attrs.get("start", 0))
+    return start, int(attrs.get("stop", start + n))
+
+
+def _labels_rows(labels, rows: tuple[int, int]) -> int:
+    """The labels' rows (N of the whole step; a loss chunk's scores hold rows[1] - rows[0])."""
+    return int(labels.shape[0]) if labels.ndim else rows[1] - rows[0]
+
+
+def _sce_loss(ctx, lp3, labels, weight, ignore_input, loss, reduction: str, rows: tuple[int, int]) -> None:
+    """loss from log_prob ([N, C, D]; a chunk's rows `rows` of the labels) and the labels:
+    -log_prob[label] * weight[label] per sample, reduced (mean: over the whole labels' weights)."""
     xp = ctx.xp
     n, c, d = lp3.shape
-    safe, _, w = _label_weights(ctx, labels, weight, ignore_input, (n, c, d), lp3.dtype)
-    picked = xp.take_along_axis(lp3, safe.reshape(n, 1, d), axis=1).reshape(n, d)
-    per_sample = -picked * w
+    safe, _, w = _label_weights(ctx, labels, weight, ignore_input, (_labels_rows(labels, rows), c, d), lp3.dtype)
+    lo, hi = rows
+    picked = xp.take_along_axis(lp3, safe[lo:hi].reshape(n, 1, d), axis=1).reshape(n, d)
+    per_sample = -picked * w[lo:hi]
     if reduction == "none":
         xp.copyto(loss, per_sample.reshape(loss.shape))
         return
@@ -263,6 +285,7 @@ def _sce_loss(ctx, lp3, labels, weight, ignore_input, loss, reduction: str) -> N
 
 
 @kernel("SoftmaxCrossEntropyLoss", scratch=_sce_scratch, bind=bind_prepared(_prepare_sce))
+@kernel("SoftmaxCrossEntropyLossRows", "onnxplan", scratch=_sce_scratch, bind=bind_prepared(_prepare_sce))
 @kernel("SoftmaxCrossEntropyLossInternal", MS, scratch=_sce_scratch, bind=bind_prepared(_prepare_sce))
 def softmax_cross_entropy_loss(ctx, inputs, outputs):
     """(loss, log_prob) from scores [N, C, d...] and labels [N, d...]: log_prob = logsoftmax over C;
@@ -272,6 +295,7 @@ def softmax_cross_entropy_loss(ctx, inputs, outputs):
 
 
 @kernel("SoftmaxCrossEntropyLossGrad", MS, overwrites={0: (1,)})
+@kernel("SoftmaxCrossEntropyLossGradRows", "onnxplan", overwrites={0: (1,)})
 @kernel("SoftmaxCrossEntropyLossInternalGrad", MS, overwrites={0: (1,)})
 def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
     """dlogits = (exp(log_prob) - onehot(label)) * weight[label] * dY', where dY' is dY per sample
@@ -280,11 +304,13 @@ def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
     xp, (dy, log_prob, labels), out = ctx.xp, inputs[:3], outputs[0]
     weight, ignore_input, bias = _optional(inputs, 3), _optional(inputs, 4), _optional(inputs, 5)
     n, c, d = _ncd(log_prob.shape)
-    safe, kept, w = _label_weights(ctx, labels, weight, ignore_input, (n, c, d), out.dtype)
+    rows = _row_range(ctx.attrs, n)
+    n_all = _labels_rows(labels, rows)
+    safe, kept, w = _label_weights(ctx, labels, weight, ignore_input, (n_all, c, d), out.dtype)
     lp3, out3 = _xp.one_object_per_buffer([log_prob.reshape(n, c, d), out.reshape(n, c, d)])
     reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
     if reduction == "none":
-        factor = w * dy.reshape(n, d)
+        factor = w * dy.reshape(n_all, d)
     else:
         scaled = dy.reshape(())
         if reduction == "mean":
@@ -292,7 +318,8 @@ def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
             if bool(denom != 0):
                 scaled = scaled / denom
         factor = w * scaled
-    factor3, safe2, kept2 = factor.reshape(n, 1, d), safe.reshape(n, d), kept.reshape(n, d)
+    lo, hi = rows  # a chunk's rows of the whole labels' factors (the whole node: all of them)
+    factor3, safe2, kept2 = factor[lo:hi].reshape(n, 1, d), safe[lo:hi].reshape(n, d), kept[lo:hi].reshape(n, d)
     parts = parallel.row_parts(xp, n, c * d, passes=SCE_GRAD_PASSES)
     if len(parts) == 1:  # whole (mlp's 64 x 10): no views, no hand-off
         _sce_grad_rows(xp, lp3, out3, safe2, kept2, factor3)

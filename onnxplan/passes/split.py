@@ -2,11 +2,14 @@
 of its tensors, so the node's working set is a piece, not the whole (issue 28).
 
 Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split:` + JSON):
+  - K = 1: N, a Transpose of a weight or of a weight gradient, is folded into the products around
+    it (passes/split_fold.py), before any split.
   - N becomes chunk nodes `N#0` .. `N#K-1`: the same op, domain and attributes on pieces. Chunk
     k covers rows [k R/K, (k+1) R/K) of axis a (R rows; K divides R). Which inputs a chunk
     reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
     elementwise and row-wise ops, products over rows, views, sums over rows, a conv dW over its
-    output channels); any other input (a broadcast bias, a weight) is read whole by every chunk.
+    output channels, a loss over rows: its chunks are onnxplan.SoftmaxCrossEntropyLoss(Grad)Rows
+    on rows [start, stop), the loss a sum over the rows); any other input (a broadcast bias, a weight) is read whole by every chunk.
     Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
   - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
     whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
@@ -60,13 +63,16 @@ from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueC
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
+from onnxplan.passes.split_fold import fold, fold_refusal
 from onnxplan.passes.split_ops import (
     KIND_CHANNELS,
     KIND_VIEW,
+    OFF_PAGE_MIN,
     PIECE_ALIGN,
     ROW_OPS,
     SPLITTABLE_OPS,
     chunk_attrs,
+    chunk_op,
     copied_rows,
     flat_elems,
     sliced_inputs,
@@ -78,7 +84,7 @@ from onnxplan.passes.split_ops import (
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
 
-__all__ = ["PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
+__all__ = ["OFF_PAGE_MIN", "PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
            "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
@@ -189,6 +195,14 @@ class _Splitter:
         for s in self.specs.values():
             if s.node not in names:
                 raise SplitRefused(f"split of {s.node!r}: no such node")
+        for s in sorted(self.specs.values()):  # K = 1: a transpose folded into its products (split_fold)
+            if s.k == 1:
+                node = self.g.node(s.node)
+                why = fold_refusal(self.g, node)
+                if why:
+                    raise SplitRefused(f"fold of {s.node!r}: {why}")
+                fold(self.g, node)
+        self.consumers = self.g.consumers()
         self._home()
         for n in self.g.nodes:
             spec = self.specs.get(n.name)
@@ -250,7 +264,8 @@ class _Splitter:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
         sliced = sliced_inputs(self.g, n)
-        copied = copied_rows(self.g, n, k)
+        flat = flat_elems(self.g, n, k)  # over its flattened tensors (0: by rows)
+        copied = [] if flat else copied_rows(self.g, n, k)
         for i in n.inputs:
             if i in sliced and i not in copied:
                 continue
@@ -258,7 +273,6 @@ class _Splitter:
                 self._assemble(i, n.phase)
             elif i in self.homes:
                 self._read_home(i, n.phase)
-        flat = flat_elems(self.g, n, k)  # an update over its flattened state (0: by rows)
         reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase, flat)
                  for v in sliced}
         channels = split_kind(self.g, n) == KIND_CHANNELS
@@ -284,8 +298,9 @@ class _Splitter:
             if channels:
                 self.nodes.append(self._weight_chunk(n, j, ins, made[n.outputs[1]][j]))
             else:
-                self.nodes.append(Node(chunk_name(n.name, j), n.op_type, n.domain, ins, outs_j,
-                                       chunk_attrs(n, k, sums.attrs(j)), n.phase, aliases))
+                domain, op = sums.op(j) or chunk_op(n)
+                self.nodes.append(Node(chunk_name(n.name, j), op, domain, ins, outs_j,
+                                       chunk_attrs(self.g, n, k, j, sums.attrs(j)), n.phase, aliases))
             self.nodes.extend(sums.adds(j))
             for o in kept:
                 self.nodes.append(self._piece_out(o, made[o][j], j, k, n.phase, flat))
@@ -421,7 +436,8 @@ class _Sums:
     each made whole, chunk by chunk. A Gemm adds into its running sum itself (chunk j > 0 reads
     the sum so far as C, beta 1; chunk 0 has the node's own C and beta); any other op makes a
     partial sum per chunk, added to the running one by an Add (`N#j.addI`). The running sums
-    are temporaries `OUT#accJ`; the last chunk makes OUT."""
+    are temporaries `OUT#accJ`; the last chunk makes OUT. A Gemm's chunks are onnxplan.GemmAdd,
+    whose chunk j > 0 may write the new sum over the old one (in place)."""
 
     def __init__(self, sp: _Splitter, n: Node, k: int) -> None:
         self.sp, self.n, self.k = sp, n, k
@@ -436,6 +452,12 @@ class _Sums:
         if j == 0 or self.chained:
             return self.target[o, j]
         return self.sp._acc_value(self.sp.g.values[o], f"{o}#part{j}")
+
+    def op(self, j: int) -> tuple[str, str] | None:
+        """Chunk j's op when it is not the node's: a Gemm's chunks are onnxplan.GemmAdd
+        (kernels/split_chunks.py: by blocks of rows; chunk j > 0 adds into the running sum in
+        place: one dW-sized buffer, not two)."""
+        return (PIECE_DOMAIN, "GemmAdd") if self.chained else None
 
     def inputs(self, j: int, ins: list[str]) -> list[str]:
         return [*ins[:2], self.target[self.outs[0], j - 1]] if self.chained and j else ins
@@ -481,7 +503,8 @@ def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[Pl
     if arg is None:
         return ()
     ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in g.nodes}
-    return tuple(PlannedSplit(s.node, ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k) for s in sorted(split_specs(arg)))
+    return tuple(PlannedSplit(s.node, "fold" if s.k == 1 else ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k)
+                 for s in sorted(split_specs(arg)))
 
 
 def homed_slots(g: StepGraph) -> set[str]:

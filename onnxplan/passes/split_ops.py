@@ -25,8 +25,9 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     Gemm(A_0, dY_0 [, C]) with the node's own C and beta, chunk k > 0 is Gemm(A_k, dY_k,
     acc_{k-1}) with beta 1; ReduceSum over axes that include axis 0 (a bias gradient): chunk k
     is ReduceSum(X_k) -> part_k, then Add(acc_{k-1}, part_k) (in place where the in-place pass
-    lets it). A Gemm chunk holds the sum so far and the new one (Gemm writes no input in place):
-    two dW-sized buffers, against one unsplit. The summation order changes (K
+    lets it). A Gemm's chunks are onnxplan.GemmAdd (kernels/split_chunks.py: by blocks of
+    rows), chunk k > 0 adding into the sum so far in place where the in-place pass lets it: one
+    dW-sized buffer. The summation order changes (K
     partial sums added in chunk order): not the same bits; the tolerance (a few float32 ulps of
     the sum of |terms|) is tested against the unsplit kernel (tests/test_split_products.py) and
     against ONNX Runtime by `run --verify`.
@@ -40,14 +41,29 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     im2col scratch is X's whole (the columns do not depend on the output channels), each chunk
     makes it again: the least machinery that puts W and dW (9 MiB each at resnet18's layer4)
     out of the working set, dW a piece of 9/K MiB; over the batch dW would stay whole.
-  - flat: an optimizer update whose leading axis does not split in K (its rows, or its pieces'
-    pages) splits over its flattened state (flat_elems): pieces of E elements, E a whole number
+  - a loss over rows (KIND_ROWS, LOSS_OPS): SoftmaxCrossEntropyLoss (reduction mean or sum) and
+    com.microsoft SoftmaxCrossEntropyLossGrad over the rows of the scores (log_prob): chunk k is
+    onnxplan.SoftmaxCrossEntropyLossRows (...GradRows) with `start`, `stop` its rows; it reads its
+    rows of the scores (log_prob), the labels (and class weights) whole (8 KiB at GPT-2 small:
+    the mean's denominator, the kept labels' summed weights, is the whole step's), writes its
+    rows of log_prob (dlogits); the forward's loss is a sum over the rows (summed_outputs): chunk
+    k's share (its rows' sum, over the whole denominator for mean) added in chunk order
+    (passes/split.py's _Sums). ignore_index and the class weights act per row (implemented: the
+    same kernel); reduction 'none' is refused (its per-row losses, 4 B a row, are pieces off the
+    page); the Internal forms (ignore_index as an input, the gradient's bias) are not LOSS_OPS. The
+    gradient gives the same bits; the loss sums its terms in another order (K partial sums added
+    in chunk order): within a few float32 ulps of the sum of |terms| (tests/test_split_loss.py).
+  - flat: an optimizer update (or an elementwise op none of whose inputs broadcasts, and whose
+    rows split in no K up to MAX_K) whose leading axis does not split in K (its rows, or its pieces' pages) splits over its flattened
+    tensors (flat_elems): pieces of E elements, E a whole number
     of pages, the last the rest (ending its slot); elementwise, the same bits.
 Refused (why_not, one line): any other op; a softmax across the split axis; a product with a
 transposed left operand of rank 2 (its output rows are A's columns) or a batch-axis transpose; a
 Gemm accumulation with transB; a reduction that keeps axis 0; a node that aliases an input
 (views excepted) or has control dependencies; a K that does not divide the rows or leaves a
-piece off a page boundary; a persistent sliced input of a node that is not an update.
+piece off a page boundary (unless the piece is at least OFF_PAGE_MIN bytes: its partial end pages are moved
+by read-modify-write, executor/piece_io.py); a persistent sliced input of a node that is not an
+update.
 """
 
 from __future__ import annotations
@@ -60,16 +76,22 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
-__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "MATMUL_OPS", "NORM_GRAD_OPS", "PIECE_ALIGN", "ROW_COPY_MAX",
-           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
+__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "LOSS_OPS", "MATMUL_OPS", "MAX_K", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
+           "PIECE_ALIGN", "ROW_COPY_MAX",
+           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "chunk_op", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
            "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
+# ... unless the piece is this large: its partial end pages cost a page read and write each
+# (executor/piece_io.py), small against its bytes (GPT-2's logits: 50257-float rows, no whole
+# number of pages in any K)
+OFF_PAGE_MIN = 1 << 20
+MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 MS = "com.microsoft"
 KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS = "rows", "view", "accumulate", "channels"
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
           "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
-_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where")
+_BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum")
 _MS_OPS = ("Gelu", "FastGelu", "QuickGelu", "BiasGelu", "GeluGrad", "FastGeluGrad", "QuickGeluGrad",
            "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "ReluGrad", "SigmoidGrad", "TanhGrad", "LeakyReluGrad")
 # row-wise: a softmax over an axis other than the split one (and its gradient) reads and writes
@@ -88,6 +110,10 @@ NORM_GRAD_OPS = frozenset({(MS, "LayerNormalizationGrad"), (MS, "SimplifiedLayer
 # transformer b16) is read whole and each chunk's rows copied (PieceRows), up to this size whole
 ROW_COPY_MAX = 256 * 1024
 _SUM = ("", "ReduceSum")
+# a loss over rows (module docstring): the op -> its chunk's op (domain onnxplan), and the input
+# each chunk reads its rows of (the scores; the gradient's log_prob)
+LOSS_OPS = {("", "SoftmaxCrossEntropyLoss"): ("SoftmaxCrossEntropyLossRows", 0),
+            (MS, "SoftmaxCrossEntropyLossGrad"): ("SoftmaxCrossEntropyLossGradRows", 1)}
 
 
 def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
@@ -127,7 +153,7 @@ def split_kind(g: StepGraph, node: Node) -> str:
     """The kind of split `node` makes (module docstring), "" when its op is not split."""
     if weight_gradient(node):
         return KIND_CHANNELS
-    if node.key in SPLITTABLE_OPS:
+    if node.key in SPLITTABLE_OPS or node.key in LOSS_OPS:
         return KIND_ROWS
     if node.key in READ_ONLY_VIEW_OPS:
         return KIND_VIEW
@@ -144,8 +170,9 @@ def split_kind(g: StepGraph, node: Node) -> str:
 def split_rows(g: StepGraph, node: Node) -> int:
     """The rows the chunks divide: the output's leading axis, or for an accumulation the
     leading axis of what it sums over (0 when unknown)."""
-    if split_kind(g, node) == KIND_ACCUMULATE:
-        x = node.inputs[0] if node.inputs else ""
+    if split_kind(g, node) == KIND_ACCUMULATE or node.key in LOSS_OPS:
+        ins = [*node.inputs, "", ""]
+        x = ins[LOSS_OPS[node.key][1]] if node.key in LOSS_OPS else ins[0]
         return _shape(g, x)[0] if _known(g, x) and _shape(g, x) else 0
     out = next((o for o in node.outputs if o), "")
     return _shape(g, out)[0] if _known(g, out) and _shape(g, out) else 0
@@ -178,6 +205,8 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
         return [node.inputs[0]] if node.key == _SUM else list(dict.fromkeys(node.inputs[:2]))
     if node.key in MATMUL_OPS:
         return list(dict.fromkeys(_product_inputs(g, node)))
+    if node.key in LOSS_OPS:  # the scores (log_prob) by rows; the labels, weights and dY whole
+        return [node.inputs[LOSS_OPS[node.key][1]]]
     if node.key in CONV_OPS:  # X (Conv) or dY (ConvGradInput) by images; W and a bias whole
         x, out = node.inputs[0], _shape(g, node.outputs[0])
         return [x] if _known(g, x) and len(_shape(g, x)) == len(out) and _shape(g, x)[0] == out[0] > 1 else []
@@ -190,7 +219,7 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
 def summed_outputs(g: StepGraph, node: Node) -> list[str]:
     """The outputs that are sums over the rows (made whole, added up chunk by chunk): an
     accumulation's output, a norm gradient's dscale and dbias."""
-    if split_kind(g, node) == KIND_ACCUMULATE:
+    if split_kind(g, node) == KIND_ACCUMULATE or node.key == ("", "SoftmaxCrossEntropyLoss"):
         return [node.outputs[0]]
     return [o for o in node.outputs[1:] if o] if node.key in NORM_GRAD_OPS else []
 
@@ -242,10 +271,27 @@ def _accumulate_refusal(g: StepGraph, node: Node) -> str:
     return ""
 
 
+def _loss_refusal(g: StepGraph, node: Node) -> str:
+    """Why a loss (LOSS_OPS) does not split over its rows."""
+    reduction = node.attrs.get("reduction", "mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else str(reduction)
+    if reduction not in ("mean", "sum"):
+        return f"a loss with reduction {reduction!r} (its per-row losses, 4 B a row, would be pieces off the page)"
+    grad = node.op_type.endswith("Grad")
+    scores, labels = node.inputs[LOSS_OPS[node.key][1]], node.inputs[2 if grad else 1]
+    if not all(_known(g, v) for v in (scores, labels, node.outputs[0])):
+        return "an input or output has no static shape"
+    if len(_shape(g, scores)) < 2:
+        return "scores of rank < 2"
+    return ""
+
+
 def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
     """Why `node` of `kind` does not split in any K (its op, attributes and layout)."""
     if node.after or (node.aliases and kind != KIND_VIEW):
         return "the node aliases an input or has control dependencies"
+    if node.key in LOSS_OPS:
+        return _loss_refusal(g, node)
     if kind == KIND_ACCUMULATE:
         return _accumulate_refusal(g, node)
     if kind == KIND_CHANNELS:
@@ -271,8 +317,17 @@ def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
     return ""
 
 
-def chunk_attrs(node: Node, k: int, attrs: dict[str, Any]) -> dict[str, Any]:
-    """A chunk's attributes: the node's, but a ConvGradInput's `x_shape` of its K-th of the images."""
+def chunk_op(node: Node) -> tuple[str, str]:
+    """A chunk's (domain, op): the node's, but a loss's chunk op (LOSS_OPS, domain onnxplan)."""
+    return ("onnxplan", LOSS_OPS[node.key][0]) if node.key in LOSS_OPS else (node.domain, node.op_type)
+
+
+def chunk_attrs(g: StepGraph, node: Node, k: int, j: int, attrs: dict[str, Any]) -> dict[str, Any]:
+    """Chunk j of K's attributes: the node's, but a ConvGradInput's `x_shape` of its K-th of the
+    images, a loss chunk's rows [start, stop) of the labels."""
+    if node.key in LOSS_OPS:
+        rows = split_rows(g, node)
+        return {**attrs, "start": j * rows // k, "stop": (j + 1) * rows // k}
     if node.key == ("onnxplan", "ConvGradInput") and "x_shape" in attrs:
         x_shape = [int(d) for d in attrs["x_shape"]]
         return {**attrs, "x_shape": [x_shape[0] // k, *x_shape[1:]]}
@@ -280,18 +335,27 @@ def chunk_attrs(node: Node, k: int, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def flat_elems(g: StepGraph, node: Node, k: int) -> int:
-    """Elements per piece of an optimizer update split over its flattened state (0: not flat).
-    Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257 rows, whose
-    bytes are no whole number of pages per piece): pieces of E elements (a whole number of the
-    store's pages), the last one the rest, ending the slot."""
-    if node.key not in UPDATE_OPS or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
-        return 0  # not an update, refused whatever its cut (aliases, control dependencies), or split by rows
+    """Elements per piece of an optimizer update (or an elementwise op whose inputs all have its
+    output's shape: GPT-2's tied embedding's gradient Sum) split over its flattened tensors (0:
+    not flat). Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257
+    rows, whose bytes are no whole number of pages per piece): pieces of E elements (a whole
+    number of the store's pages), the last one the rest, ending the slot."""
+    flat_op = node.key in UPDATE_OPS or (node.key in SPLITTABLE_OPS and node.key not in ROW_OPS)
+    if not flat_op or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
+        return 0  # not an update or elementwise, refused whatever its cut (aliases, ...), or split by rows
     out = next((o for o in node.outputs if o), "")
     if not _known(g, out):
         return 0
     spec = g.values[out].known_spec
     total, size = spec.numel, spec.itemsize
-    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced_inputs(g, node)):
+    sliced = sliced_inputs(g, node)
+    if node.key not in UPDATE_OPS and (set(sliced) != {i for i in node.inputs if i} or len(node.outputs) != 1):
+        return 0  # an elementwise op flat only with every input its output's shape (no broadcast)
+    if node.key not in UPDATE_OPS and any(_rows_refusal(g, node, j) == "" for j in range(2, MAX_K + 1)):
+        return 0  # an elementwise op flat only where its rows split in no K (plans of those that do stay)
+    if node.key not in UPDATE_OPS and any(g.values[v].persistent for v in [*sliced, *node.outputs]):
+        return 0  # parameters and state are paged by swap, not split (an update's are homed)
+    if PIECE_ALIGN % size or any(g.values[v].known_spec.numel != total for v in sliced):
         return 0
     page = PIECE_ALIGN // size
     per = -(-total // k)
@@ -331,6 +395,7 @@ def _rows_refusal(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
         if g.values[v].persistent and node.key not in UPDATE_OPS:
             return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
         piece = g.values[v].nbytes // k
-        if piece % PIECE_ALIGN and v not in copied:
-            return f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page)"
+        if piece % PIECE_ALIGN and v not in copied and piece < OFF_PAGE_MIN:
+            return (f"a piece of {v!r} is {piece} B, not a multiple of {PIECE_ALIGN} B (the store's page) "
+                    f"and under {OFF_PAGE_MIN} B")
     return ""
