@@ -149,10 +149,53 @@ def test_the_executor_keeps_only_the_draws_a_recomputed_copy_reads():
     r.keep = krandom.recompute_draws(["drop", "drop2", "drop@rc1", "mm"])
     assert r.keep == frozenset({"drop"})
     for name in ("drop", "drop2"):
-        r.draw(name, lambda gen: gen.random(4))
+        r.draw(name, lambda gen, _into: gen.random(4))
     assert set(r.drawn) == {"drop"}
-    again = r.draw("drop@rc1", lambda gen: gen.random(4))
+    again = r.draw("drop@rc1", lambda gen, _into: gen.random(4))
     np.testing.assert_array_equal(again, r.drawn["drop"])  # the copy reads the original's draw
     r.keep = None
-    r.draw("drop2", lambda gen: gen.random(4))
+    r.draw("drop2", lambda gen, _into: gen.random(4))
     assert set(r.drawn) == {"drop", "drop2"}
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_mask_not_kept_is_drawn_straight_into_the_output(monkeypatch, kept):
+    """A draw not kept through the step goes straight into the node's bool mask output: the same
+    mask as one draw, and no host mask of the tensor's size beside the output (host memory outside
+    the plan: tracemalloc's peak stays under the mask's bytes); a kept draw has its own array."""
+    import tracemalloc
+
+    size = 1 << 20
+    node = Node("n", "Dropout", "", ["x"], ["y", "mask"])
+    r = krandom.Randomness(5)
+    r.keep = frozenset({"n"}) if kept else frozenset()
+    ctx = type("Ctx", (), {"node": node, "random": r})()
+    out = np.zeros(size, bool)
+    tracemalloc.start()
+    try:
+        got = krandom._keep_mask(ctx, (size,), 0.3, packed=False, into=out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    gen = np.random.default_rng(5)
+    once = gen.bit_generator.random_raw(size // 2).view(np.uint32) >= np.uint32(krandom._keep_threshold(0.3))
+    np.testing.assert_array_equal(got, once)
+    assert np.shares_memory(got, out) is not kept
+    assert (peak >= size) is kept
+    if not kept:
+        np.testing.assert_array_equal(out, once)
+
+
+def test_dropout_kernel_with_its_mask_drawn_in_place(given):
+    """The Dropout kernel whose draw is not kept: its mask output is the draw, y = x * mask / (1 - ratio)."""
+    given.keep = frozenset()
+    x = _x(2, (64, 33))
+    inputs = [x, np.array(0.4, F), np.array(True)]
+    y, mask = run_kernel("Dropout", inputs, [x, ("bool", x.shape)])
+    given.reset()
+    given.keep = None
+    y2, mask2 = run_kernel("Dropout", inputs, [x, ("bool", x.shape)])  # kept: its own host array, copied
+    np.testing.assert_array_equal(mask, mask2)
+    np.testing.assert_array_equal(y, y2)
+    assert 0.5 < mask.mean() < 0.7
+    np.testing.assert_allclose(y, x * mask / F(0.6), rtol=1e-6)

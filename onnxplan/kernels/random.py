@@ -24,7 +24,9 @@ __all__ = ["DEFAULT_SEED", "Randomness", "pack_bitmask", "recompute_draws", "unp
 MS = "com.microsoft"
 DEFAULT_SEED = 0
 BITS = 32  # ORT's BitmaskDropout packs the keep-mask into uint32 words, element i at bit i % 32
-DRAW_BLOCK = 1 << 20  # keep-mask elements drawn at a time (even: a block takes whole 64-bit draws)
+DRAW_BLOCK = 1 << 16  # keep-mask elements drawn at a time (even: a block takes whole 64-bit draws); its
+# raw words (256 KiB) are host memory outside the plan, so a block stays small (GPT-2 small's attention
+# Dropouts at 1 << 20: 4 MiB of words each, beside a tensor-sized mask: measured 8 MiB over its plan)
 
 
 class Randomness:
@@ -50,16 +52,19 @@ class Randomness:
     def new_step(self) -> None:
         self.drawn.clear()
 
-    def draw(self, node_name: str, make) -> np.ndarray:
+    def draw(self, node_name: str, make, into: np.ndarray | None = None) -> np.ndarray:
         """The host array for `node_name`: the given one, else what this node (or the node it
-        is a recomputed copy of, `NAME@rcK`) drew earlier in this step, else make(generator)."""
+        is a recomputed copy of, `NAME@rcK`) drew earlier in this step, else make(generator,
+        into). `into`: a host array make may draw straight into (the node's own output), offered
+        only for a draw not kept through the step (else make gets None and allocates its own)."""
         key = original_name(node_name)
         value = self.given.get(key)
         if value is None:
             value = self.drawn.get(key)
+        kept = self.keep is None or key in self.keep
         if value is None:
-            value = make(self.gen)
-        if self.keep is None or key in self.keep:
+            value = make(self.gen, None if kept else into)
+        if kept:
             self.drawn[key] = value
         return value
 
@@ -104,23 +109,35 @@ def _keep_threshold(ratio: float) -> int:
     return min(math.ceil(ratio * 2.0 ** 32), 2 ** 32)
 
 
-def _keep_mask(ctx, shape, ratio: float, packed: bool) -> np.ndarray:
+def _keep_mask(ctx, shape, ratio: float, packed: bool, into: Any = None) -> np.ndarray:
     """ORT's rule: keep element i when uniform_i >= ratio, uniform_i = u_i / 2**32 from the raw
     32-bit words of the generator (two per 64-bit draw: half the time of Generator.random's
-    float32 draws, which dominated Dropout at realistic sizes)."""
+    float32 draws, which dominated Dropout at realistic sizes). `into`: the node's bool mask
+    output, drawn into directly when the draw is not kept (Randomness.draw), so no host mask of
+    the tensor's size is made beside it."""
     size = math.prod(int(d) for d in shape)  # np.prod costs ~10 us a call
+    target = into if (not packed and isinstance(into, np.ndarray) and into.dtype == np.bool_
+                      and into.size == size and into.flags.c_contiguous) else None
 
-    def make(gen):
+    def make(gen, out):
         threshold = _keep_threshold(ratio)
-        keep = np.zeros(size, dtype=bool)
-        if threshold < 2 ** 32:  # the raw words a block at a time (the same stream as one draw)
+        keep = out.reshape(-1) if out is not None else np.zeros(size, dtype=bool)
+        if threshold >= 2 ** 32:  # a ratio that rounds to 1: nothing kept (and nothing drawn)
+            keep.fill(False)
+        else:  # the raw words a block at a time (the same stream as one draw)
             for start in range(0, size, DRAW_BLOCK):
                 n = min(DRAW_BLOCK, size - start)
                 words = gen.bit_generator.random_raw(-(-n // 2)).view(np.uint32)[:n]
                 np.greater_equal(words, np.uint32(threshold), out=keep[start:start + n])
         return pack_bitmask(keep) if packed else keep.reshape(shape)
 
-    return _random(ctx).draw(ctx.node.name, make)
+    return _random(ctx).draw(ctx.node.name, make, target)
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    """`a` is `b`'s memory (a reshaped view of it): the draw went straight into the output."""
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.size == b.size and (
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
 def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -> None:
@@ -134,9 +151,9 @@ def _dropout(ctx, inputs, outputs, ratio: float, training: bool, packed: bool) -
         return
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"ratio {ratio} outside [0, 1)")
-    host = _keep_mask(ctx, x.shape, ratio, packed)
+    host = _keep_mask(ctx, x.shape, ratio, packed, into=mask)
     keep = xp.asarray(host)
-    if mask is not None:
+    if mask is not None and not _same_memory(host, mask):
         mask[...] = keep.reshape(mask.shape)
     if packed:
         keep = unpack_bitmask(xp, keep, x.size).reshape(x.shape)
@@ -222,7 +239,7 @@ def _bitmask_dropout_grad(ctx, inputs, outputs):
 
 def _random_like(ctx, outputs, sample) -> None:
     y = outputs[0]
-    host = _random(ctx).draw(ctx.node.name, lambda gen: sample(gen, y.shape).astype(y.dtype))
+    host = _random(ctx).draw(ctx.node.name, lambda gen, _into: sample(gen, y.shape).astype(y.dtype))
     y[...] = ctx.xp.asarray(host).reshape(y.shape)
 
 
