@@ -193,3 +193,54 @@ def test_plan_bench_and_the_api_choose_alike(model, batch, tmp_path):
     plan = onnxplan.plan(step, budget=budget)
     assert shown["peak_bytes"] == row["planned_peak_bytes"] == plan.peak_bytes <= budget
     assert shown["strategy"]["chosen"] == row["memory_strategy"] == plan.strategy.chosen != "none"
+
+
+def test_joint_quick_is_a_default_candidate_stable_under_load(transformer, monkeypatch):
+    """joint-quick is weighed by fit_budget by default, and its plan depends on no clock: two
+    calls give the same plan, and so does a call on a 'loaded machine' (every wall-clock reading
+    in the joint solver's Python jumping by 1,000 s, so every wall-clock deadline has passed);
+    on a graph over its size limit it is left out with a note."""
+    import time as real_time
+
+    from onnxplan.budget import joint as budget_joint
+    from onnxplan.budget.strategies import AUTO_STRATEGIES, STRATEGIES, StrategySkipped
+    from onnxplan.joint import fit as joint_fit
+    from onnxplan.joint import hints as joint_hints
+    from onnxplan.joint import solve as joint_solve
+
+    assert "joint-quick" in AUTO_STRATEGIES
+    plain = plan_step(transformer, PlanOptions()).plan
+    budget = plain.persistent_bytes + int(0.6 * plain.arena_bytes)
+    opts = replace(PlanOptions(), budget=budget)
+    quick = STRATEGIES["joint-quick"]
+
+    def key(plan):
+        return plan.passes, plan.order, [(s.value, s.write) for s in plan.swaps], plan.peak_bytes
+
+    first = quick(transformer, budget, FlopCosts(), None, opts).plan
+    assert first.peak_bytes <= budget and first.joint is not None
+    assert key(quick(transformer, budget, FlopCosts(), None, opts).plan) == key(first)
+
+    class Loaded:  # a clock running 1,000 s per reading: any wall-clock stop would trip
+        t = real_time.perf_counter()
+
+        def perf_counter(self) -> float:
+            Loaded.t += 1000.0
+            return Loaded.t
+
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+    for mod in (joint_fit, joint_hints, joint_solve):
+        monkeypatch.setattr(mod, "time", Loaded())
+    assert key(quick(transformer, budget, FlopCosts(), None, opts).plan) == key(first)
+    monkeypatch.undo()
+
+    out, _ = fit_budget(transformer, opts)
+    assert "joint-quick" in {c.strategy for c in out.plan.strategy.candidates}
+    monkeypatch.setattr(budget_joint, "QUICK_MAX_NODES", len(transformer.nodes) - 1)
+    with pytest.raises(StrategySkipped):
+        quick(transformer, budget, FlopCosts(), None, opts)
+    out, _ = fit_budget(transformer, opts)
+    assert "joint-quick" not in {c.strategy for c in out.plan.strategy.candidates}
+    assert any("joint-quick not planned" in n for n in out.pass_notes)
