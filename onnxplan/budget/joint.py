@@ -48,7 +48,7 @@ RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the mod
 
 QUICK_DETERMINISTIC = 0.5  # CP-SAT's deterministic time per solve of joint-quick (one worker: ~1 s of wall here)
 QUICK_ROUNDS = 2  # joint-quick's solve rounds (a miss lowers the model's budget; slack raises it once)
-QUICK_MAX_NODES = 600  # joint-quick declines larger graphs (its solve time grows with the model's booleans)
+QUICK_MAX_NODES = 400  # joint-quick declines larger graphs: ResNet-50 (552 nodes), MobileNet-v2 (787), GPT-2, BERT
 QUICK_WALL_SECONDS = 60.0  # joint-quick's wall-clock safety net per CP-SAT solve (never reached at QUICK_MAX_NODES)
 
 
