@@ -110,7 +110,7 @@ def plan_for_budget(graph: StepGraph, base: PlanOptions, request: MemoryRequest,
     A strategy named (request.strategy, with a budget): that registered strategy (recompute,
     swap, joint...). A checkpoint policy: recompute with it (no swap unless one is named). A
     budget and no policy named: the plain plan if it fits, else the default strategy
-    (recompute, swap) that fits with the least step time predicted by `costs` (budget.strategies). A swap
+    (recompute, swap, joint-quick) that fits with the least step time predicted by `costs` (budget.strategies). A swap
     policy alone (or nothing under a budget): swap planning's own choice. The outcome may
     miss the budget: the caller compares plan.peak_bytes with it."""
     swap = request.swap or ("auto" if request.budget is not None and request.checkpoint is None else "none")
