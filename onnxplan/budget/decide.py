@@ -145,8 +145,8 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
     for name in strategies.AUTO_STRATEGIES:
         try:
             cands.append(weigh(name, STRATEGIES[name](graph, budget, costs, opts.time_limit, opts), budget, times))
-        except StrategySkipped as why:
-            skipped.append(f"{name} not planned: {why}")
+        except StrategySkipped as skip:
+            skipped.append(f"{name} not planned: {skip}")
     best = choose(cands)
     if best.fits:
         others = ", ".join(c.line() for c in cands[1:] if c is not best)
@@ -172,8 +172,8 @@ def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,
         raise RuntimeError(f"strategy {name}: planned without a budget")
     try:
         out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
-    except StrategySkipped as why:
-        raise UsageError(f"--strategy {name}: {why}") from None
+    except StrategySkipped as skip:
+        raise UsageError(f"--strategy {name}: {skip}") from None
     times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
     cand = weigh(name, out, budget, times)
     verdict = "fits" if cand.fits else "misses it"
