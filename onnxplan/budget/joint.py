@@ -3,7 +3,8 @@ step graph and paging, chosen together by CP-SAT. Two are registered:
 
 "joint-quick" (auto: fit_budget plans it by default, one more candidate under the one price and
 tie rule): plan_joint with paging, every CP-SAT solve stopped by a deterministic limit
-(QUICK_DETERMINISTIC, one worker, seed 0) and QUICK_ROUNDS rounds, so the same request gives
+(QUICK_DETERMINISTIC, one worker, seed 0), QUICK_ROUNDS rounds, its greedy paging warm start
+bounded by QUICK_PAGE_TRIALS schedules, so the same request gives
 the same plan on a loaded or an idle machine; skipped (StrategySkipped, fit_budget notes it)
 on a graph over QUICK_MAX_NODES nodes, where its solve would no longer take a few seconds.
 
@@ -49,6 +50,7 @@ RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the mod
 QUICK_DETERMINISTIC = 0.5  # CP-SAT's deterministic time per solve of joint-quick (one worker: ~1 s of wall here)
 QUICK_ROUNDS = 2  # joint-quick's solve rounds (a miss lowers the model's budget; slack raises it once)
 QUICK_MAX_NODES = 400  # joint-quick declines larger graphs: ResNet-50 (552 nodes), MobileNet-v2 (787), GPT-2, BERT
+QUICK_PAGE_TRIALS = 100  # schedules each greedy paging warm start of joint-quick tries at most (resnet18: 11 s -> 3 s)
 QUICK_WALL_SECONDS = 60.0  # joint-quick's wall-clock safety net per CP-SAT solve (never reached at QUICK_MAX_NODES)
 
 
@@ -66,7 +68,7 @@ def plan_joint_quick(graph: StepGraph, budget: int, costs: CostModel, time_limit
     rates = store_rates(base.swap_dir)
     out, _ = plan_joint(graph, budget, base, costs=times.measured or None, swap_bandwidth=rates.bandwidth,
                         time_limit=QUICK_WALL_SECONDS, rounds=QUICK_ROUNDS, deterministic_limit=QUICK_DETERMINISTIC,
-                        io_cpu_per_byte=rates.cpu_per_byte)
+                        io_cpu_per_byte=rates.cpu_per_byte, page_trials=QUICK_PAGE_TRIALS)
     return _with_store(out, rates)
 
 

@@ -62,7 +62,6 @@ __all__ = ["TIME_UNIT", "JointSchedule", "descend", "solve_joint", "solve_proble
 TIME_UNIT = 1e-7  # seconds per unit of the integer objective
 BYTE_UNIT = 64  # every size in the model is aligned to it
 MIN_SOLVE_SECONDS = 0.1  # the least time limit a CP-SAT solve is given (past the deadline: a last try)
-PAGE_HINT_TRIALS = 100  # with a deterministic limit: schedules each greedy paging warm start tries at most
 
 
 @dataclass
@@ -391,13 +390,15 @@ def _run_solver(v: _Model, prob: JointProblem, budget_bytes: int, hint: Decision
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = DEFAULT_TIME_LIMIT, warm_start="auto", *,
                   costs: Mapping[str, float] | None = None, workers: int = 1, linearization: int = 1,
-                  least_memory: bool = False, deterministic_limit: float | None = None) -> JointSchedule:
+                  least_memory: bool = False, deterministic_limit: float | None = None,
+                  page_trials: int | None = None) -> JointSchedule:
     """The joint schedule of `prob` under `budget_bytes` (the module docstring's model), within
     `time_limit` for the whole call: warm start, hint completion, CP-SAT, descent. A budget below
     the model's floor: the least-memory schedule (status INFEASIBLE (...)). `deterministic_limit`:
     every CP-SAT solve also stops at that deterministic time (one worker, seed 0) and the warm
     start and the descent run to their end, so the schedule does not depend on the machine's
-    load (`time_limit` then stays only as CP-SAT's wall-clock safety net)."""
+    load (`time_limit` then stays only as CP-SAT's wall-clock safety net). `page_trials`: the
+    greedy paging warm starts try at most that many schedules each (a bound of work, not time)."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
@@ -406,8 +407,7 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     # wall-clock safety net stops on the clock (the same request, the same schedule, loaded or idle)
     soft = None if deterministic_limit is not None else deadline
     hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth,
-                                  None if soft is None else t0 + time_limit / 5,
-                                  None if soft is not None else PAGE_HINT_TRIALS)
+                                  None if soft is None else t0 + time_limit / 5, page_trials)
     v = _variables(prob, budget_bytes, swap_bandwidth, least_memory)
     _presence(v, prob)
     _memory(v, prob)
