@@ -6,8 +6,11 @@ of the plain plan, f from `--fractions` in turn, kept when all three fit. At eac
   chosen      the plan onnxplan.plan(budget=...) makes (api.solve: the default cost model,
               budget.decide.DEFAULT_PROFILE, at one thread), and the strategy it records;
   other       the plan the other cost model (profile <-> FLOP estimate) would choose;
-  recompute, swap, joint
-              the strategies' own plans (the joint strategy's candidates: budget/joint.py).
+  recompute, swap, joint-quick
+              the default strategies' own plans (budget.strategies, budget/joint.py: the ones
+              fit_budget weighs);
+  joint       the opt-in joint strategy's plan (`--strategy joint`, with `--joint-seconds` of
+              wall clock; 0: not planned nor measured).
 Every distinct plan (by fingerprint: passes, order, swaps; not offsets) is measured with the bench's
 machinery (onnxplan.bench.measure.measure_plan: one fresh process per plan, `--steps` steps
 after one warm-up, one thread), in `--rounds` paired rounds, the plans' order rotated each
@@ -49,6 +52,7 @@ from onnxplan.api import solve
 from onnxplan.bench.measure import measure_plan
 from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, chosen_strategy, cost_model
 from onnxplan.budget.joint import plan_joint_strategy
+from onnxplan.budget.strategies import STRATEGIES, StrategySkipped
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.sizes import format_bytes
 from onnxplan.swap.pricing import store_rates
@@ -59,7 +63,8 @@ MODELS = ("transformer:16", "gpt:16", "resnet18:8", "vgg16:8", "hf-resnet@bench"
           "hf-vit:8", "hf-bert:8", "hf-gpt2:8")
 FRACTIONS = (0.9, 0.75, 0.6, 0.45)
 WITHIN = 0.05  # the acceptance: chosen is the fastest measured, or within this of it
-STRATEGY_NAMES = ("recompute", "swap", "joint")
+AUTO_NAMES = ("recompute", "swap", "joint-quick")  # the strategies fit_budget weighs (budget.strategies)
+STRATEGY_NAMES = (*AUTO_NAMES, "joint")  # and the opt-in joint strategy's plan
 
 
 def fingerprint(plan) -> str:
@@ -72,13 +77,18 @@ def fingerprint(plan) -> str:
 
 
 def plan_budget(step, budget: int, joint_seconds: float, other: bool = True) -> dict | None:
-    """The plans of one budget (None: recompute, swap and joint do not all fit)."""
+    """The plans of one budget (None: the default strategies and joint do not all fit)."""
     opts = PlanOptions()
-    seen: dict = {}
     default, other_costs = cost_model(DEFAULT_PROFILE, threads=1), cost_model(not DEFAULT_PROFILE, threads=1)
-    plan_joint_strategy(step.graph, budget, default, None, opts, total_seconds=joint_seconds, seen=seen)
-    plans = {name: seen[name].plan for name in STRATEGY_NAMES if name in seen}
-    if any(name not in plans or plans[name].peak_bytes > budget for name in STRATEGY_NAMES):
+    plans = {}
+    for name in AUTO_NAMES:
+        try:
+            plans[name] = STRATEGIES[name](step.graph, budget, default, None, opts).plan
+        except StrategySkipped:  # joint-quick on a graph too large for it: fit_budget leaves it out too
+            pass
+    if joint_seconds > 0:
+        plans["joint"] = plan_joint_strategy(step.graph, budget, default, None, opts, total_seconds=joint_seconds).plan
+    if any(p.peak_bytes > budget for p in plans.values()):
         return None
     t0 = time.perf_counter()
     plans["chosen"] = solve(step, opts, MemoryRequest(budget=budget), default).plan
@@ -132,7 +142,10 @@ def bench_model(spec: str, args) -> list[dict]:
         keys = {n: fingerprint(p) for n, p in plans.items()}
         chosen = judge(times, keys["chosen"])
         other = judge(times, keys["other"]) if "other" in keys else {"off": float("nan"), "ok": False}
-        by_key = {v: n for n, v in keys.items() if n in STRATEGY_NAMES}
+        by_key: dict[str, str] = {}
+        for n, v in keys.items():  # a plan two strategies made alike: named by the first (a default one)
+            if n in STRATEGY_NAMES:
+                by_key.setdefault(v, n)
         row = {"model": spec, "fraction": f, "budget_bytes": budget, "plain_peak_bytes": plain.peak_bytes,
                "chosen": chosen_strategy(plans["chosen"]),
                "other": chosen_strategy(plans["other"]) if "other" in plans else "-",
@@ -190,15 +203,14 @@ def summarize(doc: dict) -> list[str]:
         "median over rounds of chosen / fastest of the same round, - 1. Wall time "
         f"{doc['wall_seconds'] / 60:.1f} min." + _store_line(m)), "",
         ("| model | budget (f of arena) | chosen | other model's | fastest measured | chosen off | other off | "
-        "measured ms: recompute / swap / joint | predicted ms: recompute / swap |"),
-        "|---|---|---|---|---|---|---|---|---|"]
+        f"measured ms: {' / '.join(STRATEGY_NAMES)} | predicted ms: {' / '.join(AUTO_NAMES)} | plan s |"),
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ms = " / ".join(f"{r['measured'][n] * 1e3:.1f}" for n in STRATEGY_NAMES)
-        pred = " / ".join(f"{r['predicted'][n] * 1e3:.1f}" if n in r["predicted"] else "-"
-                          for n in ("recompute", "swap"))
+        ms = " / ".join(f"{r['measured'][n] * 1e3:.1f}" if n in r["measured"] else "-" for n in STRATEGY_NAMES)
+        pred = " / ".join(f"{r['predicted'][n] * 1e3:.1f}" if n in r["predicted"] else "-" for n in AUTO_NAMES)
         lines.append(f"| {r['model']} | {format_bytes(r['budget_bytes'])} ({r['fraction']}) | {r['chosen']} | "
                      f"{r['other']} | {r['fastest']} | {r['chosen_off']:+.1%} | {r['other_off']:+.1%} | {ms} | "
-                     f"{pred} |")
+                     f"{pred} | {r['plan_seconds']:.1f} |")
     return lines
 
 

@@ -193,3 +193,68 @@ def test_plan_bench_and_the_api_choose_alike(model, batch, tmp_path):
     plan = onnxplan.plan(step, budget=budget)
     assert shown["peak_bytes"] == row["planned_peak_bytes"] == plan.peak_bytes <= budget
     assert shown["strategy"]["chosen"] == row["memory_strategy"] == plan.strategy.chosen != "none"
+
+
+def test_joint_quick_is_a_default_candidate_stable_under_load(monkeypatch):
+    """joint-quick's plan depends on no clock: two calls give the same plan, and so does a call
+    on a 'loaded machine' (every wall-clock reading in the joint solver's Python jumping by
+    1,000 s, so every wall-clock deadline has passed). transformer b16 at 0.75 of the arena: its
+    second round starts from the paging warm start (with the warm start and the descent stopped
+    by the clock instead, the loaded call's plan differs: checked by planting it)."""
+    import time as real_time
+
+    import onnxplan
+    from onnxplan.budget.strategies import AUTO_STRATEGIES, STRATEGIES
+    from onnxplan.joint import fit as joint_fit
+    from onnxplan.joint import hints as joint_hints
+    from onnxplan.joint import solve as joint_solve
+
+    assert "joint-quick" in AUTO_STRATEGIES
+    graph = onnxplan.load("transformer", batch=16).graph
+    plain = plan_step(graph, PlanOptions()).plan
+    budget = plain.persistent_bytes + int(0.75 * plain.arena_bytes)
+    opts = replace(PlanOptions(), budget=budget)
+
+    def planned():
+        plan = STRATEGIES["joint-quick"](graph, budget, FlopCosts(), None, opts).plan
+        return plan.passes, plan.order, [(s.value, s.write) for s in plan.swaps], plan.peak_bytes
+
+    first = planned()
+    assert first[3] <= budget and any(p.startswith("recompute:dag.") for p in first[0])
+    assert planned() == first
+
+    class Loaded:  # a clock running 1,000 s per reading: any wall-clock stop trips
+        t = real_time.perf_counter()
+
+        def perf_counter(self) -> float:
+            Loaded.t += 1000.0
+            return Loaded.t
+
+        def __getattr__(self, name):
+            return getattr(real_time, name)
+
+    for mod in (joint_fit, joint_hints, joint_solve):
+        monkeypatch.setattr(mod, "time", Loaded())
+    assert planned() == first
+
+
+def test_joint_quick_is_weighed_by_default_and_skipped_with_a_note_on_a_large_graph(transformer, monkeypatch):
+    """fit_budget weighs joint-quick as one more candidate; over QUICK_MAX_NODES it is left out
+    and the plan's notes say why; named over the limit, a one-line usage error."""
+    from onnxplan.budget import joint as budget_joint
+    from onnxplan.budget.strategies import StrategySkipped
+    from onnxplan.errors import UsageError
+
+    plain = plan_step(transformer, PlanOptions()).plan
+    opts = replace(PlanOptions(), budget=plain.persistent_bytes + int(0.6 * plain.arena_bytes))
+    out, _ = fit_budget(transformer, opts)
+    assert "joint-quick" in {c.strategy for c in out.plan.strategy.candidates}
+    assert not any("joint-quick not planned" in n for n in out.pass_notes)
+    monkeypatch.setattr(budget_joint, "QUICK_MAX_NODES", len(transformer.nodes) - 1)
+    with pytest.raises(StrategySkipped):
+        budget_joint.plan_joint_quick(transformer, opts.budget, FlopCosts(), None, opts)
+    out, _ = fit_budget(transformer, opts)
+    assert "joint-quick" not in {c.strategy for c in out.plan.strategy.candidates}
+    assert any("joint-quick not planned" in n for n in out.pass_notes)
+    with pytest.raises(UsageError, match="--strategy joint-quick"):
+        decide.plan_with_strategy(transformer, opts, "joint-quick")

@@ -292,7 +292,9 @@ def test_joint_is_an_opt_in_strategy_of_the_budget_layer():
     assert "joint" in STRATEGIES and "joint" not in AUTO_STRATEGIES
     budget = plain.plan.persistent_bytes + int(0.8 * plain.plan.arena_bytes)
     auto = plan_for_budget(graph, OPTS, MemoryRequest(budget=budget), FlopCosts())
-    assert auto.plan.joint is None and auto.plan.strategy.chosen != "joint"
+    # by default: joint-quick (the joint solver on deterministic limits) may win, never the opt-in joint
+    assert "joint" not in {c.strategy for c in auto.plan.strategy.candidates} and auto.plan.strategy.chosen != "joint"
+    assert (auto.plan.joint is not None) == (auto.plan.strategy.chosen == "joint-quick")
     out = plan_for_budget(graph, replace(OPTS, time_limit=5.0), MemoryRequest(budget=budget, strategy="joint"),
                           FlopCosts())
     j = out.plan.joint

@@ -46,7 +46,7 @@ ESTIMATE_MARGIN = 0.02
 # before (swap first) rested on rounds at load 5-12, where a step took 5-10x its idle time and
 # swap's ran faster than the plain plan's. The joint plans last: gpt b16 at 7.87 MiB, joint
 # predicted 1% faster than swap alone, measured 12% slower. A strategy not listed comes after these
-PREFERENCE = ("none", "recompute", "swap", "joint-recompute", "joint")
+PREFERENCE = ("none", "recompute", "swap", "joint-recompute", "joint-quick", "joint")
 
 
 def price(outcome: PlanOutcome, times: TimeModel | None = None, rates: StoreRates | None = None) -> StepPrice:

@@ -26,7 +26,7 @@ from onnxplan.budget.attempt import attempt, step_before_inplace
 from onnxplan.budget.checkpoint import plan_with_checkpoint
 from onnxplan.budget.choice import MARGIN, PREFERENCE, Candidate, choose, price, weigh
 from onnxplan.budget.costs import FLOP_COSTS, CostModel, ProfiledCosts
-from onnxplan.budget.strategies import STRATEGIES, strategy_choices
+from onnxplan.budget.strategies import STRATEGIES, StrategySkipped, strategy_choices
 from onnxplan.checkpoint.rotor import DEFAULT_SLOTS
 from onnxplan.checkpoint.select import CHECKPOINT_POLICIES
 from onnxplan.errors import UsageError
@@ -110,7 +110,7 @@ def plan_for_budget(graph: StepGraph, base: PlanOptions, request: MemoryRequest,
     A strategy named (request.strategy, with a budget): that registered strategy (recompute,
     swap, joint...). A checkpoint policy: recompute with it (no swap unless one is named). A
     budget and no policy named: the plain plan if it fits, else the default strategy
-    (recompute, swap) that fits with the least step time predicted by `costs` (budget.strategies). A swap
+    (recompute, swap, joint-quick) that fits with the least step time predicted by `costs` (budget.strategies). A swap
     policy alone (or nothing under a budget): swap planning's own choice. The outcome may
     miss the budget: the caller compares plan.peak_bytes with it."""
     swap = request.swap or ("auto" if request.budget is not None and request.checkpoint is None else "none")
@@ -141,8 +141,12 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
         return _record(plain, "none", why, [weigh("none", plain, budget)], budget), why
     times, time_note = costs.times(plain.graph, inplace=opts.inplace, order=opts.order)
     cands = [weigh("none", plain, budget, times)]
-    cands += [weigh(name, STRATEGIES[name](graph, budget, costs, opts.time_limit, opts), budget, times)
-              for name in strategies.AUTO_STRATEGIES]
+    skipped = []
+    for name in strategies.AUTO_STRATEGIES:
+        try:
+            cands.append(weigh(name, STRATEGIES[name](graph, budget, costs, opts.time_limit, opts), budget, times))
+        except StrategySkipped as skip:
+            skipped.append(f"{name} not planned: {skip}")
     best = choose(cands)
     if best.fits:
         others = ", ".join(c.line() for c in cands[1:] if c is not best)
@@ -154,6 +158,7 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
                f"{format_bytes(best.peak_bytes)} ({best.name})")
     if isinstance(costs, ProfiledCosts) and times.source != "profile":  # asked for a profile, got none: say why
         best.outcome.pass_notes.append(f"step times: {time_note}")
+    best.outcome.pass_notes.extend(f"memory strategy: {note}" for note in skipped)
     return _record(best.outcome, best.name, why, cands, budget), why
 
 
@@ -165,7 +170,10 @@ def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,
     budget = opts.budget
     if budget is None:  # MemoryRequest refuses --strategy without --budget
         raise RuntimeError(f"strategy {name}: planned without a budget")
-    out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
+    try:
+        out = STRATEGIES[name](graph, budget, costs, opts.time_limit, opts)
+    except StrategySkipped as skip:
+        raise UsageError(f"--strategy {name}: {skip}") from None
     times, _ = costs.times(step_before_inplace(graph, opts), inplace=opts.inplace, order=opts.order)
     cand = weigh(name, out, budget, times)
     verdict = "fits" if cand.fits else "misses it"

@@ -1,6 +1,14 @@
-"""The joint solver (onnxplan.joint) as a strategy of the budget layer: recompute on the whole
-step graph and paging, chosen together by CP-SAT. Opt-in (`--strategy joint`): its solve takes
-seconds and its proven gap is still large, so fit_budget does not plan it by default.
+"""The joint solver (onnxplan.joint) as strategies of the budget layer: recompute on the whole
+step graph and paging, chosen together by CP-SAT. Two are registered:
+
+"joint-quick" (auto: fit_budget plans it by default, one more candidate under the one price and
+tie rule): plan_joint with paging, every CP-SAT solve stopped by a deterministic limit
+(QUICK_DETERMINISTIC, one worker, seed 0), QUICK_ROUNDS rounds, its greedy paging warm start
+bounded by QUICK_PAGE_TRIALS schedules, so the same request gives
+the same plan on a loaded or an idle machine; skipped (StrategySkipped, fit_budget notes it)
+on a graph over QUICK_MAX_NODES nodes, where its solve would no longer take a few seconds.
+
+"joint" (opt-in, `--strategy joint`): a minute of wall clock (JOINT_SECONDS) per budget.
 
 The strategy never returns a plan predicted slower than one it could have chosen: it also plans
 the joint model without paging, rotor's schedule (the "recompute" strategy) and the swap
@@ -21,7 +29,7 @@ from dataclasses import replace
 from onnxplan.budget import decide
 from onnxplan.budget.attempt import step_before_inplace
 from onnxplan.budget.costs import CostModel
-from onnxplan.budget.strategies import STRATEGIES, register_strategy
+from onnxplan.budget.strategies import STRATEGIES, StrategySkipped, register_strategy
 from onnxplan.ir.graph import StepGraph
 from onnxplan.joint import plan_joint
 from onnxplan.joint.fit import MIN_ROUND_SECONDS
@@ -30,12 +38,38 @@ from onnxplan.planning import DEFAULT_TIME_LIMIT, PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
 from onnxplan.swap.pricing import store_rates
 
-__all__ = ["JOINT_SECONDS", "plan_joint_strategy"]
+__all__ = ["JOINT_SECONDS", "QUICK_DETERMINISTIC", "QUICK_MAX_NODES", "QUICK_ROUNDS", "plan_joint_quick",
+           "plan_joint_strategy"]
 
 JOINT_SECONDS = 60.0  # everything the joint strategy solves for one budget (CP-SAT rounds, descents, variants)
 PAGING_SHARE = 0.5  # of the total, the joint model with paging gets this share
 RECOMPUTE_SHARE = 0.75  # of what is then left (rotor and swap planned), the model without paging gets this share
 # (the rest: placement, rotor's schedule and swap on top after the last round, outside CP-SAT's limits)
+
+
+QUICK_DETERMINISTIC = 0.5  # CP-SAT's deterministic time per solve of joint-quick (one worker: ~1 s of wall here)
+QUICK_ROUNDS = 2  # joint-quick's solve rounds (a miss lowers the model's budget; slack raises it once)
+QUICK_MAX_NODES = 400  # joint-quick declines larger graphs: ResNet-50 (552 nodes), MobileNet-v2 (787), GPT-2, BERT
+QUICK_PAGE_TRIALS = 100  # schedules each greedy paging warm start of joint-quick tries at most (resnet18: 11 s -> 3 s)
+QUICK_WALL_SECONDS = 60.0  # joint-quick's wall-clock safety net per CP-SAT solve (never reached at QUICK_MAX_NODES)
+
+
+@register_strategy("joint-quick")
+def plan_joint_quick(graph: StepGraph, budget: int, costs: CostModel, time_limit: float | None,
+                     base: PlanOptions) -> PlanOutcome:
+    """plan_joint with paging at the swap store's rates (as the "joint" strategy's first
+    candidate), stopped by deterministic limits only (the module docstring): node times from
+    `costs`; `time_limit` is not used (the deterministic limit is the limit). Raises
+    StrategySkipped on a graph over QUICK_MAX_NODES nodes."""
+    if len(graph.nodes) > QUICK_MAX_NODES:
+        raise StrategySkipped(f"{len(graph.nodes)} nodes > {QUICK_MAX_NODES}, its deterministic solve would take "
+                              "more than a few seconds (--strategy joint plans it on a wall-clock limit)")
+    times, _ = costs.times(step_before_inplace(graph, base), inplace=base.inplace, order=base.order)
+    rates = store_rates(base.swap_dir)
+    out, _ = plan_joint(graph, budget, base, costs=times.measured or None, swap_bandwidth=rates.bandwidth,
+                        time_limit=QUICK_WALL_SECONDS, rounds=QUICK_ROUNDS, deterministic_limit=QUICK_DETERMINISTIC,
+                        io_cpu_per_byte=rates.cpu_per_byte, page_trials=QUICK_PAGE_TRIALS)
+    return _with_store(out, rates)
 
 
 @register_strategy("joint", auto=False)
@@ -80,7 +114,13 @@ def plan_joint_strategy(graph: StepGraph, budget: int, costs: CostModel, time_li
     record = replace(record, time_source=note, chosen=name, candidates=tuple(c.record() for c in weighed),
                      predicted_step_seconds=secs, notes=(*record.notes, why))
     out.plan = replace(out.plan, joint=record)
-    if out.plan.swaps and out.plan.swap.store is None:  # the joint schedule's page-ins: priced at `rates`
+    return _with_store(out, rates)
+
+
+def _with_store(out: PlanOutcome, rates) -> PlanOutcome:
+    """`out` with the store `rates` recorded where its plan swaps and records none (the joint
+    schedule's page-ins: priced at the rates they were solved with)."""
+    if out.plan.swaps and out.plan.swap.store is None:
         out.plan = replace(out.plan, swap=replace(out.plan.swap, store=rates.record()))
     return out
 

@@ -16,17 +16,23 @@ from onnxplan.passes.split_grad import splittable
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.swap.driver import AUTO_POLICIES
 
-__all__ = ["AUTO_STRATEGIES", "STRATEGIES", "Strategy", "register_strategy", "strategy_choices"]
+__all__ = ["AUTO_STRATEGIES", "STRATEGIES", "Strategy", "StrategySkipped", "register_strategy", "strategy_choices"]
 
 # name -> a function planning the step with that strategy: (graph, budget, cost model, time
 # limit, base options: the caller's order, planner, passes) -> PlanOutcome, fitting or not.
 # A strategy is any way to trade time for memory; each is planned and budget.decide chooses
 # among them (its one tie rule). Recompute and swap are registered here; a new one
 # (offloading optimizer state...) registers itself the same way; the joint solver
-# (budget/joint.py) is opt-in: planned only when named (--strategy joint).
+# (budget/joint.py) registers two: "joint-quick" (auto: a deterministic solve, on graphs small
+# enough for it) and "joint" (opt-in, planned only when named: a wall-clock limit of a minute).
 Strategy = Callable[[StepGraph, int, CostModel, "float | None", PlanOptions], PlanOutcome]
 STRATEGIES: dict[str, Strategy] = {}
 AUTO_STRATEGIES: list[str] = []  # the ones budget.decide.fit_budget plans when none is named, in registration order
+
+
+class StrategySkipped(Exception):
+    """A strategy declines a request it cannot plan in its budget of time (the graph is too large
+    for it): fit_budget leaves it out and says why; named (--strategy), a UsageError."""
 
 
 def register_strategy(name: str, *, auto: bool = True) -> Callable[[Strategy], Strategy]:

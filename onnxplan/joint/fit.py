@@ -40,7 +40,8 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
                costs: Mapping[str, float] | None = None, swap_bandwidth: float | None = None,
                time_limit: float = DEFAULT_TIME_LIMIT, rounds: int = 3, policy: str = "nntrainer", warm_start="auto",
                swap_on_top: bool = True, deterministic_limit: float | None = None,
-               total_seconds: float | None = None, io_cpu_per_byte: float = 0.0) -> tuple[PlanOutcome, JointSchedule]:
+               total_seconds: float | None = None, io_cpu_per_byte: float = 0.0,
+               page_trials: int | None = None) -> tuple[PlanOutcome, JointSchedule]:
     """(PlanOutcome, schedule) for `graph` (as loaded) under `budget` bytes: the joint schedule's
     recomputations replayed by the recompute pass ("recompute:dag...." in the plan's passes),
     ordered, placed and verified by plan_step with `opts` (its order, planner, passes; its
@@ -55,7 +56,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
     together (each CP-SAT round gets at most `time_limit` and what is left of it; no round
     starts with less than MIN_ROUND_SECONDS left): the best so far is returned when it hits.
     `io_cpu_per_byte`: the I/O thread's CPU per byte moved (the store's measured rates), priced
-    as onnxplan.swap.pricing prices it.
+    as onnxplan.swap.pricing prices it. `deterministic_limit`, `page_trials`: solve_problem's.
     The outcome may miss the budget; the rounds (each with its CP-SAT limits), the model's
     estimate, the placed peak and what was done per buffer are in plan.joint."""
     t_end = None if total_seconds is None else time.perf_counter() + total_seconds
@@ -71,7 +72,7 @@ def plan_joint(graph: StepGraph, budget: int, opts: PlanOptions | None = None, *
         return _recorded(plain, sched, prob, budget, sched.predicted_seconds, history, "", costs,
                          swap_bandwidth), sched
     best, history = _rounds(graph, base, prob, budget, swap_bandwidth, costs, time_limit, rounds, warm_start,
-                            deterministic_limit, t_end, total_seconds)
+                            (deterministic_limit, page_trials), t_end, total_seconds)
     best = _rotor_fallback(graph, base, prob, budget, swap_bandwidth, costs, best, history)
     _, out, sched = best
     rest, predicted = "", sched.predicted_seconds
@@ -91,11 +92,12 @@ def _round(target: int, sched: JointSchedule, placed: int, **fields) -> dict:
 
 
 def _rounds(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwidth: float | None, costs,
-            time_limit: float, rounds: int, warm_start, deterministic_limit: float | None, t_end: float | None,
+            time_limit: float, rounds: int, warm_start, work: tuple[float | None, int | None], t_end: float | None,
             total_seconds: float | None) -> tuple[tuple, list[dict]]:
     """The solve rounds: solved, placed; a miss lowers the model's budget by it, slack raises it
     once. Returns (best: (key, outcome, schedule), the rounds' history); key (misses the
-    budget, predicted seconds if it fits else the placed peak), least first."""
+    budget, predicted seconds if it fits else the placed peak), least first. `work`:
+    (deterministic_limit, page_trials) of each solve (solve_problem)."""
     target, hint = budget, warm_start
     history: list[dict[str, Any]] = []
     best: tuple[tuple[bool, float], PlanOutcome, JointSchedule] | None = None
@@ -105,8 +107,8 @@ def _rounds(graph: StepGraph, base: PlanOptions, prob, budget: int, swap_bandwid
             history[-1]["stopped"] = f"deadline: {max(0.0, left):.1f} s left of {total_seconds:.0f} s"
             break
         limit = min(time_limit, max(MIN_SOLVE_SECONDS, ROUND_SHARE * left))
-        sched = solve_problem(prob, target, swap_bandwidth, limit, hint, costs=costs,
-                              deterministic_limit=deterministic_limit)
+        sched = solve_problem(prob, target, swap_bandwidth, limit, hint, costs=costs, deterministic_limit=work[0],
+                              page_trials=work[1])
         out = plan_step(graph, replace(base, recompute=sched.code))
         out, missed = lower_swaps(out, sched, base.planner)
         history.append(_round(target, sched, out.plan.peak_bytes, gap=_finite(sched.gap),

@@ -123,13 +123,14 @@ def rotor_hint(prob: JointProblem, budget: int, costs: Mapping[str, float] | Non
 
 
 def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions | None = None,
-              deadline: float | None = None) -> Decisions:
+              deadline: float | None = None, max_trials: int | None = None) -> Decisions:
     """`base` (None: keep_all) with buffers paged, greedily, until the model's peak fits
     `budget`: each round pages the swappable buffer (not recomputed in `base`) that removes the
     most bytes over the budget (summed over the model's points) per predicted second, with its
     page-ins issued early (evaluate.early_issue) or one stage ahead, whichever scores better; a
     page-in at each stage that needs the buffer unless it is kept from the stage before. Stops
-    when it fits, when no paging removes anything, or at `deadline` (perf_counter seconds).
+    when it fits, when no paging removes anything, at `deadline` (perf_counter seconds), or
+    once `max_trials` schedules were tried (a bound of work that does not depend on the load).
     A warm start of paging for CP-SAT, which from rotor's or recompute-all's point rarely finds
     a paging schedule in its time."""
     d = base or keep_all(prob)
@@ -142,8 +143,11 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
     todo = [k for k, b in enumerate(prob.buffers) if b.swappable and k not in recomputed and k not in d.page_out]
     need = needs(prob, d.recompute)
     over, secs = excess(d), step_seconds(prob, d, bandwidth)[0]
+    trials = 0
     while over > 0 and todo:
         if deadline is not None and time.perf_counter() > deadline:
+            break
+        if max_trials is not None and trials >= max_trials:
             break
         best = None
         for k in todo:
@@ -156,6 +160,7 @@ def page_hint(prob: JointProblem, budget: int, bandwidth: float, base: Decisions
                              if got is not None)
             for early in ((lead, frozenset()) if lead else (frozenset(),)):  # issued early, or a stage ahead
                 trial = Decisions(d.recompute, keep, d.page_out | {k}, page_in, d.early | early)
+                trials += 1
                 if violations(prob, trial):
                     continue
                 left = excess(trial)

@@ -374,7 +374,7 @@ def _run_solver(v: _Model, prob: JointProblem, budget_bytes: int, hint: Decision
     limits = []
     if hint is not None and not least_memory and memory(prob, hint)[0] <= budget_bytes:
         limits.append(max(MIN_SOLVE_SECONDS, min(time_limit / 4, _left(deadline) / 2)))
-        _complete_hint(v.m, limits[-1])
+        _complete_hint(v.m, limits[-1], None if deterministic_limit is None else deterministic_limit / 4)
     solver = cp_model.CpSolver()
     limits.append(max(MIN_SOLVE_SECONDS, 0.8 * _left(deadline)))
     solver.parameters.max_time_in_seconds = limits[-1]
@@ -390,16 +390,24 @@ def _run_solver(v: _Model, prob: JointProblem, budget_bytes: int, hint: Decision
 def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None = None,
                   time_limit: float = DEFAULT_TIME_LIMIT, warm_start="auto", *,
                   costs: Mapping[str, float] | None = None, workers: int = 1, linearization: int = 1,
-                  least_memory: bool = False, deterministic_limit: float | None = None) -> JointSchedule:
+                  least_memory: bool = False, deterministic_limit: float | None = None,
+                  page_trials: int | None = None) -> JointSchedule:
     """The joint schedule of `prob` under `budget_bytes` (the module docstring's model), within
     `time_limit` for the whole call: warm start, hint completion, CP-SAT, descent. A budget below
-    the model's floor: the least-memory schedule (status INFEASIBLE (...))."""
+    the model's floor: the least-memory schedule (status INFEASIBLE (...)). `deterministic_limit`:
+    every CP-SAT solve also stops at that deterministic time (one worker, seed 0) and the warm
+    start and the descent run to their end, so the schedule does not depend on the machine's
+    load (`time_limit` then stays only as CP-SAT's wall-clock safety net). `page_trials`: the
+    greedy paging warm starts try at most that many schedules each (a bound of work, not time)."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
     deadline = t0 + time_limit  # the whole call: warm start, hint completion, CP-SAT, descent
-    # greedy paging gets at most a fifth of the call
-    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth, t0 + time_limit / 5)
+    # greedy paging gets at most a fifth of the call; with a deterministic limit nothing but CP-SAT's
+    # wall-clock safety net stops on the clock (the same request, the same schedule, loaded or idle)
+    soft = None if deterministic_limit is not None else deadline
+    hint, hint_name = _warm_start(prob, budget_bytes, warm_start, costs, swap_bandwidth,
+                                  None if soft is None else t0 + time_limit / 5, page_trials)
     v = _variables(prob, budget_bytes, swap_bandwidth, least_memory)
     _presence(v, prob)
     _memory(v, prob)
@@ -424,9 +432,9 @@ def solve_problem(prob: JointProblem, budget_bytes: int, swap_bandwidth: float |
     else:
         d, gap = hint or Decisions(keep=minimal_keeps(prob, ())), float("inf")
         if hint is not None and not least_memory and memory(prob, d)[0] <= budget_bytes:
-            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
+            d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=soft)
     if status == cp_model.FEASIBLE and not least_memory:
-        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=deadline)
+        d = descend(prob, d, budget_bytes, swap_bandwidth, deadline=soft)
     d, notes_hint = _better_hint(prob, d, hint, hint_name, budget_bytes, swap_bandwidth, least_memory)
     bad = violations(prob, d)
     if bad:  # the model and the checker disagree: a bug here
@@ -461,18 +469,22 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.perf_counter())
 
 
-def _complete_hint(m, limit: float) -> float:
+def _complete_hint(m, limit: float, deterministic_limit: float | None = None) -> float:
     """Complete a fitting warm start into a hint of every variable of `m` (the auxiliary ones
     too), by a solve with the hinted variables fixed: CP-SAT takes a complete feasible hint as
     its first solution, where from a partial one it may find none in the time limit (DenseNet,
-    5,560 booleans). Returns the seconds it took."""
+    5,560 booleans). `deterministic_limit`: CP-SAT's deterministic time limit as well (a
+    reproducible stop). Returns the seconds it took."""
     from ortools.sat.python import cp_model
 
     t0 = time.perf_counter()
     s = cp_model.CpSolver()
     s.parameters.fix_variables_to_their_hinted_value = True
     s.parameters.max_time_in_seconds = limit
+    if deterministic_limit is not None:
+        s.parameters.max_deterministic_time = float(deterministic_limit)
     s.parameters.num_workers = 1
+    s.parameters.random_seed = 0
     if s.solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         xs = [m.get_int_var_from_proto_index(i) for i in range(len(m.proto.variables))]
         values = [s.value(x) for x in xs]
@@ -508,7 +520,7 @@ def descend(prob: JointProblem, d: Decisions, budget: int, bandwidth: float | No
 
 
 def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth,
-                deadline: float | None = None) -> tuple[Decisions | None, str]:
+                deadline: float | None = None, max_trials: int | None = None) -> tuple[Decisions | None, str]:
     if isinstance(warm_start, Decisions):
         return warm_start, "given"
     if warm_start in (None, "", "off"):
@@ -522,13 +534,14 @@ def _warm_start(prob: JointProblem, budget: int, warm_start, costs, bandwidth,
         if d is not None:
             options.append(("rotor", d))
     if warm_start == "auto" and bandwidth and any(b.swappable for b in prob.buffers):
-        options.append(("paging", page_hint(prob, budget, bandwidth, deadline=deadline)))
+        options.append(("paging", page_hint(prob, budget, bandwidth, deadline=deadline, max_trials=max_trials)))
         top = memory(prob, keep_all(prob))[0]
         for frac in (0.5, 0.25):  # rotor's schedule for a looser budget, paging for the rest
             d = rotor_hint(prob, int(budget + frac * (top - budget)), costs, cols)
             if d is not None and memory(prob, d)[0] > budget:
                 options.append((f"rotor at +{frac:.0%} of the gap, then paging",
-                                page_hint(prob, budget, bandwidth, base=d, deadline=deadline)))
+                                page_hint(prob, budget, bandwidth, base=d, deadline=deadline,
+                                          max_trials=max_trials)))
     if not options:
         return None, "none"
     scored = [(memory(prob, d)[0] <= budget, step_seconds(prob, d, bandwidth)[0], memory(prob, d)[0], name, d)
