@@ -57,6 +57,7 @@ RATIO_CAP = 2.0
 PROBE_SECONDS = 0.05  # while splits lose, one run is handed out this often
 splits = 0  # runs of more than one piece (benchmarks count them per node)
 _active: list[_Pieces] = []  # runs whose pieces were handed out, until they are all done
+_unscored = threading.local()  # depth: > 0 while this thread runs a task of an unscored run
 
 
 class Outcomes:
@@ -147,6 +148,18 @@ class _Pieces:
         return ran
 
 
+def _without_score(task: Callable[[], None]) -> Callable[[], None]:
+    """`task`, with the runs it makes itself kept out of the score (a node of a pair: its pieces
+    wait for a worker busy with the other node, which says nothing of how splits pay)."""
+    def run() -> None:
+        _unscored.depth = getattr(_unscored, "depth", 0) + 1
+        try:
+            task()
+        finally:
+            _unscored.depth -= 1
+    return run
+
+
 def _help(pieces: _Pieces) -> None:
     """While `pieces` has pieces running elsewhere, run unclaimed pieces of the other runs in
     flight (a run begun on a worker: the other node of a pair, executor/interop.py) instead of
@@ -165,14 +178,16 @@ def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
     reports/threads.md, session 10); it waits only for pieces already begun elsewhere. While
     splits have been losing (the module's docstring), it runs every piece itself. `score=False`:
     tasks of unlike sizes (two nodes at once: executor/interop.py) whose run says nothing of
-    how splits pay (the estimate of the calling thread alone assumes like pieces)."""
+    how splits pay (the estimate of the calling thread alone assumes like pieces), nor do the
+    runs the tasks make themselves."""
     global splits
+    score = score and not getattr(_unscored, "depth", 0)
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
     splits += 1
-    pieces = _Pieces(tasks)
+    pieces = _Pieces(tasks if score else [_without_score(task) for task in tasks])
     if not outcomes.hand_out():  # splits have been losing: every piece here
         pieces.drain()
     else:
