@@ -4,8 +4,6 @@ tensor-sized allocation in it; a failing kernel in a pair reported by its node."
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 
@@ -16,10 +14,10 @@ from onnxplan.executor.runner import Executor, KernelError, initial_parameters, 
 from onnxplan.loading import open_step
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.step_analysis import step_analysis
+from tests.test_executor_arena import STEP_ALLOWANCE_BYTES, step_peak
 from tests.zoo_small import slow_if_large, small_artifacts
 
 MODELS = ["mlp", "transformer", "gpt", "nnt-conv2d", "resnet18"]
-STEP_ALLOWANCE_BYTES = 8 * 64 * 1024  # tests/test_executor_arena.py's: nothing tensor-sized
 
 
 def _prepared(model: str) -> Prepared:
@@ -189,18 +187,7 @@ def test_pairs_only_where_nothing_else_runs_beside_the_kernels(every_node_pairs)
 
 def test_no_tensor_sized_allocation_in_a_paired_step(every_node_pairs):
     prep = _prepared("transformer")
-    ex = _executor(prep, 2, True)
-    batches = step_batches(prep.folder, 2, 0)
-    ex.load_state(initial_parameters(prep.folder))
-    ex.step(batches[0])
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        ex.step(batches[1])
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < STEP_ALLOWANCE_BYTES
+    assert step_peak(prep, _executor(prep, 2, True)) < STEP_ALLOWANCE_BYTES
 
 
 def test_a_failing_kernel_in_a_pair_names_its_node(every_node_pairs):
