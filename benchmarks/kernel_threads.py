@@ -130,7 +130,8 @@ def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
         for key in nodes:
             runs[key].time_nodes(nodes[key], CLOCKS[args.clock])
     ops = {key: _by_op(runs, least) for key, least in nodes.items()}
-    split = _by_op(runs, nodes[(1, True)], _split_nodes(runs[(2, True)]))
+    cut = _split_nodes(runs[(2, True)])
+    split = _by_op(runs, nodes[(1, True)], cut)
     top = sorted(ops[(1, True)], key=lambda op: -ops[(1, True)][op])[:args.top]
     lines = [f"### {model} ({args.clock} clock)", "",
              "| op type | 1t ms | share of 1t | split at 2t | 2t ms | 2t / 1t | 2t, split off, ms | 2t on / off |",
@@ -142,8 +143,13 @@ def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
         lines.append(f"| {op} | {_ms(one)} | {one / total:.0%} | {cut / one:.0%} | {_ms(two)} | {two / one:.2f} | "
                      f"{_ms(off)} | {two / off:.2f} |")
     serial = (total - sum(split.values())) / total
+    ex = runs[(2, True)].ex
+    paired = {ex.calls[k].node.name for pair in ex.pairs for k in pair} - cut
+    alone = sum(nodes[(1, True)][name] for name in paired) / total
     lines += ["", f"Serial share at 2 threads (1t time of the nodes that do not split): **{serial:.0%}**; "
-              f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}", ""]
+              f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}. Of it, in pairs (two nodes at once, "
+              f"{len(ex.pairs)} pairs): {alone:.0%}; serial share less the paired nodes "
+              f"**{serial - alone:.0%}**", ""]
     return lines
 
 

@@ -127,18 +127,20 @@ class Executor:
         # runs beside the kernels: the plan's order as is with swaps, split pieces, wrapped kernels,
         # the arena check or a GPU
         plain = xp is np and wrap is None and not plan.swaps and self.pieces is None and not check_arena
+        self.pairs: list[tuple[int, int]] = []  # (i, j): calls[j] runs alongside calls[i] (interop.py)
         self.paired = self._pair_calls() if plain and settings.current().interop else None
         if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
             self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
             self.swap.attach(self.calls)
 
     def _pair_calls(self) -> list[Callable[[], None]] | None:
-        """The step as zero-argument calls, two independent small nodes in one (interop.py's
-        rule, on the bound bytes); None when no two nodes pair."""
+        """The step as zero-argument calls, two independent nodes in one (interop.py's rule, on
+        the bound bytes; `self.pairs` their indices in `calls`); None when no two nodes pair."""
         random = step_analysis(self.graph).random
         touches = [interop.touch(c.inputs, c.outputs, c.ctx.scratch, c.writeback) for c in self.calls]
         schedule = interop.pair_schedule(touches, [c.node.name in random for c in self.calls])
-        if len(schedule) == len(self.calls):
+        self.pairs = [(e[0], e[1]) for e in schedule if len(e) == 2]
+        if not self.pairs:
             return None
         one = [functools.partial(self._call, c) for c in self.calls]
         return [one[e[0]] if len(e) == 1 else interop.pair_runner(parallel.run, one[e[0]], one[e[1]])
