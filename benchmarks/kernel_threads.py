@@ -130,8 +130,8 @@ def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
         for key in nodes:
             runs[key].time_nodes(nodes[key], CLOCKS[args.clock])
     ops = {key: _by_op(runs, least) for key, least in nodes.items()}
-    cut = _split_nodes(runs[(2, True)])
-    split = _by_op(runs, nodes[(1, True)], cut)
+    split_names = _split_nodes(runs[(2, True)])
+    split = _by_op(runs, nodes[(1, True)], split_names)
     top = sorted(ops[(1, True)], key=lambda op: -ops[(1, True)][op])[:args.top]
     lines = [f"### {model} ({args.clock} clock)", "",
              "| op type | 1t ms | share of 1t | split at 2t | 2t ms | 2t / 1t | 2t, split off, ms | 2t on / off |",
@@ -144,7 +144,7 @@ def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
                      f"{_ms(off)} | {two / off:.2f} |")
     serial = (total - sum(split.values())) / total
     ex = runs[(2, True)].ex
-    paired = {ex.calls[k].node.name for pair in ex.pairs for k in pair} - cut
+    paired = {ex.calls[k].node.name for pair in ex.pairs for k in pair} - split_names
     alone = sum(nodes[(1, True)][name] for name in paired) / total
     lines += ["", f"Serial share at 2 threads (1t time of the nodes that do not split): **{serial:.0%}**; "
               f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}. Of it, in pairs (two nodes at once, "
