@@ -13,8 +13,8 @@ executor's binding and steps).
    split time, printed under the table as "serial share" and "Amdahl 2t / 1t"). These two do not
    depend on the machine's load (a count, and 1-thread times).
 2. Paired steps: the executors at 1 thread, 2 threads, 2 threads with the split off and 2 threads
-   with two nodes at once off (ONNXPLAN_INTEROP=0: executor/interop.py; a fifth executor, bound
-   with it off) run in turn, --rounds rounds of --steps steps each after a warm-up; each round's
+   without two nodes at once (the four above are bound with ONNXPLAN_INTEROP on, the fifth with
+   it off, the default: executor/interop.py) run in turn, --rounds rounds of --steps steps each after a warm-up; each round's
    median step, the median of the rounds' ratios 2t / 1t, split on / off and pairs on / off, and
    the least steps. The per-op table times every node alone (`timed_nodes`: no pairs).
 The load average (`os.getloadavg`) is printed before and after. Prints Markdown.

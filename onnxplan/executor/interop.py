@@ -25,6 +25,11 @@ A pair runs through parallel.run: the calling thread claims A, a kernel worker B
 done first runs the unclaimed pieces of the other's own split (parallel._help), so a node that
 cuts itself in pieces keeps both threads busy inside a pair too.
 
+Off by default (ONNXPLAN_INTEROP=1 turns it on): on the 2-core VM the pairs found in the zoo's
+plans are few and small (transformer b16: at most ~1.6 ms of a ~20 ms step could overlap even
+with free hand-offs; at PAIR_MIN_BYTES, 18 pairs of GEMMs that split themselves anyway), and
+paired rounds under load measured no gain (reports/threads.md, session 13).
+
 Nothing is allocated: both nodes work in their planned bytes, so the arena and its planned peak
 are unchanged (the kernels allocate no tensor-sized memory: tests/test_temporaries.py). Each
 node runs its own kernel on its own bytes: the same bits as the sequential step. Plans with

@@ -123,9 +123,9 @@ class Executor:
         self.steps_done = 0
         self.classes = state_values(graph)
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
-        # two small nodes at once at 2+ compute threads (executor/interop.py), where nothing else
-        # runs beside the kernels: the plan's order as is with swaps, split pieces, wrapped kernels,
-        # the arena check or a GPU
+        # ONNXPLAN_INTEROP=1: two independent nodes at once at 2+ compute threads (executor/interop.py),
+        # where nothing else runs beside the kernels: the plan's order as is with swaps, split
+        # pieces, wrapped kernels, the arena check or a GPU
         plain = xp is np and wrap is None and not plan.swaps and self.pieces is None and not check_arena
         self.pairs: list[tuple[int, int]] = []  # (i, j): calls[j] runs alongside calls[i] (interop.py)
         self.paired = self._pair_calls() if plain and settings.current().interop else None
