@@ -120,9 +120,10 @@ def test_balanced_pieces_keep_the_workers(split, fresh_outcomes):
     assert fresh_outcomes.stalls == 0 and fresh_outcomes.score < parallel.SCORE_START
 
 
-def test_a_waiting_thread_runs_the_pieces_of_a_run_in_flight(split):
+def test_a_waiting_thread_runs_the_pieces_of_a_run_in_flight(split, fresh_outcomes):
     """Two tasks (two nodes at once): the worker's task cuts its own work in pieces; the calling
-    thread, done with its task, takes some of those pieces instead of sleeping (parallel._help)."""
+    thread, done with its task, takes some of those pieces instead of sleeping (parallel._help).
+    A fresh score: runs before may have left it over 1 (every piece on its calling thread)."""
     threads.use_threads(2)
     begun = threading.Event()
     ran: list[str] = []
