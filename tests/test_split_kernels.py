@@ -270,6 +270,22 @@ def test_conv_chunks_rebalanced_for_the_threads():
     assert balanced(lay(7), 3).nb == 6
 
 
+@pytest.mark.parametrize("min_elems, nb", [(4000, 4), (4500, 5)])
+def test_conv_chunks_stay_where_smaller_ones_would_not_split(min_elems, nb, monkeypatch):
+    """Chunks of 4 images (4000 column elements) cut in two from 4000 elements a pair of parts:
+    they replace the chunks of 5; from 4500 they would run whole: the planned 5 stay."""
+    from onnxplan.kernels import conv
+    from onnxplan.kernels.conv_layout import Layout
+
+    before = threads.current().threads
+    monkeypatch.setattr(parallel, "MIN_ELEMS", min_elems)
+    try:
+        threads.use_threads(2)
+        assert conv._even_chunks(np, Layout(64, 10, 5, 10, 0, -1, -1, -1, 1), 1000).nb == nb
+    finally:
+        threads.use_threads(before)
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_rebalanced_conv_is_bitwise_its_one_thread_result(n, monkeypatch):
     """Conv's chunks of 5 images (forced: the scratch holds them) at 2 threads run as chunks of 4,

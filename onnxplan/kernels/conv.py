@@ -90,6 +90,16 @@ def balanced(lay: Layout, parts: int) -> Layout:
     return lay if best == lay.nb else replace(lay, nb=best)
 
 
+def _even_chunks(xp, lay: Layout, per_image: int) -> Layout:
+    """balanced() for the parts im2col_then cuts a chunk into (`per_image` column elements an
+    image), where the smaller chunks still cut into as many parts (else the planned chunks)."""
+    def parts(nb: int) -> int:
+        return len(image_parts(xp, nb, 1, per_image * nb, passes=IM2COL_THEN_PASSES))
+
+    even = balanced(lay, parts(lay.nb))
+    return even if parts(even.nb) == parts(lay.nb) else lay
+
+
 @kernel("Conv", scratch=conv_scratch, bind=_bind_conv)
 def conv(ctx: KernelContext, inputs, outputs) -> None:
     """Y = W * X (+ B): per chunk, im2col of every channel, then one GEMM batched over the groups
@@ -118,8 +128,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
         lay = layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
                      one_copy(win, x.shape, w.shape, y.shape, group))
         if lay.nb > 1 and length >= DIRECT_LENGTH and settings.current().split_kernels:
-            lay = balanced(lay, len(image_parts(xp, lay.nb, c, c * prod(win.kernel) * lay.nb * length,
-                                                passes=IM2COL_THEN_PASSES)))
+            lay = _even_chunks(xp, lay, c * prod(win.kernel) * length)
         for n0, nb, b0, b1 in lay.chunks():
             sub = win.band(b0, b1)
             span = nb * (b1 - b0) * rest
