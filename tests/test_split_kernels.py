@@ -308,31 +308,3 @@ def test_a_rebalanced_conv_is_bitwise_its_one_thread_result(n, monkeypatch):
     got, pieces = _run("Conv", "", inputs, outs, attrs, n, split=True)
     assert chunks == ([4, 4, 4] if n == 2 else [5, 5, 2]) and pieces == n
     np.testing.assert_array_equal(got[0], want[0])
-
-
-@pytest.mark.parametrize("n", [1, 2])
-def test_dw_blocks_shared_out_are_bitwise_one_threads(n, monkeypatch):
-    """ConvGrad's dW over several chunks in blocks (a 3-channel stem's few outputs over long
-    reductions): at 2 threads the last blocks' products are made by another thread, each into
-    its own slot, and added in the blocks' order: dW equals one thread's bit for bit."""
-    from onnxplan.kernels import conv_grad, scratch
-
-    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 512 * 1024)  # chunks of 2 images: a partial sum
-    monkeypatch.setattr(conv_grad, "DW_BLOCK", 256)
-    shared = []
-    real = conv_grad._other_blocks
-    monkeypatch.setattr(conv_grad, "_other_blocks", lambda *a: shared.append(real(*a)) or shared[-1])
-    r = lambda *shape: RNG.standard_normal(shape).astype(F)  # noqa: E731
-    inputs = [r(6, 3, 40, 40), r(6, 3, 40, 40), r(3, 3, 3, 3)]
-    outs, attrs = [None, (3, 3, 3, 3), (3,)], {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
-    want, _ = _run("ConvGrad", MS, inputs, outs, attrs, 1, split=False)
-    assert len(shared) > 1 and not any(shared)
-    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    for name in ("GEMM_MACS_PER_ELEM", "GEMM_MACS_PER_ELEM_SPLIT", "GEMM_MACS_PER_ELEM_BATCHES"):
-        monkeypatch.setattr(matmul, name, 1 << 40)  # each block's product one BLAS call, as at 1 thread
-    shared.clear()
-    got, _ = _run("ConvGrad", MS, inputs, outs, attrs, n, split=True)
-    assert len(shared) > 1 and all(shared) == (n == 2)
-    for a, b in zip(want, got):
-        if a is not None:
-            np.testing.assert_array_equal(a, b)

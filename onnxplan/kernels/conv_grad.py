@@ -8,8 +8,7 @@ from math import prod
 
 import numpy as np
 
-from onnxplan import settings
-from onnxplan.kernels import conv_grad_dx, conv_layout, parallel
+from onnxplan.kernels import conv_grad_dx, conv_layout
 from onnxplan.kernels.conv_depthwise import depthwise_dw
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_dw, taps_layout
@@ -18,7 +17,7 @@ from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, kernel
 from onnxplan.ort import MS
 
-__all__ = ["DW_BLOCK", "DW_BLOCK_OUTPUTS", "OTHER_BYTES", "conv_grad", "conv_grad_scratch"]
+__all__ = ["DW_BLOCK", "DW_BLOCK_OUTPUTS", "conv_grad", "conv_grad_scratch"]
 
 
 def _direct_dw(x_shape, length: int, pointwise: bool) -> bool:
@@ -74,51 +73,15 @@ def _dw_blocks(outputs: int, span: int, has_acc: bool) -> list[tuple[int, int]]:
 
 def _dw_gemm(xp, rows, cols, dw3, acc, first: bool) -> None:
     """dW = (first chunk) or += (later ones) rows @ cols^T over the groups: rows (groups, M/g,
-    span), cols (groups, C/g * taps, span); `acc` the partial-sum scratch (None: none declared).
-    At 2+ compute threads the blocks' products are shared out (_other_blocks); the additions
-    into dW stay one after another in the blocks' order: the same bits at any thread count."""
+    span), cols (groups, C/g * taps, span); `acc` the partial-sum scratch (None: none declared)."""
     blocks = _dw_blocks(rows.shape[1] * cols.shape[1], rows.shape[2], acc is not None)
-    mine = len(blocks) - _other_blocks(xp, len(blocks), dw3, rows.shape[2])
-
-    def product(lo: int, hi: int, out) -> None:
-        split_matmul(xp, rows[:, :, lo:hi], cols[:, :, lo:hi].transpose(0, 2, 1), out)
-
-    def own() -> None:  # the first blocks, added into dW as they are made
-        for k, (lo, hi) in enumerate(blocks[:mine]):
-            if first and k == 0:
-                product(lo, hi, dw3)
-            else:
-                product(lo, hi, acc)
-                xp.add(dw3, acc, out=dw3)
-
-    if mine == len(blocks):
-        own()
-        return
-    theirs = np.empty((len(blocks) - mine, *dw3.shape), dw3.dtype)  # at most OTHER_BYTES
-
-    def other() -> None:  # the last blocks' products, each into its own slot
-        for slot, (lo, hi) in zip(theirs, blocks[mine:]):
-            product(lo, hi, slot)
-
-    parallel.run([own, other])
-    for slot in theirs:
-        xp.add(dw3, slot, out=dw3)
-
-
-# The slots of the blocks another thread makes: at most this many bytes (a step allocates no
-# more than blockwise temporaries: tests/test_executor_arena.py).
-OTHER_BYTES = 64 * 1024
-
-
-def _other_blocks(xp, count: int, dw3, span: int) -> int:
-    """How many of dW's `count` blocks (the last ones) another thread makes: half, where the
-    blocks' products are large enough to split (parallel.parts_for, per multiply-add) and their
-    slots fit OTHER_BYTES; none on one thread, on a GPU or with ONNXPLAN_SPLIT_KERNELS=0."""
-    if count < 2 or not settings.current().split_kernels:
-        return 0
-    if parallel.parts_for(dw3.size * span, xp) < 2:
-        return 0
-    return min(count // 2, OTHER_BYTES // max(1, dw3.nbytes))
+    for k, (lo, hi) in enumerate(blocks):
+        product = (rows[:, :, lo:hi], cols[:, :, lo:hi].transpose(0, 2, 1))
+        if first and k == 0:
+            split_matmul(xp, *product, dw3)
+        else:
+            split_matmul(xp, *product, acc)
+            xp.add(dw3, acc, out=dw3)
 
 
 @kernel("ConvGrad", MS, scratch=conv_grad_scratch)
