@@ -12,9 +12,11 @@ executor's binding and steps).
    on one thread at 2 (Amdahl: the step at 2 threads is at least the unsplit time plus half the
    split time, printed under the table as "serial share" and "Amdahl 2t / 1t"). These two do not
    depend on the machine's load (a count, and 1-thread times).
-2. Paired steps: the executors at 1 thread, 2 threads and 2 threads with the split off run in
-   turn, --rounds rounds of --steps steps each after a warm-up; each round's median step, the
-   median of the rounds' ratios 2t / 1t and split on / off, and the least steps.
+2. Paired steps: the executors at 1 thread, 2 threads, 2 threads with the split off and 2 threads
+   without two nodes at once (the four above are bound with ONNXPLAN_INTEROP on, the fifth with
+   it off, the default: executor/interop.py) run in turn, --rounds rounds of --steps steps each after a warm-up; each round's
+   median step, the median of the rounds' ratios 2t / 1t, split on / off and pairs on / off, and
+   the least steps. The per-op table times every node alone (`timed_nodes`: no pairs).
 The load average (`os.getloadavg`) is printed before and after. Prints Markdown.
 
 Usage: python benchmarks/kernel_threads.py [MODEL[:BATCH] ...] [--repeat 8] [--rounds 4] [--steps 4]
@@ -65,10 +67,12 @@ def _request(model: str) -> LoadRequest:
 class _Run:
     """One executor of the plan, bound at `threads` with the split on or off."""
 
-    def __init__(self, prep: Prepared, threads: int, split: bool, params: dict, batches: list) -> None:
+    def __init__(self, prep: Prepared, threads: int, split: bool, params: dict, batches: list,
+                 interop: bool = True) -> None:
         self.threads, self.split, self.params, self.batches = threads, split, params, batches
         self._enter()
-        self.ex = Executor(prep.graph, prep.plan)
+        with settings.override(interop=interop):
+            self.ex = Executor(prep.graph, prep.plan)
         self.ex.load_state(params)
         self.step()  # warm-up (the pool, torch's first calls, the fused loop's compile)
 
@@ -101,6 +105,11 @@ def _split_nodes(run: _Run) -> set[str]:
     return {name for name, n in splits.items() if n > 0}
 
 
+def _pairs(run: _Run) -> int:
+    """How many pairs of nodes the executor runs at once (executor/interop.py)."""
+    return 0 if run.ex.paired is None else len(run.ex.calls) - len(run.ex.paired)
+
+
 def _ms(s: float) -> str:
     return f"{s * 1e3:.2f}"
 
@@ -116,12 +125,13 @@ def _by_op(runs: dict, least: dict[str, float], only: set[str] | None = None) ->
 
 
 def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
-    nodes: dict[tuple[int, bool], dict[str, float]] = {key: {} for key in runs}
+    nodes: dict[tuple[int, bool], dict[str, float]] = {key: {} for key in runs if key != "no pairs"}
     for _ in range(args.repeat):  # interleaved: the machine's load falls on all alike
-        for key, run in runs.items():
-            run.time_nodes(nodes[key], CLOCKS[args.clock])
+        for key in nodes:
+            runs[key].time_nodes(nodes[key], CLOCKS[args.clock])
     ops = {key: _by_op(runs, least) for key, least in nodes.items()}
-    split = _by_op(runs, nodes[(1, True)], _split_nodes(runs[(2, True)]))
+    split_names = _split_nodes(runs[(2, True)])
+    split = _by_op(runs, nodes[(1, True)], split_names)
     top = sorted(ops[(1, True)], key=lambda op: -ops[(1, True)][op])[:args.top]
     lines = [f"### {model} ({args.clock} clock)", "",
              "| op type | 1t ms | share of 1t | split at 2t | 2t ms | 2t / 1t | 2t, split off, ms | 2t on / off |",
@@ -133,27 +143,34 @@ def _op_table(model: str, args: argparse.Namespace, runs: dict) -> list[str]:
         lines.append(f"| {op} | {_ms(one)} | {one / total:.0%} | {cut / one:.0%} | {_ms(two)} | {two / one:.2f} | "
                      f"{_ms(off)} | {two / off:.2f} |")
     serial = (total - sum(split.values())) / total
+    ex = runs[(2, True)].ex
+    paired = {ex.calls[k].node.name for pair in ex.pairs for k in pair} - split_names
+    alone = sum(nodes[(1, True)][name] for name in paired) / total
     lines += ["", f"Serial share at 2 threads (1t time of the nodes that do not split): **{serial:.0%}**; "
-              f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}", ""]
+              f"Amdahl 2t / 1t >= {serial + (1 - serial) / 2:.2f}. Of it, in pairs (two nodes at once, "
+              f"{len(ex.pairs)} pairs): {alone:.0%}; serial share less the paired nodes "
+              f"**{serial - alone:.0%}**", ""]
     return lines
 
 
 def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
-    """1 thread, 2 threads and 2 threads with the split off, interleaved round by round."""
-    keys = [(1, True), (2, True), (2, False)]
-    steps: dict[tuple[int, bool], list[float]] = {key: [] for key in keys}
+    """1 thread, 2 threads, 2 threads with the split off and with pairs off, interleaved round by round."""
+    keys = [(1, True), (2, True), (2, False), "no pairs"]
+    steps: dict[tuple[int, bool] | str, list[float]] = {key: [] for key in keys}
     stalls = parallel.outcomes.stalls
     for _ in range(args.rounds):
         for key in keys:
             steps[key].append(statistics.median(runs[key].step() for _ in range(args.steps)))
     two_one = [b / a for a, b in zip(steps[(1, True)], steps[(2, True)])]
     on_off = [a / b for a, b in zip(steps[(2, True)], steps[(2, False)])]
-    shown = {(1, True): "1t", (2, True): "2t", (2, False): "2t split off"}
+    pairs = [a / b for a, b in zip(steps[(2, True)], steps["no pairs"])]
+    shown = {(1, True): "1t", (2, True): "2t", (2, False): "2t split off", "no pairs": "2t pairs off"}
     return [f"Paired steps, {args.rounds} rounds of {args.steps} steps (ms, each round's median): "
             + "; ".join(f"{shown[k]} {' / '.join(_ms(s) for s in steps[k])}" for k in keys)
             + f". Median of the rounds' 2t / 1t **{statistics.median(two_one):.2f}** (least steps: "
             f"{_ms(min(steps[(1, True)]))} / {_ms(min(steps[(2, True)]))} ms), 2t split on / off "
-            f"**{statistics.median(on_off):.2f}**"
+            f"**{statistics.median(on_off):.2f}**, 2t pairs on / off **{statistics.median(pairs):.2f}** "
+            f"({_pairs(runs[(2, True)])} pairs)"
             + f"; split runs that lost (kernels.parallel.outcomes) {parallel.outcomes.stalls - stalls}, "
             f"score at the end {parallel.outcomes.score:.2f}", ""]
 
@@ -161,7 +178,8 @@ def _paired_steps(args: argparse.Namespace, runs: dict) -> list[str]:
 def model_tables(model: str, args: argparse.Namespace) -> list[str]:
     prep = prepare(_request(model))
     params, batches = initial_parameters(prep.folder), step_batches(prep.folder, 1, 0)
-    runs = {(t, s): _Run(prep, t, s, params, batches) for t in (1, 2) for s in (True, False)}
+    runs: dict = {(t, s): _Run(prep, t, s, params, batches) for t in (1, 2) for s in (True, False)}
+    runs["no pairs"] = _Run(prep, 2, True, params, batches, interop=False)
     return _op_table(model, args, runs) + _paired_steps(args, runs)
 
 

@@ -32,6 +32,7 @@ ENV = {
     "parallel_min_elems": "ONNXPLAN_PARALLEL_MIN_ELEMS",
     "native_kernels": "ONNXPLAN_NATIVE_KERNELS",
     "split_kernels": "ONNXPLAN_SPLIT_KERNELS",
+    "interop": "ONNXPLAN_INTEROP",
     "model_sources": "ONNXPLAN_MODEL_SOURCES",
     "profile_cache": "ONNXPLAN_PROFILE_CACHE",
 }
@@ -50,6 +51,9 @@ class Settings:
     # the non-GEMM kernels cut across the compute threads (BatchNorm, LayerNorm, softmax, AdamW, a
     # convolution's chunk; "0": they run whole on the calling thread, as before; read when a kernel binds)
     split_kernels: bool = True
+    # "1": two independent nodes at once at 2+ compute threads (executor/interop.py; off: one at a
+    # time; read when an executor binds)
+    interop: bool = False
     threads: str = ""  # the default of --threads ("": every core this process may use)
     keep_openmp_wait: bool = False  # "1": leave OpenMP's wait policy as it is (a peer's process)
     probe_method: str = "clear_refs"  # how the memory probe resets the peak ("sampled": the fallback)
@@ -74,6 +78,7 @@ class Settings:
             native_kernels=raw["native_kernels"] != "0",
             bind_kernels=raw["bind_kernels"] != "0",
             split_kernels=raw["split_kernels"] != "0",
+            interop=raw["interop"] == "1",
             threads=(raw["threads"] or "").strip(),
             keep_openmp_wait=raw["keep_openmp_wait"] == "1",
             probe_method=raw["probe_method"] or base.probe_method,

@@ -48,10 +48,11 @@ def test_arena_is_aligned_and_views_land_at_offsets():
         arena.view(992, TensorSpec("float32", (4,)))
 
 
-def _step_peak(prep: Prepared) -> int:
-    """Peak bytes traced by tracemalloc during one step (the second: the first warms caches)."""
+def step_peak(prep: Prepared, ex: Executor | None = None) -> int:
+    """Peak bytes traced by tracemalloc during one step of `ex` (default: an executor of the
+    plan made here; the second step: the first warms caches)."""
     batches = step_batches(prep.folder, 2, 0)
-    ex = Executor(prep.graph, prep.plan)
+    ex = ex or Executor(prep.graph, prep.plan)
     ex.load_state(initial_parameters(prep.folder))
     ex.step(batches[0])
     tracemalloc.start()
@@ -67,7 +68,7 @@ def _step_peak(prep: Prepared) -> int:
 @pytest.mark.parametrize("interleave", [True, False], ids=["interleave", "joined"])
 def test_no_tensor_sized_allocation_during_a_step(model, interleave):
     prep = _prepared(model, opts=PlanOptions("given", "best-fit", interleave))
-    peak = _step_peak(prep)
+    peak = step_peak(prep)
     assert peak < STEP_ALLOWANCE_BYTES, (model, peak)
 
 
@@ -81,7 +82,7 @@ def test_step_allocations_do_not_grow_with_the_tensors(model):
         kw = {**SMALL[model], "batch": SMALL[model]["batch"] * scale}
         folder, graph = open_step(build_artifacts(get_model(model).builder(**kw), None, optimizer="sgd"))
         out = plan_step(graph, PlanOptions("given", "best-fit"))
-        peaks.append(_step_peak(Prepared(folder, out.graph, out.plan)))
+        peaks.append(step_peak(Prepared(folder, out.graph, out.plan)))
         largest.append(max(b.bytes for b in out.plan.buffers if b.vclass == "activation"))
     assert largest[1] >= 4 * largest[0]  # the largest activation grew with the batch
     assert peaks[1] <= peaks[0] + 64 * 1024, (model, peaks, largest)

@@ -120,6 +120,41 @@ def test_balanced_pieces_keep_the_workers(split, fresh_outcomes):
     assert fresh_outcomes.stalls == 0 and fresh_outcomes.score < parallel.SCORE_START
 
 
+def test_a_waiting_thread_runs_the_pieces_of_a_run_in_flight(split, fresh_outcomes):
+    """Two tasks (two nodes at once): the worker's task cuts its own work in pieces; the calling
+    thread, done with its task, takes some of those pieces instead of sleeping (parallel._help).
+    A fresh score: runs before may have left it over 1 (every piece on its calling thread)."""
+    threads.use_threads(2)
+    begun = threading.Event()
+    ran: list[str] = []
+
+    def piece() -> None:
+        begun.set()
+        ran.append(threading.current_thread().name)
+        time.sleep(0.02)
+
+    me = threading.current_thread().name
+
+    def task() -> None:  # the calling thread waits until the worker's pieces are under way
+        if threading.current_thread().name == me:
+            assert begun.wait(10)
+        else:
+            parallel.run([piece for _ in range(6)])  # its pieces' futures go to the (busy) worker
+
+    parallel.run([task, task], score=False)
+    assert len(ran) == 6 and me in ran and set(ran) != {me}
+
+
+def test_the_runs_inside_an_unscored_run_keep_out_of_the_score(split, fresh_outcomes):
+    """A stalled split inside a task of an unscored run (a node of a pair) is not counted:
+    its worker was busy with the other node. Alone, the same run is (the test above)."""
+    threads.use_threads(2)
+    parallel.run([_stalled_run, lambda: None], score=False)
+    assert fresh_outcomes.stalls == 0 and fresh_outcomes.score == parallel.SCORE_START
+    _stalled_run()
+    assert fresh_outcomes.stalls == 1
+
+
 def test_every_piece_runs_once_on_whichever_thread_is_free(split):
     hits = np.zeros(200, np.int64)
     for _ in range(50):

@@ -19,11 +19,11 @@ def test_the_environment_gives_the_settings(tmp_path):
     env = {ENV["cache_dir"]: str(tmp_path), ENV["torch_kernels"]: "0", ENV["bind_kernels"]: "0",
            ENV["threads"]: " 3 ", ENV["swap_bandwidth"]: "2e8", ENV["progress"]: "LINES", ENV["debug"]: "1",
            ENV["keep_openmp_wait"]: "1", ENV["probe_method"]: "sampled", ENV["parallel_min_elems"]: "64",
-           ENV["native_kernels"]: "0"}
+           ENV["native_kernels"]: "0", ENV["interop"]: "1"}
     got = Settings.from_environ(env)
     assert got == Settings(cache_dir=tmp_path, swap_bandwidth="2e8", torch_kernels=False, bind_kernels=False,
                            threads="3", keep_openmp_wait=True, probe_method="sampled", progress="lines",
-                           debug=True, parallel_min_elems=64, native_kernels=False)
+                           debug=True, parallel_min_elems=64, native_kernels=False, interop=True)
     assert Settings.from_environ({}) == Settings()
     assert Settings.from_environ({ENV["debug"]: "0", ENV["torch_kernels"]: "1"}) == Settings()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -10,19 +11,23 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.errors import ModelError, OnnxplanError, UsageError
+from onnxplan.executor import interop
 from onnxplan.executor.arena import Arena
 from onnxplan.executor.binding import bind, is_view_node, state_layout, state_values
 from onnxplan.executor.check_arena import ArenaChecker
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
-from onnxplan.kernels import _xp
+from onnxplan.kernels import _xp, parallel
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness, recompute_draws
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
 from onnxplan.loading.request import LoadRequest
 from onnxplan.passes.split import is_piece_node
 from onnxplan.plan import Plan
 from onnxplan.planning import PlanOptions
+from onnxplan.step_analysis import step_analysis
+from onnxplan.threads import current as thread_settings
 from onnxplan.threads import use_threads
 
 __all__ = [
@@ -118,9 +123,28 @@ class Executor:
         self.steps_done = 0
         self.classes = state_values(graph)
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
+        # ONNXPLAN_INTEROP=1: two independent nodes at once at 2+ compute threads (executor/interop.py),
+        # where nothing else runs beside the kernels: the plan's order as is with swaps, split
+        # pieces, wrapped kernels, the arena check or a GPU
+        plain = xp is np and wrap is None and not plan.swaps and self.pieces is None and not check_arena
+        self.pairs: list[tuple[int, int]] = []  # (i, j): calls[j] runs alongside calls[i] (interop.py)
+        self.paired = self._pair_calls() if plain and settings.current().interop else None
         if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
             self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
             self.swap.attach(self.calls)
+
+    def _pair_calls(self) -> list[Callable[[], None]] | None:
+        """The step as zero-argument calls, two independent nodes in one (interop.py's rule, on
+        the bound bytes; `self.pairs` their indices in `calls`); None when no two nodes pair."""
+        random = step_analysis(self.graph).random
+        touches = [interop.touch(c.inputs, c.outputs, c.ctx.scratch, c.writeback) for c in self.calls]
+        schedule = interop.pair_schedule(touches, [c.node.name in random for c in self.calls])
+        self.pairs = [(e[0], e[1]) for e in schedule if len(e) == 2]
+        if not self.pairs:
+            return None
+        one = [functools.partial(self._call, c) for c in self.calls]
+        return [one[e[0]] if len(e) == 1 else interop.pair_runner(parallel.run, one[e[0]], one[e[1]])
+                for e in schedule]
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray] | None = None,
@@ -211,7 +235,12 @@ class Executor:
 
     def _run_calls(self) -> None:
         """Every node's kernel in plan order: _call's body inlined (per-node overhead counts on
-        small models with hundreds of nodes); a failure is reported as _call reports it."""
+        small models with hundreds of nodes); a failure is reported as _call reports it. At 2+
+        compute threads, the paired schedule (interop.py) where the plan has one."""
+        if self.paired is not None and thread_settings().compute > 1:
+            for run in self.paired:
+                run()
+            return
         copyto = self.xp.copyto
         c: _Call | None = None
         try:

@@ -56,6 +56,8 @@ SCORE_WEIGHT = 0.125
 RATIO_CAP = 2.0
 PROBE_SECONDS = 0.05  # while splits lose, one run is handed out this often
 splits = 0  # runs of more than one piece (benchmarks count them per node)
+_active: list[_Pieces] = []  # runs whose pieces were handed out, until they are all done
+_unscored = threading.local()  # depth: > 0 while this thread runs a task of an unscored run
 
 
 class Outcomes:
@@ -146,34 +148,63 @@ class _Pieces:
         return ran
 
 
-def run(tasks: Sequence[Callable[[], None]]) -> None:
+def _without_score(task: Callable[[], None]) -> Callable[[], None]:
+    """`task`, with the runs it makes itself kept out of the score (a node of a pair: its pieces
+    wait for a worker busy with the other node, which says nothing of how splits pay)."""
+    def run() -> None:
+        _unscored.depth = getattr(_unscored, "depth", 0) + 1
+        try:
+            task()
+        finally:
+            _unscored.depth -= 1
+    return run
+
+
+def _help(pieces: _Pieces) -> None:
+    """While `pieces` has pieces running elsewhere, run unclaimed pieces of the other runs in
+    flight (a run begun on a worker: the other node of a pair, executor/interop.py) instead of
+    sleeping; stop when none is left to claim."""
+    while not pieces.all_done.is_set():
+        if not any(other is not pieces and other.drain() for other in tuple(_active)):
+            return
+
+
+def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
     """Run every task on this thread and the pool's workers, each task on whichever thread
     claims it first; return when all are done (the first failure is raised, after all have
     finished). A worker the scheduler has not started yet (other processes busy on the cores)
     costs nothing: this thread runs the pieces it would have run, so a step never waits a time
     slice for a descheduled thread (as OpenBLAS's and OpenMP's static splits do:
     reports/threads.md, session 10); it waits only for pieces already begun elsewhere. While
-    splits have been losing (the module's docstring), it runs every piece itself."""
+    splits have been losing (the module's docstring), it runs every piece itself. `score=False`:
+    tasks of unlike sizes (two nodes at once: executor/interop.py) whose run says nothing of
+    how splits pay (the estimate of the calling thread alone assumes like pieces), nor do the
+    runs the tasks make themselves."""
     global splits
+    score = score and not getattr(_unscored, "depth", 0)
     if len(tasks) <= 1:
         for task in tasks:
             task()
         return
     splits += 1
-    pieces = _Pieces(tasks)
+    pieces = _Pieces(tasks if score else [_without_score(task) for task in tasks])
     if not outcomes.hand_out():  # splits have been losing: every piece here
         pieces.drain()
     else:
         helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
         pool = _workers(helpers)
+        _active.append(pieces)  # list.append and remove are atomic under the interpreter lock
         futures = [pool.submit(pieces.drain) for _ in range(helpers)]
         start = time.perf_counter()
         ran = pieces.drain()
         own_end = time.perf_counter()
         for f in futures:
             f.cancel()  # not started: nothing left for it (started ones find no piece and return)
+        _help(pieces)
         pieces.all_done.wait()
-        outcomes.note(time.perf_counter() - start, own_end - start, ran, len(tasks))
+        _active.remove(pieces)
+        if score:
+            outcomes.note(time.perf_counter() - start, own_end - start, ran, len(tasks))
     if pieces.error is not None:
         raise pieces.error
 
