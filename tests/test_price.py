@@ -50,8 +50,10 @@ def test_the_estimate_prices_the_measured_plain_step(model, batch):
 @pytest.mark.slow
 def test_the_price_ranks_recompute_and_swap_as_they_measured(monkeypatch):
     """transformer b16 at three budgets: recompute ran 20-33% faster than swap; the price says
-    recompute is the cheaper at each, even with the store priced at the fastest it ran, and the
-    budget layer chooses it."""
+    recompute is the cheaper of the two at each, even with the store priced at the fastest it ran,
+    and the budget layer never chooses swap there (joint-quick, weighed too since session 13 and not
+    in that measurement, may win: measured 1-4% faster than recompute at these budgets,
+    reports/decision.md)."""
     import onnxplan
 
     monkeypatch.setenv(pricing.SWAP_BANDWIDTH_ENV, str(STORE_BANDWIDTH))
@@ -60,6 +62,7 @@ def test_the_price_ranks_recompute_and_swap_as_they_measured(monkeypatch):
     for f, measured in MEASURED_MS.items():
         budget = plain.persistent_bytes + int(f * plain.arena_bytes)
         out, _ = fit_budget(step.graph, replace(PlanOptions(), budget=budget))
-        predicted = {c.strategy: c.predicted_step_seconds for c in out.plan.strategy.candidates if c.fits}
+        predicted = {c.strategy: c.predicted_step_seconds for c in out.plan.strategy.candidates
+                     if c.fits and c.strategy in measured}
         assert min(predicted, key=predicted.get) == min(measured, key=measured.get) == "recompute", (f, predicted)
-        assert out.plan.strategy.chosen == "recompute"
+        assert out.plan.strategy.chosen in ("recompute", "joint-quick"), (f, out.plan.strategy.chosen)
