@@ -53,14 +53,17 @@ def piece_rows(ctx: KernelContext, inputs, outputs) -> None:
     ctx.xp.copyto(outputs[0], inputs[0][at])
 
 
+def _row_bytes(y: TensorSpec) -> int:
+    return y.nbytes // y.shape[0] if y.shape and y.shape[0] else y.nbytes
+
+
 def _block_rows(y: TensorSpec) -> int:
-    row = y.nbytes // y.shape[0] if y.shape and y.shape[0] else y.nbytes
-    return max(1, min(y.shape[0] if y.shape else 1, GEMM_ADD_BLOCK // max(row, 1)))
+    return max(1, min(y.shape[0] if y.shape else 1, GEMM_ADD_BLOCK // max(_row_bytes(y), 1)))
 
 
 def _gemm_add_scratch(node, in_specs, out_specs) -> int:
     y = out_specs[0]
-    return _block_rows(y) * (y.nbytes // y.shape[0]) if y is not None and y.shape and y.shape[0] else 0
+    return _block_rows(y) * _row_bytes(y) if y is not None and y.shape and y.shape[0] else 0
 
 
 @kernel("GemmAdd", "onnxplan", overwrites={0: (2,)}, scratch=_gemm_add_scratch)
@@ -85,8 +88,8 @@ def gemm_add(ctx: KernelContext, inputs, outputs) -> None:
             xp.copyto(y[lo:hi], part)
             continue
         rows = c[lo:hi] if by_rows else c
-        if beta != 1:
-            part += rows * beta
-            xp.copyto(y[lo:hi], part)
+        if beta != 1:  # beta C into Y's rows first (Y may be C's memory: the same rows), no temporary
+            xp.multiply(rows, beta, out=y[lo:hi])
+            xp.add(y[lo:hi], part, out=y[lo:hi])
         else:
             xp.add(rows, part, out=y[lo:hi])
