@@ -48,7 +48,7 @@ def _reads_as_right_operand(c: Node, t: str) -> bool:
 def _weight_gradient(g: StepGraph, node: Node) -> Node | None:
     """The Gemm(A, B, transA=1, transB=0) without C whose output only `node` reads, or None."""
     x = node.inputs[0]
-    made = next((n for n in g.nodes if x in n.outputs), None)
+    made = g.producers().get(x)
     if made is None or made.key != ("", "Gemm") or made.after or made.aliases:
         return None
     if not int(made.attrs.get("transA", 0)) or int(made.attrs.get("transB", 0)):
