@@ -11,7 +11,7 @@ from onnxplan import settings
 from onnxplan.kernels import _xp, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
-__all__ = ["fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
+__all__ = ["blas_matmul", "fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
 
 MS = "com.microsoft"
 # A product splits across the compute threads from MIN_ELEMS * GEMM_MACS_PER_ELEM multiply-adds
@@ -37,6 +37,13 @@ GEMM_MACS_PER_ELEM_BATCHES = 4
 # 1024x1024x256 1.33 / 2.74 / 1.51; VGG's last stage 512x4608x196 2.98 / 2.76 / 4.57 (98 columns a
 # piece: rows). reports/threads.md, session 10.
 MIN_PIECE_COLUMNS = 128
+# One BLAS call computes at most this many rows of its output: OpenBLAS packs the left operand's
+# rows of a call whole, 1.25 KiB a row (float32; measured 0.87 MiB at 256 rows, 1.81 at 1,024,
+# 4.31 at 3,072, 8.06 at 6,144), in a buffer of each calling thread that stays resident, outside
+# the plan. GPT-2 small's weight gradients (3,072 rows) put 8.5 MiB there at 2 threads; by blocks
+# of 1,024 rows, at most 1.8 MiB a thread. Each block packs the right operand again: a row block
+# of 1,024 does 2,048 multiply-adds per element it packs.
+BLAS_ROW_BLOCK = 1024
 
 
 def matmul_into(xp, a, b, out) -> None:
@@ -83,26 +90,41 @@ def split_matmul(xp, a, b, out) -> None:
     thread counts: GEMM results depend on the thread count."""
     parts, by_batches = _product_parts(a, b, out) if xp is np else (1, False)
     if parts <= 1:
-        xp.matmul(a, b, out=out)
+        if xp is np:
+            blas_matmul(a, b, out)
+        else:
+            xp.matmul(a, b, out=out)
         return
     rows, cols = out.shape[-2], out.shape[-1]
     if by_batches or (out.ndim >= 3 and out.shape[0] >= parts):
         def piece(lo: int, hi: int):
-            return lambda: np.matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
-                                     out=out[lo:hi])
+            return lambda: blas_matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
+                                       out[lo:hi])
         size = out.shape[0]
     elif cols >= parts * MIN_PIECE_COLUMNS or (rows < parts <= cols):
         def piece(lo: int, hi: int):
-            return lambda: np.matmul(a, b[..., lo:hi], out=out[..., lo:hi])
+            return lambda: blas_matmul(a, b[..., lo:hi], out[..., lo:hi])
         size = cols
     elif rows >= parts:
         def piece(lo: int, hi: int):
-            return lambda: np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
+            return lambda: blas_matmul(a[..., lo:hi, :], b, out[..., lo:hi, :])
         size = rows
     else:
-        np.matmul(a, b, out=out)
+        blas_matmul(a, b, out)
         return
     parallel.run([piece(lo, hi) for lo, hi in parallel.bounds(size, parts)])
+
+
+def blas_matmul(a, b, out) -> None:
+    """np.matmul(a, b, out=out) by blocks of at most BLAS_ROW_BLOCK of out's rows, so BLAS's own
+    packing buffer stays bounded. Like split_matmul's pieces, a block's bits may differ from the
+    whole call's within its rounding (OpenBLAS's blocking depends on the sizes)."""
+    rows = out.shape[-2] if out.ndim >= 2 and a.ndim >= 2 else 0
+    if rows <= BLAS_ROW_BLOCK:
+        np.matmul(a, b, out=out)
+        return
+    for lo, hi in parallel.bounds(rows, -(-rows // BLAS_ROW_BLOCK)):
+        np.matmul(a[..., lo:hi, :], b, out=out[..., lo:hi, :])
 
 
 def _matmul_views(a, b, out):
