@@ -272,3 +272,28 @@ def test_a_small_model_verifies_with_ort_in_this_process(monkeypatch, mlp_adamw)
     v = step_check.verify_run(mlp_adamw, steps=1)
     assert not v.ok
     assert any(c.kind == "gradient" and c.name == last for c in v.steps[0].failures), v.steps[0].failures
+
+
+def test_a_full_disk_is_one_line_not_a_bug(tmp_path, monkeypatch):
+    """numpy's short write (no errno) while verification stores a tensor: a TensorStoreError
+    (exit 2, the folder named) and no partial file left; a store with room keeps the tensor."""
+    from onnxplan.errors import EXIT_USAGE
+    from onnxplan.verification.store import TensorStoreError
+
+    store = TensorStore(tmp_path)
+    x = np.arange(6, dtype=np.float32)
+    store.put("kept", x)
+    np.testing.assert_array_equal(store.get("kept"), x)
+
+    def short_write(path, array, allow_pickle=False):
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY")
+        raise OSError("2359296 requested and 524256 written")
+
+    monkeypatch.setattr(np, "save", short_write)
+    with pytest.raises(TensorStoreError) as info:
+        store.put("grad:w", x)
+    assert info.value.exit_code == EXIT_USAGE
+    assert "--swap-dir" in str(info.value) and "\n" not in str(info.value)
+    assert "grad:w" not in store and "kept" in store
+    store.close()

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["StoredTensors", "TensorStore"]
+from onnxplan.errors import OnnxplanError
+
+__all__ = ["StoredTensors", "TensorStore", "TensorStoreError"]
+
+
+class TensorStoreError(OnnxplanError):
+    """A tensor cannot be written to the store's folder (no room, a quota, an I/O error). Exit 2:
+    the folder is unusable; free space or pick another with --swap-dir."""
 
 
 class TensorStore:
@@ -40,7 +47,15 @@ class TensorStore:
         return self.root / (hashlib.sha1(name.encode()).hexdigest() + ".npy")
 
     def put(self, name: str, array: np.ndarray) -> None:
-        np.save(self.path(name), np.asarray(array), allow_pickle=False)
+        path = self.path(name)
+        try:
+            np.save(path, np.asarray(array), allow_pickle=False)
+        except OSError as exc:  # numpy's short write carries no errno: say what the folder has left
+            path.unlink(missing_ok=True)
+            free = shutil.disk_usage(self.root).free
+            raise TensorStoreError(f"--swap-dir {self.root.parent}: cannot store the tensors verification keeps "
+                                   f"on disk ({array.nbytes} B of {name!r}; {free} B free: {exc}); free space or "
+                                   "give another folder with --swap-dir") from None
 
     def get(self, name: str) -> np.ndarray:
         """A copy of the tensor stored as `name` (KeyError when none is)."""
