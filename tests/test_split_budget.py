@@ -11,6 +11,7 @@ import pytest
 from onnxplan import api
 from onnxplan.budget import MemoryRequest, plan_for_budget
 from onnxplan.budget import split as split_mod
+from onnxplan.executor.swap_account import describe_accounting
 from onnxplan.planning import PlanOptions
 
 
@@ -98,6 +99,11 @@ def test_a_split_plan_runs_and_matches_onnx_runtime(transformer):
     assert report.verified is True
     assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
     assert dataclasses.asdict(out.plan.splits[0])["k"] >= 2
+    # the latency comparison ran the plan unsplit as well as without swap, and says so
+    acc = report.swap
+    assert acc is not None and acc.compared_unsplit
+    lines = "\n".join(describe_accounting(acc))
+    assert "without swap or splits" in lines and "DIFFERENT" not in lines
 
 
 @pytest.mark.slow

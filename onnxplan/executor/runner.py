@@ -53,7 +53,7 @@ class KernelError(OnnxplanError):
     exit_code = 1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     fn: Any
     ctx: KernelContext

@@ -55,6 +55,8 @@ class SwapAccounting:
     median_step_seconds_no_swap: Annotated[float, doc("median step of the same plan without swap")]
     latency_overhead: Annotated[float, doc("with / without - 1")]
     same_results_as_no_swap: Annotated[bool, doc("losses and parameters bit-identical to the run without swap")]
+    compared_unsplit: Annotated[bool, doc("the plan splits nodes and the run without swap is also unsplit (its "
+                                          "sums in another order: differences within rounding)")]
     store: Annotated[StoreUse, doc("the store (StoreUse)")]
 
 
@@ -83,6 +85,7 @@ def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: f
         latency_overhead=med / base - 1.0 if base > 0 else float("nan"),
         same_results_as_no_swap=res.losses == baseline.losses and all(
             np.array_equal(res.params[k], baseline.params[k]) for k in baseline.params),
+        compared_unsplit=any(p.startswith("split:") for p in plan.passes),
         store=StoreUse(res.swap["store_bytes"], res.swap["store_fs"], res.swap["cache"]),
     )
 
@@ -90,16 +93,19 @@ def swap_accounting(req, prep, res, *, steps: int, warmup: int, seed: int, lr: f
 def describe_accounting(a: SwapAccounting) -> list[str]:
     """Lines for the run table."""
     n = max(len(a.bytes_out_per_step), 1)
+    unsplit = " or splits" if a.compared_unsplit else ""
+    same = ("bit-identical to" if a.same_results_as_no_swap else  # split sums run in another order
+            "not bit-identical (split sums in another order; --verify compares with ONNX Runtime) to"
+            if a.compared_unsplit else "DIFFERENT from")
     lines = [
         (f"swap {a.policy}: {a.swaps} swaps ({a.transfers} transfers) per step; planned peak "
-        f"{format_bytes(a.planned_peak_bytes)} vs {format_bytes(a.planned_peak_no_swap_bytes)} without swap"),
+        f"{format_bytes(a.planned_peak_bytes)} vs {format_bytes(a.planned_peak_no_swap_bytes)} without swap{unsplit}"),
         (f"  moved per step: {format_bytes(sum(a.bytes_out_per_step) // n)} out, "
         f"{format_bytes(sum(a.bytes_in_per_step) // n)} in; stalls {sum(a.stalls_per_step) / n:.1f} "
         f"({sum(a.stall_seconds_per_step) / n * 1e3:.1f} ms) per step; I/O busy "
         f"{sum(a.io_seconds_per_step) / n * 1e3:.1f} ms per step"),
         (f"  latency {a.median_step_seconds * 1e3:.2f} ms vs {a.median_step_seconds_no_swap * 1e3:.2f} ms "
-        f"without swap ({a.latency_overhead:+.1%}); results "
-        f"{'bit-identical to' if a.same_results_as_no_swap else 'DIFFERENT from'} the run without swap"),
+        f"without swap{unsplit} ({a.latency_overhead:+.1%}); results {same} the run without swap{unsplit}"),
         (f"  store: one unlinked file ({a.store.store_fs or 'unknown fs'}, "
         f"{format_bytes(a.store.store_bytes)}); page cache: {a.store.cache}"),
     ]

@@ -45,7 +45,7 @@ Overwrites = Mapping[int, tuple[int, ...]]
 ScratchRule = Callable[[Node, list, list], int]
 
 
-@dataclass
+@dataclass(slots=True)
 class KernelContext:
     """What a kernel gets besides its input and output arrays."""
 
