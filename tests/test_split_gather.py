@@ -145,6 +145,25 @@ def test_the_checker_refuses_a_bad_row_range_or_a_dropped_chunk_and_a_plan_file_
         adopt_plan(g, Plan.from_json(moved))
 
 
+def test_a_parameter_table_splits_with_its_update_which_the_budget_layer_adds():
+    """tok_emb.weight is a parameter: its Gather splits (why_not) because its AdamW update does;
+    the pass refuses the Gather alone, and the budget layer adds the update to a chosen Gather."""
+    from onnxplan.budget.attempt import step_before_inplace
+    from onnxplan.budget.split import _with_table_updates
+    from onnxplan.ir.load import read_step
+    from tests.zoo_small import small_artifacts
+
+    g = step_before_inplace(read_step(small_artifacts("transformer")), PlanOptions())
+    assert g.values["tok_emb.weight"].persistent and why_not(g, g.node("tok_emb"), 2) == ""
+    with pytest.raises(SplitRefused, match="must split in the same pass"):
+        split_pass(split_pass_name([SplitSpec("tok_emb", 2)])[6:])(g)
+    chosen = {"tok_emb": SplitSpec("tok_emb", 4)}
+    _with_table_updates(g, chosen)
+    update = next(n for n in g.nodes if n.op_type == "AdamWUpdate" and "tok_emb.weight" in n.inputs)
+    assert chosen == {"tok_emb": SplitSpec("tok_emb", 4), update.name: SplitSpec(update.name, 2)}
+    split_pass(split_pass_name(list(chosen.values()))[6:])(g)  # the pair splits
+
+
 @pytest.mark.slow
 def test_the_transformers_embedding_split_with_its_update_trains_the_same_bits():
     """The zoo transformer's tok_emb (1000 x 128, a parameter): its Gather, GatherGrad and AdamW

@@ -266,6 +266,8 @@ class _Splitter:
 
     def _split(self, n: Node, spec: SplitSpec) -> None:
         why = why_not(self.g, n, spec.k, spec.axis)
+        if not why and n.key == ("", "Gather") and self.g.values[n.inputs[0]].persistent:
+            why = f"its table {n.inputs[0]!r} is a parameter: its optimizer update must split in the same pass (homing it)"
         if why:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
