@@ -98,6 +98,28 @@ def test_an_index_out_of_range_raises_in_a_chunk_as_in_the_whole_kernel():
                 _run(g, specs, feed)
 
 
+def test_the_chunk_kernels_on_no_indices_and_on_an_output_not_in_place():
+    """No indices: GatherRows writes nothing, GatherGradRows zeros; an output so far that is not
+    the output's memory is copied first, the chunk's positions then written."""
+    from types import SimpleNamespace
+
+    from onnxplan.kernels.split_chunks import gather_grad_rows, gather_rows
+
+    attrs = {"start": 4, "stop": 8, "rows": 10}
+    ctx = SimpleNamespace(xp=np, attrs=attrs, node=SimpleNamespace(name="g#1"))
+    piece = np.arange(4 * 3, dtype=np.float32).reshape(4, 3)
+    out = np.full((0, 3), 7, np.float32)
+    gather_rows(ctx, [piece, np.zeros(0, np.int64)], [out])
+    dw = np.ones((4, 3), np.float32)
+    gather_grad_rows(ctx, [None, np.zeros(0, np.int64), np.zeros((0, 3), np.float32)], [dw])
+    assert not dw.any()
+    idx = np.array([5, -3, 0, 9], np.int64)  # rows 5 and 7 are chunk 1's (-3 is row 7)
+    so_far = np.full((4, 3), -1, np.float32)
+    out = np.zeros((4, 3), np.float32)
+    gather_rows(ctx, [piece, idx, so_far], [out])
+    assert np.array_equal(out, np.stack([piece[1], piece[3], so_far[2], so_far[3]]))
+
+
 @pytest.mark.parametrize("node, change, k, why", [
     ("gather", {"axis": 1}, 2, "over axis 1"),
     ("grad", {"axis": 1}, 2, "over axis 1"),

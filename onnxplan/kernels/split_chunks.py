@@ -137,7 +137,9 @@ def gather_rows(ctx: KernelContext, inputs, outputs) -> None:
     xp, piece, indices, out = ctx.xp, inputs[0], inputs[1], outputs[0]
     if len(inputs) > 2 and not same_buffer(inputs[2], out):
         xp.copyto(out, inputs[2])
-    out2 = out.reshape(max(indices.size, 1), -1)
+    if not indices.size:  # no position to write
+        return
+    out2 = out.reshape(indices.size, -1)
     table = piece.reshape(int(ctx.attrs["stop"]) - int(ctx.attrs["start"]), out2.shape[1])
     pos, local = _owned(ctx, indices)
     step = max(1, GATHER_BLOCK // max(out2.shape[1] * out2.itemsize, 1))
