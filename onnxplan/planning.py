@@ -21,6 +21,7 @@ from onnxplan.passes.split import (
     SplitSpec,
     homed_slots,
     piece_ranges,
+    row_chunks,
     slot_bytes,
     split_pass_name,
     split_records,
@@ -30,7 +31,7 @@ from onnxplan.plan import Plan, PlannedBuffer
 from onnxplan.plan_records import PlanSettings, SolverStats, SwapRecord
 from onnxplan.sizes import format_bytes
 from onnxplan.swap import SWAP_CHOICES, SwapOutcome, plan_swaps, swap_totals, verify_swaps
-from onnxplan.verify import PlanError, verify_chunks, verify_offsets, verify_pieces
+from onnxplan.verify import PlanError, verify_chunks, verify_offsets, verify_pieces, verify_row_chunks
 
 __all__ = ["BudgetNotMet", "PlanOptions", "require_budget", "check_time_limit", "ilp_budget", "PlannerRow", "PlanOutcome", "pipeline_names", "plan_step",
            "planned_buffers", "verify_plan", "DEFAULT_TIME_LIMIT", "HEURISTIC_ORDERS", "ORDER_CHOICES", "PLANNER_CHOICES"]
@@ -375,3 +376,6 @@ def verify_plan(graph: StepGraph, plan: Plan) -> None:
         verify_pieces(plan.pieces, plan.order, slot_bytes(graph), PIECE_ALIGN, homed_slots(graph), OFF_PAGE_MIN)
     if plan.splits:  # every split node's K chunks, none left out
         verify_chunks(plan.splits, plan.order)
+    chunks = row_chunks(graph)
+    if chunks or plan.splits:  # a table's chunks partition its rows (every row written by one chunk)
+        verify_row_chunks(chunks, plan.splits)

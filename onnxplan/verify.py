@@ -6,12 +6,14 @@ import bisect
 import heapq
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from onnxplan.errors import EXIT_FAILURE, OnnxplanError
 from onnxplan.offsets.buffers import ALIGNMENT, Buffer, OffsetPlan
 
-__all__ = ["PieceRange", "PlanError", "SplitRecord", "verify_chunks", "verify_offsets", "verify_pieces"]
+__all__ = ["PieceRange", "PlanError", "RowChunk", "SplitRecord", "verify_chunks", "verify_offsets", "verify_pieces",
+           "verify_row_chunks"]
 
 
 class PieceRange(Protocol):
@@ -36,6 +38,20 @@ class SplitRecord(Protocol):
     def node(self) -> str: ...
     @property
     def k(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class RowChunk:
+    """Chunk `index` of split node `node` over a table's rows (onnxplan.GatherRows /
+    GatherGradRows): its rows [start, stop) of the table's `rows`, and the rows its piece of the
+    table holds."""
+
+    node: str
+    index: int
+    start: int
+    stop: int
+    rows: int
+    piece_rows: int
 
 
 class PlanError(OnnxplanError):
@@ -187,3 +203,31 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
             missing, extra = sorted(set(range(s.k)) - got), sorted(got - set(range(s.k)))
             raise PlanError(f"split node {s.node!r} in {s.k} chunks: chunks {missing} missing, {extra} beyond K "
                             "in the order")
+
+
+def verify_row_chunks(chunks: Iterable[RowChunk], splits: Iterable[SplitRecord]) -> None:
+    """Raise PlanError unless the chunks of every node split over a table's rows partition its
+    rows: chunks 0..K-1, chunk 0 from row 0, each from where the one before stopped, the last
+    stopping at the table's rows, none empty, each reading (writing) a piece of exactly its rows.
+    So every output position of a split Gather is written by exactly one chunk, and every dW row
+    of a split GatherGrad by exactly one chunk."""
+    by_node: dict[str, list[RowChunk]] = {}
+    for c in chunks:
+        by_node.setdefault(c.node, []).append(c)
+    for s in splits:
+        got = sorted(by_node.pop(s.node, []), key=lambda c: c.index)
+        if not got:
+            continue
+        if [c.index for c in got] != list(range(s.k)):
+            raise PlanError(f"split node {s.node!r} in {s.k}: its row chunks are {[c.index for c in got]}")
+        reach = 0
+        for c in got:
+            if c.start != reach or c.stop <= c.start or c.rows != got[0].rows or c.stop - c.start != c.piece_rows:
+                raise PlanError(f"chunk {c.index} of {s.node!r} covers rows {c.start}..{c.stop} with a piece of "
+                                f"{c.piece_rows} rows; the chunks must partition the {c.rows} rows, this one from "
+                                f"row {reach}")
+            reach = c.stop
+        if reach != got[0].rows:
+            raise PlanError(f"the chunks of {s.node!r} cover rows 0..{reach} of {got[0].rows}")
+    if by_node:
+        raise PlanError(f"row chunks of {sorted(by_node)[0]!r}, a node the plan does not split")

@@ -8,7 +8,7 @@ shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap a
 graph. A chunk still above the budget gets the next K that fits; when no working set is above
 the budget's room and the plan still misses it, the node that sets the floor gets its next K. A transpose that folds into its products
 (passes/split_fold.py: GPT-2's tied LM head) is folded (K = 1) when its working set is above the
-room. Before any of it, a lower bound
+room; a Gather split over a persistent table brings its optimizer update (which homes the table). Before any of it, a lower bound
 computed without planning: of the nodes that split in no K, the largest bound (the resident
 bytes, less the state a split update could home, + its working set + scratch); a budget below
 it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
@@ -31,7 +31,7 @@ from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
 from onnxplan.passes.split_fold import fold_refusal
-from onnxplan.passes.split_ops import MAX_K, sliced_outputs, split_rows, unread_inputs
+from onnxplan.passes.split_ops import MAX_K, sliced_outputs, split_rows, table_update, unread_inputs
 from onnxplan.pipeline import run_pipeline
 from onnxplan.planning import PlanOptions, PlanOutcome
 from onnxplan.sizes import format_bytes
@@ -115,6 +115,19 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
 
 
+def _with_table_updates(g: StepGraph, chosen: dict[str, SplitSpec]) -> None:
+    """A Gather split over a persistent table reads it by range from its home: its optimizer
+    update is split too (in its smallest K, if not chosen already)."""
+    for name in list(chosen):
+        node = g.node(name)
+        table = node.inputs[0] if node.op_type == "Gather" and node.inputs else ""
+        update = table_update(g, table) if table and g.values[table].persistent else None
+        if update is not None and update.name not in chosen:
+            k = next((j for j in range(2, MAX_K + 1) if not why_not(g, update, j)), None)
+            if k is not None:
+                chosen[update.name] = SplitSpec(update.name, k)
+
+
 def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> PlanOutcome:
     """`swapped` (swap's plan under opts.budget, made with `opts`) when the budget is at or
     above its floor; else the plan of least peak of the split graphs tried (see the module
@@ -156,6 +169,7 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
                 chosen[base] = SplitSpec(base, k)
         if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks
             chosen[floor_node] = SplitSpec(floor_node, k_next)
+        _with_table_updates(pre, chosen)
         specs = chosen
         try:
             out = attempt(graph, replace(opts, splits=tuple(sorted(specs.values()))))

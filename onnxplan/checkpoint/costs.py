@@ -8,10 +8,17 @@ from math import prod
 
 from onnxplan.ir.graph import Node, StepGraph, original_name
 
-__all__ = ["CPU_NUMPY", "Machine", "TimeModel", "node_bytes", "node_flops", "work_kind"]
+__all__ = ["CHUNK_OPS", "CPU_NUMPY", "Machine", "priced_op", "TimeModel", "node_bytes", "node_flops", "work_kind"]
 
 MS = "com.microsoft"
-_MATMUL = {("", "MatMul"), ("", "Gemm"), (MS, "FusedMatMul")}
+_MATMUL = {("", "MatMul"), ("", "Gemm"), (MS, "FusedMatMul"), ("onnxplan", "GemmAdd")}
+# the split pass's chunk ops (passes/split.py) priced as the op each computes a part of: the same
+# FLOPs per element of what it makes and the same factor, so K chunks cost about the whole's
+# work plus K - 1 calls (and the GatherRows chunks each pass over the whole output: K outputs'
+# bytes); the piece transfers are priced by swap.pricing at the store's bandwidth
+CHUNK_OPS = {"GemmAdd": "Gemm", "SoftmaxCrossEntropyLossRows": "SoftmaxCrossEntropyLoss",
+             "SoftmaxCrossEntropyLossGradRows": "SoftmaxCrossEntropyLossGrad", "GatherRows": "Gather",
+             "GatherGradRows": "GatherGrad", "PieceRows": "Slice"}
 # FLOPs per output element of ops that are not a matrix product (default 1)
 _PER_ELEMENT = {
     "Softmax": 5, "LogSoftmax": 5, "SoftmaxGrad": 4, "SoftmaxGrad_13": 4, "LogSoftmaxGrad": 4,
@@ -71,6 +78,11 @@ CPU_NUMPY = Machine(
                "SoftmaxCrossEntropyLoss": 9.1, "SoftmaxCrossEntropyLossGrad": 7.2, "Sum": 0.91, "Transpose": 2.2})
 
 
+def priced_op(n: Node) -> str:
+    """The op type `n` is priced as: a split chunk op's whole op (CHUNK_OPS), else its own."""
+    return CHUNK_OPS.get(n.op_type, n.op_type) if n.domain == "onnxplan" else n.op_type
+
+
 def _shape(g: StepGraph, name: str) -> tuple[int, ...]:
     v = g.values.get(name) if name else None
     return v.spec.shape if v is not None and v.spec is not None else ()
@@ -84,7 +96,7 @@ def _contracted(g: StepGraph, n: Node) -> int:
     a = _shape(g, n.inputs[0])
     if not a:
         return 1
-    if n.op_type == "Gemm":
+    if n.op_type in ("Gemm", "GemmAdd"):
         return a[0] if n.attrs.get("transA", 0) else a[-1]
     if n.op_type == "FusedMatMul" and n.attrs.get("transA", 0) and len(a) >= 2:
         return a[-2]
@@ -112,7 +124,7 @@ def node_flops(g: StepGraph, n: Node) -> float:
     if n.op_type in ("ReduceSum", "ReduceMean", "GlobalAveragePool", "Sum"):
         return float(sum(_numel(g, i) for i in n.inputs if i))
     total = sum(_numel(g, o) for o in n.outputs if o)
-    return float(total * _PER_ELEMENT.get(n.op_type, 1))
+    return float(total * _PER_ELEMENT.get(priced_op(n), 1))
 
 
 def work_kind(n: Node) -> str:
@@ -147,7 +159,7 @@ class TimeModel:
             return self.measured[fused] / 2  # a split ConvGrad (passes.split_grad): one of its two products
         if n.aliases and all(k == "rv" for _, k in n.aliases.values()):
             return 0.0  # read-only views move no data
-        return self.machine.seconds(node_flops(g, n), node_bytes(g, n), n.op_type, work_kind(n))
+        return self.machine.seconds(node_flops(g, n), node_bytes(g, n), priced_op(n), work_kind(n))
 
     def step_seconds(self, g: StepGraph) -> float:
         """Predicted seconds of one step: the sum over nodes (one stream, no overlap)."""

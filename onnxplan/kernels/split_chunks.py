@@ -17,18 +17,39 @@ then added to C's rows. The same dot products as Gemm's, blocked otherwise (a fe
 tests/test_split_products.py). Blocks also keep OpenBLAS's working memory small: one product
 with a transposed A of GPT-2's 50257 rows grew the process by 50 MiB outside the arena (its
 packing of the whole operand), 4 MiB blocks of rows by 2 MiB.
+
+onnxplan.GatherRows: a chunk of a Gather over its table's rows (axis 0; split_ops.KIND_TABLE):
+(table rows [start, stop) as a piece, the indices whole[, the output so far]) -> the output, with
+`rows` the table's. The indices are normalized (a negative i is i + rows) and checked against the
+whole table as Gather's kernel does (an index out of [-rows, rows) raises, in every chunk); the
+chunk copies the table rows of the output positions whose index falls in [start, stop) and leaves
+every other position as it finds it: chunk 0's output is a fresh buffer (positions no chunk has
+written yet hold whatever the arena had), chunk j > 0's output is the output so far (input 2, in
+place where the in-place pass lets it, else copied first). The chunks' ranges partition [0, rows)
+(the split pass makes them so, planning.verify_plan checks it), so every position is written by
+exactly one chunk, with the same bytes Gather copies: the same bits.
+
+onnxplan.GatherGradRows: a chunk of com.microsoft GatherGrad (axis 0) over dW's rows: (shape,
+indices, dY) whole -> dW rows [start, stop) (a piece, zeroed first), each row adding the dY rows
+of the indices that fall in it, in the order of the indices, as GatherGrad's kernel adds them
+(_xp.scatter_add: per row in the order of k), so the same bits.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from onnxplan.ir.tensor import TensorSpec
+from onnxplan.kernels._xp import same_buffer, scatter_add
 from onnxplan.kernels.conv_grad import conv_grad, conv_grad_scratch
 from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, kernel
 
-__all__ = ["GEMM_ADD_BLOCK", "conv_grad_weight", "gemm_add", "piece_rows"]
+__all__ = ["GATHER_BLOCK", "GEMM_ADD_BLOCK", "conv_grad_weight", "gather_grad_rows", "gather_rows", "gemm_add",
+           "piece_rows"]
 
 GEMM_ADD_BLOCK = 4 << 20  # bytes of Y's rows a GemmAdd computes at a time (its scratch)
+GATHER_BLOCK = 1 << 20  # bytes of gathered rows a GatherRows copies at a time (a temporary)
 
 
 def _scratch(node, in_specs, out_specs) -> int:
@@ -93,3 +114,46 @@ def gemm_add(ctx: KernelContext, inputs, outputs) -> None:
             xp.add(y[lo:hi], part, out=y[lo:hi])
         else:
             xp.add(rows, part, out=y[lo:hi])
+
+
+def _owned(ctx: KernelContext, indices) -> tuple[Any, Any]:
+    """The positions (flat) of `indices` whose row lies in the chunk's [start, stop) of the
+    table's `rows`, and those rows counted from start; an index out of range raises."""
+    xp, rows = ctx.xp, int(ctx.attrs["rows"])
+    start, stop = int(ctx.attrs["start"]), int(ctx.attrs["stop"])
+    flat = indices.reshape(-1)
+    if flat.size:
+        lo, hi = int(flat.min()), int(flat.max())
+        if lo < -rows or hi >= rows:
+            raise IndexError(f"{ctx.node.name}: index {lo if lo < -rows else hi} out of range [-{rows}, {rows - 1}]")
+    flat = flat + rows * (flat < 0)  # an indices-sized temporary
+    pos = xp.flatnonzero((flat >= start) & (flat < stop))
+    return pos, flat[pos] - start
+
+
+@kernel("GatherRows", "onnxplan", overwrites={0: (2,)})
+def gather_rows(ctx: KernelContext, inputs, outputs) -> None:
+    """out[p] = table[indices[p]] for the positions p whose index is in [start, stop) (module docstring)."""
+    xp, piece, indices, out = ctx.xp, inputs[0], inputs[1], outputs[0]
+    if len(inputs) > 2 and not same_buffer(inputs[2], out):
+        xp.copyto(out, inputs[2])
+    if not indices.size:  # no position to write
+        return
+    out2 = out.reshape(indices.size, -1)
+    table = piece.reshape(int(ctx.attrs["stop"]) - int(ctx.attrs["start"]), out2.shape[1])
+    pos, local = _owned(ctx, indices)
+    step = max(1, GATHER_BLOCK // max(out2.shape[1] * out2.itemsize, 1))
+    for lo in range(0, int(pos.size), step):
+        out2[pos[lo:lo + step]] = table[local[lo:lo + step]]
+
+
+@kernel("GatherGradRows", "onnxplan")
+def gather_grad_rows(ctx: KernelContext, inputs, outputs) -> None:
+    """dW rows [start, stop): zeros, then the dY rows of the indices in range added in their order."""
+    xp, indices, dy, out = ctx.xp, inputs[1], inputs[2], outputs[0]
+    out.fill(0)
+    if not indices.size:
+        return
+    dw = out.reshape(1, int(ctx.attrs["stop"]) - int(ctx.attrs["start"]), -1)
+    pos, local = _owned(ctx, indices)
+    scatter_add(xp, dw, local, dy.reshape(indices.size, -1)[pos][None])

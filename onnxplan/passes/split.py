@@ -9,7 +9,9 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     reads a piece of and which outputs it makes a piece of is the op's (passes/split_ops.py:
     elementwise and row-wise ops, products over rows, views, sums over rows, a conv dW over its
     output channels, a loss over rows: its chunks are onnxplan.SoftmaxCrossEntropyLoss(Grad)Rows
-    on rows [start, stop), the loss a sum over the rows); any other input (a broadcast bias, a weight) is read whole by every chunk.
+    on rows [start, stop), the loss a sum over the rows; a Gather / GatherGrad over its table's
+    rows: onnxplan.GatherRows / GatherGradRows on table rows [start, stop), not K equal parts,
+    the pieces flat); any other input (a broadcast bias, a weight) is read whole by every chunk.
     Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
   - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
     whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
@@ -83,9 +85,10 @@ from onnxplan.passes.split_ops import (
 )
 from onnxplan.plan import PlannedPiece as Piece
 from onnxplan.plan import PlannedSplit
+from onnxplan.verify import RowChunk
 
 __all__ = ["OFF_PAGE_MIN", "PIECE_ALIGN", "PIECE_DOMAIN", "ROW_OPS", "SPLITTABLE_OPS", "SPLIT_PASS", "UPDATE_OPS", "HomedValue", "Piece", "SplitRefused", "SplitSpec",
-           "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "slot_bytes", "split_pass", "split_pass_name",
+           "base_node", "chunk_name", "homed_slots", "is_piece_node", "piece_ranges", "row_chunks", "slot_bytes", "split_pass", "split_pass_name",
            "sliced_inputs", "split_records", "split_specs", "why_not"]
 
 PIECE_DOMAIN = "onnxplan"
@@ -158,6 +161,7 @@ class _Layout:
     k: int
     names: tuple[str, ...]
     flat: int = 0
+    reusable: bool = True  # False: a homed table's range read by a Gather's chunks (not kept for its update)
 
 
 class _Splitter:
@@ -174,6 +178,7 @@ class _Splitter:
         self.whole: set[str] = set()  # split-made values assembled whole
         self.consumers = graph.consumers()
         self.homes: dict[str, list[str]] = {}  # homed state -> the PieceIn nodes reading it whole
+        self.home_ranges: dict[str, list[str]] = {}  # homed state -> PieceIns of its ranges by nodes not its update
 
     def _home(self) -> None:
         """Parameters and state of the split updates become HomedValues; their updated copies
@@ -235,8 +240,9 @@ class _Splitter:
         (a whole read placed later in the node list than the split update included)."""
         for n in self.nodes:
             slot = str(n.attrs.get("slot", ""))
-            if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and self.homes.get(slot):
-                n.after = list(dict.fromkeys([*n.after, *self.homes[slot]]))
+            reads = [*self.homes.get(slot, ()), *self.home_ranges.get(slot, ())]
+            if n.op_type == "PieceOut" and n.domain == PIECE_DOMAIN and reads:
+                n.after = list(dict.fromkeys([*n.after, *reads]))
 
     def _piece_value(self, v: str, j: int, k: int, first: bool, flat: int = 0) -> str:
         """A new value for piece j of K of `v`: `V#j` (`V#K.j` for a second layout of `v`;
@@ -260,6 +266,8 @@ class _Splitter:
 
     def _split(self, n: Node, spec: SplitSpec) -> None:
         why = why_not(self.g, n, spec.k, spec.axis)
+        if not why and n.key == ("", "Gather") and self.g.values[n.inputs[0]].persistent:
+            why = f"its table {n.inputs[0]!r} is a parameter: its optimizer update must split in the same pass (homing it)"
         if why:
             raise SplitRefused(f"split of {n.name!r} in {spec.k}: {why}")
         k = spec.k
@@ -275,6 +283,12 @@ class _Splitter:
                 self._read_home(i, n.phase)
         reads = {v: self._rows_of(v, k, n.phase) if v in copied else self._pieces_of(v, k, n.phase, flat)
                  for v in sliced}
+        for v in sliced:  # a homed table's ranges read by a Gather: held before the update writes them back
+            if v in self.homes and n.key not in UPDATE_OPS:
+                self.home_ranges.setdefault(v, []).extend(x.name for x in reads[v][1])
+                for lay in (self.pieces.get(v), self.layouts.get((v, k, flat))):
+                    if lay is not None and lay.names == reads[v][0]:
+                        lay.reusable = False
         channels = split_kind(self.g, n) == KIND_CHANNELS
         if channels:  # dY by channels, copied from the whole (split_ops, KIND_CHANNELS)
             dy = n.inputs[0]
@@ -385,9 +399,9 @@ class _Splitter:
         when they are in the arena, laid out alike; else read by range from its slot, filled
         first)."""
         have = self.pieces.get(v)
-        if have is not None and have.k == k and have.flat == flat:
+        if have is not None and have.k == k and have.flat == flat and have.reusable:
             return have.names, []
-        if (v, k, flat) in self.layouts:  # a second layout, already read for an earlier consumer
+        if (v, k, flat) in self.layouts and self.layouts[v, k, flat].reusable:  # a second layout, read before
             return self.layouts[v, k, flat].names, []
         writes = [] if v in self.homes else self._fill_slot(v, phase)  # a home holds the state already
         names, nodes = [], []
@@ -437,12 +451,14 @@ class _Sums:
     the sum so far as C, beta 1; chunk 0 has the node's own C and beta); any other op makes a
     partial sum per chunk, added to the running one by an Add (`N#j.addI`). The running sums
     are temporaries `OUT#accJ`; the last chunk makes OUT. A Gemm's chunks are onnxplan.GemmAdd,
-    whose chunk j > 0 may write the new sum over the old one (in place)."""
+    whose chunk j > 0 may write the new sum over the old one (in place). A Gather's output is
+    chained alike (not a sum: chunk j > 0 writes its positions into the output so far,
+    onnxplan.GatherRows, in place where the in-place pass lets it)."""
 
     def __init__(self, sp: _Splitter, n: Node, k: int) -> None:
         self.sp, self.n, self.k = sp, n, k
         self.outs = summed_outputs(sp.g, n)
-        self.chained = n.op_type == "Gemm" and bool(self.outs)
+        self.chained = n.op_type in ("Gemm", "Gather") and bool(self.outs)  # Gather: the output written in place
         self.target = {(o, j): o if j == k - 1 else sp._acc_value(sp.g.values[o], f"{o}#acc{j}")
                        for o in self.outs for j in range(k)}
 
@@ -457,13 +473,14 @@ class _Sums:
         """Chunk j's op when it is not the node's: a Gemm's chunks are onnxplan.GemmAdd
         (kernels/split_chunks.py: by blocks of rows; chunk j > 0 adds into the running sum in
         place: one dW-sized buffer, not two)."""
-        return (PIECE_DOMAIN, "GemmAdd") if self.chained else None
+        return (PIECE_DOMAIN, "GemmAdd") if self.chained and self.n.op_type == "Gemm" else None
 
     def inputs(self, j: int, ins: list[str]) -> list[str]:
         return [*ins[:2], self.target[self.outs[0], j - 1]] if self.chained and j else ins
 
     def attrs(self, j: int) -> dict:
-        return {**self.n.attrs, "beta": 1.0} if self.chained and j else dict(self.n.attrs)
+        gemm = self.chained and self.n.op_type == "Gemm"
+        return {**self.n.attrs, "beta": 1.0} if gemm and j else dict(self.n.attrs)
 
     def adds(self, j: int) -> list[Node]:
         """The Adds of chunk j's partial sums to the running ones (none for chunk 0 or a Gemm)."""
@@ -505,6 +522,22 @@ def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[Pl
     ops = {n.name: (f"{n.domain}.{n.op_type}" if n.domain else n.op_type) for n in g.nodes}
     return tuple(PlannedSplit(s.node, "fold" if s.k == 1 else ops.get(chunk_name(s.node, 0), "?"), s.axis, s.k)
                  for s in sorted(split_specs(arg)))
+
+
+def row_chunks(g: StepGraph) -> tuple[RowChunk, ...]:
+    """The table chunks of `g` (onnxplan.GatherRows / GatherGradRows) as the checker's records:
+    their rows [start, stop) of `rows` and the rows of the table piece each reads (writes)."""
+    out = []
+    for n in g.nodes:
+        if n.domain != PIECE_DOMAIN or n.op_type not in ("GatherRows", "GatherGradRows"):
+            continue
+        piece = n.inputs[0] if n.op_type == "GatherRows" else n.outputs[0]
+        whole = g.values.get(piece.rpartition("#")[0] or piece, g.values[piece]).known_spec
+        rows = int(n.attrs["rows"])
+        per_row = max(whole.numel // max(rows, 1), 1)
+        out.append(RowChunk(base_node(n.name), int(n.name.rpartition("#")[2]), int(n.attrs["start"]),
+                            int(n.attrs["stop"]), rows, g.values[piece].known_spec.numel // per_row))
+    return tuple(out)
 
 
 def homed_slots(g: StepGraph) -> set[str]:

@@ -53,6 +53,21 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     page); the Internal forms (ignore_index as an input, the gradient's bias) are not LOSS_OPS. The
     gradient gives the same bits; the loss sums its terms in another order (K partial sums added
     in chunk order): within a few float32 ulps of the sum of |terms| (tests/test_split_loss.py).
+  - a table over its rows (KIND_TABLE, TABLE_OPS): Gather (axis 0) and com.microsoft GatherGrad
+    (axis 0) over the rows of the table (the Gather's data; GatherGrad's dW): chunk k owns table
+    rows [a_k, b_k) (table_rows: ceil(R/K) rounded up to whole pages of rows, the last the rest,
+    so the ranges partition [0, R) and every piece is a whole number of pages; pieces flat, as
+    flat_elems). Gather: chunk k is onnxplan.GatherRows (kernels/split_chunks.py) reading its
+    rows of the table (a homed parameter's by range from its home: its optimizer update must be
+    split too) and the indices whole, writing the output positions whose index falls in its
+    rows; the output is whole and live across the chunks (chunk 0 makes it, chunk k > 0 writes
+    into the output so far, in place where the in-place pass lets it: passes/split.py's _Sums),
+    every position written by exactly one chunk: a copy, the same bits. GatherGrad: chunk k is
+    onnxplan.GatherGradRows making dW rows [a_k, b_k) (a piece, zeroed by its chunk) from the
+    indices and dY whole, each row's updates added in the order of the indices as the whole
+    kernel adds them: the same bits. Negative indices are normalized (i + R); an index out of
+    [-R, R) raises in the chunk as in the whole kernel. Refused: another axis (one line), a
+    persistent table no split update homes, a K leaving a chunk no rows.
   - flat: an optimizer update (or an elementwise op none of whose inputs broadcasts, and whose
     rows split in no K up to MAX_K) whose leading axis does not split in K (its rows, or its pieces' pages) splits over its flattened
     tensors (flat_elems): pieces of E elements, E a whole number
@@ -68,6 +83,7 @@ update.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -76,10 +92,10 @@ from onnxplan.ir.graph import Node, StepGraph
 from onnxplan.passes.interleave import UPDATE_OPS
 from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
-__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_VIEW", "LOSS_OPS", "MATMUL_OPS", "MAX_K", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
+__all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_TABLE", "KIND_VIEW", "TABLE_OPS", "LOSS_OPS", "MATMUL_OPS", "MAX_K", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
            "PIECE_ALIGN", "ROW_COPY_MAX",
            "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "chunk_op", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
-           "split_rows", "summed_outputs", "unread_inputs", "weight_gradient", "why_not"]
+           "split_rows", "summed_outputs", "table_rows", "table_update", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
 # ... unless the piece is this large: its partial end pages cost a page read and write each
@@ -88,7 +104,7 @@ PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot i
 OFF_PAGE_MIN = 1 << 20
 MAX_K = 16  # the most chunks a node is split in (each chunk a call, each piece a transfer)
 MS = "com.microsoft"
-KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS = "rows", "view", "accumulate", "channels"
+KIND_ROWS, KIND_VIEW, KIND_ACCUMULATE, KIND_CHANNELS, KIND_TABLE = "rows", "view", "accumulate", "channels", "table"
 _UNARY = ("Relu", "Sigmoid", "Tanh", "Erf", "Exp", "Log", "Neg", "Abs", "Sqrt", "Reciprocal", "LeakyRelu",
           "Softplus", "Elu", "Selu", "HardSigmoid", "Sin", "Cos")
 _BINARY = ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Sum")
@@ -114,6 +130,8 @@ _SUM = ("", "ReduceSum")
 # each chunk reads its rows of (the scores; the gradient's log_prob)
 LOSS_OPS = {("", "SoftmaxCrossEntropyLoss"): ("SoftmaxCrossEntropyLossRows", 0),
             (MS, "SoftmaxCrossEntropyLossGrad"): ("SoftmaxCrossEntropyLossGradRows", 1)}
+# a table over its rows (module docstring): the op -> its chunk's op (domain onnxplan)
+TABLE_OPS = {("", "Gather"): "GatherRows", (MS, "GatherGrad"): "GatherGradRows"}
 
 
 def _shape(g: StepGraph, v: str) -> tuple[int, ...]:
@@ -153,6 +171,8 @@ def split_kind(g: StepGraph, node: Node) -> str:
     """The kind of split `node` makes (module docstring), "" when its op is not split."""
     if weight_gradient(node):
         return KIND_CHANNELS
+    if node.key in TABLE_OPS:
+        return KIND_TABLE
     if node.key in SPLITTABLE_OPS or node.key in LOSS_OPS:
         return KIND_ROWS
     if node.key in READ_ONLY_VIEW_OPS:
@@ -169,7 +189,10 @@ def split_kind(g: StepGraph, node: Node) -> str:
 
 def split_rows(g: StepGraph, node: Node) -> int:
     """The rows the chunks divide: the output's leading axis, or for an accumulation the
-    leading axis of what it sums over (0 when unknown)."""
+    leading axis of what it sums over, for a table its rows (0 when unknown)."""
+    if node.key in TABLE_OPS:
+        table = _table(node)
+        return _shape(g, table)[0] if _known(g, table) and _shape(g, table) else 0
     if split_kind(g, node) == KIND_ACCUMULATE or node.key in LOSS_OPS:
         ins = [*node.inputs, "", ""]
         x = ins[LOSS_OPS[node.key][1]] if node.key in LOSS_OPS else ins[0]
@@ -201,6 +224,8 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
         return [node.inputs[0]]
     if kind == KIND_CHANNELS:  # dY is copied by channels (channel_copies), X read whole
         return []
+    if kind == KIND_TABLE:  # a Gather's table by rows, the indices whole; GatherGrad reads all whole
+        return [node.inputs[0]] if node.op_type == "Gather" else []
     if kind == KIND_ACCUMULATE:
         return [node.inputs[0]] if node.key == _SUM else list(dict.fromkeys(node.inputs[:2]))
     if node.key in MATMUL_OPS:
@@ -219,8 +244,8 @@ def sliced_inputs(g: StepGraph, node: Node) -> list[str]:
 def summed_outputs(g: StepGraph, node: Node) -> list[str]:
     """The outputs that are sums over the rows (made whole, added up chunk by chunk): an
     accumulation's output, a norm gradient's dscale and dbias."""
-    if split_kind(g, node) == KIND_ACCUMULATE or node.key == ("", "SoftmaxCrossEntropyLoss"):
-        return [node.outputs[0]]
+    if split_kind(g, node) == KIND_ACCUMULATE or node.key in (("", "SoftmaxCrossEntropyLoss"), ("", "Gather")):
+        return [node.outputs[0]]  # (a Gather's output is made whole too: written chunk by chunk in place)
     return [o for o in node.outputs[1:] if o] if node.key in NORM_GRAD_OPS else []
 
 
@@ -318,13 +343,20 @@ def _kind_refusal(g: StepGraph, node: Node, kind: str) -> str:
 
 
 def chunk_op(node: Node) -> tuple[str, str]:
-    """A chunk's (domain, op): the node's, but a loss's chunk op (LOSS_OPS, domain onnxplan)."""
+    """A chunk's (domain, op): the node's, but a loss's or a table's chunk op (LOSS_OPS,
+    TABLE_OPS, domain onnxplan)."""
+    if node.key in TABLE_OPS:
+        return "onnxplan", TABLE_OPS[node.key]
     return ("onnxplan", LOSS_OPS[node.key][0]) if node.key in LOSS_OPS else (node.domain, node.op_type)
 
 
 def chunk_attrs(g: StepGraph, node: Node, k: int, j: int, attrs: dict[str, Any]) -> dict[str, Any]:
     """Chunk j of K's attributes: the node's, but a ConvGradInput's `x_shape` of its K-th of the
-    images, a loss chunk's rows [start, stop) of the labels."""
+    images, a loss chunk's rows [start, stop) of the labels, a table chunk's rows [start, stop)
+    of its table's `rows`."""
+    if node.key in TABLE_OPS:
+        rows, per = split_rows(g, node), table_rows(g, node, k)
+        return {**attrs, "start": min(j * per, rows), "stop": min((j + 1) * per, rows), "rows": rows}
     if node.key in LOSS_OPS:
         rows = split_rows(g, node)
         return {**attrs, "start": j * rows // k, "stop": (j + 1) * rows // k}
@@ -339,7 +371,11 @@ def flat_elems(g: StepGraph, node: Node, k: int) -> int:
     output's shape: GPT-2's tied embedding's gradient Sum) split over its flattened tensors (0:
     not flat). Used where its leading axis does not split in `k` (GPT-2's tied embedding, 50257
     rows, whose bytes are no whole number of pages per piece): pieces of E elements (a whole
-    number of the store's pages), the last one the rest, ending the slot."""
+    number of the store's pages), the last one the rest, ending the slot. A table (KIND_TABLE)
+    is always cut so: E its table_rows' elements."""
+    if node.key in TABLE_OPS:
+        per = table_rows(g, node, k)
+        return per * g.values[_table(node)].known_spec.numel // split_rows(g, node) if per else 0
     flat_op = node.key in UPDATE_OPS or (node.key in SPLITTABLE_OPS and node.key not in ROW_OPS)
     if not flat_op or k < 2 or _kind_refusal(g, node, KIND_ROWS) or _rows_refusal(g, node, k) == "":
         return 0  # not an update or elementwise, refused whatever its cut (aliases, ...), or split by rows
@@ -363,8 +399,56 @@ def flat_elems(g: StepGraph, node: Node, k: int) -> int:
     return per if (k - 1) * per < total else 0
 
 
+def _table(node: Node) -> str:
+    """The table a KIND_TABLE node is split over: a Gather's data, GatherGrad's dW."""
+    return node.inputs[0] if node.op_type == "Gather" else node.outputs[0]
+
+
+def table_rows(g: StepGraph, node: Node, k: int) -> int:
+    """Table rows per chunk of a KIND_TABLE node in `k` (the last the rest): ceil(R/K) rounded
+    up to rows whose bytes are whole pages; 0 when that leaves a chunk no rows or the table
+    has no static shape."""
+    table = _table(node)
+    rows = split_rows(g, node)
+    if k < 2 or not rows:
+        return 0
+    row_bytes = g.values[table].known_spec.nbytes // rows
+    if not row_bytes:
+        return 0
+    unit = PIECE_ALIGN // math.gcd(PIECE_ALIGN, row_bytes)  # rows per whole number of pages
+    per = -(-(-(-rows // k)) // unit) * unit
+    return per if (k - 1) * per < rows else 0
+
+
+def table_update(g: StepGraph, table: str) -> Node | None:
+    """The optimizer update (UPDATE_OPS) of a persistent table: its split homes the table."""
+    return next((n for n in g.nodes if n.key in UPDATE_OPS and table in n.inputs
+                 and table in sliced_inputs(g, n)), None)
+
+
+def _table_refusal(g: StepGraph, node: Node, k: int, axis: int) -> str:
+    """Why a Gather / GatherGrad does not split over its table's rows in `k` ("" when it does)."""
+    if node.after or node.aliases:
+        return "the node aliases an input or has control dependencies"
+    table, out = _table(node), node.outputs[0]
+    ins = [*node.inputs, "", ""]
+    if not all(_known(g, v) and _shape(g, v) for v in (table, out)) or not _known(g, ins[1]):
+        return "its table or output has no static shape"
+    if axis != 0 or int(node.attrs.get("axis", 0)) % len(_shape(g, table)) != 0:
+        return (f"a {node.op_type} over axis {node.attrs.get('axis', 0)} (only one over its table's rows, "
+                "axis 0, splits: another axis makes every output row read every table row)")
+    upd = table_update(g, table) if node.op_type == "Gather" else None
+    if g.values[table].persistent and (upd is None or all(why_not(g, upd, j) for j in range(2, MAX_K + 1))):
+        return f"its table {table!r} is persistent and no optimizer update of it splits (parameters are paged by swap)"
+    if not table_rows(g, node, k):
+        return f"K={k} leaves a chunk no rows of the {split_rows(g, node)}-row table (in whole pages of rows)"
+    return ""
+
+
 def why_not(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     """Why `node` cannot be split in `k` chunks along `axis` ("" when it can)."""
+    if node.key in TABLE_OPS:
+        return _table_refusal(g, node, k, axis)
     why = _rows_refusal(g, node, k, axis)
     if why and axis == 0 and flat_elems(g, node, k):
         return ""
