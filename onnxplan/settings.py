@@ -33,7 +33,6 @@ ENV = {
     "native_kernels": "ONNXPLAN_NATIVE_KERNELS",
     "split_kernels": "ONNXPLAN_SPLIT_KERNELS",
     "interop": "ONNXPLAN_INTEROP",
-    "update_groups": "ONNXPLAN_UPDATE_GROUPS",
     "model_sources": "ONNXPLAN_MODEL_SOURCES",
     "profile_cache": "ONNXPLAN_PROFILE_CACHE",
 }
@@ -55,9 +54,6 @@ class Settings:
     # "1": two independent nodes at once at 2+ compute threads (executor/interop.py; off: one at a
     # time; read when an executor binds)
     interop: bool = False
-    # runs of consecutive optimizer updates shared out across the compute threads
-    # (executor/update_groups.py; "0": one node at a time; read when an executor binds)
-    update_groups: bool = True
     threads: str = ""  # the default of --threads ("": every core this process may use)
     keep_openmp_wait: bool = False  # "1": leave OpenMP's wait policy as it is (a peer's process)
     probe_method: str = "clear_refs"  # how the memory probe resets the peak ("sampled": the fallback)
@@ -83,7 +79,6 @@ class Settings:
             bind_kernels=raw["bind_kernels"] != "0",
             split_kernels=raw["split_kernels"] != "0",
             interop=raw["interop"] == "1",
-            update_groups=raw["update_groups"] != "0",
             threads=(raw["threads"] or "").strip(),
             keep_openmp_wait=raw["keep_openmp_wait"] == "1",
             probe_method=raw["probe_method"] or base.probe_method,

@@ -13,7 +13,7 @@ import numpy as np
 
 from onnxplan import settings
 from onnxplan.errors import ModelError, OnnxplanError, UsageError
-from onnxplan.executor import interop, update_groups
+from onnxplan.executor import interop
 from onnxplan.executor.arena import Arena
 from onnxplan.executor.binding import bind, is_view_node, state_layout, state_values
 from onnxplan.executor.check_arena import ArenaChecker
@@ -61,7 +61,6 @@ class _Call:
     outputs: list
     node: Any
     writeback: list = field(default_factory=list)
-    updates_state: bool = False  # an optimizer update (executor/update_groups.py)
 
 
 class Executor:
@@ -116,8 +115,7 @@ class Executor:
             fn = bound_kernel(decl, ctx, ins, outs) if self.pieces is None or not is_piece_node(node) \
                 else self.pieces.kernel(node, ins, outs)
             fn = fn if wrap is None else wrap(node, fn)
-            self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, []),
-                                    decl.updates_state))
+            self.calls.append(_Call(fn, ctx, ins, outs, node, self.binding.writeback_after.get(name, [])))
         self.eo = {name: t for t, name in enumerate(plan.order)}
         self.feeds = [v for v in graph.inputs if v != LEARNING_RATE]
         self.loss = arrays[graph.loss]
@@ -125,40 +123,27 @@ class Executor:
         self.steps_done = 0
         self.classes = state_values(graph)
         self.checker = ArenaChecker(graph, plan, self.binding, self.arena) if check_arena else None
-        # at 2+ compute threads, runs of optimizer updates shared out (executor/update_groups.py) or
-        # with ONNXPLAN_INTEROP=1 two independent nodes at once (executor/interop.py), where nothing
-        # else runs beside the kernels: the plan's order as is with swaps, split pieces, wrapped
-        # kernels, the arena check or a GPU
+        # ONNXPLAN_INTEROP=1: two independent nodes at once at 2+ compute threads (executor/interop.py),
+        # where nothing else runs beside the kernels: the plan's order as is with swaps, split
+        # pieces, wrapped kernels, the arena check or a GPU
         plain = xp is np and wrap is None and not plan.swaps and self.pieces is None and not check_arena
         self.pairs: list[tuple[int, int]] = []  # (i, j): calls[j] runs alongside calls[i] (interop.py)
-        self.groups: list[tuple[int, ...]] = []  # runs of calls shared out (update_groups.py)
-        self.paired = self._pair_calls() if plain else None
+        self.paired = self._pair_calls() if plain and settings.current().interop else None
         if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
             self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
             self.swap.attach(self.calls)
 
-    def _pair_calls(self) -> list[_Call | Callable[[], None]] | None:
-        """The step as calls and zero-argument runs of several: with ONNXPLAN_INTEROP=1 two
-        independent nodes in one (interop.py's rule, on the bound bytes; `self.pairs` their
-        indices in `calls`), else runs of optimizer updates (update_groups.py; `self.groups`);
-        None when nothing runs together."""
+    def _pair_calls(self) -> list[Callable[[], None]] | None:
+        """The step as zero-argument calls, two independent nodes in one (interop.py's rule, on
+        the bound bytes; `self.pairs` their indices in `calls`); None when no two nodes pair."""
         random = step_analysis(self.graph).random
-        touches = [interop.touch(c.inputs, c.outputs, None if c.ctx.scratch_unused else c.ctx.scratch, c.writeback)
-                   for c in self.calls]
-        drawn = [c.node.name in random for c in self.calls]
-        if settings.current().interop:
-            schedule = interop.pair_schedule(touches, drawn)
-            self.pairs = [(e[0], e[1]) for e in schedule if len(e) == 2]
-        elif settings.current().update_groups:
-            schedule = update_groups.group_schedule(touches, [c.updates_state for c in self.calls], drawn)
-            self.groups = [e for e in schedule if len(e) > 1]
-        if not self.pairs and not self.groups:
+        touches = [interop.touch(c.inputs, c.outputs, c.ctx.scratch, c.writeback) for c in self.calls]
+        schedule = interop.pair_schedule(touches, [c.node.name in random for c in self.calls])
+        self.pairs = [(e[0], e[1]) for e in schedule if len(e) == 2]
+        if not self.pairs:
             return None
         one = [functools.partial(self._call, c) for c in self.calls]
-        if self.pairs:
-            return [one[e[0]] if len(e) == 1 else interop.pair_runner(parallel.run, one[e[0]], one[e[1]])
-                    for e in schedule]
-        return [self.calls[e[0]] if len(e) == 1 else functools.partial(parallel.run, [one[k] for k in e], score=False)
+        return [one[e[0]] if len(e) == 1 else interop.pair_runner(parallel.run, one[e[0]], one[e[1]])
                 for e in schedule]
 
     # ---- state -------------------------------------------------------------------------
@@ -251,20 +236,15 @@ class Executor:
     def _run_calls(self) -> None:
         """Every node's kernel in plan order: _call's body inlined (per-node overhead counts on
         small models with hundreds of nodes); a failure is reported as _call reports it. At 2+
-        compute threads, the schedule of `_pair_calls` where the plan has one (its pairs and
-        groups run their calls through `_call`)."""
-        calls: list = self.calls
+        compute threads, the paired schedule (interop.py) where the plan has one."""
         if self.paired is not None and thread_settings().compute > 1:
-            calls = self.paired
+            for run in self.paired:
+                run()
+            return
         copyto = self.xp.copyto
         c: _Call | None = None
         try:
-            for run in calls:
-                if type(run) is not _Call:  # a pair or a group: its calls report their failures
-                    c = None
-                    run()
-                    continue
-                c = run
+            for c in self.calls:
                 c.fn(c.ctx, c.inputs, c.outputs)
                 if c.writeback:
                     for dst, src in c.writeback:

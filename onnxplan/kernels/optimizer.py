@@ -307,7 +307,6 @@ def _bind_adamw_update(ctx: KernelContext, inputs: list, outputs: list):
     lr, step = _flat(inputs[0]), _flat(inputs[1])
     s1, s2 = _scratch_pair(ctx, inputs[2].dtype)
     pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)  # type: ignore[call-arg]  # mypy: *list fills all
-    ctx.scratch_unused = all(isinstance(piece, _FusedRange) for part in pieces for piece in part)
 
     def run(ctx, inputs, outputs):
         _adamw_parts(np, _adamw_constant_arrays(key, float(lr[0]), int(step[0])), pieces)

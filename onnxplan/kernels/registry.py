@@ -55,9 +55,6 @@ class KernelContext:
     out_specs: list[TensorSpec | None]
     scratch: Any = None  # 1-D uint8 array: the node's planned scratch (None when it needs none)
     random: Any = None  # random ops draw here (onnxplan.kernels.random.Randomness; None: a seeded default)
-    # set by a bind rule whose specialisation never touches the scratch (AdamW's fused C loop):
-    # what the executor's groups read (executor/update_groups.py); the plain fn may still use it
-    scratch_unused: bool = False
 
     @property
     def attrs(self) -> dict[str, Any]:
