@@ -164,8 +164,8 @@ def main() -> None:
     ap.add_argument("--corpus-rounds", type=int, default=None, help="rounds for the corpus (default: --rounds)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1,
-                    help="untimed steps first, every runner alike (ours reaches its steady step after ~10 in a "
-                         "fresh process, ONNX Runtime's after 1: reports/threads.md, session 14)")
+                    help="untimed steps first, every runner alike (how warm the timed steps are moved ours by "
+                         "5-24%% of a cell under load, ONNX Runtime by 0-10%%: reports/threads.md, session 14)")
     ap.add_argument("--peers", default="ort,torch", help="peers to run beside ours, comma-separated ('' for none)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
