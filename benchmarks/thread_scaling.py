@@ -14,7 +14,7 @@ this process may use (what `onnxplan run` does).
 round (the paired figure of ours at every core against ours at one thread, reports/threads.md).
 
 Usage: python benchmarks/thread_scaling.py [MODEL[:BATCH] ...] [--corpus] [--threads 1,2]
-           [--rounds 3] [--steps 5] [--peers ort,torch] [--out reports/threads.md]
+           [--rounds 3] [--steps 5] [--warmup 1] [--peers ort,torch] [--out reports/threads.md]
 """
 
 from __future__ import annotations
@@ -51,15 +51,16 @@ def _median_of_rounds(values: list[float]) -> tuple[float | None, float | None]:
     return mid, max(abs(v - mid) / mid for v in values)
 
 
-def _ours(step, prep: Prepared, steps: int, threads: int) -> tuple[float | None, dict | None, str | None]:
+def _ours(step, prep: Prepared, steps: int, threads: int, warmup: int = 1) -> tuple[float | None, dict | None, str | None]:
     try:
-        res, _ = measure_run(step.request, None, steps=steps, warmup=1, prepared=prep, threads=threads)
+        res, _ = measure_run(step.request, None, steps=steps, warmup=warmup, prepared=prep, threads=threads)
     except Exception as exc:  # noqa: BLE001 - a failed run is a cell of the table
         return None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
     return statistics.median(res["step_seconds"]), res.get("threads"), None
 
 
-def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tuple[str, ...] = ("ort", "torch")) -> dict:
+def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tuple[str, ...] = ("ort", "torch"),
+                warmup: int = 1) -> dict:
     name, _, b = item.partition(":")
     step = onnxplan.load(name, batch=int(b) if b else None)
     plan = onnxplan.plan(step)
@@ -69,12 +70,12 @@ def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tu
     errors: list[str] = []
     for _ in range(rounds):
         for n in counts:
-            sec, got, err = _ours(step, prep, steps, n)
+            sec, got, err = _ours(step, prep, steps, n, warmup)
             samples.setdefault(("ours", n), []).append(sec)
             pools[f"ours@{n}"] = got
             errors += [f"ours@{n}: {err}"] if err else []
             for peer in peers:
-                fig = measure_peer(peer, step.folder, steps, warmup=1, threads=n)
+                fig = measure_peer(peer, step.folder, steps, warmup=warmup, threads=n)
                 samples.setdefault((peer, n), []).append(fig["median_step_seconds"])
                 pools[f"{peer}@{n}"] = fig.get("threads")
                 errors += [f"{peer}@{n}: {fig['error']}"] if fig.get("error") else []
@@ -125,10 +126,11 @@ def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[
              f"({date.today().isoformat()})", "",
              f"`python benchmarks/thread_scaling.py {' '.join(args.models)}{' --corpus' if args.corpus else ''} "
              f"--threads {args.threads} --rounds {args.rounds}"
+             f"{f' --warmup {args.warmup}' if args.warmup != 1 else ''}"
              f"{f' --corpus-rounds {args.corpus_rounds}' if args.corpus_rounds else ''} --steps {args.steps}` on "
              f"{platform.processor() or platform.machine()}, {available_cores()} cores available; load average "
              f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
-             "a fresh process per run (the default plan for ours), 1 warm-up + "
+             f"a fresh process per run (the default plan for ours), {args.warmup} warm-up + "
              f"{args.steps} timed steps, the median over the rounds of each round's median step "
              "(± the largest distance of a round from it). Pools per process (onnxplan.threads): "
              "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, numpy's BLAS 1 "
@@ -161,6 +163,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--corpus-rounds", type=int, default=None, help="rounds for the corpus (default: --rounds)")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="untimed steps first, every runner alike (how warm the timed steps are moved ours by "
+                         "5-24%% of a cell under load, ONNX Runtime by 0-10%%: reports/threads.md, session 14)")
     ap.add_argument("--peers", default="ort,torch", help="peers to run beside ours, comma-separated ('' for none)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -174,7 +179,8 @@ def main() -> None:
         t0 = time.perf_counter()
         try:
             rounds = args.corpus_rounds if label.startswith("corpus") and args.corpus_rounds else args.rounds
-            row = bench_model(item, counts, rounds, args.steps, tuple(p for p in args.peers.split(",") if p))
+            row = bench_model(item, counts, rounds, args.steps, tuple(p for p in args.peers.split(",") if p),
+                              args.warmup)
         except Exception as exc:  # noqa: BLE001 - one model's failure (an export) should not cost the others
             print(f"{item}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue

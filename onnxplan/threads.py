@@ -35,7 +35,7 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   waiting (peer_environment removes the policy onnxplan set; passive waiting made its
   transformer step 47 ms instead of 27) and torch at N (`torch_alone`).
 - onnxplan's own kernel workers (kernels/parallel.py): N - 1 beside the calling thread,
-  asleep on a queue when idle; a kernel's pieces go to whichever thread is free first, and all
+  asleep on a lock of their own when idle; a kernel's pieces go to whichever thread is free first, and all
   to the calling thread while splits have been losing (workers descheduled by other processes
   while the caller waited for their pieces: kernels/parallel.py).
 - With swaps in the plan the swap I/O worker runs beside the kernels, mostly waiting on the

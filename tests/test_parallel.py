@@ -50,11 +50,17 @@ def test_a_failing_piece_raises_after_all_finish(split):
 def test_the_caller_runs_the_pieces_no_worker_has_started(split):
     """Every worker busy (or descheduled by the machine's other processes): the calling thread
     runs every piece itself and returns, instead of waiting for a worker to start."""
-    release = threading.Event()
-    pool = parallel._workers(2)
-    blockers = [pool.submit(release.wait, 30) for _ in range(2)]  # both workers held
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def hold() -> None:
+        started.release()
+        assert release.wait(30)
+
+    holder = threading.Thread(target=parallel.run, args=([hold, hold, hold],))
+    holder.start()  # its thread and both workers (3 compute threads) each held in a piece
     ran: list[str] = []
     try:
+        assert all(started.acquire(timeout=10) for _ in range(3))
         caller = threading.Thread(target=parallel.run, args=([lambda k=k: ran.append(
             threading.current_thread().name) for k in range(4)],))
         caller.start()
@@ -63,8 +69,7 @@ def test_the_caller_runs_the_pieces_no_worker_has_started(split):
         assert len(ran) == 4 and set(ran) == {caller.name}
     finally:
         release.set()
-        for f in blockers:
-            f.result()
+        holder.join(10)
 
 
 @pytest.fixture

@@ -9,8 +9,11 @@ overwrites its input (in place) stays exact, and every element gets the arithmet
 one thread: the same bits at any thread count. Pieces allocate nothing: a kernel that needs
 scratch gives each piece its own slice of the scratch it declared (see kernels/optimizer.py).
 
-The pool's idle workers wait on a queue (asleep, not spinning), so they never take a core from
-BLAS or torch; it is sized to the compute threads less the calling one, anew when that changes.
+The pool's idle workers sleep (not spinning), so they never take a core from BLAS or torch: each
+blocks on a lock of its own, which a run releases to wake it (one futex wake, no future, no
+queue); a woken worker claims pieces of every run in flight, and the thread that finishes a run's
+last piece releases the lock its caller waits on. There are as many workers as compute threads
+less the calling one (more are started when that count grows; extra ones stay asleep).
 
 When other processes keep the cores busy, a worker that took a piece may be descheduled (or hold
 the interpreter lock the caller needs while descheduled) for up to a scheduler time slice: the
@@ -28,7 +31,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -45,8 +47,6 @@ __all__ = ["MIN_ELEMS", "Outcomes", "outcomes", "parts_for", "row_parts", "rows"
 # arrays through the split paths).
 MIN_ELEMS = Settings.from_environ().parallel_min_elems  # read at import (onnxplan.settings)
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_workers = 0
 # The score: an average (weight SCORE_WEIGHT a run) of each split run's time over the calling
 # thread's estimated time alone, each capped at RATIO_CAP (a warm-up's slow first pieces weigh
 # little); over 1, pieces run on the calling thread. On an idle machine a split of two balanced
@@ -104,17 +104,43 @@ def parts_for(numel: int, xp=np, min_elems: int | None = None, passes: int = 1) 
     return max(1, min(threads.current().compute, numel // min_elems))
 
 
-def _workers(need: int) -> ThreadPoolExecutor:
-    """The pool, with at least `need` workers: sized to the compute threads less the calling
-    one, made anew when that count changes (pieces of fewer tasks leave workers asleep)."""
-    global _pool, _pool_workers
+class _Worker(threading.Thread):
+    """A kernel worker: asleep on its own lock until a run releases it, then it claims pieces of
+    every run in flight (`_active`) until none is left, and sleeps again."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(name=f"onnxplan-kernel_{k}", daemon=True)
+        self._wake = threading.Lock()
+        self._wake.acquire()
+
+    def nudge(self) -> None:
+        """Wake this worker (a no-op when a wake-up is pending: it looks at every run in flight)."""
+        try:
+            self._wake.release()
+        except RuntimeError:  # released already, not yet taken: the worker is on its way
+            pass
+
+    def run(self) -> None:
+        while True:
+            self._wake.acquire()
+            for pieces in tuple(_active):
+                pieces.drain()
+
+
+_pool: list[_Worker] = []
+
+
+def _workers(need: int) -> list[_Worker]:
+    """The workers, at least `need` of them and the compute threads less the calling one:
+    started on first use, more when that count grows (none is stopped: idle ones sleep)."""
     n = max(need, threads.current().compute - 1)
-    with _lock:
-        if _pool is None or _pool_workers != n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            _pool, _pool_workers = ThreadPoolExecutor(n, thread_name_prefix="onnxplan-kernel"), n
-        return _pool
+    if len(_pool) < n:
+        with _lock:
+            while len(_pool) < n:
+                worker = _Worker(len(_pool))
+                worker.start()
+                _pool.append(worker)
+    return _pool
 
 
 class _Pieces:
@@ -127,7 +153,8 @@ class _Pieces:
         self.claims = itertools.count()  # next() is atomic under the interpreter lock
         self.lock = threading.Lock()
         self.left = len(tasks)
-        self.all_done = threading.Event()
+        self.done = threading.Lock()  # held until the last piece is done (its thread releases it)
+        self.done.acquire()
         self.error: BaseException | None = None
 
     def drain(self) -> int:
@@ -144,8 +171,13 @@ class _Pieces:
                 self.error = self.error or error
                 self.left -= 1
                 if self.left == 0:
-                    self.all_done.set()
+                    self.done.release()
         return ran
+
+    def wait(self) -> None:
+        """Return when every piece is done."""
+        self.done.acquire()
+        self.done.release()
 
 
 def _without_score(task: Callable[[], None]) -> Callable[[], None]:
@@ -164,7 +196,7 @@ def _help(pieces: _Pieces) -> None:
     """While `pieces` has pieces running elsewhere, run unclaimed pieces of the other runs in
     flight (a run begun on a worker: the other node of a pair, executor/interop.py) instead of
     sleeping; stop when none is left to claim."""
-    while not pieces.all_done.is_set():
+    while pieces.left:
         if not any(other is not pieces and other.drain() for other in tuple(_active)):
             return
 
@@ -192,16 +224,14 @@ def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
         pieces.drain()
     else:
         helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
-        pool = _workers(helpers)
         _active.append(pieces)  # list.append and remove are atomic under the interpreter lock
-        futures = [pool.submit(pieces.drain) for _ in range(helpers)]
+        for worker in _workers(helpers)[:helpers]:
+            worker.nudge()
         start = time.perf_counter()
         ran = pieces.drain()
         own_end = time.perf_counter()
-        for f in futures:
-            f.cancel()  # not started: nothing left for it (started ones find no piece and return)
-        _help(pieces)
-        pieces.all_done.wait()
+        _help(pieces)  # a worker that has not started finds no piece left when it does
+        pieces.wait()
         _active.remove(pieces)
         if score:
             outcomes.note(time.perf_counter() - start, own_end - start, ran, len(tasks))
