@@ -39,26 +39,27 @@ from onnxplan.bench.measure import measure_plan
 from onnxplan.budget import MemoryRequest, plan_for_budget
 from onnxplan.planning import PlanOptions
 from onnxplan.sizes import format_bytes
+from onnxplan.swap.driver import Floor
 
 MODELS = ("transformer:16", "gpt:16", "resnet18:16")
 EPS = 16 << 10  # above a floor: the planners' alignment
 
 
-def swap_floor(step, split: bool) -> int:
+def swap_floor(step, split: bool) -> Floor:
     """The least swap reaches (budget/split.py: with `split`, the floor of the split graph, set
-    by a node that does not split; without, the unsplit graph's)."""
+    by a node that does not split; without, the unsplit graph's): its bound and the node behind it."""
     with contextlib.ExitStack() as stack:
         if not split:
             stack.enter_context(mock.patch("onnxplan.budget.strategies.split_to_fit", lambda g, o, swapped: swapped))
         res = plan_for_budget(step.graph, PlanOptions(), MemoryRequest(budget=1, strategy="swap"))
     assert res.swap is not None and res.swap.floor is not None
-    return res.swap.floor.bound
+    return res.swap.floor
 
 
 def budgets(step, plain_peak: int, between: int) -> list[tuple[str, int | None]]:
     """(label, budget) from the split floor up; None: no budget (the plain plan)."""
-    unsplit = swap_floor(step, split=False) + EPS
-    lowest = swap_floor(step, split=True) + EPS
+    unsplit = swap_floor(step, split=False).bound + EPS
+    lowest = swap_floor(step, split=True).bound + EPS
     out: list[tuple[str, int | None]] = [("split floor", lowest)]
     if lowest < unsplit:
         ratio = unsplit / lowest
