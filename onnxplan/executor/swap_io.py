@@ -42,6 +42,7 @@ import numpy as np
 import onnxplan.swap.kernels  # noqa: F401  (declares the swap nodes' kernels)
 from onnxplan.errors import OnnxplanError
 from onnxplan.ir.graph import StepGraph
+from onnxplan.passes.lifetimes import SCRATCH_PREFIX
 from onnxplan.plan import Plan
 from onnxplan.swap.store import DIRECT_CHUNK, PAGE, SETTLE_CHUNK, SwapIOError, SwapStore, _io_error, fs_type  # noqa: F401  (the store, re-exported for the runtime's users)
 
@@ -265,6 +266,8 @@ class SwapRuntime:
         def view(value: str, nbytes: int) -> Any:
             return arena.bytes(planned[binding.transient[value]].offset, nbytes)
 
+        # arena byte range [lo, hi) of every planned buffer (prefetch waits go by overlap: attach)
+        self.spans = {b.name: (b.offset, b.offset + b.bytes) for b in plan.buffers}
         self.outs: dict[str, tuple[str, Any, bool, str]] = {}  # node -> slot, bytes, write, last use
         self.ins: dict[str, tuple[str, Any, str]] = {}  # node -> slot, bytes, arena buffer
         self.state: dict[str, tuple[str, Any]] = {}  # evicted persistent slot -> class, spec
@@ -308,7 +311,7 @@ class SwapRuntime:
                     at = max(bisect.bisect_right(call_eo, self.eo[last]) - 1, last_in.get(slot, -1))
                     if 0 <= at < index[name]:
                         issue_at.setdefault(at, []).append(name)
-        prefetched = {root for _, _, root in self.ins.values()}
+        prefetched = sorted({root for _, _, root in self.ins.values()})
         for k, c in enumerate(calls):
             name = c.node.name
             if name in self.outs:
@@ -317,13 +320,22 @@ class SwapRuntime:
                 fn = self._swap_in(name)
             else:
                 fn = c.fn
-            tr = self.binding.transient
-            waits = sorted({tr[i] for i in c.node.inputs if i in tr and tr[i] in prefetched})
-            if name in self.outs or name in self.ins:
-                waits = []
+            waits = [] if name in self.outs or name in self.ins else self._overlapping(c.node, prefetched)
             if waits or issue_at.get(k):
                 fn = self._hooked(fn, waits, issue_at.get(k, []))
             c.fn = fn
+
+    def _overlapping(self, node, prefetched: list[str]) -> list[str]:
+        """The prefetched buffers whose arena bytes `node` touches (an input, an output or its
+        scratch): their pending reads must land before it runs. By bytes, not by name: a read
+        whose value only views read (no call of their own) would otherwise land late, over the
+        bytes of whatever the plan puts there next (GPT-2's split LM head under swap)."""
+        tr, spans = self.binding.transient, self.spans
+        touched = [spans[tr[v]] for v in (*node.inputs, *node.outputs) if v in tr]
+        if SCRATCH_PREFIX + node.name in spans:
+            touched.append(spans[SCRATCH_PREFIX + node.name])
+        return [root for root in prefetched
+                if any(lo < spans[root][1] and spans[root][0] < hi for lo, hi in touched)]
 
     def _hooked(self, fn, waits: list[str], issues: list[str]):
         def run(ctx, inputs, outputs):
