@@ -56,7 +56,7 @@ class Floor:
         which the offset planners can beat: a floor above the smallest peak reached would
         contradict it). Set by the split search, the node is the one whose least working set
         (its smallest chunk, or whole where it does not split) is the largest of the step's."""
-        where = f"node {self.node!r}" if not self.chunks else f"a chunk of node {self.node!r} (in {self.chunks})"
+        where = f"node {self.node!r}" + (f", one of its {self.chunks} chunks" if self.chunks else "")
         return (f"floor {format_bytes(self.bound)} ({self.bound} B): the largest single working set is at {where} "
                 f"(EO {self.eo}: {format_bytes(self.working_set)} touched + "
                 f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident), in memory while "
