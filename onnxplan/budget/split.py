@@ -8,14 +8,17 @@ shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap a
 graph. A chunk still above the budget gets the next K that fits; when no working set is above
 the budget's room and the plan still misses it, the node that sets the floor gets its next K. A transpose that folds into its products
 (passes/split_fold.py: GPT-2's tied LM head) is folded (K = 1) when its working set is above the
-room; a Gather split over a persistent table brings its optimizer update (which homes the table). Before any of it, a lower bound
-computed without planning: of the nodes that split in no K, the largest bound (the resident
-bytes, less the state a split update could home, + its working set + scratch); a budget below
-it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
-the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
-search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
-such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
-the node that now sets it (a split the pass refuses ends the rounds: the best plan so far stands).
+room; a Gather split over a persistent table brings its optimizer update (which homes the table). Before any of it, the floor
+of every split plan, computed without planning one (_split_floor): over the nodes, the largest
+of the least each holds while it runs (the resident bytes, less the state a split update could
+home, + its smallest chunk in the largest K it splits in, or its whole working set where it
+splits in none, + scratch); a budget below it plans no split graph, and the floor reported names
+that node, its chunks and why it goes no lower. Each round splits every node whose working set
+is above the room in the smallest K that fits; when none is and the plan still misses, the node
+that sets the plan's floor gets its next K, and when it has none the search ends. Rounds stop
+when the plan fits, there, or after MAX_ROUNDS; the plan of least peak is returned, and where it
+misses the budget its floor is the split floor (a split the pass refuses ends the rounds: the
+best plan so far stands).
 A budget at or above the floor never reaches here: plans are unchanged.
 More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
 piece transfer at the store's bandwidth.
@@ -116,7 +119,7 @@ def _split_floor(pre: StepGraph, sets: list[_NodeSet], floor: Floor) -> Floor | 
         homed = sum(align(pre.values[v].nbytes) for v in {*node.inputs, *node.outputs} & homeable) if node else 0
         touched = max(s.resident_touched - homed, 0)
         ks = _valid_ks(pre, node) if node is not None else []
-        if ks:
+        if ks and node is not None:
             k = ks[-1]
             more = why_not(pre, node, k + 1) if k < MAX_K else f"at most MAX_K = {MAX_K}"
             cand = Floor(floor.peak_bytes, _chunk_bytes(pre, node, s.working_set, k), s.eo, s.node, s.scratch, resident,

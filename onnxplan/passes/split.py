@@ -12,7 +12,10 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     on rows [start, stop), the loss a sum over the rows; a Gather / GatherGrad over its table's
     rows: onnxplan.GatherRows / GatherGradRows on table rows [start, stop), not K equal parts,
     the pieces flat); any other input (a broadcast bias, a weight) is read whole by every chunk.
-    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
+    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range; where K
+    does not divide it, a node that flattens (split_ops.flattens: a view, a product whose left
+    operand is batched against an unbatched right one) splits the rows of the tensor flattened
+    over every axis but the last (split_ops.piece_shape), the same byte ranges.
   - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
     whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
     a partial sum `OUT#partJ` and an Add `N#J.addI`); the last chunk makes OUT (_Sums).

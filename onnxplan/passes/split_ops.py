@@ -7,7 +7,12 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     row-wise ops (SPLITTABLE_OPS), and the products over the rows of the left operand (MatMul,
     com.microsoft FusedMatMul without a batch-axis transpose, Gemm with transA = 0: each chunk
     reads its rows of A, the whole B, writes its rows of Y; a batched product of rank >= 3 also
-    slices a B of the output's rank along the batch). A chunk computes each row from the same
+    slices a B of the output's rank along the batch). A product whose left operand is batched
+    and whose right one is not (A [B, S, M] x B [M, N], no transA: GPT-2's LM head) splits over
+    the flattened rows where K does not divide the batch (`flattens`, `piece_shape`): piece j of
+    A [B, S, M] is rows [j B*S/K, (j+1) B*S/K) of [B*S, M], the same byte range (views of the
+    arena, shared with the views Reshape / Flatten of the same bytes), so the dW product over the
+    [B*S, .] views (Gemm transA = 1) sums K row chunks as below. A chunk computes each row from the same
     inputs as the whole node; the bits may still differ where BLAS blocks fewer rows differently
     (the kernel cuts a product for the compute threads by its size, kernels/matmul.py): the
     tolerance is float32 rounding of one dot product, tests/test_split_products.py.
@@ -16,9 +21,10 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     `x_shape` its images' shape); the im2col scratch is the chunk's (its images' columns),
     so it shrinks with K; each image from the same products (tested within 4 ulps: the kernel
     cuts its GEMMs by size).
-  - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose leading rows
-    (in and out) K divides: piece k of the output is piece k of the input under the piece's
-    shape (the same bytes: a read-only view of the input piece, as realize makes the whole).
+  - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose rows (in and
+    out: the leading axis, or the flattened rows, piece_shape) K divides: piece k of the output
+    is piece k of the input under the piece's shape (the same bytes: a read-only view of the
+    input piece, as realize makes the whole).
   - accumulate (KIND_ACCUMULATE): the output is a sum over the leading rows R of the sliced
     inputs, so it is not split: the K chunks each read their rows and add into a running whole
     output. Gemm with transA = 1, transB = 0 (dW = A^T dY, A [R, M], dY [R, N]): chunk 0 is
