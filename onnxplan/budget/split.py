@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
-from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.ir.graph import Node, StepGraph, original_name
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
@@ -145,6 +145,41 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     return next((k for k in valid if _chunk_bytes(g, node, touched, k) <= room), valid[-1])
 
 
+def _split_at_peak(out: PlanOutcome, pre: StepGraph, specs: dict[str, SplitSpec]) -> dict[str, SplitSpec]:
+    """The split nodes (of `specs`, K > 1) that make or read a value live where `out`'s arena
+    holds the most bytes (a piece, a running sum or a swapped-in copy standing for its whole
+    value), each in its next K; empty when none splits further. Where no working set is above
+    the room and the plan still misses, what swap keeps beside a node (a prefetched input, a
+    piece not yet paged out) sets the peak: the swap floor's node need not be one of these."""
+    if out.swap is None or not out.swap.lifetimes.buffers:
+        return {}
+    bufs = out.swap.lifetimes.buffers
+    ends = max(b.last for b in bufs) + 2
+    delta = [0] * ends
+    for b in bufs:
+        delta[b.first] += b.padded
+        delta[b.last + 1] -= b.padded
+    live, peak, t = 0, -1, 0
+    for eo in range(ends - 1):
+        live += delta[eo]
+        if live > peak:
+            peak, t = live, eo
+    wholes = set()
+    for b in bufs:
+        if b.first <= t <= b.last:
+            for v in (b.name, *b.aliases):
+                head, sep, _ = original_name(v).rpartition("#")
+                wholes.add(head if sep and head in pre.values else original_name(v))
+    nxt = {}
+    for n in pre.nodes:
+        spec = specs.get(n.name)
+        if spec is not None and spec.k > 1 and wholes & {*n.inputs, *n.outputs}:
+            ks = _valid_ks(pre, n, spec.k)
+            if ks:
+                nxt[n.name] = SplitSpec(n.name, ks[0])
+    return nxt
+
+
 def _with_table_updates(g: StepGraph, chosen: dict[str, SplitSpec]) -> None:
     """A Gather split over a persistent table reads it by range from its home: its optimizer
     update is split too (in its smallest K, if not chosen already)."""
@@ -192,7 +227,9 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
             k = _smallest_k(pre, pre_nodes[base], whole.get(base, ns.touched * max(k_now, 1)), room, k_now)
             if k is not None:
                 chosen[base] = SplitSpec(base, k)
-        if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks
+        if chosen == specs:  # no working set above the room, yet the plan misses: the split nodes at its peak
+            chosen.update(_split_at_peak(out, pre, specs))
+        if chosen == specs:  # ... or the floor's node in more chunks
             floor_node = base_node(fl.node)
             k_floor = specs[floor_node].k if floor_node in specs else 0
             k_next = None if floor_node not in pre_nodes else \
