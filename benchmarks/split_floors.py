@@ -34,7 +34,8 @@ def floors(spec: str) -> dict:
     before, after = swap_floor(step, split=False), swap_floor(step, split=True)
     return {"model": spec, "plain_peak": plain,
             "unsplit_floor": before.bound, "unsplit_node": before.node,
-            "split_floor": after.bound, "split_node": after.node, "why_not_split": after.unsplit,
+            "split_floor": after.bound, "split_node": after.node, "split_chunks": after.chunks,
+            "why_not_split": after.unsplit,
             "seconds": time.perf_counter() - t0}
 
 
@@ -43,7 +44,8 @@ def table(rows: list[dict]) -> list[str]:
            "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {format_bytes(r['plain_peak'])} | {format_bytes(r['unsplit_floor'])} | "
-                   f"`{r['unsplit_node']}` | **{format_bytes(r['split_floor'])}** | `{r['split_node']}`: "
+                   f"`{r['unsplit_node']}` | **{format_bytes(r['split_floor'])}** | `{r['split_node']}`"
+                   f"{f' (one of {c} chunks)' if (c := r.get('split_chunks')) else ''}: "
                    f"{r['why_not_split'] or '-'} | {r['split_floor'] / r['unsplit_floor']:.2f} |")
     return out
 

@@ -1,7 +1,8 @@
 """Benchmark: step time and measured peak from the split floor up to the plain peak (issue 28).
 
 Per model (NAME:BATCH), budgets from the least a split plan reaches to the plain plan's peak:
-  split floor     the floor of the nodes that do not split (+16 KiB), the least any plan reaches;
+  split floor     the split floor (+16 KiB: budget/split.py, every node's smallest chunk or, where
+                  it does not split, its whole working set), the least any plan reaches;
   between         `--between` budgets spaced evenly (geometrically) from there to the unsplit floor;
   unsplit floor   swap's floor without splitting (+16 KiB): the least an unsplit plan reaches, the
                   pair of every budget below it (no unsplit plan fits there);
@@ -46,8 +47,9 @@ EPS = 16 << 10  # above a floor: the planners' alignment
 
 
 def swap_floor(step, split: bool) -> Floor:
-    """The least swap reaches (budget/split.py: with `split`, the floor of the split graph, set
-    by a node that does not split; without, the unsplit graph's): its bound and the node behind it."""
+    """The least swap reaches (budget/split.py: with `split`, the floor of every split plan, set
+    by a node's smallest chunk or a node that does not split; without, the unsplit graph's): its
+    bound and the node behind it."""
     with contextlib.ExitStack() as stack:
         if not split:
             stack.enter_context(mock.patch("onnxplan.budget.strategies.split_to_fit", lambda g, o, swapped: swapped))

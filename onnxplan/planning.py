@@ -302,7 +302,10 @@ def budget_miss(outcome: PlanOutcome, budget: int) -> str:
     head = (f"no plan reaches the budget {format_bytes(budget)}: smallest peak "
             f"{format_bytes(plan.peak_bytes)} ({plan.peak_bytes} B)")
     if sw is not None and sw.floor is not None:
-        return f"{head} even swapping everything ({sw.policy}); {sw.floor.describe()}"
+        line = f"{head} even swapping everything ({sw.policy}); {sw.floor.describe()}"
+        if sw.floor.bound <= budget:  # the floor allows the budget: the search stopped short of it
+            line += "; the budget is above that floor, but no plan searched reaches it"
+        return line
     return f"{head} by order {plan.order_policy} + planner {plan.planner}"
 
 

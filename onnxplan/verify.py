@@ -42,9 +42,13 @@ class SplitRecord(Protocol):
 
 @dataclass(frozen=True)
 class RowChunk:
-    """Chunk `index` of split node `node` over a table's rows (onnxplan.GatherRows /
-    GatherGradRows): its rows [start, stop) of the table's `rows`, and the rows its piece of the
-    table holds."""
+    """Chunk `index` of split node `node` over rows: a table's (onnxplan.GatherRows /
+    GatherGradRows: its rows [start, stop) of the table's `rows`, and the rows its piece of the
+    table holds), or a product's (MatMul, FusedMatMul, Gemm over the rows of its left operand:
+    the rows [start, stop) of the output's `rows`, flattened over every axis but the last, that
+    its output piece holds; `piece_start`, `piece_rows`: where the piece of the left operand it
+    reads starts and how many rows it holds, in the output's rows; -1 where it is no whole number
+    of them)."""
 
     node: str
     index: int
@@ -52,6 +56,7 @@ class RowChunk:
     stop: int
     rows: int
     piece_rows: int
+    piece_start: int | None = None  # None: a table chunk (its piece is the chunk's rows by construction)
 
 
 class PlanError(OnnxplanError):
@@ -206,11 +211,13 @@ def verify_chunks(splits: Iterable[SplitRecord], order: list[str] | tuple[str, .
 
 
 def verify_row_chunks(chunks: Iterable[RowChunk], splits: Iterable[SplitRecord]) -> None:
-    """Raise PlanError unless the chunks of every node split over a table's rows partition its
-    rows: chunks 0..K-1, chunk 0 from row 0, each from where the one before stopped, the last
-    stopping at the table's rows, none empty, each reading (writing) a piece of exactly its rows.
-    So every output position of a split Gather is written by exactly one chunk, and every dW row
-    of a split GatherGrad by exactly one chunk."""
+    """Raise PlanError unless the chunks of every node split over rows (a table's, a product's)
+    partition its rows: chunks 0..K-1, chunk 0 from row 0, each from where the one before
+    stopped, the last stopping at the rows, none empty, each reading (writing) a piece of exactly
+    its rows (a product's chunk: the rows of its left operand's piece are the rows of its output
+    piece). So every output position of a split Gather is written by exactly one chunk, every
+    dW row of a split GatherGrad by exactly one chunk, and every output row of a split product
+    by exactly one chunk, from the same row of its left operand."""
     by_node: dict[str, list[RowChunk]] = {}
     for c in chunks:
         by_node.setdefault(c.node, []).append(c)
@@ -226,6 +233,9 @@ def verify_row_chunks(chunks: Iterable[RowChunk], splits: Iterable[SplitRecord])
                 raise PlanError(f"chunk {c.index} of {s.node!r} covers rows {c.start}..{c.stop} with a piece of "
                                 f"{c.piece_rows} rows; the chunks must partition the {c.rows} rows, this one from "
                                 f"row {reach}")
+            if c.piece_start is not None and c.piece_start != c.start:
+                raise PlanError(f"chunk {c.index} of {s.node!r} writes output rows {c.start}..{c.stop} from the "
+                                f"rows of its left operand's piece from row {c.piece_start}")
             reach = c.stop
         if reach != got[0].rows:
             raise PlanError(f"the chunks of {s.node!r} cover rows 0..{reach} of {got[0].rows}")

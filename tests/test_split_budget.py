@@ -157,3 +157,63 @@ def test_issue_28s_halved_floors_plan_run_and_match_onnx_runtime(model, budget):
     report = api.run(step, out.plan, steps=2, warmup=0, verify=True, measure=True, budget=budget)
     assert report.verified is True
     assert report.measured_peak_bytes <= 1.1 * out.plan.peak_bytes + RUNTIME_OVERHEAD_BYTES["cpu"]
+
+
+def _lm_head(n: int = 4096):
+    """x [4, 32, 128] times w [n, 128] (transB): at n = 4096 the product's working set is w
+    (2 MiB) + x + y [4, 32, n] (2 MiB); w is read whole by every chunk, so its smallest chunk
+    (in 16, over the 128 flattened rows; in 4 over the batch alone) sets the floor."""
+    from onnxplan.ir import ValueClass
+    from tests.graphs import GraphBuilder
+
+    b = GraphBuilder("lm-head")
+    b.value("x", (4, 32, 128), ValueClass.INPUT)
+    b.value("w", (n, 128), ValueClass.INPUT)
+    b.node("FusedMatMul", ["x", "w"], ["y"], [(4, 32, n)], domain="com.microsoft", name="head", transB=1, alpha=1.0)
+    b.node("Relu", ["y"], ["y.out"], name="after")
+    b.g.outputs.append("y.out")
+    b.g.loss = "y.out"
+    return b.g
+
+
+def test_the_floor_is_the_least_peak_of_any_split_and_a_budget_under_it_is_one_line():
+    """The floor counts the smallest chunk of a node that splits (here the product's, w whole):
+    brute force over every K the product splits in, the least peak planned is the floor; one
+    page under it the budget is refused with that floor, naming the node and its chunks."""
+    from onnxplan.budget.attempt import attempt
+    from onnxplan.errors import BudgetError
+    from onnxplan.passes.split import SplitSpec, why_not
+    from onnxplan.planning import require_budget
+
+    g = _lm_head()
+    opts = PlanOptions(interleave=False)
+    res = plan_for_budget(g, opts, MemoryRequest(budget=1, strategy="swap"))
+    floor = res.swap.floor
+    assert floor is not None and floor.node == "head" and floor.chunks == 16
+    ks = [k for k in range(2, 17) if not why_not(g, g.node("head"), k)]
+    assert ks == [2, 4, 8, 16]
+    peaks = {k: attempt(g, dataclasses.replace(opts, swap="auto", budget=1, splits=(SplitSpec("head", k),))).plan.peak_bytes
+             for k in ks}
+    assert min(peaks.values()) == floor.bound == peaks[16]
+    with pytest.raises(BudgetError) as under:
+        require_budget(plan_for_budget(g, opts, MemoryRequest(budget=floor.bound - 4096, strategy="swap")),
+                       floor.bound - 4096)
+    line = str(under.value)
+    assert "\n" not in line
+    assert f"({floor.bound} B)" in line and "node 'head', one of its 16 chunks" in line
+    fit = plan_for_budget(g, opts, MemoryRequest(budget=floor.bound, strategy="swap"))
+    assert fit.plan.peak_bytes <= floor.bound and {s.node: s.k for s in fit.plan.splits} == {"head": 16}
+
+
+def test_with_no_strategy_named_a_budget_under_the_floor_names_the_split_floor(transformer):
+    """Auto: the plan of least peak may be another strategy's (a recomputed node's working set
+    as its own floor); the line names the split floor all the same."""
+    from onnxplan.errors import BudgetError
+    from onnxplan.planning import require_budget
+
+    _, lowest = _floor(transformer, 1)
+    res = plan_for_budget(transformer.graph, PlanOptions(), MemoryRequest(budget=1))
+    with pytest.raises(BudgetError) as under:
+        require_budget(res, 1)
+    line = str(under.value)
+    assert f"({lowest.bound} B)" in line and repr(lowest.node) in line and "swap or split avoids" in line

@@ -156,10 +156,21 @@ def fit_budget(graph: StepGraph, opts: PlanOptions, costs: CostModel = FLOP_COST
     else:
         why = (f"{best.name}: no strategy reaches {format_bytes(budget)}; the smallest peak is "
                f"{format_bytes(best.peak_bytes)} ({best.name})")
+        _step_floor(best, cands)
     if isinstance(costs, ProfiledCosts) and times.source != "profile":  # asked for a profile, got none: say why
         best.outcome.pass_notes.append(f"step times: {time_note}")
     best.outcome.pass_notes.extend(f"memory strategy: {note}" for note in skipped)
     return _record(best.outcome, best.name, why, cands, budget), why
+
+
+def _step_floor(best: Candidate, cands: list[Candidate]) -> None:
+    """None fits: the plan of least peak says the floor of the step, the split search's (the
+    swap strategy's floor: the least any split plan holds, budget/split.py), not the one of its
+    own order (another strategy's plan, e.g. a recomputed node's working set)."""
+    split = next((c.outcome.swap.floor for c in cands if c.name == "swap" and c.outcome.swap is not None
+                  and c.outcome.swap.floor is not None and c.outcome.swap.floor.unsplit), None)
+    if split is not None and best.outcome.swap is not None:
+        best.outcome.swap.floor = split
 
 
 def plan_with_strategy(graph: StepGraph, opts: PlanOptions, name: str,

@@ -8,14 +8,17 @@ shrink by K; its broadcast inputs stay whole; K at most MAX_K), and plans swap a
 graph. A chunk still above the budget gets the next K that fits; when no working set is above
 the budget's room and the plan still misses it, the node that sets the floor gets its next K. A transpose that folds into its products
 (passes/split_fold.py: GPT-2's tied LM head) is folded (K = 1) when its working set is above the
-room; a Gather split over a persistent table brings its optimizer update (which homes the table). Before any of it, a lower bound
-computed without planning: of the nodes that split in no K, the largest bound (the resident
-bytes, less the state a split update could home, + its working set + scratch); a budget below
-it plans no split graph, and the floor reported is that node's, with why it does not split. Each round starts from the node that sets
-the current floor: when it cannot be split (further; the reason is passes.split.why_not's) the
-search ends, as splitting the others would lower nothing. Rounds stop when the plan fits, at
-such a floor, or after MAX_ROUNDS; the plan of least peak is returned, and its swap floor names
-the node that now sets it (a split the pass refuses ends the rounds: the best plan so far stands).
+room; a Gather split over a persistent table brings its optimizer update (which homes the table). Before any of it, the floor
+of every split plan, computed without planning one (_split_floor): over the nodes, the largest
+of the least each holds while it runs (the resident bytes, less the state a split update could
+home, + its smallest chunk in the largest K it splits in, or its whole working set where it
+splits in none, + scratch); a budget below it plans no split graph, and the floor reported names
+that node, its chunks and why it goes no lower. Each round splits every node whose working set
+is above the room in the smallest K that fits; when none is and the plan still misses, the node
+that sets the plan's floor gets its next K, and when it has none the search ends. Rounds stop
+when the plan fits, there, or after MAX_ROUNDS; the plan of least peak is returned, and where it
+misses the budget its floor is the split floor (a split the pass refuses ends the rounds: the
+best plan so far stands).
 A budget at or above the floor never reaches here: plans are unchanged.
 More chunks cost more calls and transfers: the price (swap.pricing.planned_step) counts each
 piece transfer at the store's bandwidth.
@@ -26,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from onnxplan.budget.attempt import attempt, step_before_inplace
-from onnxplan.ir.graph import Node, StepGraph
+from onnxplan.ir.graph import Node, StepGraph, original_name
 from onnxplan.offsets.buffers import align
 from onnxplan.passes.lifetimes import SCRATCH_PREFIX, lifetimes
 from onnxplan.passes.split import UPDATE_OPS, SplitRefused, SplitSpec, base_node, sliced_inputs, why_not
@@ -82,19 +85,49 @@ def _why_unsplit(g: StepGraph, node: Node | None) -> str:
     return "" if not all(whys) else whys[0]
 
 
-def _split_floor(pre: StepGraph, swapped: PlanOutcome, graph: StepGraph, floor: Floor) -> Floor | None:
-    """The floor no split reaches below, without planning a split: of the nodes that split in no
-    K, the largest bound (the resident bytes, less the state a split update could home, + its
-    working set); None when every node splits."""
+def _valid_ks(g: StepGraph, node: Node, above: int = 0) -> list[int]:
+    """The K > `above` (2..MAX_K) `node` splits in."""
+    rows = split_rows(g, node)
+    return [k for k in range(max(above + 1, 2), min(rows, MAX_K) + 1) if not why_not(g, node, k)]
+
+
+def _chunk_bytes(g: StepGraph, node: Node, touched: int, k: int) -> int:
+    """The bytes a chunk of `node` in `k` touches, its whole working set being `touched`: the
+    K-th of its sliced tensors, and whole what every chunk reads whole (a weight, a broadcast
+    input, the scratch; a dW ConvGrad's W, which its chunks do not read, left out)."""
+    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *sliced_outputs(g, node)})
+    whole = max(touched - sliced - sum(align(g.values[v].nbytes) for v in unread_inputs(g, node)), 0)
+    return whole + -(-sliced // k)
+
+
+def _split_floor(pre: StepGraph, sets: list[_NodeSet], floor: Floor) -> Floor | None:
+    """The floor no split plan goes below, computed without planning one: the largest, over the
+    nodes of the unsplit plan (`sets`), of the least a node holds while it runs: the resident
+    bytes (less the state a split update could home: what a node reads of it joins its working
+    set) + its smallest chunk's bytes (in the largest K it splits in) where it splits, its whole
+    working set where it does not, + its scratch. A transpose that folds into its products leaves
+    the step (its products read its input). None when the step has no node."""
     pre_nodes = {n.name: n for n in pre.nodes}
     homeable = {v for n in pre.nodes if n.key in UPDATE_OPS and not _why_unsplit(pre, n)
                 for v in sliced_inputs(pre, n) if pre.values[v].persistent}
-    resident = max(floor.resident - sum(pre.values[v].nbytes for v in homeable), 0)
+    resident = max(floor.resident - sum(align(pre.values[v].nbytes) for v in homeable), 0)
     best: Floor | None = None
-    for s in _node_sets(swapped, graph):
-        why = _why_unsplit(pre, pre_nodes.get(base_node(s.node)))
-        cand = Floor(floor.peak_bytes, s.working_set, s.eo, s.node, s.scratch, resident, s.resident_touched, why)
-        if why and (best is None or cand.bound > best.bound):
+    for s in sets:
+        node = pre_nodes.get(base_node(s.node))
+        if node is not None and not fold_refusal(pre, node):
+            continue
+        homed = sum(align(pre.values[v].nbytes) for v in {*node.inputs, *node.outputs} & homeable) if node else 0
+        touched = max(s.resident_touched - homed, 0)
+        ks = _valid_ks(pre, node) if node is not None else []
+        if ks and node is not None:
+            k = ks[-1]
+            more = why_not(pre, node, k + 1) if k < MAX_K else f"at most MAX_K = {MAX_K}"
+            cand = Floor(floor.peak_bytes, _chunk_bytes(pre, node, s.working_set, k), s.eo, s.node, s.scratch, resident,
+                         touched, f"it splits in no more chunks: {more}", k)
+        else:
+            cand = Floor(floor.peak_bytes, s.working_set, s.eo, s.node, s.scratch, resident, touched,
+                         f"it does not split: {_why_unsplit(pre, node)}")
+        if best is None or cand.bound > best.bound:
             best = cand
     return best
 
@@ -106,13 +139,45 @@ def _smallest_k(g: StepGraph, node: Node, touched: int, room: int, above: int) -
     folds into its products (passes/split_fold.py), not folded yet."""
     if above < 1 and not fold_refusal(g, node):
         return 1
-    rows = split_rows(g, node)
-    valid = [k for k in range(max(above + 1, 2), min(rows, MAX_K) + 1) if not why_not(g, node, k)]
+    valid = _valid_ks(g, node, above)
     if not valid:
         return None
-    sliced = sum(align(g.values[v].nbytes) for v in {*sliced_inputs(g, node), *sliced_outputs(g, node)})
-    whole = max(touched - sliced - sum(align(g.values[v].nbytes) for v in unread_inputs(g, node)), 0)
-    return next((k for k in valid if whole + -(-sliced // k) <= room), valid[-1])
+    return next((k for k in valid if _chunk_bytes(g, node, touched, k) <= room), valid[-1])
+
+
+def _split_at_peak(out: PlanOutcome, pre: StepGraph, specs: dict[str, SplitSpec]) -> dict[str, SplitSpec]:
+    """The split nodes (of `specs`, K > 1) that make or read a value live where `out`'s arena
+    holds the most bytes (a piece, a running sum or a swapped-in copy standing for its whole
+    value), each in its next K; empty when none splits further. Where no working set is above
+    the room and the plan still misses, what swap keeps beside a node (a prefetched input, a
+    piece not yet paged out) sets the peak: the swap floor's node need not be one of these."""
+    if out.swap is None or not out.swap.lifetimes.buffers:
+        return {}
+    bufs = out.swap.lifetimes.buffers
+    ends = max(b.last for b in bufs) + 2
+    delta = [0] * ends
+    for b in bufs:
+        delta[b.first] += b.padded
+        delta[b.last + 1] -= b.padded
+    live, peak, t = 0, -1, 0
+    for eo in range(ends - 1):
+        live += delta[eo]
+        if live > peak:
+            peak, t = live, eo
+    wholes = set()
+    for b in bufs:
+        if b.first <= t <= b.last:
+            for v in (b.name, *b.aliases):
+                head, sep, _ = original_name(v).rpartition("#")
+                wholes.add(head if sep and head in pre.values else original_name(v))
+    nxt = {}
+    for n in pre.nodes:
+        spec = specs.get(n.name)
+        if spec is not None and spec.k > 1 and wholes & {*n.inputs, *n.outputs}:
+            ks = _valid_ks(pre, n, spec.k)
+            if ks:
+                nxt[n.name] = SplitSpec(n.name, ks[0])
+    return nxt
 
 
 def _with_table_updates(g: StepGraph, chosen: dict[str, SplitSpec]) -> None:
@@ -131,18 +196,20 @@ def _with_table_updates(g: StepGraph, chosen: dict[str, SplitSpec]) -> None:
 def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> PlanOutcome:
     """`swapped` (swap's plan under opts.budget, made with `opts`) when the budget is at or
     above its floor; else the plan of least peak of the split graphs tried (see the module
-    docstring)."""
+    docstring). Where that plan misses the budget, its floor is the split floor (_split_floor)."""
     budget = opts.budget
     floor = swapped.swap.floor if swapped.swap is not None else None
-    if budget is None or floor is None or floor.bound <= budget:
+    if budget is None or floor is None or floor.bound <= budget or swapped.swap is None:
         return swapped
     pre = step_before_inplace(graph, replace(opts, splits=()))
-    lowest = _split_floor(pre, swapped, graph, floor)
-    if lowest is not None and budget < lowest.bound and swapped.swap is not None:  # no split plan can fit
+    sets = _node_sets(swapped, graph)
+    lowest = _split_floor(pre, sets, floor)
+    if lowest is not None and budget < lowest.bound:  # no split plan can fit
         swapped.swap.floor = lowest
-        swapped.pass_notes.append(f"split: not tried: {lowest.node!r} does not split ({lowest.unsplit}), and its "
-                                  f"floor {format_bytes(lowest.bound)} is above the budget {format_bytes(budget)}")
+        swapped.pass_notes.append(f"split: not tried: the least any split plan holds, {format_bytes(lowest.bound)} "
+                                  f"at {lowest.node!r} ({lowest.unsplit}), is above the budget {format_bytes(budget)}")
         return swapped
+    whole = {ns.node: ns.touched for ns in sets}  # each node's working set unsplit
     pre_nodes = {n.name: n for n in pre.nodes}
     specs: dict[str, SplitSpec] = {}
     best, out = swapped, swapped
@@ -151,23 +218,25 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         if fl is None:
             break
         room = budget - fl.resident
-        floor_node = base_node(fl.node)
-        k_floor = specs[floor_node].k if floor_node in specs else 0
-        k_next = None if floor_node not in pre_nodes else \
-            _smallest_k(pre, pre_nodes[floor_node], (fl.working_set + fl.scratch) * max(k_floor, 1), room, k_floor)
-        if k_next is None:
-            break  # the node that sets the floor cannot be split (further): splitting others lowers nothing
         chosen = dict(specs)
-        for ns in _node_sets(out, graph):
-            name, ws = ns.node, ns.touched
-            base = base_node(name)
-            if ws <= room or base not in pre_nodes:
+        for ns in _node_sets(out, graph):  # every node above the room in the smallest K that fits
+            base = base_node(ns.node)
+            if ns.touched <= room or base not in pre_nodes:
                 continue
             k_now = specs[base].k if base in specs else 0
-            k = _smallest_k(pre, pre_nodes[base], ws * max(k_now, 1), room, k_now)
+            k = _smallest_k(pre, pre_nodes[base], whole.get(base, ns.touched * max(k_now, 1)), room, k_now)
             if k is not None:
                 chosen[base] = SplitSpec(base, k)
-        if chosen == specs:  # no working set above the room, yet the plan misses: the floor's node in more chunks
+        if chosen == specs:  # no working set above the room, yet the plan misses: the split nodes at its peak
+            chosen.update(_split_at_peak(out, pre, specs))
+        if chosen == specs:  # ... or the floor's node in more chunks
+            floor_node = base_node(fl.node)
+            k_floor = specs[floor_node].k if floor_node in specs else 0
+            k_next = None if floor_node not in pre_nodes else \
+                _smallest_k(pre, pre_nodes[floor_node], whole.get(floor_node, fl.working_set + fl.scratch), room,
+                            k_floor)
+            if k_next is None:
+                break  # the node that sets the floor cannot be split (further), and no other is above the room
             chosen[floor_node] = SplitSpec(floor_node, k_next)
         _with_table_updates(pre, chosen)
         specs = chosen
@@ -183,4 +252,6 @@ def split_to_fit(graph: StepGraph, opts: PlanOptions, swapped: PlanOutcome) -> P
         best.pass_notes.append(f"split: swap's floor {format_bytes(floor.bound)} at {floor.node!r} is above the budget "
                                f"{format_bytes(budget)}; split {len(best.plan.splits)} node(s) "
                                f"({', '.join(f'{s.node} x{s.k}' for s in best.plan.splits)})")
+    if best.plan.peak_bytes > budget and best.swap is not None and lowest is not None:
+        best.swap.floor = lowest  # the step's floor, not that of the order the best plan happens to have
     return best

@@ -12,7 +12,10 @@ Rewrite rules, for every split `(node N, axis a, K)` (SplitSpec; the pass `split
     on rows [start, stop), the loss a sum over the rows; a Gather / GatherGrad over its table's
     rows: onnxplan.GatherRows / GatherGradRows on table rows [start, stop), not K equal parts,
     the pieces flat); any other input (a broadcast bias, a weight) is read whole by every chunk.
-    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range.
+    Only the leading axis (a = 0) is split, so every piece is one contiguous byte range; where K
+    does not divide it, a node that flattens (split_ops.flattens: a view, a product whose left
+    operand is batched against an unbatched right one) splits the rows of the tensor flattened
+    over every axis but the last (split_ops.piece_shape), the same byte ranges.
   - An output that is a sum over the rows (a weight or bias gradient, a norm's dscale) is made
     whole: each chunk adds into a running sum `OUT#accJ` (a Gemm as its C, any other op through
     a partial sum `OUT#partJ` and an Add `N#J.addI`); the last chunk makes OUT (_Sums).
@@ -61,7 +64,7 @@ import json
 from dataclasses import dataclass
 
 from onnxplan.errors import OnnxplanError
-from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueClass
+from onnxplan.ir.graph import PERSISTENT_CLASSES, Node, StepGraph, Value, ValueClass, original_name
 from onnxplan.ir.tensor import TensorSpec
 from onnxplan.passes._infra import PassFn, PassResult
 from onnxplan.passes.interleave import UPDATE_OPS
@@ -69,6 +72,7 @@ from onnxplan.passes.split_fold import fold, fold_refusal
 from onnxplan.passes.split_ops import (
     KIND_CHANNELS,
     KIND_VIEW,
+    MATMUL_OPS,
     OFF_PAGE_MIN,
     PIECE_ALIGN,
     ROW_OPS,
@@ -77,6 +81,7 @@ from onnxplan.passes.split_ops import (
     chunk_op,
     copied_rows,
     flat_elems,
+    piece_shape,
     sliced_inputs,
     sliced_outputs,
     split_kind,
@@ -253,7 +258,9 @@ class _Splitter:
         if name in self.g.values:
             raise SplitRefused(f"split: the piece name {name!r} is already a value of the step")
         kind = HomedValue if whole.vclass in PERSISTENT_CLASSES else Value  # a piece of state lives in the arena
-        shape = (min(flat, spec.numel - j * flat),) if flat else (spec.shape[0] // k, *spec.shape[1:])
+        shape = (min(flat, spec.numel - j * flat),) if flat else piece_shape(spec.shape, k)
+        if shape is None:
+            raise SplitRefused(f"split: {v!r} {spec.shape} has no piece shape in {k} (its rows do not divide)")
         self.g.values[name] = kind(name, TensorSpec(spec.dtype, shape), whole.vclass, whole.trainable)
         return name
 
@@ -524,11 +531,50 @@ def split_records(g: StepGraph, passes: list[str] | tuple[str, ...]) -> tuple[Pl
                  for s in sorted(split_specs(arg)))
 
 
+def _piece_of(g: StepGraph, name: str) -> tuple[Value, int] | None:
+    """The whole value a piece `name` is of and the piece's index in its layout (the names
+    _piece_value and _rows_of give: `V#j`, `V#K.j`, `V#rowsK.j`; a swapped-in or recomputed copy
+    stands for its original); None: not a piece by rows."""
+    head, sep, tail = original_name(name).rpartition("#")
+    index = tail.rpartition(".")[2]
+    if not sep or head not in g.values or not index.isdigit() or not g.values[head].spec:
+        return None
+    return g.values[head], int(index)
+
+
+def _product_chunk(g: StepGraph, n: Node) -> RowChunk | None:
+    """The checker's record of a product's chunk over rows (split_ops: a MatMul, FusedMatMul or
+    Gemm over the rows of its left operand, by its leading axis or its flattened rows): the rows
+    of the output its piece holds, by the piece's index and rows (piece j of equal pieces is
+    bytes [j n, (j+1) n)), and the rows of the left operand's piece it reads, in output rows."""
+    y, a = _piece_of(g, n.outputs[0]), _piece_of(g, n.inputs[0]) if n.inputs else None
+    if y is None:
+        return None
+    whole_y, jy = y
+    width = whole_y.known_spec.shape[-1] if whole_y.known_spec.shape else 1
+    rows = whole_y.known_spec.numel // max(width, 1)
+    per = g.values[n.outputs[0]].known_spec.numel // max(width, 1)
+    a_start, a_rows = -1, -1
+    if a is not None:  # bytes of its left operand's piece, in the output's rows (-1: no whole number of them)
+        whole_a, ja = a
+        nbytes, total = g.values[n.inputs[0]].nbytes, whole_a.nbytes
+        if total and (ja * nbytes * rows) % total == 0 and (nbytes * rows) % total == 0:
+            a_start, a_rows = ja * nbytes * rows // total, nbytes * rows // total
+    return RowChunk(base_node(n.name), int(n.name.rpartition("#")[2]), jy * per, (jy + 1) * per, rows, a_rows,
+                    a_start)
+
+
 def row_chunks(g: StepGraph) -> tuple[RowChunk, ...]:
-    """The table chunks of `g` (onnxplan.GatherRows / GatherGradRows) as the checker's records:
-    their rows [start, stop) of `rows` and the rows of the table piece each reads (writes)."""
+    """The chunks over rows of `g` as the checker's records (verify.verify_row_chunks): the table
+    chunks (onnxplan.GatherRows / GatherGradRows: their rows [start, stop) of `rows` and the rows
+    of the table piece each reads, writes) and the chunks of products over rows (_product_chunk)."""
     out = []
     for n in g.nodes:
+        if n.key in MATMUL_OPS and base_node(n.name) != n.name:
+            chunk = _product_chunk(g, n)
+            if chunk is not None:
+                out.append(chunk)
+            continue
         if n.domain != PIECE_DOMAIN or n.op_type not in ("GatherRows", "GatherGradRows"):
             continue
         piece = n.inputs[0] if n.op_type == "GatherRows" else n.outputs[0]

@@ -7,7 +7,12 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     row-wise ops (SPLITTABLE_OPS), and the products over the rows of the left operand (MatMul,
     com.microsoft FusedMatMul without a batch-axis transpose, Gemm with transA = 0: each chunk
     reads its rows of A, the whole B, writes its rows of Y; a batched product of rank >= 3 also
-    slices a B of the output's rank along the batch). A chunk computes each row from the same
+    slices a B of the output's rank along the batch). A product whose left operand is batched
+    and whose right one is not (A [B, S, M] x B [M, N], no transA: GPT-2's LM head) splits over
+    the flattened rows where K does not divide the batch (`flattens`, `piece_shape`): piece j of
+    A [B, S, M] is rows [j B*S/K, (j+1) B*S/K) of [B*S, M], the same byte range (views of the
+    arena, shared with the views Reshape / Flatten of the same bytes), so the dW product over the
+    [B*S, .] views (Gemm transA = 1) sums K row chunks as below. A chunk computes each row from the same
     inputs as the whole node; the bits may still differ where BLAS blocks fewer rows differently
     (the kernel cuts a product for the compute threads by its size, kernels/matmul.py): the
     tolerance is float32 rounding of one dot product, tests/test_split_products.py.
@@ -16,9 +21,10 @@ Three kinds of split, all along the leading axis (every piece one contiguous byt
     `x_shape` its images' shape); the im2col scratch is the chunk's (its images' columns),
     so it shrinks with K; each image from the same products (tested within 4 ulps: the kernel
     cuts its GEMMs by size).
-  - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose leading rows
-    (in and out) K divides: piece k of the output is piece k of the input under the piece's
-    shape (the same bytes: a read-only view of the input piece, as realize makes the whole).
+  - view (KIND_VIEW): Reshape / Flatten / Squeeze / Unsqueeze of a tensor whose rows (in and
+    out: the leading axis, or the flattened rows, piece_shape) K divides: piece k of the output
+    is piece k of the input under the piece's shape (the same bytes: a read-only view of the
+    input piece, as realize makes the whole).
   - accumulate (KIND_ACCUMULATE): the output is a sum over the leading rows R of the sliced
     inputs, so it is not split: the K chunks each read their rows and add into a running whole
     output. Gemm with transA = 1, transB = 0 (dW = A^T dY, A [R, M], dY [R, N]): chunk 0 is
@@ -94,7 +100,8 @@ from onnxplan.passes.realize import READ_ONLY_VIEW_OPS
 
 __all__ = ["KIND_ACCUMULATE", "KIND_CHANNELS", "KIND_ROWS", "KIND_TABLE", "KIND_VIEW", "TABLE_OPS", "LOSS_OPS", "MATMUL_OPS", "MAX_K", "NORM_GRAD_OPS", "OFF_PAGE_MIN",
            "PIECE_ALIGN", "ROW_COPY_MAX",
-           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "chunk_op", "copied_rows", "flat_elems", "sliced_inputs", "sliced_outputs", "split_kind",
+           "ROW_OPS", "SPLITTABLE_OPS", "CONV_OPS", "accumulate_axes", "chunk_attrs", "chunk_op", "copied_rows", "flat_elems", "flattens",
+           "piece_shape", "sliced_inputs", "sliced_outputs", "split_kind",
            "split_rows", "summed_outputs", "table_rows", "table_update", "unread_inputs", "weight_gradient", "why_not"]
 
 PIECE_ALIGN = 4096  # the swap store's page: a piece's byte offset in its slot is a multiple of it
@@ -187,9 +194,48 @@ def split_kind(g: StepGraph, node: Node) -> str:
     return ""
 
 
+def piece_shape(shape: tuple[int, ...], k: int) -> tuple[int, ...] | None:
+    """The shape of each of the K pieces of a tensor of `shape` split by rows: its leading axis's
+    K-th where K divides it; else, at rank >= 3, the K-th of its flattened rows (every axis but
+    the last: [B, S, N] -> [B*S/K, N]). Either way piece j is bytes [j n/K, (j+1) n/K) of the
+    contiguous tensor (n its bytes): the same range, so a piece made under one shape is read
+    under the other (a view). None where neither divides."""
+    if shape and shape[0] % k == 0:
+        return (shape[0] // k, *shape[1:])
+    if len(shape) >= 3 and math.prod(shape[:-1]) % k == 0:
+        return (math.prod(shape[:-1]) // k, shape[-1])
+    return None
+
+
+def _flat_rows(shape: tuple[int, ...]) -> int:
+    """The rows of a tensor over its flattened leading axes (every axis but the last, rank >= 3)."""
+    return math.prod(shape[:-1]) if len(shape) >= 3 else (shape[0] if shape else 0)
+
+
+def flattens(g: StepGraph, node: Node) -> bool:
+    """Whether `node` splits over its output's flattened rows (piece_shape) where K does not
+    divide its leading axis: a view (the same bytes), or a product whose left operand is batched
+    and whose right one is not (MatMul, FusedMatMul without transA or a batch-axis transpose,
+    A [..., S, M] x B [M, N]: the rows of a contiguous A [..., S, M] are the rows of
+    [(...) S, M], each output row from its own row of A and the whole B; GPT-2's LM head, whose
+    batch of 4 left each chunk the tied 50257 x 768 B whole beside a quarter of the logits)."""
+    if split_kind(g, node) == KIND_VIEW:
+        return True
+    if node.key not in MATMUL_OPS or node.op_type == "Gemm" or len(node.inputs) < 2:
+        return False
+    if any(int(node.attrs.get(a, 0)) for a in ("transA", "transBatchA", "transBatchB")):
+        return False
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    if not all(_known(g, v) for v in (a, b, y)):
+        return False
+    out = _shape(g, y)
+    return len(out) >= 3 and _shape(g, a)[:-1] == out[:-1] and len(_shape(g, b)) == 2
+
+
 def split_rows(g: StepGraph, node: Node) -> int:
-    """The rows the chunks divide: the output's leading axis, or for an accumulation the
-    leading axis of what it sums over, for a table its rows (0 when unknown)."""
+    """The rows the chunks divide: the output's leading axis (its flattened rows for a node that
+    `flattens`), or for an accumulation the leading axis of what it sums over, for a table its
+    rows (0 when unknown)."""
     if node.key in TABLE_OPS:
         table = _table(node)
         return _shape(g, table)[0] if _known(g, table) and _shape(g, table) else 0
@@ -198,7 +244,9 @@ def split_rows(g: StepGraph, node: Node) -> int:
         x = ins[LOSS_OPS[node.key][1]] if node.key in LOSS_OPS else ins[0]
         return _shape(g, x)[0] if _known(g, x) and _shape(g, x) else 0
     out = next((o for o in node.outputs if o), "")
-    return _shape(g, out)[0] if _known(g, out) and _shape(g, out) else 0
+    if not _known(g, out) or not _shape(g, out):
+        return 0
+    return _flat_rows(_shape(g, out)) if flattens(g, node) else _shape(g, out)[0]
 
 
 def _product_inputs(g: StepGraph, node: Node) -> list[str]:
@@ -264,8 +312,8 @@ def unread_inputs(g: StepGraph, node: Node) -> list[str]:
 def copied_rows(g: StepGraph, node: Node, k: int) -> list[str]:
     """The sliced inputs whose pieces in `k` are off the store's page and that are small enough
     (ROW_COPY_MAX) to be read whole and copied by rows into each chunk's piece."""
-    return [v for v in sliced_inputs(g, node)
-            if (g.values[v].nbytes // k) % PIECE_ALIGN and g.values[v].nbytes <= ROW_COPY_MAX]
+    return [v for v in sliced_inputs(g, node) if (g.values[v].nbytes // k) % PIECE_ALIGN
+            and g.values[v].nbytes <= ROW_COPY_MAX and _shape(g, v) and _shape(g, v)[0] % k == 0]
 
 
 def _product_refusal(g: StepGraph, node: Node) -> str:
@@ -472,10 +520,10 @@ def _rows_refusal(g: StepGraph, node: Node, k: int, axis: int = 0) -> str:
     rows = split_rows(g, node)
     if k < 2 or not rows or rows % k:
         return f"K={k} does not divide the {rows} rows of axis {axis}"
-    if kind == KIND_VIEW and _shape(g, node.outputs[0])[0] % k:
-        return f"K={k} does not divide the {_shape(g, node.outputs[0])[0]} rows of the view's output"
     copied = copied_rows(g, node, k)
     for v in sliced_inputs(g, node) + sliced_outputs(g, node):
+        if _known(g, v) and piece_shape(_shape(g, v), k) is None:
+            return f"K={k} divides neither the leading axis nor the flattened rows of {v!r} {_shape(g, v)}"
         if g.values[v].persistent and node.key not in UPDATE_OPS:
             return f"input {v!r} is persistent (parameters and state are paged by swap, not split)"
         piece = g.values[v].nbytes // k

@@ -43,7 +43,8 @@ class Floor:
     scratch: int = 0  # that node's scratch bytes (its kernel's working memory)
     resident: int = 0  # persistent bytes that stay in memory (constants, state the runtime copies back)
     resident_touched: int = 0  # of the working set, bytes of resident values (counted once)
-    unsplit: str = ""  # set by the split search (budget/split.py): why that node does not split
+    unsplit: str = ""  # set by the split search (budget/split.py): why that node splits no further
+    chunks: int = 0  # set by the split search: the floor is that node's smallest chunk, in this many (0: the node whole)
 
     @property
     def bound(self) -> int:
@@ -53,12 +54,14 @@ class Floor:
     def describe(self) -> str:
         """The line of a budget below the floor: the bound (never the peak of swapping everything,
         which the offset planners can beat: a floor above the smallest peak reached would
-        contradict it)."""
-        return (f"floor {format_bytes(self.bound)} ({self.bound} B): the largest single working set is at node "
-                f"{self.node!r} (EO {self.eo}: {format_bytes(self.working_set)} touched + "
+        contradict it). Set by the split search, the node is the one whose least working set
+        (its smallest chunk, or whole where it does not split) is the largest of the step's."""
+        where = f"node {self.node!r}" + (f", one of its {self.chunks} chunks" if self.chunks else "")
+        return (f"floor {format_bytes(self.bound)} ({self.bound} B): the largest single working set is at {where} "
+                f"(EO {self.eo}: {format_bytes(self.working_set)} touched + "
                 f"{format_bytes(self.scratch)} scratch, {format_bytes(self.resident)} resident), in memory while "
                 f"it runs, which no recomputation{', swap or split' if self.unsplit else ' or swap'} avoids"
-                + (f" (it does not split: {self.unsplit})" if self.unsplit else ""))
+                + (f" ({self.unsplit})" if self.unsplit else ""))
 
 
 def resident_touched(model: SwapModel, t: int) -> int:
