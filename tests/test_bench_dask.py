@@ -100,7 +100,10 @@ def test_a_row_that_raises_is_recorded_and_bench_exits_1(tmp_path, client):
 
 
 @pytest.mark.slow
-def test_workers_and_scheduler_usage_errors(tmp_path):
+def test_workers_and_scheduler_usage_errors(tmp_path, monkeypatch):
+    from onnxplan.bench import dask_sweep
+
+    monkeypatch.setattr(dask_sweep, "CONNECT_TIMEOUT", "1s")  # nothing listens on port 9: no need to wait 10 s
     for args in (["--workers", "0"], ["--workers", "2", "--scheduler", "tcp://x:1"]):
         res = runner.invoke(app, ["bench", "mlp", "--no-measure", *args])
         assert res.exit_code == 2 and "Traceback" not in res.output, res.output

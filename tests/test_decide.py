@@ -86,6 +86,37 @@ class PerturbedCosts:
 
 
 @pytest.fixture(scope="module")
+def joint_quick_once_per_input():
+    """joint-quick (seconds to a minute per solve on this suite's graphs) solved once per distinct
+    input in this module, where a test asks several entry points (plan, run, bench, the API) for
+    one request and compares their choices: each entry point still loads, plans every other
+    strategy and chooses for itself, and an entry point that handed the budget layer another
+    graph, budget, options or cost model misses the cache and solves anew. The key is the whole
+    input, pickled (a graph equal but for one attribute is another key). Not for the tests that
+    claim joint-quick's or the choice's determinism from call to call (those solve every call)."""
+    import copy
+    import hashlib
+    import pickle
+
+    from onnxplan.budget import joint as budget_joint
+    from onnxplan.budget.strategies import STRATEGIES
+
+    real, solved = STRATEGIES["joint-quick"], {}
+
+    def once(graph, budget, costs, time_limit, base):
+        limits = sorted((k, v) for k, v in vars(budget_joint).items()
+                        if k.isupper() and isinstance(v, (int, float)))  # QUICK_ROUNDS...
+        key = hashlib.sha256(pickle.dumps((graph, budget, costs, time_limit, base, limits))).hexdigest()
+        if key not in solved:
+            solved[key] = real(graph, budget, costs, time_limit, base)
+        return copy.deepcopy(solved[key])  # the budget layer records its choice on the outcome it returns
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(STRATEGIES, "joint-quick", once)
+        yield solved
+
+
+@pytest.fixture(scope="module")
 def transformer():
     from onnxplan.ir.load import read_step
 
@@ -136,7 +167,7 @@ def test_every_entry_point_has_the_same_default_cost_model():
         assert inspect.signature(command).parameters["profile"].default.default == DEFAULT_PROFILE
 
 
-def test_bench_with_a_budget_plans_through_the_budget_layer(transformer):
+def test_bench_with_a_budget_plans_through_the_budget_layer(transformer, joint_quick_once_per_input):
     """bench --budget (plan_one): the plan the budget layer makes, the strategy recorded."""
     plain = plan_step(transformer, PlanOptions()).plan
     budget = plain.persistent_bytes + int(0.8 * plain.arena_bytes)
@@ -149,7 +180,7 @@ def test_bench_with_a_budget_plans_through_the_budget_layer(transformer):
     assert direct.peak_bytes <= budget
 
 
-def test_run_json_records_the_strategy(tmp_path):
+def test_run_json_records_the_strategy(tmp_path, joint_quick_once_per_input):
     """`run --budget --json` says which strategy its plan was made with (none without a budget)."""
     from onnxplan.ir.load import read_step
 
@@ -172,7 +203,7 @@ def test_run_json_records_the_strategy(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,batch", [("transformer", 16), ("resnet18", 8)])
-def test_plan_bench_and_the_api_choose_alike(model, batch, tmp_path):
+def test_plan_bench_and_the_api_choose_alike(model, batch, tmp_path, joint_quick_once_per_input):
     """At persistent + 40% of the transient peak: `plan --budget`, `bench --budget` and
     onnxplan.plan(budget=...) give the same peak and the same chosen strategy."""
     import onnxplan
@@ -258,3 +289,4 @@ def test_joint_quick_is_weighed_by_default_and_skipped_with_a_note_on_a_large_gr
     assert any("joint-quick not planned" in n for n in out.pass_notes)
     with pytest.raises(UsageError, match="--strategy joint-quick"):
         decide.plan_with_strategy(transformer, opts, "joint-quick")
+

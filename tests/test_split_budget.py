@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -143,9 +144,21 @@ def test_plan_below_the_floor_records_splits_and_explain_lists_them(tmp_path):
     assert r.exit_code == 2 and "splits are not those of its split pass" in r.output
 
 
+@pytest.fixture
+def no_swap_baseline_by_best_fit(monkeypatch):
+    """api.run's latency comparison (executor/swap_account.py) plans the same step without swap
+    with the plan's planner: for resnet18 b16 at 18 MiB a second ILP solve of its arena (about
+    90 s on the CI machine). A test that asserts nothing of that comparison places it with
+    best-fit: the comparison run still happens, on the same order and passes."""
+    from onnxplan.executor import swap_account
+
+    real = swap_account.no_swap_options
+    monkeypatch.setattr(swap_account, "no_swap_options", lambda plan: replace(real(plan), planner="best-fit"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model, budget", [("transformer", 2 << 20), ("resnet18", 18 << 20)])
-def test_issue_28s_halved_floors_plan_run_and_match_onnx_runtime(model, budget):
+def test_issue_28s_halved_floors_plan_run_and_match_onnx_runtime(model, budget, no_swap_baseline_by_best_fit):
     """transformer b16 at 2 MiB (products, views, sums over rows, LayerNorm's gradient split) and
     resnet18 b16 at 18 MiB (layer4's dW ConvGrads over their output channels): half the floors
     of h-split; verified against ONNX Runtime, measured peak within 10% + the fixed overhead."""

@@ -41,6 +41,8 @@ from onnxplan.loading.step import step_at
 
 __all__ = ["open_client", "peer_task", "row_task", "run_bench_dask"]
 
+CONNECT_TIMEOUT = "10s"  # how long --scheduler keeps trying to reach the scheduler before a usage error
+
 # per worker process: request -> (folder, meta, StepGraph), reused by its rows
 _MODELS: dict[Any, tuple[Path, dict, StepGraph]] = {}
 
@@ -59,7 +61,7 @@ def open_client(scheduler: str | None = None, workers: int | None = None):
 def _client(Client, LocalCluster, scheduler, workers) -> Iterator[Any]:
     if scheduler is not None:
         try:
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT)
         except (OSError, TimeoutError, ValueError) as e:
             raise UsageError(f"--scheduler {scheduler}: cannot connect ({str(e).splitlines()[0]})") from None
         with client:
