@@ -102,7 +102,7 @@ def chains(draw, max_len=5):
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(chains(), st.floats(0.2, 1.0))
 def test_dp_equals_brute_force_over_persistent_schedules(c, frac):
     peak_all = simulate(c, store_all(c.length)).peak

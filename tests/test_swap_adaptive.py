@@ -152,4 +152,9 @@ def test_adaptive_on_a_conv_net_equals_plain_and_keeps_its_measured_peak(tmp_pat
     req = LoadRequest(str(folder))
     _, plain_rss = measure_run(req, PlanOptions(), steps=2)
     _, swap_rss = measure_run(req, PlanOptions(swap="adaptive", budget=budget, split_grad=True), steps=2)
-    assert swap_rss - got.plan.peak_bytes <= plain_rss - base.plan.peak_bytes + (1 << 20)
+    # What a swapping run holds outside the plan beyond a plain one: the I/O thread (its stack and
+    # malloc arena) and the O_DIRECT bounce block (512 KiB). 2 MiB: with the other test worker on
+    # the second core it measured 1.10 MiB (6.43 MB over the plan against the plain run's 5.32);
+    # a leaked swapped tensor of this model is larger (9 MiB each).
+    assert min(graph.values[s.value].nbytes for s in got.plan.swaps) > 2 << 20
+    assert swap_rss - got.plan.peak_bytes <= plain_rss - base.plan.peak_bytes + (2 << 20)
