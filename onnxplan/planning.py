@@ -204,9 +204,9 @@ def _place(candidates: list[tuple], opts: PlanOptions, swapping: bool, skipped: 
     _, _, lt, bound, _ = cand
     if ilp and opts.planner in ("auto", "ilp"):
         _maybe_ilp(lt, bound, opts, rows, plans, skipped)
-    # Ties go to the planner run first (rows' order), never to the faster solve: a plan must not
-    # depend on the machine's load (two entry points planning the same request disagreed under load).
-    chosen = min(enumerate(rows), key=lambda ir: (ir[1].arena_bytes, ir[0]))[1].planner if rows else None
+    # Ties go to the planner run first (min keeps the first of equals), never to the faster solve:
+    # a plan must not depend on the machine's load.
+    chosen = min(rows, key=lambda r: r.arena_bytes).planner if rows else None
     return cand, rows, plans, chosen
 
 
