@@ -1,6 +1,7 @@
 """Conv: per chunk of images (or row band), im2col of every channel in planned scratch, then one
 BLAS GEMM batched over the groups; pointwise convs without columns; depthwise ones channels-last
-(conv_depthwise.py) or tap by tap (conv_taps.py)."""
+(conv_depthwise.py) or tap by tap (conv_taps.py); few output channels by fused loops
+(conv_small.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from onnxplan import settings
 from onnxplan.kernels import conv_layout, parallel
 from onnxplan.kernels.conv_depthwise import depthwise_conv
 from onnxplan.kernels.conv_layout import Layout, chunk_source, conv_window, layout, one_copy
+from onnxplan.kernels.conv_small import by_small, small_conv
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
 from onnxplan.kernels.im2col import IM2COL_THEN_PASSES, im2col, im2col_then, image_parts, view
 from onnxplan.kernels.matmul import split_matmul
@@ -120,6 +122,10 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     y3 = y.reshape(n, m, length)
     if by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
         taps_accumulate(ctx, win, x, w, y, False, b)
+        return
+    if by_small(x, w, y, group, win):  # few output channels: fused loops, the bias included
+        small_conv(ctx, layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
+                               one_copy(win, x.shape, w.shape, y.shape, group)), win, x, w, b, y)
         return
     elif conv_layout.depthwise(x.shape, w.shape, group):
         depthwise_conv(ctx, layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win),

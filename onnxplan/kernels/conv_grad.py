@@ -11,6 +11,7 @@ import numpy as np
 from onnxplan.kernels import conv_grad_dx, conv_layout
 from onnxplan.kernels.conv_depthwise import depthwise_dw
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
+from onnxplan.kernels.conv_small import by_small, small_conv_dw
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_dw, taps_layout
 from onnxplan.kernels.im2col import col2im_add, im2col, im2col_then, view
 from onnxplan.kernels.matmul import split_matmul
@@ -120,6 +121,12 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         if dw is not None:
             taps_dw(ctx, win, dy, x, dw)
         return
+    # the columns' layout as the scratch rule declared it: with dW's (partial sum, padded source) when dW is wanted
+    with_dw = dw is not None
+    if with_dw and dw.flags.c_contiguous and by_small(x, w, dy, group, win):  # few outputs: fused loops
+        small_conv_dw(ctx, layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True,
+                                  one_copy(win, x.shape, w.shape, dy.shape, group)), win, dy, x, dw)
+        dw = None
     flip = conv_grad_dx.flip_dx(x.shape, w.shape, dy.shape, win, group, x.itemsize) if dx is not None else None
     if flip is not None:
         conv_grad_dx.dx_by_flip(ctx, flip, dy, w, dx)
@@ -131,14 +138,14 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     if dw is not None and conv_layout.depthwise(x.shape, w.shape, group):
         depthwise_dw(ctx, layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True, win),
                      win, dy, x, dw)
-        dw = None
+        dw, with_dw = None, False
     if dw is None and dx is None:
         return
     if dx is not None:
         dx[...] = 0
     dw3 = view(xp, dw, (group, mg, ckg)) if dw is not None else None
-    lay = layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, dw is not None,
-                 one_copy(win, x.shape, w.shape, dy.shape, group) if dw is not None else None)
+    lay = layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, with_dw,
+                 one_copy(win, x.shape, w.shape, dy.shape, group) if with_dw else None)
     for n0, nb, b0, b1 in lay.chunks():
         sub = win.band(b0, b1)
         span = nb * (b1 - b0) * rest
