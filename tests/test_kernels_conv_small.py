@@ -86,7 +86,7 @@ def test_the_same_bits_at_any_thread_count_and_scratch(monkeypatch, x_shape, w_s
     rng = np.random.default_rng(13)
     y_shape = _out_shape(x_shape, w_shape, attrs)
     inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
-    monkeypatch.setattr(conv_small, "PART_COLUMNS", 64)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
     use_threads(1)
     want = _both(inputs, attrs, y_shape, w_shape)
     for threads in (2, 3):

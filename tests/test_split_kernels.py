@@ -1,5 +1,5 @@
 """The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
-images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
+images, MaxPool with Indices by images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
 its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels,
 SoftmaxCrossEntropyLossGrad by rows; a batched product by batches): bit for bit their one-thread result, at 1 and 2
 threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnxplan import settings, threads
-from onnxplan.kernels import matmul, parallel
+from onnxplan.kernels import matmul, parallel, scratch
 from tests.kernel_harness import MS, RNG, call_kernel, make_node
 
 F = np.float32
@@ -308,3 +308,41 @@ def test_a_rebalanced_conv_is_bitwise_its_one_thread_result(n, monkeypatch):
     got, pieces = _run("Conv", "", inputs, outs, attrs, n, split=True)
     assert chunks == ([4, 4, 4] if n == 2 else [5, 5, 2]) and pieces == n
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_max_pool_with_indices_split_by_images_is_bitwise_whole(n, monkeypatch):
+    """MaxPool with Indices (a training graph's) cut by images across the threads, each part through
+    its block of the chunk's mask scratch (chunks of 2 images here): values and indices equal the
+    one-thread run's, ties and padding included."""
+    x = np.round(RNG.standard_normal((5, 3, 13, 12)) * 2).astype(F)  # rounded: ties between taps
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    shape = (5, 3, 7, 6)
+
+    def pool(threads_: int) -> tuple[list, int]:
+        most = [1]
+        run = parallel.run
+
+        def counting(tasks):
+            most[0] = max(most[0], len(tasks))
+            run(tasks)
+
+        node = make_node("MaxPool", [x], [(F, shape), (np.int64, shape)], attrs)
+        got = [np.full(shape, np.nan, F), np.full(shape, -7, np.int64)]
+        before = threads.current().threads
+        try:
+            threads.use_threads(threads_)
+            parallel.run = counting  # type: ignore[assignment]
+            call_kernel(node, [x], got)
+        finally:
+            parallel.run = run  # type: ignore[assignment]
+            threads.use_threads(before)
+        return got, most[0]
+
+    monkeypatch.setattr(scratch, "SCRATCH_TARGET", 2 * 3 * 7 * 6)  # the mask of 2 images a chunk
+    want, _ = pool(1)
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    got, pieces = pool(n)
+    assert pieces == n
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)

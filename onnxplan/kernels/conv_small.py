@@ -18,6 +18,7 @@ from math import prod
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.ir.windows import Window
 from onnxplan.kernels import native, parallel
 from onnxplan.kernels.conv_layout import Layout
@@ -36,9 +37,9 @@ SMALL_M = native.SMALL_CONV_M
 # positions) stay in the core's cache. nnt-conv2d (K = 27, rows of 112): 2 rows 15.5 ms, 4 rows
 # 17.1, 8 rows 17.4, a whole image 20.6 (forward; dW alike).
 BAND_POSITIONS = 256
-# Column elements per part from which the loops split across the compute threads (a part is a
-# call of a few ms; the hand-off costs ~0.03 ms).
-PART_COLUMNS = 1 << 18
+# The work per column element, in one-pass ufuncs, for kernels.parallel's split threshold (a
+# column is written once and read by every output channel): parts from MIN_ELEMS / 2 columns.
+PASSES = 2
 
 
 def by_small(x, w, y, group: int, win: Window) -> bool:
@@ -52,6 +53,11 @@ def by_small(x, w, y, group: int, win: Window) -> bool:
     if not all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in (x, w, y)):
         return False
     return native.small_conv() is not None
+
+
+def _parts(columns: int) -> int:
+    """Parts for the compute threads (one with ONNXPLAN_SPLIT_KERNELS=0)."""
+    return parallel.parts_for(columns, passes=PASSES) if settings.current().split_kernels else 1
 
 
 def _geometry(win: Window, c: int) -> np.ndarray:
@@ -79,8 +85,7 @@ def small_conv(ctx: KernelContext, lay: Layout, win: Window, x, w, b, y) -> None
     taps, (rows_out, width) = int(prod(w.shape[1:])), win.out_dims
     col = _column_scratch(ctx, lay, taps, width)
     geometry = _geometry(win, c)
-    parts = min(n, parallel.parts_for(n * taps * rows_out * width, min_elems=PART_COLUMNS),
-                col.size // (taps * width))
+    parts = min(n, _parts(n * taps * rows_out * width), col.size // (taps * width))
     band = _band_rows(col.size // parts, taps, width, rows_out)
     slot = taps * band * width
     bias = b.ctypes.data if b is not None else None
@@ -103,7 +108,7 @@ def small_conv_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
     col = _column_scratch(ctx, lay, taps, width)
     geometry = _geometry(win, c)
     band = _band_rows(col.size, taps, width, rows_out)
-    parts = min(taps, parallel.parts_for(n * taps * rows_out * width, min_elems=PART_COLUMNS))
+    parts = min(taps, _parts(n * taps * rows_out * width))
     length = band * width
 
     def part(k0: int, k1: int):

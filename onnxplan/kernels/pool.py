@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 
 import numpy as np
 
 from onnxplan.ir.windows import Window, window
-from onnxplan.kernels import scratch
+from onnxplan.kernels import parallel, scratch
 from onnxplan.kernels._xp import scatter_add
 from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 from onnxplan.kernels.scratch import align
@@ -82,6 +83,11 @@ def _max_pool_taps(attrs, inputs, outputs):
     return x, y, ind, win, taps, (taps[:full[0] + 1] if full else taps), lowest
 
 
+# Passes over a chunk's outputs per tap for MaxPool with Indices (compare, two masked copies):
+# kernels.parallel's split threshold (vgg16 b16's pools: 13 ms a step on one thread).
+MAX_POOL_PASSES = 3
+
+
 def _prepare_max_pool(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
     """Y = max over each window; Indices (ORT's layout) = flat index into X of the first maximum.
 
@@ -116,26 +122,23 @@ def _prepare_max_pool(ctx: KernelContext, inputs: list, outputs: list, bound: bo
     terms = [((xp.arange(win.out_dims[a], dtype=ind.dtype) * win.strides[a] - win.pads_begin[a]) * sst[a])
              .reshape((1, 1) + (1,) * a + (-1,) + (1,) * (nd - a - 1)) for a in range(nd)]
     chan = (xp.arange(c, dtype=ind.dtype) * step).reshape((1, c) + (1,) * nd)
-    chunks = []
-    for n0 in range(0, n, nb_max):
-        nb = min(nb_max, n - n0)
+    def piece(n0: int, nb: int, mask) -> Callable[[], None]:
+        """Images n0..n0+nb start to end, through `mask` (their block of the chunk's scratch)."""
         xc, yc, ic = x[n0:n0 + nb], y[n0:n0 + nb], ind[n0:n0 + nb]
-        mask = ctx.scratch_array(0, yc.shape, np.bool_)
         seed = [(yc[every + t.out_slices], xc[every + t.in_slices], ic[every + t.out_slices], delta)
                 for t, delta in reversed(list(zip(seeds, deltas)))]
         rest = [(xc[every + t.in_slices], yc[every + t.out_slices], mask[every + t.out_slices],
                  ic[every + t.out_slices], delta) for t, delta in list(zip(taps, deltas))[1:]]
         image = (xp.arange(nb, dtype=ind.dtype) * (c * step)).reshape((nb, 1) + (1,) * nd)
+        offset, corner = (n0 * c) * step, n0 * c * step - sum(sst)
         empty = []
         for a, outs in enumerate(_empty_outputs(win)):
             for o in outs:
                 sel = every + _axis_index(nd, a, o)
                 empty.append((sel, ic[sel], chan.reshape((1, c) + (1,) * (nd - 1)),
                               image.reshape((nb, 1) + (1,) * (nd - 1))))
-        chunks.append((yc, ic, seed, rest, (n0 * c) * step, image, n0 * c * step - sum(sst), empty))
 
-    def run_indices(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-        for yc, ic, seed, rest, offset, image, corner, empty in chunks:
+        def run() -> None:
             yc[...] = lowest
             for dst, src, idx, delta in seed:
                 dst[...] = src
@@ -154,6 +157,21 @@ def _prepare_max_pool(ctx: KernelContext, inputs: list, outputs: list, bound: bo
                 ic[sel] = corner
                 xp.add(ic_sel, chan_e, out=ic_sel)
                 xp.add(ic_sel, image_e, out=ic_sel)
+
+        return run
+
+    # chunks of images one after the other (the mask scratch holds one), each cut by images across
+    # the compute threads: every output's scan is its own, the same bits at any thread count
+    parts = parallel.parts_for(nb_max * prod(y.shape[1:]), xp, passes=MAX_POOL_PASSES * len(taps))
+    chunks = []
+    for n0 in range(0, n, nb_max):
+        nb = min(nb_max, n - n0)
+        mask = ctx.scratch_array(0, (nb, *y.shape[1:]), np.bool_)
+        chunks.append([piece(n0 + lo, hi - lo, mask[lo:hi]) for lo, hi in parallel.bounds(nb, min(parts, nb))])
+
+    def run_indices(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        for pieces in chunks:
+            parallel.run(pieces)
 
     return run_indices
 
