@@ -123,7 +123,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         return
     # the columns' layout as the scratch rule declared it: with dW's (partial sum, padded source) when dW is wanted
     with_dw = dw is not None
-    if with_dw and dw.flags.c_contiguous and by_small(x, w, dy, group, win):  # few outputs: fused loops
+    if dw is not None and dw.flags.c_contiguous and by_small(x, w, dy, group, win):  # few outputs: fused loops
         small_conv_dw(ctx, layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, True,
                                   one_copy(win, x.shape, w.shape, dy.shape, group)), win, dy, x, dw)
         dw = None
