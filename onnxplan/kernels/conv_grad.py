@@ -98,9 +98,7 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
     win = conv_window(ctx.attrs, x.shape, w.shape, dy.shape)
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     cg, mg, length = c // group, m // group, prod(dy.shape[2:])
-    ckg, rest = prod(w.shape[1:]), length // dy.shape[2]
-    w3 = w.reshape(group, mg, ckg)
-    wt = w3.transpose(0, 2, 1)
+    wt = w.reshape(group, mg, prod(w.shape[1:])).transpose(0, 2, 1)
     dy3 = dy.reshape(n, m, length)
     if db is not None:
         xp.sum(dy3, axis=(0, 2), out=db)
@@ -143,9 +141,21 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
         return
     if dx is not None:
         dx[...] = 0
-    dw3 = view(xp, dw, (group, mg, ckg)) if dw is not None else None
     lay = layout(x.shape, w.shape, dy.shape[2:], group, x.itemsize, True, with_dw,
                  one_copy(win, x.shape, w.shape, dy.shape, group) if with_dw else None)
+    _by_columns(ctx, lay, win, dy, x, w, dx, dw, group)
+
+
+def _by_columns(ctx: KernelContext, lay, win, dy, x, w, dx, dw, group: int) -> None:
+    """dW and/or dX chunk by chunk of `lay` (the columns' layout the scratch rule declared): per
+    chunk, X's columns and dY's rows, then dW (+)= rows @ cols^T and dX += col2im(W^T @ rows)."""
+    xp = ctx.xp
+    n, c, m = x.shape[0], x.shape[1], w.shape[0]
+    mg, length = m // group, prod(dy.shape[2:])
+    ckg, rest = prod(w.shape[1:]), length // dy.shape[2]
+    wt = w.reshape(group, mg, ckg).transpose(0, 2, 1)
+    dy3 = dy.reshape(n, m, length)
+    dw3 = view(xp, dw, (group, mg, ckg)) if dw is not None else None
     for n0, nb, b0, b1 in lay.chunks():
         sub = win.band(b0, b1)
         span = nb * (b1 - b0) * rest

@@ -83,6 +83,22 @@ def _max_pool_taps(attrs, inputs, outputs):
     return x, y, ind, win, taps, (taps[:full[0] + 1] if full else taps), lowest
 
 
+def _max_values(xp, x, y, taps, seeds, lowest) -> KernelFn:
+    """MaxPool without Indices: each output its first in-bounds tap, then the maximum of the rest."""
+    every = (slice(None), slice(None))
+    seed_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in reversed(seeds)]
+    max_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in taps[1:]]
+
+    def run_values(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        y[...] = lowest
+        for dst, src in seed_views:
+            dst[...] = src
+        for dst, src in max_views:
+            xp.maximum(dst, src, out=dst)
+
+    return run_values
+
+
 # Passes over a chunk's outputs per tap for MaxPool with Indices (compare, two masked copies):
 # kernels.parallel's split threshold (vgg16 b16's pools: 13 ms a step on one thread).
 MAX_POOL_PASSES = 3
@@ -102,17 +118,7 @@ def _prepare_max_pool(ctx: KernelContext, inputs: list, outputs: list, bound: bo
     x, y, ind, win, taps, seeds, lowest = _max_pool_taps(ctx.attrs, inputs, outputs)
     every = (slice(None), slice(None))
     if ind is None:
-        seed_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in reversed(seeds)]
-        max_views = [(y[every + t.out_slices], x[every + t.in_slices]) for t in taps[1:]]
-
-        def run_values(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
-            y[...] = lowest
-            for dst, src in seed_views:
-                dst[...] = src
-            for dst, src in max_views:
-                xp.maximum(dst, src, out=dst)
-
-        return run_values
+        return _max_values(xp, x, y, taps, seeds, lowest)
     sst = index_strides(win.in_dims, int(ctx.attrs.get("storage_order", 0)))
     deltas = [sum(k * d * s for k, d, s in zip(t.index, win.dilations, sst)) for t in taps]
     n, c = x.shape[:2]
