@@ -33,13 +33,11 @@ CASES = [
 ]
 
 
-def _least(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+def _ms(fn) -> float:
+    """One call's wall time, in ms."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
 
 
 def _path(native: bool, threads: int) -> None:
@@ -81,9 +79,8 @@ def main() -> None:
             for native in (True, False):
                 native_on[0] = native
                 _path(native, args.threads)
-                times.setdefault(("fwd", native), []).append(_least(lambda: call_kernel(fwd, [x, w, b], [y]), 1))
-                times.setdefault(("dw", native), []).append(
-                    _least(lambda: call_kernel(grad, [dy, x, w], [None, dw, db]), 1))
+                times.setdefault(("fwd", native), []).append(_ms(lambda: call_kernel(fwd, [x, w, b], [y])))
+                times.setdefault(("dw", native), []).append(_ms(lambda: call_kernel(grad, [dy, x, w], [None, dw, db])))
         f = {key: min(v) for key, v in times.items()}
         print(f"| {'x'.join(map(str, x_shape))} | {m} | {k}x{k}, {s} | {'fused' if ruled else 'BLAS'} "
               f"| {f['fwd', True]:.2f} | {f['fwd', False]:.2f} | {f['fwd', True] / f['fwd', False]:.2f} "

@@ -127,7 +127,7 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
         small_conv(ctx, layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
                                one_copy(win, x.shape, w.shape, y.shape, group)), win, x, w, b, y)
         return
-    elif conv_layout.depthwise(x.shape, w.shape, group):
+    if conv_layout.depthwise(x.shape, w.shape, group):
         depthwise_conv(ctx, layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False, win),
                        win, x, w, y)
     else:

@@ -14,6 +14,7 @@ of rows: the same bits at any thread count (not the BLAS path's bits).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 
 import numpy as np
@@ -31,7 +32,7 @@ __all__ = ["BAND_POSITIONS", "SMALL_M", "by_small", "small_conv", "small_conv_dw
 # 17.4/31.5, 16.3/39.1; 16x3x224x224 -> 8, 3x3 s2 6.6/8.7, 6.8/11.1; 7x7 s2 20.6/34.4, 23.8/36.3.
 # At unit strides the BLAS path's im2col is one run a tap (im2col.by_rows) and it keeps them:
 # 16x16x56x56 -> 4, 3x3 s1 5.5/4.1, 5.2/4.6; 16x64x56x56 -> 4 16.6/14.0, 16.6/15.8;
-# 16x3x224x224 -> 4 s1 12.6/11.6, 12.5/17.5 (benchmarks/conv_small.py, reports/threads.md session 17).
+# 16x3x224x224 -> 4 s1 12.6/11.6, 12.5/17.5 (benchmarks/bench_conv_small.py, reports/threads.md session 17).
 SMALL_M = native.SMALL_CONV_M
 # Output positions a band aims at (whole output rows, at least one): the band's columns (K x
 # positions) stay in the core's cache. nnt-conv2d (K = 27, rows of 112): 2 rows 15.5 ms, 4 rows
@@ -60,14 +61,28 @@ def _parts(columns: int) -> int:
     return parallel.parts_for(columns, passes=PASSES) if settings.current().split_kernels else 1
 
 
-def _geometry(win: Window, c: int) -> np.ndarray:
-    (h, wd), (kh, kw), (oh, ow) = win.in_dims, win.kernel, win.out_dims
-    return np.array([c, h, wd, kh, kw, oh, ow, *win.strides, *win.pads_begin, *win.dilations], np.int64)
+@dataclass(frozen=True)
+class _Call:
+    """What both loops start from: the compiled loops, the taps (K), the output's rows and row
+    width, the layout's column scratch (flat) and the window's geometry for C."""
+
+    fns: native.SmallConv
+    taps: int
+    rows_out: int
+    width: int
+    col: np.ndarray
+    geometry: np.ndarray
 
 
-def _column_scratch(ctx: KernelContext, lay: Layout, taps: int, rest: int) -> np.ndarray:
-    """The layout's column block, flat: room for `taps` rows of nb * band * rest positions."""
-    return ctx.scratch_array(lay.col, (taps * lay.nb * lay.band * rest,), np.float32)
+def _call(ctx: KernelContext, lay: Layout, win: Window, c: int, w_shape) -> _Call:
+    fns = native.small_conv()
+    assert fns is not None
+    taps, (rows_out, width) = int(prod(w_shape[1:])), win.out_dims
+    (h, wd), (kh, kw) = win.in_dims, win.kernel
+    geometry = np.array([c, h, wd, kh, kw, rows_out, width, *win.strides, *win.pads_begin, *win.dilations],
+                        np.int64)
+    col = ctx.scratch_array(lay.col, (taps * lay.nb * lay.band * width,), np.float32)  # the columns' block
+    return _Call(fns, taps, rows_out, width, col, geometry)
 
 
 def _band_rows(room: int, taps: int, width: int, rows_out: int) -> int:
@@ -79,20 +94,16 @@ def _band_rows(room: int, taps: int, width: int, rows_out: int) -> int:
 def small_conv(ctx: KernelContext, lay: Layout, win: Window, x, w, b, y) -> None:
     """Y = W * X (+ B): images cut across the compute threads, each part's bands through its
     own slice of the column scratch."""
-    fns = native.small_conv()
-    assert fns is not None
-    n, c, m = x.shape[0], x.shape[1], w.shape[0]
-    taps, (rows_out, width) = int(prod(w.shape[1:])), win.out_dims
-    col = _column_scratch(ctx, lay, taps, width)
-    geometry = _geometry(win, c)
-    parts = min(n, _parts(n * taps * rows_out * width), col.size // (taps * width))
-    band = _band_rows(col.size // parts, taps, width, rows_out)
-    slot = taps * band * width
+    n, m = x.shape[0], w.shape[0]
+    at = _call(ctx, lay, win, x.shape[1], w.shape)
+    parts = min(n, _parts(n * at.taps * at.rows_out * at.width), at.col.size // (at.taps * at.width))
+    band = _band_rows(at.col.size // parts, at.taps, at.width, at.rows_out)
+    slot = at.taps * band * at.width
     bias = b.ctypes.data if b is not None else None
 
     def part(k: int, lo: int, hi: int):
-        return lambda: fns.fwd(geometry.ctypes.data, m, x.ctypes.data, w.ctypes.data, bias, y.ctypes.data,
-                               col[k * slot:].ctypes.data, lo, hi, band)
+        return lambda: at.fns.fwd(at.geometry.ctypes.data, m, x.ctypes.data, w.ctypes.data, bias, y.ctypes.data,
+                                  at.col[k * slot:].ctypes.data, lo, hi, band)
 
     parallel.run([part(k, lo, hi) for k, (lo, hi) in enumerate(parallel.bounds(n, parts))])
 
@@ -101,18 +112,14 @@ def small_conv_dw(ctx: KernelContext, lay: Layout, win: Window, dy, x, dw) -> No
     """dW = sum over images and positions of dY X's columns: the taps cut across the compute
     threads (each part every image, its taps' rows of the column scratch); the band is the
     same at any thread count, so are the bits."""
-    fns = native.small_conv()
-    assert fns is not None
-    n, c, m = x.shape[0], x.shape[1], dw.shape[0]
-    taps, (rows_out, width) = int(prod(dw.shape[1:])), win.out_dims
-    col = _column_scratch(ctx, lay, taps, width)
-    geometry = _geometry(win, c)
-    band = _band_rows(col.size, taps, width, rows_out)
-    parts = min(taps, _parts(n * taps * rows_out * width))
-    length = band * width
+    n, m = x.shape[0], dw.shape[0]
+    at = _call(ctx, lay, win, x.shape[1], dw.shape)
+    band = _band_rows(at.col.size, at.taps, at.width, at.rows_out)
+    parts = min(at.taps, _parts(n * at.taps * at.rows_out * at.width))
+    length = band * at.width
 
     def part(k0: int, k1: int):
-        return lambda: fns.dw(geometry.ctypes.data, m, x.ctypes.data, dy.ctypes.data, dw.ctypes.data,
-                              col[k0 * length:].ctypes.data, n, k0, k1, band)
+        return lambda: at.fns.dw(at.geometry.ctypes.data, m, x.ctypes.data, dy.ctypes.data, dw.ctypes.data,
+                                 at.col[k0 * length:].ctypes.data, n, k0, k1, band)
 
-    parallel.run([part(k0, k1) for k0, k1 in parallel.bounds(taps, parts)])
+    parallel.run([part(k0, k1) for k0, k1 in parallel.bounds(at.taps, parts)])
