@@ -23,7 +23,9 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -124,10 +126,7 @@ def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[
     load = os.getloadavg()
     lines = [f"# Thread scaling: ours, ONNX Runtime and PyTorch at {' and '.join(map(str, counts))} threads "
              f"({date.today().isoformat()})", "",
-             f"`python benchmarks/thread_scaling.py {' '.join(args.models)}{' --corpus' if args.corpus else ''} "
-             f"--threads {args.threads} --rounds {args.rounds}"
-             f"{f' --warmup {args.warmup}' if args.warmup != 1 else ''}"
-             f"{f' --corpus-rounds {args.corpus_rounds}' if args.corpus_rounds else ''} --steps {args.steps}` on "
+             f"`python benchmarks/thread_scaling.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}` on "
              f"{platform.processor() or platform.machine()}, {available_cores()} cores available; load average "
              f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
              f"a fresh process per run (the default plan for ours), {args.warmup} warm-up + "

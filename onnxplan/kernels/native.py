@@ -13,9 +13,22 @@ and CPU):
   run in its own order (each output over the taps in order; each dW element over images and
   bands in order, a band's products in eight lanes, the bands' sums in double), so its bits are
   not the BLAS path's, and they do not depend on the thread count.
+- SoftmaxCrossEntropyLoss and its gradient (kernels/softmax_loss.py: ~15 numpy and torch calls
+  each, ~80 us a node on mlp's 64 x 10 scores, where ONNX Runtime runs one loop): the
+  log-softmax (with the loss after it) and the gradient one pass each over rows r0..r1 (the
+  kernel cuts rows across the compute threads; a row's arithmetic does not depend on the cut,
+  so neither do the bits). The log-softmax runs in ORT's order: the max, the sum of exp(x - max)
+  (a row of d == 1 in eight float lanes in order, the lanes then added pairwise; d > 1 over the
+  classes in order), then (x - max) - logf(sum). exp is an eight-lane polynomial (Cephes' expf:
+  Cody-Waite reduction, 2^k made in the exponent bits; within 1 ulp of exp as measured, where
+  numpy's float32 exp is within 2.5; 0 below -87.34, where numpy gives subnormals). So log_prob
+  and the gradient are not the numpy path's bits (numpy's or torch's exp), but agree with ONNX
+  Runtime within the kernel tests' tolerances. The loss's sums (the per-sample losses, the kept
+  labels' weights) run in double, in order, on one thread.
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
-(onnxplan.settings), `adamw()` and `small_conv()` are None and the kernels take the numpy paths.
+(onnxplan.settings), `adamw()`, `small_conv()` and `sce()` are None and the kernels take the
+numpy paths.
 """
 
 from __future__ import annotations
@@ -34,13 +47,15 @@ from pathlib import Path
 
 from onnxplan import settings
 
-__all__ = ["ADAMW_CONSTANTS", "SMALL_CONV_ACC", "SMALL_CONV_M", "SmallConv", "adamw", "library_path", "small_conv"]
+__all__ = ["ADAMW_CONSTANTS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M", "Sce", "SmallConv", "adamw",
+           "library_path", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
 ADAMW_CONSTANTS = ("lr", "alpha", "beta", "one_minus_alpha", "one_minus_beta", "eps", "wd", "alpha_corr",
                    "beta_corr", "lr_corr", "lr_wd")
 SMALL_CONV_M = 8  # output channels the small conv's loops hold in registers at most
 SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its double accumulators)
+SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
 _SOURCE = r"""
 #include <math.h>
@@ -206,13 +221,194 @@ void small_conv_dw(const int64_t *g, int64_t m, const float *x, const float *dy,
     for (int64_t mi = 0; mi < m; mi++)
         for (int64_t k = 0; k < nk; k++) dwt[mi * K + k0 + k] = (float)acc[mi * nk + k];
 }
+/* ---- SoftmaxCrossEntropyLoss and its gradient (softmax_loss.py) ----
+   g: n (the scores' rows), c, d, start (the labels' row of the first), n_all (the labels' rows),
+   reduction (0 none, 1 sum, 2 mean); scores and log_prob [n, c, d], labels [n_all, d]; w of a
+   sample: weight[label] (or 1), 0 where label == *ignore. Each returns -1, or the index in
+   labels of a label out of [0, c) that is not *ignore. */
+typedef int vi8 __attribute__((vector_size(32)));
+
+/* exp of eight floats: x = k ln2 + r (k = round(x log2e), ln2 in Cody-Waite's two parts),
+   exp(r) by Cephes' expf polynomial, times 2^k made in the exponent bits; 0 below -87.34 (no
+   subnormals), inf above 88.37 (exp's float range ends at 88.72), NaN kept. */
+static inline v8 vexp(v8 x) {
+    const vi8 under = x < -87.3365478515625f, over = x > 88.3762626647949f;
+    const v8 inf = (v8){0} + INFINITY;
+    x = (v8)((vi8)x & ~(under | over));
+    const v8 t = x * 1.44269504088896341f + 12582912.0f;  /* 1.5 * 2^23: rounds to an integer */
+    const v8 k = t - 12582912.0f;
+    v8 r = x - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    const v8 z = r * r;  /* the polynomial in Estrin's form: three pairs at once (a shorter chain) */
+    const v8 a = r * 1.6666665459e-1f + 5.0000001201e-1f, b = r * 8.3334519073e-3f + 4.1665795894e-2f,
+             e = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    const v8 p = (a + z * (b + z * e)) * z + r + 1.0f;
+    const v8 scale = (v8)((((vi8)t - 0x4B400000) + 127) << 23);
+    const v8 y = p * scale;
+    return (v8)(((vi8)y & ~(under | over)) | ((vi8)inf & over));
+}
+
+/* Up to eight floats from p (w of them; the other lanes `pad`), and their store. A part is moved
+   lane by lane: one memcpy of w floats would serve eight too (compilers merge the two into a
+   `rep movs`, several times slower). */
+static inline v8 load8(const float *p, int64_t w, float pad) {
+    v8 v;
+    if (w == 8) {
+        memcpy(&v, p, 32);
+    } else {
+        for (int q = 0; q < 8; q++) v[q] = q < w ? p[q] : pad;
+    }
+    return v;
+}
+
+static inline void store8(float *p, v8 v, int64_t w) {
+    if (w == 8) {
+        memcpy(p, &v, 32);
+    } else {
+        for (int q = 0; q < 8; q++)
+            if (q < w) p[q] = v[q];
+    }
+}
+
+static inline v8 vmax(v8 a, v8 b) {
+    const vi8 gt = b > a;
+    return (v8)(((vi8)a & ~gt) | ((vi8)b & gt));
+}
+
+/* A row's log-softmax (d == 1): m = the max; s = the sum of exp(x - m), eight lanes in order
+   along the row, the lanes added pairwise; lp = (x - m) - logf(s). */
+static void lsm_row(const float *x, float *lp, int64_t c) {
+    v8 m8 = (v8){0} - INFINITY, s8 = (v8){0};
+    for (int64_t j = 0; j < c; j += 8) m8 = vmax(m8, load8(x + j, c - j < 8 ? c - j : 8, -INFINITY));
+    float m = m8[0];
+    for (int q = 1; q < 8; q++) m = m8[q] > m ? m8[q] : m;
+    for (int64_t j = 0; j < c; j += 8) s8 += vexp(load8(x + j, c - j < 8 ? c - j : 8, -INFINITY) - m);
+    const float lse = logf(((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7])));
+    for (int64_t j = 0; j < c; j += 8) {
+        const int64_t w = c - j < 8 ? c - j : 8;
+        store8(lp + j, (load8(x + j, w, 0.0f) - m) - lse, w);
+    }
+}
+
+/* The log-softmax over c of a [c, d] block (d > 1), eight of its d columns at a time: per column
+   the max, the sum of exp(x - max) over c in order, (x - max) - logf(sum). */
+static void lsm_cols(const float *x, float *lp, int64_t c, int64_t d) {
+    for (int64_t j = 0; j < d; j += 8) {
+        const int64_t w = d - j < 8 ? d - j : 8;
+        v8 m = (v8){0} - INFINITY, s = (v8){0}, lse;
+        for (int64_t ci = 0; ci < c; ci++) m = vmax(m, load8(x + ci * d + j, w, -INFINITY));
+        for (int64_t ci = 0; ci < c; ci++) s += vexp(load8(x + ci * d + j, w, -INFINITY) - m);
+        for (int q = 0; q < 8; q++) lse[q] = logf(s[q]);
+        for (int64_t ci = 0; ci < c; ci++) store8(lp + ci * d + j, (load8(x + ci * d + j, w, 0.0f) - m) - lse, w);
+    }
+}
+
+/* The sum of the kept samples' w over labels[0..count) (in order, in double) into *wsum. */
+static int64_t sce_wsum(const int64_t *labels, int64_t count, int64_t c, const float *weight, int64_t ignore,
+                        double *wsum) {
+    double s = 0.0;
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t l = labels[i];
+        if (l == ignore) continue;
+        if (l < 0 || l >= c) return i;
+        s += weight ? (double)weight[l] : 1.0;
+    }
+    *wsum = s;
+    return -1;
+}
+
+/* SoftmaxCrossEntropyLoss: with x, log_prob's rows r0..r1 = the log-softmax of x's; with loss,
+   then the loss of all n rows from log_prob: per sample -lp[label] * w (float), kept (none) or
+   summed in double in order (sum), over the sum of every kept label's w (mean, unless 0). */
+int64_t sce_loss_f32(const int64_t *g, const float *x, float *lp, const int64_t *labels, const float *weight,
+                     const int64_t *ignore_p, float *loss, int64_t r0, int64_t r1) {
+    const int64_t n = g[0], c = g[1], d = g[2], start = g[3], n_all = g[4], red = g[5], ignore = *ignore_p;
+    if (x)
+        for (int64_t r = r0; r < r1; r++) {
+            if (d == 1) lsm_row(x + r * c, lp + r * c, c);
+            else lsm_cols(x + r * c * d, lp + r * c * d, c, d);
+        }
+    if (!loss) return -1;
+    double wsum = 0.0, total = 0.0;
+    if (red == 2) {
+        const int64_t bad = sce_wsum(labels, n_all * d, c, weight, ignore, &wsum);
+        if (bad >= 0) return bad;
+    }
+    const int64_t *lab = labels + start * d;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t k = 0; k < d; k++) {
+            const int64_t i = r * d + k, l = lab[i];
+            float per = 0.0f;
+            if (l != ignore) {
+                if (l < 0 || l >= c) return start * d + i;
+                per = -lp[(r * c + l) * d + k];
+                if (weight) per = per * weight[l];
+            }
+            if (red == 0) loss[i] = per;
+            else total += (double)per;
+        }
+    if (red != 0) *loss = (float)(red == 2 && wsum != 0.0 ? total / wsum : total);
+    return -1;
+}
+
+/* A row's gradient (d == 1): (exp(lp) - (j == label)) * f, eight at a time (out may be lp). */
+static void sce_grad_row(const float *lp, float *out, int64_t c, int64_t label, float f) {
+    for (int64_t j = 0; j < c; j += 8) {
+        const int64_t w = c - j < 8 ? c - j : 8;
+        v8 e = vexp(load8(lp + j, w, 0.0f));
+        if (label >= j && label < j + 8) e[label - j] -= 1.0f;
+        store8(out + j, e * f, w);
+    }
+}
+
+/* SoftmaxCrossEntropyLossGrad on rows r0..r1: dlogits = (exp(lp) - onehot(label)) * f, f = w * dY
+   (none: the sample's dY; sum: dY; mean: (float)(dY / the sum in double of every kept label's w),
+   dY where that is 0); f = 0 where ignored. out may be lp (each element read before written). */
+int64_t sce_grad_f32(const int64_t *g, const float *dy, const float *lp, const int64_t *labels, const float *weight,
+                     const int64_t *ignore_p, float *out, int64_t r0, int64_t r1) {
+    const int64_t c = g[1], d = g[2], start = g[3], n_all = g[4], red = g[5], ignore = *ignore_p;
+    float scaled = red == 0 ? 0.0f : dy[0];
+    if (red == 2) {
+        double wsum = 0.0;
+        const int64_t bad = sce_wsum(labels, n_all * d, c, weight, ignore, &wsum);
+        if (bad >= 0) return bad;
+        if (wsum != 0.0) scaled = (float)((double)dy[0] / wsum);
+    }
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t *lab = labels + (start + r) * d;
+        for (int64_t j = 0; j < d; j += 8) {
+            const int64_t w = d - j < 8 ? d - j : 8;
+            vi8 l8 = (vi8){0} - 1;
+            v8 f8 = (v8){0};
+            for (int64_t q = 0; q < w; q++) {
+                const int64_t l = lab[j + q];
+                if (l == ignore) continue;
+                if (l < 0 || l >= c) return (start + r) * d + j + q;
+                const float wl = weight ? weight[l] : 1.0f;
+                l8[q] = (int)l;
+                f8[q] = wl * (red == 0 ? dy[(start + r) * d + j + q] : scaled);
+            }
+            if (d == 1) { sce_grad_row(lp + r * c, out + r * c, c, l8[0], f8[0]); continue; }
+            const v8 one = (v8){0} + 1.0f;
+            for (int64_t ci = 0; ci < c; ci++) {
+                const int64_t at = (r * c + ci) * d + j;
+                const v8 e = vexp(load8(lp + at, w, 0.0f));
+                store8(out + at, (e - (v8)((vi8)one & (l8 == (int)ci))) * f8, w);
+            }
+        }
+    }
+    return -1;
+}
 """
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "small_conv_fwd": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I],
-               "small_conv_dw": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I]}
+               "small_conv_dw": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I],
+               "sce_loss_f32": [_P] * 7 + [_I, _I],
+               "sce_grad_f32": [_P] * 7 + [_I, _I]}
+_RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I}  # the others return nothing
 
 
 def _compiler() -> str | None:
@@ -264,7 +460,7 @@ def _library() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(path))
             for name, argtypes in _SIGNATURES.items():
                 fn = getattr(lib, name)
-                fn.restype = None
+                fn.restype = _RESTYPES.get(name)
                 fn.argtypes = argtypes
     except (OSError, subprocess.SubprocessError):
         lib = None
@@ -299,3 +495,26 @@ def small_conv() -> SmallConv | None:
         return None
     lib = _library()
     return SmallConv(lib.small_conv_fwd, lib.small_conv_dw) if lib is not None else None
+
+
+@dataclass(frozen=True)
+class Sce:
+    """SoftmaxCrossEntropyLoss's and its gradient's loops (addresses as ints, None for NULL;
+    ctypes releases the interpreter lock). `g` is an int64 array (n, c, d, start, n_all,
+    reduction: SCE_REDUCTIONS), `ignore` the address of an int64 ignore_index, read at the call:
+
+    loss(g, x or None, log_prob, labels, weight or None, ignore, loss or None, r0, r1): log_prob's
+    rows r0..r1 from x (when given), then the loss from all of log_prob (when given);
+    grad(g, dy, log_prob, labels, weight or None, ignore, dlogits, r0, r1): dlogits' rows r0..r1.
+    Each returns -1, or the flat index in labels of a label out of [0, c) not ignored."""
+
+    loss: Callable[..., int]
+    grad: Callable[..., int]
+
+
+def sce() -> Sce | None:
+    """The SCE loops, or None: the numpy path (kernels/softmax_loss.py)."""
+    if not settings.current().native_kernels:
+        return None
+    lib = _library()
+    return Sce(lib.sce_loss_f32, lib.sce_grad_f32) if lib is not None else None

@@ -7,18 +7,26 @@ kernels on rows [start, stop) of the scores (log_prob) with the labels (and weig
 mean's denominator (the kept labels' summed weights) is the whole step's, computed as the unsplit
 kernel does; a forward chunk writes its rows of log_prob and its share of the loss (its rows'
 sum, over the whole denominator for mean), a gradient chunk its rows of dlogits (the same bits:
-each row from the same factor)."""
+each row from the same factor).
+
+On host float32 scores with int64 labels (weight absent or float32, all C-contiguous), both ops
+and their row chunks run the fused C loops of kernels/native.py (native.sce: one call a node on
+mlp's 64 x 10, ~4 us where the numpy path's ~15 calls took ~50-90): their log_prob and dlogits
+are the loops' bits (their own exp; within the tests' tolerances of ONNX Runtime), the same for
+a whole node and its row chunks and at any thread count. Everything else (float64, other label
+types, ONNXPLAN_NATIVE_KERNELS=0, no compiler, the GPU) takes the numpy/torch path below."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp, parallel
+from onnxplan.kernels import _torch, _xp, native, parallel
 from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
@@ -213,10 +221,14 @@ def _label_weights(ctx, labels, weight, ignore_input, ncd: tuple[int, int, int],
     kept = labels2 != int(ignore)
     safe = xp.where(kept, labels2, 0)
     if labels2.size and bool(((safe < 0) | (safe >= classes)).any()):
-        raise IndexError(f"{ctx.node.name}: a label is out of range [0, {classes}) and not ignore_index {ignore}")
+        raise _label_error(ctx.node.name, classes, ignore)
     kept = kept.astype(dtype)
     w = xp.take(weight, safe).astype(dtype, copy=False) * kept if weight is not None else kept
     return safe, kept, w
+
+
+def _label_error(node_name: str, classes: int, ignore) -> IndexError:
+    return IndexError(f"{node_name}: a label is out of range [0, {classes}) and not ignore_index {ignore}")
 
 
 def _ncd(logits_shape) -> tuple[int, int, int]:
@@ -232,18 +244,22 @@ def _sce_scratch(node, in_specs, out_specs) -> int:
 
 
 def _prepare_sce(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
-    """SoftmaxCrossEntropyLoss's views and its log-softmax step (torch's row kernel where it
-    takes them) made once; the step returned computes the loss from them (bound: once a node, a
-    0.7 ms mlp step's ~20 us of views and torch tensors saved)."""
+    """SoftmaxCrossEntropyLoss's step made once (bound: once a node): the fused C loops where
+    they take the node (_native_sce_loss), else its views and its log-softmax step (torch's row
+    kernel where it takes them), the step computing the loss from them (bound: a 0.7 ms mlp
+    step's ~20 us of views and torch tensors saved)."""
     xp, logits = ctx.xp, inputs[0]
     n, c, d = _ncd(logits.shape)
     log_prob = outputs[1] if len(outputs) > 1 else None
     if log_prob is None:
         log_prob = ctx.scratch_array(0, logits.shape, logits.dtype)
-    lp3, x3 = log_prob.reshape(n, c, d), logits.reshape(n, c, d)
-    log_softmax = _torch_softmax(xp, x3, lp3, log=True) or partial(_softmax, xp, x3, lp3, True)
     reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
     rows = _row_range(ctx.attrs, n)
+    fused = _native_sce_loss(ctx, inputs, outputs[0], log_prob, reduction, rows)
+    if fused is not None:
+        return fused
+    lp3, x3 = log_prob.reshape(n, c, d), logits.reshape(n, c, d)
+    log_softmax = _torch_softmax(xp, x3, lp3, log=True) or partial(_softmax, xp, x3, lp3, True)
 
     def step(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
         log_softmax()
@@ -294,13 +310,24 @@ def softmax_cross_entropy_loss(ctx, inputs, outputs):
     prepared_call(_prepare_sce, ctx, inputs, outputs)
 
 
-@kernel("SoftmaxCrossEntropyLossGrad", MS, overwrites={0: (1,)})
-@kernel("SoftmaxCrossEntropyLossGradRows", "onnxplan", overwrites={0: (1,)})
-@kernel("SoftmaxCrossEntropyLossInternalGrad", MS, overwrites={0: (1,)})
+def _prepare_sce_grad(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
+    """SoftmaxCrossEntropyLossGrad's step: the fused C loop where it takes the node
+    (_native_sce_grad, its addresses made once), else the numpy kernel (_sce_grad)."""
+    return _native_sce_grad(ctx, inputs, outputs) or _sce_grad
+
+
+@kernel("SoftmaxCrossEntropyLossGrad", MS, overwrites={0: (1,)}, bind=bind_prepared(_prepare_sce_grad))
+@kernel("SoftmaxCrossEntropyLossGradRows", "onnxplan", overwrites={0: (1,)}, bind=bind_prepared(_prepare_sce_grad))
+@kernel("SoftmaxCrossEntropyLossInternalGrad", MS, overwrites={0: (1,)}, bind=bind_prepared(_prepare_sce_grad))
 def softmax_cross_entropy_loss_grad(ctx, inputs, outputs):
     """dlogits = (exp(log_prob) - onehot(label)) * weight[label] * dY', where dY' is dY per sample
     (none), dY (sum) or dY over the summed weights / kept count (mean); 0 where ignored.
     The Internal form takes ignore_index as input 4 and adds an optional bias (input 5)."""
+    prepared_call(_prepare_sce_grad, ctx, inputs, outputs)
+
+
+def _sce_grad(ctx, inputs, outputs):
+    """The numpy kernel of softmax_cross_entropy_loss_grad."""
     xp, (dy, log_prob, labels), out = ctx.xp, inputs[:3], outputs[0]
     weight, ignore_input, bias = _optional(inputs, 3), _optional(inputs, 4), _optional(inputs, 5)
     n, c, d = _ncd(log_prob.shape)
@@ -344,6 +371,128 @@ def _sce_grad_rows(xp: Any, lp3: Any, out3: Any, safe: Any, kept: Any, factor3: 
     cols = xp.arange(out3.shape[2]).reshape(1, -1)
     out3[rows, safe, cols] -= kept
     xp.multiply(out3, factor3, out=out3)
+
+
+# ---- the fused C loops (kernels/native.py) ------------------------------------------------------
+@dataclass(frozen=True)
+class _Fused:
+    """A node's arguments to the SCE loops: the loops, the geometry (native.Sce) and the
+    ignore_index they read (the Internal form's input, else an array of the attribute); held by
+    the step, which calls the loops with these arrays' addresses."""
+
+    fns: native.Sce
+    geometry: np.ndarray
+    ignore: np.ndarray
+    node_name: str
+    classes: int
+
+    def check(self, bad: int) -> None:
+        """Raise the numpy path's IndexError for a loop's result that is a label's index."""
+        if bad >= 0:
+            raise _label_error(self.node_name, self.classes, int(self.ignore.reshape(-1)[0]))
+
+
+def _f32(a: Any, size: int) -> bool:
+    """A host float32 C-contiguous array of `size` elements."""
+    return isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous and a.size == size
+
+
+def _fused(ctx: KernelContext, scores: Any, labels: Any, weight: Any, ignore_input: Any, rows: tuple[int, int],
+           reduction: str) -> _Fused | None:
+    """The SCE loops' arguments where they take the node exactly: numpy, float32 scores
+    (log_prob) [n, c, d...], int64 labels [n_all, d...] of which rows `rows` are the scores' (the
+    whole node: all), weight absent or float32 [c], ignore_index an attribute or an int64 scalar,
+    reduction none, sum or mean, all C-contiguous; None: the numpy path."""
+    code = native.SCE_REDUCTIONS.get(reduction)
+    if ctx.xp is not np or code is None or not isinstance(scores, np.ndarray) or scores.ndim < 2:
+        return None
+    n, c, d = _ncd(scores.shape)
+    lo, hi = rows
+    if not (_f32(scores, n * c * d) and isinstance(labels, np.ndarray) and labels.dtype == np.int64
+            and labels.flags.c_contiguous and labels.ndim >= 1):
+        return None
+    n_all = int(labels.shape[0])
+    if labels.size != n_all * d or hi - lo != n or lo < 0 or hi > n_all or (weight is not None and not _f32(weight, c)):
+        return None
+    if ignore_input is None:
+        ignore = np.array([int(ctx.attrs.get("ignore_index", ORT_DEFAULT_IGNORE_INDEX))], np.int64)
+    elif isinstance(ignore_input, np.ndarray) and ignore_input.dtype == np.int64 and ignore_input.size == 1:
+        ignore = ignore_input  # read at each call (its memory is the node's)
+    else:
+        return None
+    fns = native.sce()
+    if fns is None:
+        return None
+    return _Fused(fns, np.array([n, c, d, lo, n_all, code], np.int64), ignore, ctx.node.name, c)
+
+
+def _addr(a: Any) -> int | None:
+    return None if a is None else int(a.ctypes.data)
+
+
+def _native_sce_loss(ctx: KernelContext, inputs: list, loss: Any, log_prob: Any, reduction: str,
+                     rows: tuple[int, int]) -> KernelFn | None:
+    """SoftmaxCrossEntropyLoss by the fused loops (_fused): log_prob's rows cut across the
+    compute threads as torch's log-softmax is (SOFTMAX_PASSES) and the loss after them in one
+    call, or both in one call where the rows are not cut; None: the numpy path."""
+    logits, labels, weight = inputs[0], inputs[1], _optional(inputs, 2)
+    at = _fused(ctx, logits, labels, weight, _optional(inputs, 3), rows, reduction)
+    if at is None:
+        return None
+    n, c, d = _ncd(logits.shape)
+    if not (_f32(log_prob, n * c * d) and _f32(loss, n * d if reduction == "none" else 1)):
+        return None
+    head = (_addr(at.geometry), _addr(logits), _addr(log_prob), _addr(labels), _addr(weight), _addr(at.ignore))
+    parts = _row_parts(ctx.xp, n, c * d)
+    if len(parts) == 1:
+        call = partial(at.fns.loss, *head, _addr(loss), 0, n)
+    else:
+        pieces = [partial(_checked, at, partial(at.fns.loss, *head, None, lo, hi)) for lo, hi in parts]
+        reduce = partial(at.fns.loss, head[0], None, *head[2:], _addr(loss), 0, 0)
+        call = partial(_after, partial(parallel.run, pieces), reduce)
+
+    def step(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        at.check(call())
+
+    return step
+
+
+def _after(first: Callable[[], Any], then: Callable[[], int]) -> int:
+    first()
+    return then()
+
+
+def _native_sce_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    """SoftmaxCrossEntropyLossGrad by the fused loop (_fused), its rows cut across the compute
+    threads as the numpy kernel's are (SCE_GRAD_PASSES), the Internal form's bias added after;
+    None: the numpy path."""
+    (dy, log_prob, labels), out = inputs[:3], outputs[0]
+    weight, bias = _optional(inputs, 3), _optional(inputs, 5)
+    n, c, d = _ncd(log_prob.shape)
+    reduction = _xp.attr_str(ctx.attrs.get("reduction"), "mean")
+    rows = _row_range(ctx.attrs, n)
+    at = _fused(ctx, log_prob, labels, weight, _optional(inputs, 4), rows, reduction)
+    if at is None or not _f32(out, n * c * d):
+        return None
+    if not _f32(dy, int(at.geometry[4]) * d if reduction == "none" else 1):
+        return None
+    head = (_addr(at.geometry), _addr(dy), _addr(log_prob), _addr(labels), _addr(weight), _addr(at.ignore), _addr(out))
+    calls = [partial(at.fns.grad, *head, lo, hi) for lo, hi in parallel.row_parts(ctx.xp, n, c * d, passes=SCE_GRAD_PASSES)]
+    pieces = [partial(_checked, at, call) for call in calls]
+
+    def step(ctx_: KernelContext, inputs_: list, outputs_: list) -> None:
+        if len(calls) == 1:
+            at.check(calls[0]())
+        else:
+            parallel.run(pieces)
+        if bias is not None:
+            np.add(out, bias, out=out)
+
+    return step
+
+
+def _checked(at: _Fused, call: Callable[[], int]) -> None:
+    at.check(call())
 
 
 @kernel("NegativeLogLikelihoodLoss")
