@@ -13,6 +13,7 @@ import numpy as np
 from onnxplan import settings
 from onnxplan.kernels import conv_layout, parallel
 from onnxplan.kernels.conv_depthwise import depthwise_conv
+from onnxplan.kernels.conv_depthwise_loops import by_loops, depthwise_loops
 from onnxplan.kernels.conv_layout import Layout, chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_small import by_small, small_conv
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
@@ -120,6 +121,9 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     ckg, rest = prod(w.shape[1:]), length // y.shape[2]
     w3 = w.reshape(group, mg, ckg)
     y3 = y.reshape(n, m, length)
+    if by_loops(win, group, x, w, b, y):  # depthwise: fused loops, the bias included
+        depthwise_loops(win, x, w, b, y)
+        return
     if by_taps(x.shape, w.shape, y.shape, group):  # the bias first, then every tap added
         taps_accumulate(ctx, win, x, w, y, False, b)
         return

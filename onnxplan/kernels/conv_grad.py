@@ -10,6 +10,7 @@ import numpy as np
 
 from onnxplan.kernels import conv_grad_dx, conv_layout
 from onnxplan.kernels.conv_depthwise import depthwise_dw
+from onnxplan.kernels.conv_depthwise_loops import by_loops, depthwise_loops_dw, depthwise_loops_dx
 from onnxplan.kernels.conv_layout import chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_small import by_small, small_conv_dw
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_dw, taps_layout
@@ -113,6 +114,12 @@ def conv_grad(ctx: KernelContext, inputs, outputs) -> None:
             rows, xt = dy.reshape(group, mg, length), x.reshape(group, cg, length).transpose(0, 2, 1)
         split_matmul(xp, rows, xt, view(xp, dw, (group, mg, cg)))
         dw = None
+    if by_loops(win, group, x, w, dy, dx, dw):  # depthwise: fused loops
+        if dx is not None:
+            depthwise_loops_dx(win, dy, w, dx)
+        if dw is not None:
+            depthwise_loops_dw(win, dy, x, dw)
+        return
     if by_taps(x.shape, w.shape, dy.shape, group):
         if dx is not None:
             taps_accumulate(ctx, win, dy, w, dx, True)

@@ -25,10 +25,16 @@ and CPU):
   and the gradient are not the numpy path's bits (numpy's or torch's exp), but agree with ONNX
   Runtime within the kernel tests' tolerances. The loss's sums (the per-sample losses, the kept
   labels' weights) run in double, in order, on one thread.
+- a 2-D depthwise convolution, its dX and its dW (kernels/conv_depthwise_loops.py), plane by
+  plane: each output row summed over the taps in place (a pass over the row a tap), where the
+  numpy paths copy channels-last columns and sum them. Each output (and dX element) adds its
+  taps' products in order; dW sums a row's products in eight float lanes, added into a double,
+  rows and images in order. Not the numpy paths' bits; the same at any thread count (planes or
+  channels are cut, never a sum).
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
-(onnxplan.settings), `adamw()`, `small_conv()` and `sce()` are None and the kernels take the
-numpy paths.
+(onnxplan.settings), `adamw()`, `small_conv()`, `sce()` and `depthwise_conv()` are None and the
+kernels take the numpy paths.
 """
 
 from __future__ import annotations
@@ -47,14 +53,15 @@ from pathlib import Path
 
 from onnxplan import settings
 
-__all__ = ["ADAMW_CONSTANTS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M", "Sce", "SmallConv", "adamw",
-           "library_path", "sce", "small_conv"]
+__all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
+           "DepthwiseConv", "Sce", "SmallConv", "adamw", "depthwise_conv", "library_path", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
 ADAMW_CONSTANTS = ("lr", "alpha", "beta", "one_minus_alpha", "one_minus_beta", "eps", "wd", "alpha_corr",
                    "beta_corr", "lr_corr", "lr_wd")
 SMALL_CONV_M = 8  # output channels the small conv's loops hold in registers at most
 SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its double accumulators)
+DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
 _SOURCE = r"""
@@ -399,6 +406,134 @@ int64_t sce_grad_f32(const int64_t *g, const float *dy, const float *lp, const i
     }
     return -1;
 }
+/* ---- a 2-D depthwise convolution (one channel per group), plane by plane ----
+   (conv_depthwise_loops.py) g: c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw (X (n, c, h, w),
+   Y (n, c, oh, ow), W (c, kh * kw), contiguous). A plane is one (image, channel); each output
+   row is summed over the taps in order (i, then j), one pass over the row a tap. */
+#define DW_MAX_TAPS 1024  /* DEPTHWISE_MAX_TAPS */
+static inline void dw_spans(const int64_t *g, int64_t *span) {
+    /* per kernel column j, the outputs o of a row with 0 <= o * sw + j * dw - pw < w: [lo, hi) */
+    const int64_t w = g[2], kw = g[4], ow = g[6], sw = g[8], pw = g[10], dw = g[12];
+    for (int64_t j = 0; j < kw; j++) {
+        const int64_t off = j * dw - pw;
+        int64_t a = off >= 0 ? 0 : (-off + sw - 1) / sw;
+        int64_t b = w - 1 - off >= 0 ? (w - 1 - off) / sw + 1 : 0;
+        if (b > ow) b = ow;
+        span[2 * j] = a;
+        span[2 * j + 1] = b > a ? b : a;
+    }
+}
+
+void dw_conv_fwd(const int64_t *g, const float *x, const float *wt, const float *bias, float *y,
+                 int64_t p0, int64_t p1) {
+    const int64_t c = g[0], h = g[1], w = g[2], kh = g[3], kw = g[4], oh = g[5], ow = g[6], sh = g[7],
+                  sw = g[8], ph = g[9], pw = g[10], dh = g[11], dw = g[12];
+    int64_t span[2 * DW_MAX_TAPS];
+    dw_spans(g, span);
+    for (int64_t p = p0; p < p1; p++) {
+        const float *xp = x + p * h * w, *wc = wt + (p % c) * kh * kw;
+        for (int64_t r = 0; r < oh; r++) {
+            float *restrict yr = y + p * oh * ow + r * ow;
+            for (int64_t o = 0; o < ow; o++) yr[o] = 0.0f;
+            for (int64_t i = 0; i < kh; i++) {
+                const int64_t ih = r * sh - ph + i * dh;
+                if (ih < 0 || ih >= h) continue;
+                const float *restrict xr = xp + ih * w;
+                for (int64_t j = 0; j < kw; j++) {
+                    const int64_t off = j * dw - pw, lo = span[2 * j], hi = span[2 * j + 1];
+                    const float wv = wc[i * kw + j];
+                    if (sw == 1) {
+                        for (int64_t o = lo; o < hi; o++) yr[o] += wv * xr[o + off];
+                    } else {
+                        for (int64_t o = lo; o < hi; o++) yr[o] += wv * xr[o * sw + off];
+                    }
+                }
+            }
+            if (bias) {
+                const float b = bias[p % c];
+                for (int64_t o = 0; o < ow; o++) yr[o] += b;
+            }
+        }
+    }
+}
+
+/* dX of planes p0..p1: zeroed, then every output row's taps added in (rows in order, taps in
+   order), dX[ih, o * sw + off] += W[tap] dY[r, o]. */
+void dw_conv_dx(const int64_t *g, const float *dy, const float *wt, float *dx, int64_t p0, int64_t p1) {
+    const int64_t c = g[0], h = g[1], w = g[2], kh = g[3], kw = g[4], oh = g[5], ow = g[6], sh = g[7],
+                  sw = g[8], ph = g[9], pw = g[10], dh = g[11], dw = g[12];
+    int64_t span[2 * DW_MAX_TAPS];
+    dw_spans(g, span);
+    for (int64_t p = p0; p < p1; p++) {
+        float *xp = dx + p * h * w;
+        const float *wc = wt + (p % c) * kh * kw;
+        memset(xp, 0, (size_t)(h * w) * sizeof(float));
+        for (int64_t r = 0; r < oh; r++) {
+            const float *restrict yr = dy + p * oh * ow + r * ow;
+            for (int64_t i = 0; i < kh; i++) {
+                const int64_t ih = r * sh - ph + i * dh;
+                if (ih < 0 || ih >= h) continue;
+                float *restrict xr = xp + ih * w;
+                for (int64_t j = 0; j < kw; j++) {
+                    const int64_t off = j * dw - pw, lo = span[2 * j], hi = span[2 * j + 1];
+                    const float wv = wc[i * kw + j];
+                    if (sw == 1) {
+                        for (int64_t o = lo; o < hi; o++) xr[o + off] += wv * yr[o];
+                    } else {
+                        for (int64_t o = lo; o < hi; o++) xr[o * sw + off] += wv * yr[o];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* dW of channels c0..c1 over n images: per tap, each row's products in eight float lanes (a
+   tail after them), the lanes added in order into a double, the rows and images in order. */
+void dw_conv_dw(const int64_t *g, int64_t n, const float *dy, const float *x, float *dwt, int64_t c0,
+                int64_t c1) {
+    const int64_t c = g[0], h = g[1], w = g[2], kh = g[3], kw = g[4], oh = g[5], ow = g[6], sh = g[7],
+                  sw = g[8], ph = g[9], pw = g[10], dh = g[11], dw = g[12];
+    int64_t span[2 * DW_MAX_TAPS];
+    dw_spans(g, span);
+    double acc[DW_MAX_TAPS];
+    for (int64_t ch = c0; ch < c1; ch++) {
+        for (int64_t t = 0; t < kh * kw; t++) acc[t] = 0.0;
+        for (int64_t img = 0; img < n; img++) {
+            const int64_t p = img * c + ch;
+            const float *xp = x + p * h * w;
+            for (int64_t r = 0; r < oh; r++) {
+                const float *yr = dy + p * oh * ow + r * ow;
+                for (int64_t i = 0; i < kh; i++) {
+                    const int64_t ih = r * sh - ph + i * dh;
+                    if (ih < 0 || ih >= h) continue;
+                    const float *xr = xp + ih * w;
+                    for (int64_t j = 0; j < kw; j++) {
+                        const int64_t off = j * dw - pw, lo = span[2 * j], hi = span[2 * j + 1];
+                        v8 s = (v8){0};
+                        int64_t o = lo;
+                        for (; o + 8 <= hi; o += 8) {
+                            v8 a, b;
+                            memcpy(&a, yr + o, 32);
+                            if (sw == 1) {
+                                memcpy(&b, xr + o + off, 32);
+                            } else {
+                                for (int q = 0; q < 8; q++) b[q] = xr[(o + q) * sw + off];
+                            }
+                            s += a * b;
+                        }
+                        float tail = 0.0f;
+                        for (; o < hi; o++) tail += yr[o] * xr[o * sw + off];
+                        double sum = 0.0;
+                        for (int q = 0; q < 8; q++) sum += (double)s[q];
+                        acc[i * kw + j] += sum + (double)tail;
+                    }
+                }
+            }
+        }
+        for (int64_t t = 0; t < kh * kw; t++) dwt[ch * kh * kw + t] = (float)acc[t];
+    }
+}
 """
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -407,7 +542,10 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "small_conv_fwd": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I],
                "small_conv_dw": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I],
                "sce_loss_f32": [_P] * 7 + [_I, _I],
-               "sce_grad_f32": [_P] * 7 + [_I, _I]}
+               "sce_grad_f32": [_P] * 7 + [_I, _I],
+               "dw_conv_fwd": [_P] * 5 + [_I, _I],
+               "dw_conv_dx": [_P] * 4 + [_I, _I],
+               "dw_conv_dw": [_P, _I, _P, _P, _P, _I, _I]}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I}  # the others return nothing
 
 
@@ -518,3 +656,25 @@ def sce() -> Sce | None:
         return None
     lib = _library()
     return Sce(lib.sce_loss_f32, lib.sce_grad_f32) if lib is not None else None
+
+
+@dataclass(frozen=True)
+class DepthwiseConv:
+    """A 2-D depthwise convolution's loops (addresses as ints, None for NULL; ctypes releases
+    the interpreter lock); `g` is an int64 array (c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw):
+
+    fwd(g, x, w, bias or None, y, p0, p1): Y's planes p0..p1 (plane: image * c + channel);
+    dx(g, dy, w, dx, p0, p1): dX's planes p0..p1;
+    dw(g, n, dy, x, dw, c0, c1): dW's channels c0..c1 over n images (kh * kw <= DEPTHWISE_MAX_TAPS)."""
+
+    fwd: Callable[..., None]
+    dx: Callable[..., None]
+    dw: Callable[..., None]
+
+
+def depthwise_conv() -> DepthwiseConv | None:
+    """The depthwise conv's loops, or None: the numpy paths (kernels/conv_depthwise_loops.py)."""
+    if not settings.current().native_kernels:
+        return None
+    lib = _library()
+    return DepthwiseConv(lib.dw_conv_fwd, lib.dw_conv_dx, lib.dw_conv_dw) if lib is not None else None
