@@ -13,17 +13,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnxplan import settings  # noqa: E402
+from benchmarks.bench_conv_small import call_ms, use_path  # noqa: E402
 from onnxplan.ir.windows import window  # noqa: E402
 from onnxplan.kernels import conv_depthwise_loops  # noqa: E402
-from onnxplan.threads import use_threads  # noqa: E402
 from tests.kernel_harness import call_kernel, make_node  # noqa: E402
 
 # (X shape, kernel, stride, pad): hf-mobilenet-v2@bench's layers (50 down to 5 wide, explicit
@@ -34,18 +32,6 @@ CASES = [
     ((8, 960, 5, 5), 3, 1, 0), ((16, 96, 56, 56), 3, 1, 1), ((16, 240, 28, 28), 5, 1, 2),
     ((8, 96, 56, 56), 7, 1, 3), ((8, 384, 14, 14), 7, 1, 3),
 ]
-
-
-def _ms(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
-def _path(native: bool, threads: int) -> None:
-    os.environ["ONNXPLAN_NATIVE_KERNELS"] = "1" if native else "0"
-    settings.reload()
-    use_threads(threads)
 
 
 def main() -> None:
@@ -71,15 +57,15 @@ def main() -> None:
         attrs = {"pads": [p] * 4, "strides": [s, s], "kernel_shape": [k, k], "group": c}
         fwd, grad = make_node("Conv", [x, w, b], 1, attrs), make_node("ConvGrad", [dy, x, w], 3, attrs, "com.microsoft")
         dx, dw, db = np.empty_like(x), np.empty_like(w), np.empty_like(b)
-        _path(True, args.threads)
+        use_path(True, args.threads)
         win = window(attrs, x_shape[2:], y.shape[2:], w.shape[2:])
         loops = conv_depthwise_loops.by_loops(win, c, x, w, y) and x_shape[3] >= rule_width
         times: dict[tuple[str, bool], list[float]] = {}
         for _ in range(args.rounds):
             for native in (True, False):
-                _path(native, args.threads)
-                times.setdefault(("fwd", native), []).append(_ms(lambda: call_kernel(fwd, [x, w, b], [y])))
-                times.setdefault(("grad", native), []).append(_ms(lambda: call_kernel(grad, [dy, x, w], [dx, dw, db])))
+                use_path(native, args.threads)
+                times.setdefault(("fwd", native), []).append(call_ms(lambda: call_kernel(fwd, [x, w, b], [y])))
+                times.setdefault(("grad", native), []).append(call_ms(lambda: call_kernel(grad, [dy, x, w], [dx, dw, db])))
         f = {key: min(v) for key, v in times.items()}
         print(f"| {'x'.join(map(str, x_shape))} | {k}x{k}, {s} | {'loops' if loops else 'numpy'} "
               f"| {f['fwd', True]:.2f} | {f['fwd', False]:.2f} | {f['fwd', True] / f['fwd', False]:.2f} "

@@ -33,14 +33,15 @@ CASES = [
 ]
 
 
-def _ms(fn) -> float:
+def call_ms(fn) -> float:
     """One call's wall time, in ms."""
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e3
 
 
-def _path(native: bool, threads: int) -> None:
+def use_path(native: bool, threads: int) -> None:
+    """The fused loops (native) or the numpy / BLAS paths from here on, at `threads`."""
     os.environ["ONNXPLAN_NATIVE_KERNELS"] = "1" if native else "0"
     settings.reload()
     use_threads(threads)
@@ -72,15 +73,15 @@ def main() -> None:
         attrs = {"pads": [p] * 4, "strides": [s, s], "kernel_shape": [k, k]}
         fwd, grad = make_node("Conv", [x, w, b], 1, attrs), make_node("ConvGrad", [dy, x, w], 3, attrs, "com.microsoft")
         dw, db = np.empty_like(w), np.empty_like(b)
-        _path(True, args.threads)
+        use_path(True, args.threads)
         ruled = conv_small.by_small(x, w, y, 1, window(attrs, x_shape[2:], y.shape[2:], w.shape[2:]))
         times: dict[tuple[str, bool], list[float]] = {}
         for _ in range(args.rounds):
             for native in (True, False):
                 native_on[0] = native
-                _path(native, args.threads)
-                times.setdefault(("fwd", native), []).append(_ms(lambda: call_kernel(fwd, [x, w, b], [y])))
-                times.setdefault(("dw", native), []).append(_ms(lambda: call_kernel(grad, [dy, x, w], [None, dw, db])))
+                use_path(native, args.threads)
+                times.setdefault(("fwd", native), []).append(call_ms(lambda: call_kernel(fwd, [x, w, b], [y])))
+                times.setdefault(("dw", native), []).append(call_ms(lambda: call_kernel(grad, [dy, x, w], [None, dw, db])))
         f = {key: min(v) for key, v in times.items()}
         print(f"| {'x'.join(map(str, x_shape))} | {m} | {k}x{k}, {s} | {'fused' if ruled else 'BLAS'} "
               f"| {f['fwd', True]:.2f} | {f['fwd', False]:.2f} | {f['fwd', True] / f['fwd', False]:.2f} "

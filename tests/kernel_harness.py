@@ -261,6 +261,18 @@ def assert_sums_close(got, expected, rtol=1e-5):
     expected = np.asarray(expected)
     np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * float(np.abs(expected).max()))
 
+def assert_conv_grad_like_ort(inputs: list, x_shape, w_shape, attrs: dict, wanted) -> None:
+    """ConvGrad (dY, X, W) against ONNX Runtime's for each (dX, dW, dB) choice in `wanted` (1:
+    that output is asked for): every output asked for, by its sums (assert_sums_close)."""
+    for which in wanted:
+        outs = [s if keep else None for s, keep in zip(
+            [("float32", x_shape), ("float32", w_shape), ("float32", (w_shape[0],))], which)]
+        got = [g for g in run_kernel("ConvGrad", inputs, outs, attrs, MS) if g is not None]
+        expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            assert_sums_close(g, e)
+
 
 def check(op: str, inputs: list, attrs: dict | None = None, n_out: int = 1, domain: str = "",
           against=("reference", "ort"), aliases=(), rtol=RTOL, atol=ATOL) -> None:

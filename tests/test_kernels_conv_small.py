@@ -11,7 +11,15 @@ from onnxplan import settings
 from onnxplan.ir.windows import window
 from onnxplan.kernels import conv_small, native, parallel, scratch
 from onnxplan.threads import use_threads
-from tests.kernel_harness import MS, assert_sums_close, ort_run, randn, ref_run, run_kernel
+from tests.kernel_harness import (
+    MS,
+    assert_conv_grad_like_ort,
+    assert_sums_close,
+    ort_run,
+    randn,
+    ref_run,
+    run_kernel,
+)
 
 pytestmark = pytest.mark.skipif(native.small_conv() is None, reason="no C compiler: the fused loops are not built")
 
@@ -62,14 +70,7 @@ def test_conv_grad_matches_ort(x_shape, w_shape, attrs):
     rng = np.random.default_rng(12)
     y_shape = _out_shape(x_shape, w_shape, attrs)
     inputs = [randn(rng, *y_shape), randn(rng, *x_shape), randn(rng, *w_shape)]
-    for which in ((1, 1, 1), (0, 1, 1), (0, 1, 0)):
-        outs = [s if keep else None for s, keep in zip(
-            [("float32", x_shape), ("float32", w_shape), ("float32", (w_shape[0],))], which)]
-        got = [g for g in run_kernel("ConvGrad", inputs, outs, attrs, MS) if g is not None]
-        expected = ort_run("ConvGrad", inputs, outs, attrs, MS)
-        assert len(got) == len(expected)
-        for g, e in zip(got, expected):
-            assert_sums_close(g, e)
+    assert_conv_grad_like_ort(inputs, x_shape, w_shape, attrs, ((1, 1, 1), (0, 1, 1), (0, 1, 0)))
 
 
 def _both(inputs, attrs, y_shape, w_shape):

@@ -65,7 +65,6 @@ SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its doub
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
-_SOURCE = SOURCE  # kernels/native_source.py: the C text, hashed into the library's name
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -97,7 +96,7 @@ def _cpu_key() -> str:
 
 def library_path(cc: str) -> Path:
     """Where the compiled library for this source, compiler, flags and CPU is kept."""
-    key = "\n".join([_SOURCE, cc, " ".join(_FLAGS), _cpu_key(), sys.platform])
+    key = "\n".join([SOURCE, cc, " ".join(_FLAGS), _cpu_key(), sys.platform])
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return settings.current().cache_dir.parent / "native" / f"fused-{digest}.so"
 
@@ -107,7 +106,7 @@ def _build(cc: str, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         src, out = Path(tmp) / "fused.c", Path(tmp) / "fused.so"
-        src.write_text(_SOURCE)
+        src.write_text(SOURCE)
         done = subprocess.run([cc, *_FLAGS, "-o", str(out), str(src)], capture_output=True, timeout=120)
         if done.returncode != 0 or not out.exists():
             return False
