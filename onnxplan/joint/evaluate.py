@@ -8,7 +8,7 @@ from __future__ import annotations
 from onnxplan.joint.problem import Decisions, JointProblem
 from onnxplan.swap.pricing import TRANSFER_SECONDS, Transfer, io_stalls
 
-__all__ = ["alive_at", "consumers", "early_issue", "memory", "minimal_keeps", "needs", "restored_at", "step_seconds",
+__all__ = ["alive_at", "consumers", "early_issue", "memory", "minimal_keeps", "needs", "step_seconds",
            "violations"]
 
 
@@ -88,37 +88,83 @@ def violations(prob: JointProblem, d: Decisions) -> list[str]:
 
 
 def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]:
-    """(peak with persistent bytes, bytes per forward EO, bytes per stage) of the model."""
+    """(peak with persistent bytes, bytes per forward EO, bytes per stage) of the model.
+
+    A buffer adds its bytes to the forward EOs between its producer and last forward reader
+    (always), after that to the end of the forward pass when kept into stage 1, and up to
+    `held_until` when paged out; to a stage when kept into it, or restored in it (recomputed or
+    paged in) and read by its anchor or kept into the next; to the stages a page-in is in flight
+    (issued at or before them, due after); and, while a node is recomputed in a stage, what that
+    node needs held (`restored_at`). Each term is summed over the decisions that make it, so a
+    call costs the model's size plus the decisions' count (the solver's hints call it hundreds
+    of times a plan)."""
     B = prob.buffers
     F = prob.n_forward
-    fwd = []
-    for e in range(F):
-        m = prob.forward_base(e)
-        for k, b in enumerate(B):
-            if b.last_forward < e:
-                m += b.nbytes * ((1, k) in d.keep)
-            if b.last_forward < e <= b.held_until:
-                m += b.nbytes * (k in d.page_out)
-        fwd.append(m)
-    stage = []
-    readers = consumers(prob)
-    issued = d.issued()
-    for t in range(1, prob.stages + 1):
-        ahead = sum(B[k].nbytes for (tt, k), s in issued.items() if s <= t < tt)
+    T = prob.stages
+    on_fwd = [0] * (F + 1)  # difference array over the forward EOs
+
+    def hold(first: int, last: int, nbytes: int) -> None:
+        first, last = max(0, first), min(last, F - 1)
+        if first <= last:
+            on_fwd[first] += nbytes
+            on_fwd[last + 1] -= nbytes
+
+    for b in B:
+        hold(b.born, b.last_forward, b.nbytes)
+    for t, k in d.keep:
         if t == 1:
-            ahead += sum(b.nbytes for k, b in enumerate(B) if k in d.page_out and b.held_until >= F)
-        at_anchor = 0
-        for k, b in enumerate(B):
-            is_kept = (t, k) in d.keep
-            is_restored = d.present(prob, t, k) and not is_kept
-            at_anchor += b.nbytes * (is_kept or (is_restored and (t in b.reads or (t + 1, k) in d.keep)))
-        m = prob.stage_fixed(t) + at_anchor + ahead
-        kept = sum(b.nbytes for k, b in enumerate(B) if (t, k) in d.keep)
-        here = [n for tt, n in d.recompute if tt == t]
-        restored = [k for k in range(len(B)) if d.present(prob, t, k) and (t, k) not in d.keep] if here else []
-        for n in here:
-            m = max(m, prob.carried[prob.starts[t - 1]] + kept + ahead + prob.node_scratch[n]
-                    + sum(B[k].nbytes for k in restored_at(prob, d, t, n, readers, restored)))
+            hold(B[k].last_forward + 1, F - 1, B[k].nbytes)
+    for k in d.page_out:
+        hold(B[k].last_forward + 1, B[k].held_until, B[k].nbytes)
+    fwd, held = [], 0
+    for e in range(F):
+        held += on_fwd[e]
+        fwd.append(prob.fixed[e] + held)
+
+    in_flight = [0] * (T + 2)  # difference array over the stages: page-ins issued, not yet due
+    for (tt, k), s in d.issued().items():
+        first, last = max(1, s), min(tt - 1, T)
+        if first <= last:
+            in_flight[first] += B[k].nbytes
+            in_flight[last + 1] -= B[k].nbytes
+    writing = sum(B[k].nbytes for k in d.page_out if B[k].held_until >= F)  # writes pending into stage 1
+    kept_at: dict[int, set[int]] = {}
+    for t, k in d.keep:
+        kept_at.setdefault(t, set()).add(k)
+    page_in_at: dict[int, set[int]] = {}
+    for t, k in d.page_in:
+        page_in_at.setdefault(t, set()).add(k)
+    brought_at = {t: set(ks) for t, ks in page_in_at.items()}  # paged in or recomputed
+    recomputed_at: dict[int, list[int]] = {}
+    made_by: dict[int, list[int]] = {}
+    for k, b in enumerate(B):
+        if b.producer >= 0:
+            made_by.setdefault(b.producer, []).append(k)
+    for t, n in d.recompute:
+        recomputed_at.setdefault(t, []).append(n)
+        brought_at.setdefault(t, set()).update(made_by.get(n, ()))
+    none: set[int] = set()
+    last_read = [max(r, default=-1) for r in consumers(prob)] if d.recompute else []
+    stage, ahead = [], 0
+    for t in range(1, T + 1):
+        ahead += in_flight[t]
+        kept_here, kept_next = kept_at.get(t, none), kept_at.get(t + 1, none)
+        kept = sum(B[k].nbytes for k in kept_here)
+        restored = sorted(brought_at.get(t, none) - kept_here)
+        at_anchor = kept + sum(B[k].nbytes for k in restored if t in B[k].reads or k in kept_next)
+        pending = ahead + (writing if t == 1 else 0)
+        m = prob.stage_fixed(t) + at_anchor + pending
+        if t in recomputed_at:
+            # held while node n is recomputed (alive_at): a restored buffer made by n or read at or
+            # after it, or (not before its producer) read by the anchor or kept into the next
+            # stage; a paged-in one has no producer here
+            paged = page_in_at.get(t, none)
+            held = [(B[k].nbytes, -1 if k in paged else B[k].producer, last_read[k],
+                     t in B[k].reads or k in kept_next) for k in restored]
+            base = prob.carried[prob.starts[t - 1]] + kept + pending
+            for n in recomputed_at[t]:
+                m = max(m, base + prob.node_scratch[n] + sum(
+                    nbytes for nbytes, p, last, anchored in held if p <= n and (p == n or last >= n or anchored)))
         stage.append(m)
     return prob.persistent + max(fwd + stage), fwd, stage
 
@@ -142,26 +188,6 @@ def alive_at(prob: JointProblem, b: int, n: int, readers: list[list[int]]) -> bo
     if p == n or any(c >= n for c in readers[b]):
         return True
     return None
-
-
-def restored_at(prob: JointProblem, d: Decisions, t: int, n: int, readers: list[list[int]] | None = None,
-                restored: list[int] | None = None) -> list[int]:
-    """The restored (recomputed or paged-in) buffers held while node n is recomputed in stage t
-    (`readers`: consumers(prob); `restored`: the buffers present in t and not kept, when the
-    caller has them)."""
-    readers = readers if readers is not None else consumers(prob)
-    if restored is None:
-        restored = [k for k in range(len(prob.buffers)) if d.present(prob, t, k) and (t, k) not in d.keep]
-    out = []
-    for k in restored:
-        b = prob.buffers[k]
-        alive = alive_at(prob, k, n, readers) if (t, k) not in d.page_in else (
-            True if any(c >= n for c in readers[k]) else None)
-        if alive is None:
-            alive = t in b.reads or (t + 1, k) in d.keep
-        if alive:
-            out.append(k)
-    return out
 
 
 def step_seconds(prob: JointProblem, d: Decisions, bandwidth: float | None = None) -> tuple[float, float, float]:
