@@ -159,12 +159,12 @@ def memory(prob: JointProblem, d: Decisions) -> tuple[int, list[int], list[int]]
             # after it, or (not before its producer) read by the anchor or kept into the next
             # stage; a paged-in one has no producer here
             paged = page_in_at.get(t, none)
-            held = [(B[k].nbytes, -1 if k in paged else B[k].producer, last_read[k],
+            restored_facts = [(B[k].nbytes, -1 if k in paged else B[k].producer, last_read[k],
                      t in B[k].reads or k in kept_next) for k in restored]
             base = prob.carried[prob.starts[t - 1]] + kept + pending
             for n in recomputed_at[t]:
                 m = max(m, base + prob.node_scratch[n] + sum(
-                    nbytes for nbytes, p, last, anchored in held if p <= n and (p == n or last >= n or anchored)))
+                    nbytes for nbytes, p, last, anchored in restored_facts if p <= n and (p == n or last >= n or anchored)))
         stage.append(m)
     return prob.persistent + max(fwd + stage), fwd, stage
 
