@@ -32,9 +32,15 @@ and CPU):
   rows and images in order. Not the numpy paths' bits; the same at any thread count (planes or
   channels are cut, never a sum).
 
+- LayerNormalization, SimplifiedLayerNormalization and their gradients (kernels/norm_loops.py):
+  the forward in the numpy path's operations and order (ORT's: each row's sums of x and x*x in
+  order along it), so its bits; the gradient's dscale and dbias too (each column's sum in order
+  over the rows), dX's two row means in eight lanes (not the numpy path's BLAS dot: other bits).
+  Rows (and dscale's columns) are cut across the compute threads: the same bits at any count.
+
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
-(onnxplan.settings), `adamw()`, `small_conv()`, `sce()` and `depthwise_conv()` are None and the
-kernels take the numpy paths.
+(onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()` and `layer_norm()`
+are None and the kernels take the numpy paths.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from onnxplan import settings
 from onnxplan.kernels.native_source import SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
-           "DepthwiseConv", "Sce", "SmallConv", "adamw", "depthwise_conv", "library_path", "sce", "small_conv"]
+           "DepthwiseConv", "LayerNorm", "Sce", "SmallConv", "adamw", "depthwise_conv", "layer_norm", "library_path", "sce",
+           "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
 ADAMW_CONSTANTS = ("lr", "alpha", "beta", "one_minus_alpha", "one_minus_beta", "eps", "wd", "alpha_corr",
@@ -75,7 +82,10 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "sce_grad_f32": [_P] * 7 + [_I, _I],
                "dw_conv_fwd": [_P] * 5 + [_I, _I],
                "dw_conv_dx": [_P] * 4 + [_I, _I],
-               "dw_conv_dw": [_P, _I, _P, _P, _P, _I, _I]}
+               "dw_conv_dw": [_P, _I, _P, _P, _P, _I, _I],
+               "ln_fwd_f32": [_P] * 8 + [_I, _I],
+               "ln_grad_cols_f32": [_P] * 9 + [_I] * 5,
+               "ln_grad_rows_f32": [_P] * 7 + [_I, _I]}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I}  # the others return nothing
 
 
@@ -208,3 +218,27 @@ def depthwise_conv() -> DepthwiseConv | None:
         return None
     lib = _library()
     return DepthwiseConv(lib.dw_conv_fwd, lib.dw_conv_dx, lib.dw_conv_dw) if lib is not None else None
+
+
+@dataclass(frozen=True)
+class LayerNorm:
+    """The layer norms' loops (addresses as ints, None for NULL; ctypes releases the interpreter
+    lock); `g` is an int64 array (rows, m, simplified), `c` a float32 array (eps):
+
+    fwd(g, c, x, scale, bias, y, mean, inv_std_dev, r0, r1): rows r0..r1 of Y and the statistics;
+    grad_cols(g, dy, x, mean, inv, dscale, dbias, acc_s, acc_b, r0, r1, c0, c1, first): dscale
+    and dbias's columns c0..c1 over rows r0..r1 (added to them unless `first`, through acc_s and
+    acc_b, m floats each);
+    grad_rows(g, dy, x, scale, mean, inv, dx, r0, r1): dX's rows r0..r1."""
+
+    fwd: Callable[..., None]
+    grad_cols: Callable[..., None]
+    grad_rows: Callable[..., None]
+
+
+def layer_norm() -> LayerNorm | None:
+    """The layer norms' loops, or None: the numpy paths (kernels/norm.py)."""
+    if not settings.current().native_kernels:
+        return None
+    lib = _library()
+    return LayerNorm(lib.ln_fwd_f32, lib.ln_grad_cols_f32, lib.ln_grad_rows_f32) if lib is not None else None

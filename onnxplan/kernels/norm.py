@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp, parallel, scratch
+from onnxplan.kernels import _torch, _xp, norm_loops, parallel, scratch
 from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 from onnxplan.kernels.scratch import align
 
@@ -129,6 +129,10 @@ def _prepare_layer_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
     x2, y2 = x.reshape(rows, m), y.reshape(rows, m)
     scale1 = scale.reshape(m)
     bias1 = bias.reshape(m) if bias is not None and not simplified else None
+    if xp is np:  # one C call over the rows where the fused loops take the node (the numpy path's bits)
+        fused = norm_loops.layer_norm_loops(x, scale, bias, y, mean_out, inv_out, rows, m, float(eps), simplified)
+        if fused is not None:
+            return fused
     nr, cols = _ln_chunk(rows, m, x.itemsize)
     vec_at = align(m * cols * x.itemsize)
     use_torch = bound and _torch_passes(x)
@@ -262,6 +266,11 @@ def _prepare_layer_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
      part_at) = _ln_grad_views(ctx, inputs, outputs, simplified)
     part = ctx.scratch_array(part_at, (m,), x.dtype)
     part_b = ctx.scratch_array(part_at + align(m * x.itemsize), (m,), x.dtype) if dbias1 is not None else None
+    if xp is np:  # the fused loops where they take the node (dscale and dbias in the numpy path's order)
+        fused = norm_loops.layer_norm_grad_loops(dy2, x2, scale1, mean1, inv1, dx2, dscale1, dbias1, part, part_b,
+                                                 rows, m, nr, simplified)
+        if fused is not None:
+            return fused
     use_torch = bound and _torch_passes(x)
 
     def ew(op: str, a: Any, b: Any, out: Any) -> Callable[[], Any]:
