@@ -142,14 +142,24 @@ def test_gather_grad(shape, axis, indices):
     (50, 128, 1024, 0),  # ~20 entries a row: many rounds
     (1000, 16, 300, 150),  # a row repeated 150 times (a padding token): the rest goes to add.at
     (3, 20, 5000, 0),  # rounds of fewer rows than SCATTER_ROUND_MIN from the start
+    (40, 131, 700, 0),  # rows of eight-float lanes and a tail (the C loop)
 ])
-def test_scatter_add_rows_is_add_at_bitwise(rows, width, entries, repeat):
-    """GatherGrad's row scatter (kernels/_xp._scatter_add_rows, in rounds) adds every row's
-    entries in the order numpy's add.at does: the same bits, zeros' signs included. The values
-    span many magnitudes, so another order of the additions changes bits (checked: a sorted
-    add.reduceat differs)."""
-    from onnxplan.kernels import _xp
+@pytest.mark.parametrize("loop", [True, False], ids=["c-loop", "numpy"])
+def test_scatter_add_rows_is_add_at_bitwise(rows, width, entries, repeat, loop, monkeypatch):
+    """GatherGrad's row scatter (the fused C loop of kernels/native.py where compiled, else
+    kernels/_xp._scatter_add_rows, in rounds) adds every row's entries in the order numpy's add.at
+    does: the same bits, zeros' signs included. The values span many magnitudes, so another
+    order of the additions changes bits (checked: a sorted add.reduceat differs)."""
+    from onnxplan.kernels import _xp, native
 
+    calls = []
+    if loop:
+        real = native.scatter_add_rows()
+        if real is None:
+            pytest.skip("no C compiler: the numpy path only")
+        monkeypatch.setattr(native, "scatter_add_rows", lambda: lambda *a: calls.append(1) or real(*a))
+    else:
+        monkeypatch.setattr(native, "scatter_add_rows", lambda: None)
     rng = np.random.default_rng(rows + entries)
     index = rng.integers(0, rows, entries)
     index[:repeat] = 1
@@ -160,6 +170,7 @@ def test_scatter_add_rows_is_add_at_bitwise(rows, width, entries, repeat):
     got = np.zeros((1, rows, width), F)
     _xp.scatter_add(np, got, index, values[None])
     np.testing.assert_array_equal(want.view(np.int32), got[0].view(np.int32))
+    assert calls == ([1] if loop else [])
     order = np.argsort(index, kind="stable")
     starts = np.flatnonzero(np.r_[True, np.diff(index[order]) != 0])
     other = np.zeros((rows, width), F)

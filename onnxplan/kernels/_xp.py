@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from onnxplan.ir.attrs import attr_str, norm_axis  # one reading, shared with the shape rules
-from onnxplan.kernels import parallel
+from onnxplan.kernels import native, parallel
 
 __all__ = [
     "BLOCK_BYTES",
@@ -188,6 +188,8 @@ def scatter_add(xp, target3, index, values3) -> None:
     own entries sequentially, in the order of k, after a stable sort of the indices: the same
     additions in the same order as on the CPU, the same bits every run."""
     if not is_cupy(xp) or not target3.flags.c_contiguous or target3.dtype.kind != "f":
+        if target3.shape[0] == 1 and xp is np and _scatter_add_loop(target3[0], index, values3[0]):
+            return
         if target3.shape[0] == 1 and xp is np and target3.shape[2] >= SCATTER_ROWS_MIN_WIDTH:
             _scatter_add_rows(target3[0], index, values3[0])
         elif target3.shape[0] == 1:  # numpy's fast path takes a plain index
@@ -200,6 +202,21 @@ def scatter_add(xp, target3, index, values3) -> None:
     starts = xp.searchsorted(index[order], xp.arange(rows + 1, dtype=index.dtype))
     vals = xp.ascontiguousarray(values3, dtype=target3.dtype)
     _segment_sum_kernel(xp)(vals, order, starts, rows, index.size, post, target3)
+
+
+def _scatter_add_loop(target, index, values) -> bool:
+    """target[index[k]] += values[k] by the fused C loop (kernels/native.py: add.at's additions in
+    its order, its bits) where it takes the call: float32 C-contiguous target and values, int64
+    indices in range; False: the numpy paths below."""
+    if not (target.dtype == np.float32 and values.dtype == np.float32 and index.dtype == np.int64
+            and target.flags.c_contiguous and values.flags.c_contiguous and index.ndim == 1):
+        return False
+    loop = native.scatter_add_rows()
+    if loop is None or (index.size and (int(index.min()) < 0 or int(index.max()) >= target.shape[0])):
+        return False  # out of range: add.at raises IndexError
+    index = np.ascontiguousarray(index)
+    loop(target.ctypes.data, index.ctypes.data, values.ctypes.data, int(index.size), int(target.shape[1]))
+    return True
 
 
 # numpy's add.at adds rows of a 2-D target element by element (~7 ns each: 0.9 ms for a
