@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_sce import _bound, _typical_us  # noqa: E402
+from benchmarks.bench_sce import _bound, fused_against_numpy  # noqa: E402
 from onnxplan import settings  # noqa: E402
 from onnxplan.threads import use_threads  # noqa: E402
 
@@ -60,13 +60,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for rows, m, simplified in CASES:
         calls = max(5, min(500, 50_000_000 // (rows * m)))
-        best: dict[tuple[bool, int], float] = {}
-        for _ in range(args.rounds):
-            for native in (True, False):
-                for k, fn in enumerate(_nodes(rows, m, simplified, native, rng)):
-                    t = _typical_us(fn, calls)
-                    best[native, k] = min(best.get((native, k), t), t)
-        cells = [f"{best[True, k]:.1f} | {best[False, k]:.1f} | {best[True, k] / best[False, k]:.2f}" for k in (0, 1)]
+        cells = fused_against_numpy(lambda native: _nodes(rows, m, simplified, native, rng), args.rounds, calls)
         print(f"| {rows}x{m} | {'RMS' if simplified else 'LN'} | {cells[0]} | {cells[1]} |")
     os.environ.pop("ONNXPLAN_NATIVE_KERNELS", None)
     settings.reload()

@@ -54,6 +54,19 @@ def _typical_us(fn, calls: int) -> float:
     return times[len(times) // 10] * 1e6
 
 
+def fused_against_numpy(nodes, rounds: int, calls: int) -> list[str]:
+    """Per node of `nodes(native)` (the fused path's calls, then the numpy path's), the least over
+    `rounds` interleaved rounds of each path's typical call: table cells "fused | numpy | ratio"."""
+    best: dict[tuple[bool, int], float] = {}
+    for _ in range(rounds):
+        for native in (True, False):
+            for k, fn in enumerate(nodes(native)):
+                t = _typical_us(fn, calls)
+                best[native, k] = min(best.get((native, k), t), t)
+    count = len(best) // 2
+    return [f"{best[True, k]:.1f} | {best[False, k]:.1f} | {best[True, k] / best[False, k]:.2f}" for k in range(count)]
+
+
 def _nodes(shape: tuple, reduction: str, native: bool, rng) -> tuple:
     """(the loss's call, the gradient's call) on the fused or the numpy path."""
     os.environ["ONNXPLAN_NATIVE_KERNELS"] = "1" if native else "0"
@@ -83,13 +96,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for shape, reduction in CASES + (BIG if args.big else []):
         calls = max(5, min(2000, 20_000_000 // int(np.prod(shape))))
-        best: dict[tuple[bool, int], float] = {}
-        for _ in range(args.rounds):
-            for native in (True, False):
-                for k, fn in enumerate(_nodes(shape, reduction, native, rng)):
-                    t = _typical_us(fn, calls)
-                    best[native, k] = min(best.get((native, k), t), t)
-        cells = [f"{best[True, k]:.1f} | {best[False, k]:.1f} | {best[True, k] / best[False, k]:.2f}" for k in (0, 1)]
+        cells = fused_against_numpy(lambda native: _nodes(shape, reduction, native, rng), args.rounds, calls)
         print(f"| {'x'.join(map(str, shape))} | {cells[0]} | {cells[1]} |")
     os.environ.pop("ONNXPLAN_NATIVE_KERNELS", None)
     settings.reload()

@@ -79,3 +79,17 @@ def pytest_collection_modifyitems(config, items):
         random.Random(int(order[len("shuffle:"):])).shuffle(items)
     elif order != "file":
         raise pytest.UsageError(f"--test-order: expected file, reverse or shuffle:SEED, got {order!r}")
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def n_threads(request, monkeypatch):
+    """1 or 2 compute threads, kernel pieces from 64 elements (at 2, every case of two rows or more
+    is cut): the fused loops' tests run every case at both."""
+    from onnxplan import threads
+    from onnxplan.kernels import parallel
+
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    before = threads.current().threads
+    threads.use_threads(request.param)
+    yield request.param
+    threads.use_threads(before)

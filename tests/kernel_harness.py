@@ -9,6 +9,7 @@ Outputs are described the same way everywhere (`outs`):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tracemalloc
 import zlib
@@ -24,6 +25,7 @@ from onnxplan.ir.tensor import TensorSpec, numpy_to_onnx_dtype
 from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel, scratch_bytes
 
 __all__ = [
+    "count_loop_calls",
     "ATOL", "DEVICE", "MS", "RNG", "RTOL", "F", "arena_run", "assert_close", "assert_equal_on_cpu",
     "assert_sums_close", "call_kernel", "check",
     "make_node", "one_node_model", "ort_run", "peak_bytes", "rand", "randn", "ref_run", "reseed", "run_kernel", "seed_for",
@@ -286,3 +288,26 @@ def check(op: str, inputs: list, attrs: dict | None = None, n_out: int = 1, doma
         got = run_kernel(op, inputs, wants[0], attrs, domain, alias=alias)
         for want in wants:
             assert_close(got, want, rtol, atol)
+
+
+# ---- the fused C loops -------------------------------------------------------------------------
+def count_loop_calls(monkeypatch, accessor: str, fields: tuple[str, ...]) -> dict[str, int]:
+    """Counts of the calls of each of `fields` of kernels.native.<accessor>()'s loops while the
+    test runs (the loops are wrapped, not replaced; None stays None: no compiler)."""
+    from onnxplan.kernels import native
+
+    counts = dict.fromkeys(fields, 0)
+    real = getattr(native, accessor)
+
+    def counting(name, fn):
+        def call(*args):
+            counts[name] += 1
+            return fn(*args)
+        return call
+
+    def spy():
+        fns = real()
+        return None if fns is None else dataclasses.replace(fns, **{k: counting(k, getattr(fns, k)) for k in fields})
+
+    monkeypatch.setattr(native, accessor, spy)
+    return counts

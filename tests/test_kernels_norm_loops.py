@@ -12,7 +12,7 @@ import pytest
 
 from onnxplan import settings, threads
 from onnxplan.kernels import native, parallel, scratch
-from tests.kernel_harness import MS, assert_sums_close, ort_run, randn, run_kernel
+from tests.kernel_harness import MS, assert_sums_close, count_loop_calls, ort_run, randn, run_kernel
 
 pytestmark = pytest.mark.skipif(native.layer_norm() is None, reason="no C compiler: the numpy path only")
 
@@ -26,31 +26,7 @@ SHAPES = [((16, 64, 128), -1), ((13, 40), -1), ((3, 5, 2011), -1), ((3, 5, 4, 6)
 @pytest.fixture
 def loops(monkeypatch):
     """Counts of the loops' calls ({"fwd": n, "grad_cols": n, "grad_rows": n}) while the test runs."""
-    counts = {"fwd": 0, "grad_cols": 0, "grad_rows": 0}
-    real = native.layer_norm
-
-    def counting(name, fn):
-        def call(*args):
-            counts[name] += 1
-            return fn(*args)
-        return call
-
-    def spy():
-        fns = real()
-        return None if fns is None else native.LayerNorm(*(counting(k, getattr(fns, k)) for k in counts))
-
-    monkeypatch.setattr(native, "layer_norm", spy)
-    return counts
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def n_threads(request, monkeypatch):
-    """1 or 2 compute threads, pieces from 64 elements (at 2, every case with two rows is cut)."""
-    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    before = threads.current().threads
-    threads.use_threads(request.param)
-    yield request.param
-    threads.use_threads(before)
+    return count_loop_calls(monkeypatch, "layer_norm", ("fwd", "grad_cols", "grad_rows"))
 
 
 def _numpy(*args, **kwargs) -> list:

@@ -12,7 +12,16 @@ import pytest
 from onnxplan import settings, threads
 from onnxplan.kernels import native, parallel
 from tests import kernel_harness
-from tests.kernel_harness import MS, assert_close, make_node, ort_run, ref_run, run_kernel, seed_for
+from tests.kernel_harness import (
+    MS,
+    assert_close,
+    count_loop_calls,
+    make_node,
+    ort_run,
+    ref_run,
+    run_kernel,
+    seed_for,
+)
 
 pytestmark = pytest.mark.skipif(native.sce() is None, reason="no C compiler: the numpy path only")
 
@@ -23,31 +32,7 @@ LOSS, GRAD = "SoftmaxCrossEntropyLoss", "SoftmaxCrossEntropyLossGrad"
 @pytest.fixture
 def loops(monkeypatch):
     """Counts of the fused loops' calls ({"loss": n, "grad": n}) while the test runs."""
-    counts = {"loss": 0, "grad": 0}
-    real = native.sce
-
-    def counting(name, fn):
-        def call(*args):
-            counts[name] += 1
-            return fn(*args)
-        return call
-
-    def spy():
-        fns = real()
-        return None if fns is None else native.Sce(counting("loss", fns.loss), counting("grad", fns.grad))
-
-    monkeypatch.setattr(native, "sce", spy)
-    return counts
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def n_threads(request, monkeypatch):
-    """1 or 2 compute threads, pieces from 64 elements (at 2, every case here is cut by rows)."""
-    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    before = threads.current().threads
-    threads.use_threads(request.param)
-    yield request.param
-    threads.use_threads(before)
+    return count_loop_calls(monkeypatch, "sce", ("loss", "grad"))
 
 
 def _labels(rng, shape, classes, ignore=None, frac=0.3):
