@@ -96,12 +96,12 @@ def layer_norm_grad_loops(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s,
     tasks: list[Callable[[], Any]] = []
     for r0 in range(0, rows, rows_per_chunk):
         k = min(rows_per_chunk, rows - r0)
+        row_ranges = parallel.row_parts(np, k, m, passes=GRAD_PASSES)
         if dscale is not None or dbias is not None:
             # two columns a part at least (the numpy path's cut: its bits do not depend on it)
-            parts = max(1, min(len(parallel.row_parts(np, k, m, passes=GRAD_PASSES)), m // 2))
+            parts = max(1, min(len(row_ranges), m // 2))
             tasks.append(partial(parallel.run, [partial(cols, r0, r0 + k, lo, hi, int(r0 == 0))
                                                 for lo, hi in parallel.bounds(m, parts)]))
         if dx is not None:
-            tasks.append(partial(parallel.run, [partial(by_rows, r0 + lo, r0 + hi)
-                                                for lo, hi in parallel.row_parts(np, k, m, passes=GRAD_PASSES)]))
+            tasks.append(partial(parallel.run, [partial(by_rows, r0 + lo, r0 + hi) for lo, hi in row_ranges]))
     return _runner(tasks, (g, dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b))
