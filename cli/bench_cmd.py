@@ -42,6 +42,10 @@ def bench_command(
     peers: str = typer.Option(None, "--peers", help="Peers to measure: ort,torch (default), or none."),
     repeat: int = typer.Option(5, "--repeat", help="Timed steps per measured run (after --warmup)."),
     warmup: int = typer.Option(1, "--warmup", help="Untimed first steps per measured run."),
+    rounds: int = typer.Option(1, "--rounds", help="Fresh processes per measured figure, ours and the peers "
+                               "alternating round by round; a step figure is the median over rounds of each "
+                               "round's median (on a shared machine a process's level moves by up to a third: "
+                               "3 steadies the ratios)."),
     measure: bool = typer.Option(True, "--measure/--no-measure",
                                  help="--no-measure: planned figures only, no runs (peers default to none)."),
     time_limit: float = opt.TIME_LIMIT,
@@ -71,7 +75,7 @@ def bench_command(
 
     The results file is JSON with a `rows` list (pandas: pd.DataFrame(json.load(f)["rows"])),
     the chosen plan of every row under `plans` and the peers' figures under `peers`; it is
-    rewritten atomically after every row, so an interrupted run resumes where it stopped.
+    rewritten atomically after every model, so an interrupted run resumes where it stopped.
     With --workers N or --scheduler ADDRESS the rows run as Dask tasks (pip install
     'onnxplan[dask]'): planning in parallel, timed runs one at a time per machine; each row
     records its `host`; a row whose worker died or that raised is listed under `failed`.
@@ -79,7 +83,7 @@ def bench_command(
     """
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
                           budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze,
-                          workers, scheduler, threads)
+                          workers, scheduler, threads, rounds)
 
 
 def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
@@ -95,11 +99,11 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
 
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None, workers=None,
-           scheduler=None, threads=None) -> None:
+           scheduler=None, threads=None, rounds=1) -> None:
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
-    if repeat < 1 or warmup < 0:
-        raise UsageError("--repeat must be >= 1 and --warmup >= 0")
+    if repeat < 1 or warmup < 0 or rounds < 1:
+        raise UsageError("--repeat and --rounds must be >= 1 and --warmup >= 0")
     check_time_limit(time_limit)
     if workers is not None and scheduler is not None:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS, not both")
@@ -110,7 +114,7 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     names = model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
-                         tuple(freeze or ()), threads=resolve_threads(threads))
+                         tuple(freeze or ()), threads=resolve_threads(threads), rounds=rounds)
     doc = new_results(config.to_json())
     if out is not None and out.exists() and not fresh:
         old = load_results(out)  # a malformed file is exit 2, and it is left as it was

@@ -163,15 +163,16 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
           repeat: int = 3, warmup: int = 1, measure: bool = False, time_limit: float | None = None,
-          budget: str | int | None = None, threads: int | None = None) -> pd.DataFrame:
+          budget: str | int | None = None, threads: int | None = None, rounds: int = 1) -> pd.DataFrame:
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan
     (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too; every
-    measurement at `threads` (onnxplan.threads; None: every available core)."""
+    measurement at `threads` (onnxplan.threads; None: every available core), in `rounds` fresh
+    processes (bench --rounds)."""
     check_time_limit(time_limit)
     budgets = {} if budget is None else {"*": parse_size(budget) if isinstance(budget, str) else budget}
     config = BenchConfig(list(models), parse_strategies(strategies), batch, parse_peers(peers), repeat, warmup,
-                         measure, time_limit, budgets, threads=resolve_threads(threads))
+                         measure, time_limit, budgets, threads=resolve_threads(threads), rounds=rounds)
     doc: dict[str, Any] = run_bench(config, new_results(config.to_json()), save=lambda d: None)
     import pandas as pd  # 0.3 s to import: on use, so that every CLI command does not pay it
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import statistics
 
 import pandas as pd
 import pytest
@@ -184,3 +186,71 @@ def test_identical_plans_are_run_once(tmp_path, monkeypatch):
     assert len(calls) == 2
     assert rows["auto/no-interleave"]["measured_as"] == "no-interleave"
     assert rows["auto/no-interleave"]["measured_peak_bytes"] == 1234 and rows["nntrainer+sort"]["measured_as"] is None
+
+
+def test_rounds_combine_as_the_median_of_each_rounds_median():
+    from onnxplan.bench.peers import combine_rounds
+
+    runs = [{"median_step_seconds": m, "min_step_seconds": m - 0.01, "max_step_seconds": m + 0.01,
+             "steps_timed": 5, "peak_bytes": p, "first_loss": loss, "error": None}
+            for m, p, loss in ((0.30, 100, 2.5), (0.10, 300, 2.6), (0.20, 200, 2.7))]
+    out = combine_rounds(runs, "peak_bytes", "error")
+    assert out["median_step_seconds"] == 0.20 and out["rounds"] == 3  # not the mean (0.2 too), not the first
+    assert out["round_median_step_seconds"] == [0.30, 0.10, 0.20]
+    assert out["min_step_seconds"] == pytest.approx(0.09) and out["max_step_seconds"] == pytest.approx(0.31)
+    assert out["steps_timed"] == 15 and out["peak_bytes"] == 300 and out["first_loss"] == 2.5
+    runs[0]["median_step_seconds"] = 0.05  # the median moves with the rounds, the mean would be 0.117
+    assert combine_rounds(runs, "peak_bytes", "error")["median_step_seconds"] == 0.10
+    failed = {**runs[1], "median_step_seconds": None, "peak_bytes": None, "error": "killed"}
+    out = combine_rounds([runs[0], failed, runs[2]], "peak_bytes", "error")
+    assert out["error"] == "killed" and out["median_step_seconds"] is None and out["rounds"] == 3
+    one = combine_rounds(runs[:1], "peak_bytes", "error")
+    assert one["median_step_seconds"] == 0.05 and one["rounds"] == 1 and one["steps_timed"] == 5
+
+
+def test_rounds_alternate_ours_and_the_peers(tmp_path, monkeypatch):
+    from onnxplan.bench import measure, sweep
+
+    calls: list[str] = []
+    level = itertools.cycle([0.3, 0.1, 0.2, 0.9, 0.7, 0.8, 0.4])
+
+    class FakeExecutor:
+        @staticmethod
+        def measure_run(folder, plan, *, steps, warmup, seed, threads):
+            calls.append("ours")
+            return {"losses": [2.0], "step_seconds": [next(level)] * steps}, 4096
+
+    def fake_peer(peer, folder, repeat, warmup, threads=None):
+        calls.append(peer)
+        s = next(level)
+        return {"peak_bytes": 1 << 20, "median_step_seconds": s, "min_step_seconds": s, "max_step_seconds": s,
+                "steps_timed": repeat, "first_loss": 2.0, "error": None, "threads": {"threads": threads}}
+
+    monkeypatch.setattr(measure, "_executor", lambda: FakeExecutor)
+    monkeypatch.setattr(sweep, "measure_peer", fake_peer)
+    out = tmp_path / "r.json"
+    args = ["mlp", "--strategies", "auto,no-interleave", "--peers", "ort", "--repeat", "2", "--rounds", "3",
+            "--threads", "1", "-o", str(out)]
+    res = _bench(*args)
+    assert res.exit_code == 0, res.output
+    distinct = calls.count("ours") // 3  # the two strategies run one program or two; each every round
+    assert calls == (["ours"] * distinct + ["ort"]) * 3
+    doc = load_results(out)
+    assert doc["config"]["rounds"] == 3
+    row = doc["rows"][0]
+    assert row["rounds"] == 3 and len(row["round_median_step_seconds"]) == 3 and row["steps_timed"] == 6
+    assert row["median_step_seconds"] == statistics.median(row["round_median_step_seconds"])
+    ort = doc["peers"]["mlp|64"]["ort"]
+    assert ort["rounds"] == 3 and row["ort_median_step_seconds"] == statistics.median(ort["round_median_step_seconds"])
+    calls.clear()
+    assert _bench(*args).exit_code == 0 and calls == []  # resumed: every row and peer kept
+    assert _bench(*args[:-4], "--rounds", "2", "--threads", "1", "-o", str(out)).exit_code == 0
+    assert calls.count("ort") == 2 and load_results(out)["rows"][0]["rounds"] == 2  # other rounds: measured again
+    from onnxplan.report import markdown_summary
+
+    assert "in 2 fresh processes each" in markdown_summary([load_results(out)])
+
+
+def test_bad_rounds_exit_2():
+    res = _bench("mlp", "--rounds", "0", "--no-measure")
+    assert res.exit_code == 2 and "--rounds" in res.output

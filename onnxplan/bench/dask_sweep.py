@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from onnxplan.bench.measure import measure_plan
-from onnxplan.bench.peers import measure_peer
+from onnxplan.bench.measure import measure_rounds
+from onnxplan.bench.peers import combine_rounds, measure_peer
 from onnxplan.bench.results import peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.bench.sweep import (
@@ -100,12 +100,14 @@ def _model(config: BenchConfig, model: str, folder: str | None) -> tuple[Path, d
 
 
 def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | None = None) -> tuple[dict, dict]:
-    """On a worker: plan (and measure) one row; (row, plan entry)."""
+    """On a worker: plan (and measure) one row; (row, plan entry). Its config.rounds runs go back
+    to back (a task cannot alternate with the peers' tasks)."""
     where, meta, graph = _model(config, model, folder)
     row, plan = plan_one(graph, model, meta, strategy, config)
     if config.measure:
         with _timed_run_lock():
-            row.update(measure_plan(where, plan, config.repeat, config.warmup, threads=config.thread_count))
+            row.update(measure_rounds(where, plan, config.repeat, config.warmup, config.rounds,
+                                      threads=config.thread_count))
         row["measured"] = row["measured_peak_bytes"] is not None
     return row, plan_entry(plan, strategy.name, meta.get("batch"))
 
@@ -114,7 +116,8 @@ def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = N
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
     where = _model(config, model, folder)[0]
     with _timed_run_lock():
-        figures = measure_peer(peer, where, config.repeat, config.warmup, threads=config.thread_count)
+        figures = combine_rounds([measure_peer(peer, where, config.repeat, config.warmup, threads=config.thread_count)
+                                  for _ in range(config.rounds)], "peak_bytes", "error")
     return {**figures, "host": platform.node()}
 
 

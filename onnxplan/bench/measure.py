@@ -6,12 +6,13 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from onnxplan.bench.peers import step_stats
+from onnxplan.bench.peers import combine_rounds, step_stats
 
-__all__ = ["MEASURED_FIELDS", "executor_available", "measure_plan"]
+__all__ = ["MEASURED_FIELDS", "executor_available", "measure_plan", "measure_rounds"]
 
 MEASURED_FIELDS = ("measured_peak_bytes", "median_step_seconds", "min_step_seconds", "max_step_seconds",
-                   "steps_timed", "first_loss", "measure_error", "pool_threads")
+                   "steps_timed", "first_loss", "measure_error", "pool_threads", "rounds",
+                   "round_median_step_seconds")
 
 
 def _executor():
@@ -61,3 +62,10 @@ def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: i
     out["first_loss"] = losses[0]
     out["pool_threads"] = res.get("threads")
     return out
+
+
+def measure_rounds(artifact_dir: Path, plan, repeat: int, warmup: int = 1, rounds: int = 1,
+                   threads: int | None = None) -> dict[str, Any]:
+    """measure_plan in `rounds` fresh processes back to back, combined (peers.combine_rounds)."""
+    runs = [measure_plan(artifact_dir, plan, repeat, warmup, threads=threads) for _ in range(rounds)]
+    return combine_rounds(runs, "measured_peak_bytes", "measure_error")

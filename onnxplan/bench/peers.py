@@ -10,7 +10,7 @@ from onnxplan.errors import UsageError
 from onnxplan.memprobe import ProbeError, probe_peak
 from onnxplan.threads import peer_environment
 
-__all__ = ["PEERS", "measure_peer", "parse_peers", "peer_row_fields", "step_stats"]
+__all__ = ["PEERS", "combine_rounds", "measure_peer", "parse_peers", "peer_row_fields", "step_stats"]
 
 PEERS = ("ort", "torch")
 _TARGETS = {"ort": "onnxplan.verification.reference:probe_target", "torch": "onnxplan.torch_peer:probe_target"}
@@ -35,6 +35,28 @@ def step_stats(seconds: list[float], warmup: int) -> dict[str, Any]:
                 "steps_timed": 0}
     return {"median_step_seconds": statistics.median(timed), "min_step_seconds": min(timed),
             "max_step_seconds": max(timed), "steps_timed": len(timed)}
+
+
+def combine_rounds(runs: list[dict[str, Any]], peak: str, error: str) -> dict[str, Any]:
+    """One figure from the same measurement taken in several fresh processes (rounds): the median
+    step is the median over rounds of each round's median (a process's level moves by up to a
+    third on a shared machine), the fastest and slowest steps over all rounds, the timed steps
+    summed, the peak (`peak` key) the largest; the rest (first loss, pools) the first round's.
+    A failed round (`error` key set) makes the figure that round's failure: no figure is made
+    of fewer rounds than asked. `rounds` and `round_median_step_seconds` record the rounds."""
+    failed = next((r for r in runs if r.get(error)), None)
+    if failed is not None:
+        return {**failed, "rounds": len(runs), "round_median_step_seconds": None}
+    medians = [r["median_step_seconds"] for r in runs]
+    out = dict(runs[0])
+    if all(m is not None for m in medians):
+        out.update(median_step_seconds=statistics.median(medians),
+                   min_step_seconds=min(r["min_step_seconds"] for r in runs),
+                   max_step_seconds=max(r["max_step_seconds"] for r in runs))
+    out["steps_timed"] = sum(r.get("steps_timed") or 0 for r in runs)
+    peaks = [r[peak] for r in runs if r.get(peak) is not None]
+    out[peak] = max(peaks) if peaks else None
+    return {**out, "rounds": len(runs), "round_median_step_seconds": medians}
 
 
 def measure_peer(peer: str, artifact_dir: Path, repeat: int, warmup: int = 1, seed: int = 0,

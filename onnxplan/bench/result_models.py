@@ -58,6 +58,11 @@ class BenchRow:
     steps_timed: Annotated[int | None, doc("timed steps")] = None
     first_loss: Annotated[float | None, doc("the run's first loss")] = None
     measure_error: Annotated[str | None, doc("why there is no measurement")] = None
+    rounds: Annotated[int | None, doc(
+        "fresh processes the figures combine (`bench --rounds`; ours and the peers alternate, round by round): "
+        "median_step_seconds is the median over rounds of each round's median step, the measured peak the "
+        "largest; null in files from before rounds (one)")] = None
+    round_median_step_seconds: Annotated[list[float] | None, doc("each round's median step, in order")] = None
     measured_as: Annotated[str | None, doc(
         "null, or the strategy whose run these figures are: two strategies that chose the very same plan "
         "(passes, order, offsets) are run once")] = None
@@ -130,6 +135,8 @@ class PeerFigures:
     error: Annotated[str | None, doc("why there is no figure")] = None
     probe_method: Annotated[str | None, doc("how the peak was measured")] = None
     threads: Annotated[dict[str, Any] | None, doc("what its thread pools got")] = None
+    rounds: Annotated[int | None, doc("fresh processes combined (as a row's `rounds`)")] = None
+    round_median_step_seconds: Annotated[list[float] | None, doc("each round's median step")] = None
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ class ResultsFile:
     machine: Annotated[MachineInfo, doc("where the run came from (MachineInfo)")] = field(default_factory=MachineInfo)
     config: Annotated[dict[str, Any], doc(
         "`models`, `strategies` (names, in sweep order), `batch` (null: each model's own), `peers`, `repeat` "
-        "(timed steps), `warmup` (untimed steps), `measure`, `time_limit` (s per ILP), `budgets` (model or `\"*\"` "
+        "(timed steps), `warmup` (untimed steps), `rounds` (fresh processes per figure), `measure`, `time_limit` (s per ILP), `budgets` (model or `\"*\"` "
         "-> bytes), `threads`; `train`, `freeze`, `model_options` when given")] = field(default_factory=dict)
     buffer_columns: Annotated[tuple[str, ...], doc(
         "`[\"name\", \"bytes\", \"class\", \"first_eo\", \"last_eo\", \"offset\"]`: the columns of a plan's "

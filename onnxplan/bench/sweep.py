@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from onnxplan.bench.measure import MEASURED_FIELDS, measure_plan
-from onnxplan.bench.peers import measure_peer, peer_row_fields
+from onnxplan.bench.peers import combine_rounds, measure_peer, peer_row_fields
 from onnxplan.bench.result_models import BenchRow, PeerFigures
 from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
@@ -48,6 +48,7 @@ class BenchConfig:
     # model -> its own batch / optimizer / loss / dims (the gate config, onnxplan/gate_config.py)
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     threads: int | None = None  # ours and the peers' (onnxplan.threads); None: every available core
+    rounds: int = 1  # fresh processes per measured figure, ours and the peers alternating
 
     def request(self, model: str):
         """The LoadRequest that resolves `model`'s artifacts."""
@@ -59,7 +60,7 @@ class BenchConfig:
     def to_json(self) -> dict[str, Any]:
         return {"models": list(self.models), "strategies": [s.name for s in self.strategies],
                 "batch": self.batch, "peers": list(self.peers), "repeat": self.repeat,
-                "warmup": self.warmup, "measure": self.measure, "time_limit": self.time_limit,
+                "warmup": self.warmup, "rounds": self.rounds, "measure": self.measure, "time_limit": self.time_limit,
                 "budgets": dict(self.budgets), "threads": self.thread_count,
                 **({"train": list(self.train)} if self.train else {}),
                 **({"freeze": list(self.freeze)} if self.freeze else {}),
@@ -128,13 +129,15 @@ def _row_done(row: dict | None, config: BenchConfig) -> bool:
     if row is None:
         return False
     r = BenchRow.of(row)
-    return not config.measure or (bool(r.measured) and r.threads == config.thread_count)
+    return not config.measure or (bool(r.measured) and r.threads == config.thread_count
+                                  and (r.rounds or 1) == config.rounds)
 
 
 def _peers_todo(doc: dict, key: str, config: BenchConfig) -> list[str]:
     have = {name: record_of(PeerFigures, figures) for name, figures in doc["peers"].get(key, {}).items()}
     return [p for p in config.peers if p not in have or have[p].error
-            or (have[p].threads or {}).get("threads") != config.thread_count]
+            or (have[p].threads or {}).get("threads") != config.thread_count
+            or (have[p].rounds or 1) != config.rounds]
 
 
 def count_tasks(config: BenchConfig) -> int:
@@ -146,15 +149,18 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
               advance: Callable[[str, int], None] = lambda text, n: None) -> dict[str, Any]:
     """Fill `doc` (a results document, possibly from an earlier run) with the missing rows.
 
-    Rows already in `doc` (same model, batch, strategy; measured when measuring) are kept
-    and skipped, and so are peers already measured. `save(doc)` runs after every new row
-    or peer, so an interrupted run resumes where it stopped. `advance(text, n)` reports
-    progress in units of count_tasks(config).
+    Rows already in `doc` (same model, batch, strategy; measured when measuring, at this run's
+    threads and rounds) are kept and skipped, and so are peers already measured. A model's
+    plans are made first; then, round by round, each distinct plan runs in a fresh process and
+    each peer in its own (alternating, so that a slow spell of the machine falls on all of
+    them). `save(doc)` runs after every model's rows and peers, so an interrupted run resumes
+    where it stopped. `advance(text, n)` reports progress in units of count_tasks(config).
     """
     rows = {row_key(r): r for r in doc["rows"]}
     run, t0 = _start_run(doc), time.perf_counter()
     def save_run(d: dict) -> None:  # `save`, with this run's figures brought up to date
         run.update(wall_seconds=round(time.perf_counter() - t0, 1), rows_after=len(rows), loadavg_end=_loadavg())
+        d["rows"] = list(rows.values())
         save(d)
 
     for model in config.models:
@@ -162,46 +168,68 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
         folder = resolve_artifacts(config.request(model))
         meta = model_meta(folder, config, model)
         batch = meta.get("batch")
-        graph = None
-        measured_plans: dict[str, dict] = {}  # plan fingerprint -> the row whose run measured it
-        for strategy in config.strategies:
-            key = (model, batch, strategy.name)
-            if _row_done(rows.get(key), config):
-                advance(f"{model} {strategy.name}: kept", 1)
-                continue
-            advance(f"{model} {strategy.name}: planning", 0)
-            if graph is None:
-                graph = step_at(folder, config.request(model))
-            row, plan = plan_one(graph, model, meta, strategy, config)
-            if config.measure:
-                twin = measured_plans.get(_fingerprint(plan))
-                if twin is not None:  # the very same program: its run stands for this row too
-                    row.update({k: twin[k] for k in MEASURED_FIELDS}, measured_as=twin["strategy"])
-                else:
-                    advance(f"{model} {strategy.name}: running", 0)
-                    row.update(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
-                    if row["measured_peak_bytes"] is not None:
-                        measured_plans[_fingerprint(plan)] = row
-                row["measured"] = row["measured_peak_bytes"] is not None
+        planned = _plan_model(config, model, folder, meta, rows, advance)
+        for key, row, plan in planned:
             rows[key] = row
-            doc["plans"][plan_key(model, batch, strategy.name)] = plan_entry(plan, strategy.name, batch)
-            doc["rows"] = list(rows.values())
-            save_run(doc)
-            advance(f"{model} {strategy.name}: done", 1)
+            doc["plans"][plan_key(model, batch, key[2])] = plan_entry(plan, key[2], batch)
         pkey = peer_key(model, batch)
         todo = _peers_todo(doc, pkey, config)
         advance(f"{model}: peers", len(config.peers) - len(todo))
-        for peer in todo:
-            advance(f"{model}: {peer} (probe)", 0)
-            figures = measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count)
-            doc["peers"].setdefault(pkey, {})[peer] = figures
-            _fill_peers(doc, model, batch)
-            save_run(doc)
-            advance(f"{model}: {peer} done", 1)
+        if config.measure or todo:
+            doc["peers"].setdefault(pkey, {}).update(_measure_model(config, model, folder, planned, todo, advance))
+            for key, _, _ in planned if config.measure else ():
+                advance(f"{model} {key[2]}: done", 1)
+            advance(f"{model}: peers done", len(todo))
+        doc["rows"] = list(rows.values())
         _fill_peers(doc, model, batch)
-    doc["rows"] = list(rows.values())
+        save_run(doc)
     save_run(doc)
     return doc
+
+
+def _plan_model(config: BenchConfig, model: str, folder, meta: dict, rows: dict, advance) -> list[tuple]:
+    """(row key, row, plan) for each of `model`'s strategies not kept from an earlier run."""
+    out, graph = [], None
+    for strategy in config.strategies:
+        key = (model, meta.get("batch"), strategy.name)
+        if _row_done(rows.get(key), config):
+            advance(f"{model} {strategy.name}: kept", 1)
+            continue
+        advance(f"{model} {strategy.name}: planning", 0)
+        if graph is None:
+            graph = step_at(folder, config.request(model))
+        row, plan = plan_one(graph, model, meta, strategy, config)
+        out.append((key, row, plan))
+        if not config.measure:
+            advance(f"{model} {strategy.name}: done", 1)
+    return out
+
+
+def _measure_model(config: BenchConfig, model: str, folder, planned: list[tuple], peers: list[str],
+                   advance) -> dict[str, dict]:
+    """Run each distinct plan of `planned` (when measuring) and each of `peers`, in
+    config.rounds rounds; fill the rows' measured figures; the peers' figures by peer."""
+    distinct: dict[str, tuple[str, Any]] = {}  # plan fingerprint -> (strategy, plan): one run per program
+    for key, _, plan in planned if config.measure else ():
+        distinct.setdefault(_fingerprint(plan), (key[2], plan))
+    ours: dict[str, list] = {fp: [] for fp in distinct}
+    theirs: dict[str, list] = {p: [] for p in peers}
+    for r in range(config.rounds):
+        of = f" (round {r + 1}/{config.rounds})" if config.rounds > 1 else ""
+        for fp, (name, plan) in distinct.items():
+            advance(f"{model} {name}: running{of}", 0)
+            ours[fp].append(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
+        for peer in peers:
+            advance(f"{model}: {peer} (probe){of}", 0)
+            theirs[peer].append(measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count))
+    figures = {fp: combine_rounds(runs, "measured_peak_bytes", "measure_error") for fp, runs in ours.items()}
+    for key, row, plan in planned if config.measure else ():
+        name, _ = distinct[_fingerprint(plan)]
+        row.update({k: figures[_fingerprint(plan)][k] for k in MEASURED_FIELDS})
+        if name != key[2]:  # the very same program: its run stands for this row too
+            row["measured_as"] = name
+        row["measured"] = row["measured_peak_bytes"] is not None
+    return {p: combine_rounds(runs, "peak_bytes", "error") for p, runs in theirs.items()}
 
 
 def _fingerprint(plan) -> str:

@@ -18,7 +18,7 @@ from onnxplan.report.figures import (
     overview_figure,
     peak_figure,
 )
-from onnxplan.report.markdown import run_header
+from onnxplan.report.markdown import run_header, timing_note
 from onnxplan.report.model_data import ModelGroup, buffer_columns, group_models, slug
 
 __all__ = ["render_html"]
@@ -137,8 +137,8 @@ def render_html(docs: list[dict[str, Any]], title: str = "onnxplan bench report"
     body = [f"<h1>{html.escape(title)}</h1>",
             (f"<p class='meta'>{html.escape(run_header(doc))}<br>strategies: "
             f"{html.escape(', '.join(cfg.get('strategies', [])))}; peers: "
-            f"{html.escape(', '.join(cfg.get('peers', [])) or 'none')}; {cfg.get('repeat', '?')} timed steps after "
-            f"{cfg.get('warmup', '?')} warm-up; ILP time limit {_ilp_limit(cfg)}.</p>"),
+            f"{html.escape(', '.join(cfg.get('peers', [])) or 'none')}; {html.escape(timing_note(cfg))}; "
+            f"ILP time limit {_ilp_limit(cfg)}.</p>"),
             f"<nav>{nav}</nav>",
             ("<p class='note'>Planned peak = persistent bytes (parameters, optimizer state) + arena. Lower bound = "
             "persistent + the most transient bytes live at any execution order (EO) of the chosen order. Layout: "

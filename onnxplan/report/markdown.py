@@ -21,6 +21,13 @@ def _ms(s: float | None) -> str:
     return "–" if s is None else f"{s * 1000:.0f}" if s >= 0.1 else f"{s * 1000:.1f}"
 
 
+def timing_note(cfg: dict[str, Any]) -> str:
+    """'5 timed steps after 1 warm-up, in 3 fresh processes (the median of their medians)'."""
+    text = f"{cfg.get('repeat', '?')} timed steps after {cfg.get('warmup', '?')} warm-up"
+    rounds = cfg.get("rounds") or 1
+    return text + (f", in {rounds} fresh processes each (the median of their medians)" if rounds > 1 else "")
+
+
 def run_header(doc: dict[str, Any]) -> str:
     """'2026-11-22 · Intel … · 2 cores · 23.4 GiB · Python 3.11.7 · onnxruntime 1.19.2 · torch 2.13.0'."""
     m = record_of(MachineInfo, doc.get("machine") or {})
@@ -50,7 +57,7 @@ def markdown_summary(docs: list[dict[str, Any]]) -> str:
     lines = [f"### onnxplan bench — {run_header(doc)}", ""]
     lines.append(f"{len(groups)} models × {len(cfg.get('strategies', [])) or '?'} strategies "
                  f"({', '.join(cfg.get('strategies', []))}); peers: {', '.join(cfg.get('peers', [])) or 'none'}; "
-                 f"{cfg.get('repeat', '?')} timed steps after {cfg.get('warmup', '?')} warm-up. MiB = 2^20 B.")
+                 f"{timing_note(cfg)}. MiB = 2^20 B.")
     lines += ["", ("| model | batch | best strategy | planned MiB | bound MiB | frag. | measured MiB | ORT MiB "
                   "| PyTorch MiB | planned / ORT | step ms onnxplan / ORT / PyTorch |"),
               "|---|---|---|---|---|---|---|---|---|---|---|"]
