@@ -209,8 +209,15 @@ def _memory(v: _Model, prob: JointProblem) -> None:
         if t == 1:
             ahead += [nb[k] * v.O[k] for k in v.O if B[k].held_until >= F]
         restore_held = _anchor_memory(v, prob, t, ahead)
-        for n in sorted({n for (tt, n) in v.R if tt == t}):
-            _recompute_memory(v, prob, t, n, ahead, restore_held, readers)
+        nodes = sorted({n for (tt, n) in v.R if tt == t})
+        if not nodes:
+            continue
+        live = [k for k in range(len(B)) if B[k].last_need >= t]
+        fixed = sum(nb[k] * v.S[t, k] for k in live) + sum(ahead)  # one expression for all of them
+        varying = [k for k in live if (t, k) in v.I or (t, k) in v.E
+                   or (B[k].producer >= 0 and (t, B[k].producer) in v.R)]
+        for n in nodes:
+            _recompute_memory(v, prob, t, n, fixed, varying, restore_held, readers)
 
 
 def _anchor_memory(v: _Model, prob: JointProblem, t: int, ahead: list) -> dict:
@@ -238,15 +245,14 @@ def _anchor_memory(v: _Model, prob: JointProblem, t: int, ahead: list) -> dict:
     return restore_held
 
 
-def _recompute_memory(v: _Model, prob: JointProblem, t: int, n: int, ahead: list, restore_held: dict,
-                      readers) -> None:
-    """Stage t while it recomputes node n: within the budget (only where it does)."""
+def _recompute_memory(v: _Model, prob: JointProblem, t: int, n: int, fixed, varying: list[int],
+                      restore_held: dict, readers) -> None:
+    """Stage t while it recomputes node n: within the budget (only where it does). `fixed`: what
+    every recomputation of the stage holds (each live buffer's copy at the anchor, the page-ins
+    ahead); `varying`: the live buffers whose recomputed or paged-in copy n may hold."""
     B, nb = prob.buffers, v.nb
     terms = []
-    for k in range(len(B)):
-        if B[k].last_need < t:
-            continue
-        terms.append(nb[k] * v.S[t, k])
+    for k in varying:
         held_for_anchor = restore_held.get((t, k))
         x = v.R.get((t, B[k].producer)) if B[k].producer >= 0 else None
         if x is not None:
@@ -263,7 +269,7 @@ def _recompute_memory(v: _Model, prob: JointProblem, t: int, n: int, ahead: list
             elif held_for_anchor is not None:
                 terms.append(held_for_anchor)
     base = (prob.carried[prob.starts[t - 1]] + prob.node_scratch[n]) // BYTE_UNIT
-    v.m.add(base + sum(terms) + sum(ahead) <= v.cap).only_enforce_if(v.R[t, n])
+    v.m.add(base + fixed + sum(terms) <= v.cap).only_enforce_if(v.R[t, n])
 
 
 def _objective(v: _Model, prob: JointProblem, budget_bytes: int, swap_bandwidth: float | None,
