@@ -217,8 +217,16 @@ def _bn_grad_case(c: int) -> tuple:
     return ("BatchNormalizationGrad", MS, ins, [x.shape, (c,), (c,)], {})
 
 
+@pytest.fixture
+def bn_numpy_path():
+    """BatchNorm's numpy path (the fused loops, kernels/batch_norm_loops.py, sum each channel
+    alone: any cut gives their bits, tests/test_kernels_bn_loops.py)."""
+    with settings.override(native_kernels=False):
+        yield
+
+
 @pytest.mark.parametrize("c", [3, 5, 17])
-def test_batch_norm_parts_keep_two_channels(c, monkeypatch):
+def test_batch_norm_parts_keep_two_channels(c, monkeypatch, bn_numpy_path):
     """A part of one channel would sum its dbias and dscale as one strided run (numpy: pairwise),
     not image by image as the whole kernel does; parts keep two channels or more: the same bits
     for odd channel counts (3 channels at 2 threads: one part)."""
@@ -231,7 +239,7 @@ def test_batch_norm_parts_keep_two_channels(c, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_one_channel_part_changes_the_bits(monkeypatch):
+def test_a_one_channel_part_changes_the_bits(monkeypatch, bn_numpy_path):
     """The check above can fail: with one-channel parts allowed, 3 channels cut [0:1], [1:3] differ."""
     from onnxplan.kernels import batch_norm
 

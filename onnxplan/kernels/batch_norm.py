@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import parallel
+from onnxplan.kernels import batch_norm_loops, parallel
 from onnxplan.kernels.norm import _ew_pass, _get, _run_all, _torch_passes, rows_per_chunk
 from onnxplan.kernels.registry import KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 from onnxplan.kernels.scratch import align
@@ -78,6 +78,11 @@ def _prepare_batch_norm(ctx: KernelContext, inputs: list, outputs: list, bound: 
         return run_inference
     momentum = t(np.float32(ctx.attrs.get("momentum", 0.9)))
     run_mean, run_var = _get(outputs, 1), _get(outputs, 2)
+    fused = batch_norm_loops.batch_norm_training_loops(x, scale, b, mean_in, var_in, y, run_mean, run_var,
+                                                       _get(outputs, 3), _get(outputs, 4), (n, c, s), float(eps),
+                                                       float(momentum))
+    if fused is not None:  # the fused loops (kernels/batch_norm_loops.py)
+        return fused
     mean = _get(outputs, 3) if _get(outputs, 3) is not None else xp.empty(c, x.dtype)
     inv_std = _get(outputs, 4) if _get(outputs, 4) is not None else xp.empty(c, x.dtype)
     per_nc2 = ctx.scratch_array(0, (n * c,), x.dtype).reshape(n, c)
@@ -184,6 +189,9 @@ def _prepare_batch_norm_grad(ctx: KernelContext, inputs: list, outputs: list, bo
     t = x.dtype.type
     ns = t(n * s)
     x3, dy3 = x.reshape(n, c, s), dy.reshape(n, c, s)
+    fused = batch_norm_loops.batch_norm_grad_loops(dy, x, scale, mean, inv_std, dx, dscale, dbias, (n, c, s))
+    if fused is not None:  # the fused loops (kernels/batch_norm_loops.py)
+        return fused
     dx3 = dx.reshape(n, c, s) if dx is not None else None
     dbias = xp.empty(c, x.dtype) if dbias is None else dbias  # per-channel vectors are small
     dscale = xp.empty(c, x.dtype) if dscale is None else dscale

@@ -37,13 +37,19 @@ and CPU):
   order along it), so its bits; the gradient's dscale and dbias too (each column's sum in order
   over the rows), dX's two row means in eight lanes (not the numpy path's BLAS dot: other bits).
   Rows (and dscale's columns) are cut across the compute threads: the same bits at any count.
+- BatchNormalization in training and its gradient (kernels/batch_norm_loops.py), channel by
+  channel: the forward in three passes over a channel (its sum, the centred squares, Y), the
+  gradient in two (dbias and dscale's dot, then dX), where the numpy paths take ~8 and ~12. A
+  channel's sums run over each image's positions in eight float lanes, the images' totals added
+  in double: not the numpy paths' bits (pairwise sums, BLAS dots), within the kernel tests'
+  tolerances of ONNX Runtime; the same at any thread count (channels are cut, never a sum).
 - GatherGrad's scatter-add over rows (kernels/_xp.scatter_add: an embedding's gradient): each
   index's row added in the order of the indices, as numpy's add.at adds them (its bits), where
   add.at takes ~7 ns an element (0.8 ms for a transformer's 1024 x 128 rows).
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
-(onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()` and
-`scatter_add_rows()` are None and the kernels take the numpy paths.
+(onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
+`scatter_add_rows()` and `batch_norm()` are None and the kernels take the numpy paths.
 """
 
 from __future__ import annotations
@@ -62,10 +68,12 @@ from pathlib import Path
 
 from onnxplan import settings
 from onnxplan.kernels.native_source import SOURCE as _HEAD_SOURCE
+from onnxplan.kernels.native_source_channels import CHANNELS_SOURCE
 from onnxplan.kernels.native_source_rows import ROWS_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
-           "DepthwiseConv", "LayerNorm", "Sce", "SmallConv", "adamw", "depthwise_conv", "layer_norm", "library_path",
+           "BatchNorm", "DepthwiseConv", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
+           "layer_norm", "library_path",
            "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -76,7 +84,7 @@ SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its doub
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
-SOURCE = _HEAD_SOURCE + ROWS_SOURCE  # one library
+SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE  # one library
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -91,7 +99,9 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "ln_fwd_f32": [_P] * 8 + [_I, _I],
                "ln_grad_cols_f32": [_P] * 9 + [_I] * 5,
                "ln_grad_rows_f32": [_P] * 7 + [_I, _I],
-               "scatter_add_rows_f32": [_P] * 3 + [_I, _I]}
+               "scatter_add_rows_f32": [_P] * 3 + [_I, _I],
+               "bn_fwd_f32": [_P] * 12 + [_I, _I],
+               "bn_grad_f32": [_P] * 9 + [_I, _I]}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I}  # the others return nothing
 
 
@@ -258,3 +268,25 @@ def scatter_add_rows() -> Callable[..., None] | None:
         return None
     lib = _library()
     return lib.scatter_add_rows_f32 if lib is not None else None
+
+
+@dataclass(frozen=True)
+class BatchNorm:
+    """The training BatchNorm's loops (addresses as ints, None for NULL; ctypes releases the
+    interpreter lock); `g` is an int64 array (n, c, s), `k` a float32 array (eps, momentum):
+
+    fwd(g, k, x, scale, bias, mean_in, var_in, y, run_mean, run_var, mean, inv_std, c0, c1):
+    channels c0..c1 of Y, the running statistics (NULL: not wanted) and the saved ones;
+    grad(g, dy, x, scale, mean, inv_std, dx, dscale, dbias, c0, c1): channels c0..c1 of the
+    gradients (NULL: not wanted)."""
+
+    fwd: Callable[..., None]
+    grad: Callable[..., None]
+
+
+def batch_norm() -> BatchNorm | None:
+    """The training BatchNorm's loops, or None: the numpy paths (kernels/batch_norm.py)."""
+    if not settings.current().native_kernels:
+        return None
+    lib = _library()
+    return BatchNorm(lib.bn_fwd_f32, lib.bn_grad_f32) if lib is not None else None
