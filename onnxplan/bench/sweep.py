@@ -209,9 +209,10 @@ def _measure_model(config: BenchConfig, model: str, folder, planned: list[tuple]
                    advance) -> dict[str, dict]:
     """Run each distinct plan of `planned` (when measuring) and each of `peers`, in
     config.rounds rounds; fill the rows' measured figures; the peers' figures by peer."""
+    measured = [(key, row, _fingerprint(plan), plan) for key, row, plan in planned] if config.measure else []
     distinct: dict[str, tuple[str, Any]] = {}  # plan fingerprint -> (strategy, plan): one run per program
-    for key, _, plan in planned if config.measure else ():
-        distinct.setdefault(_fingerprint(plan), (key[2], plan))
+    for key, _, fp, plan in measured:
+        distinct.setdefault(fp, (key[2], plan))
     ours: dict[str, list] = {fp: [] for fp in distinct}
     theirs: dict[str, list] = {p: [] for p in peers}
     for r in range(config.rounds):
@@ -223,9 +224,9 @@ def _measure_model(config: BenchConfig, model: str, folder, planned: list[tuple]
             advance(f"{model}: {peer} (probe){of}", 0)
             theirs[peer].append(measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count))
     figures = {fp: combine_rounds(runs, "measured_peak_bytes", "measure_error") for fp, runs in ours.items()}
-    for key, row, plan in planned if config.measure else ():
-        name, _ = distinct[_fingerprint(plan)]
-        row.update({k: figures[_fingerprint(plan)][k] for k in MEASURED_FIELDS})
+    for key, row, fp, _ in measured:
+        name, _ = distinct[fp]
+        row.update({k: figures[fp][k] for k in MEASURED_FIELDS})
         if name != key[2]:  # the very same program: its run stands for this row too
             row["measured_as"] = name
         row["measured"] = row["measured_peak_bytes"] is not None

@@ -20,7 +20,7 @@ from functools import partial
 import numpy as np
 
 from onnxplan.kernels import native, parallel
-from onnxplan.kernels.norm_loops import _address, _runner, _taken
+from onnxplan.kernels.fused_calls import address, runner, taken
 from onnxplan.kernels.registry import KernelFn
 
 __all__ = ["FWD_PASSES", "GRAD_PASSES", "batch_norm_grad_loops", "batch_norm_training_loops"]
@@ -46,17 +46,17 @@ def batch_norm_training_loops(x, scale, bias, mean_in, var_in, y, run_mean, run_
     fns = native.batch_norm()
     n, c, s = dims
     vectors = (scale, bias, run_mean, run_var, mean_out, inv_out)
-    if fns is None or not _taken(x, y, *vectors) or any(v is not None and v.size != c for v in vectors):
+    if fns is None or not taken(x, y, *vectors) or any(v is not None and v.size != c for v in vectors):
         return None
-    if (run_mean is not None and not _taken(mean_in)) or (run_var is not None and not _taken(var_in)):
+    if (run_mean is not None and not taken(mean_in)) or (run_var is not None and not taken(var_in)):
         return None
     g, k = np.array(dims, np.int64), np.array([eps, momentum], np.float32)
     call = partial(fns.fwd, g.ctypes.data, k.ctypes.data, x.ctypes.data, scale.ctypes.data, bias.ctypes.data,
-                   _address(mean_in) if run_mean is not None else None,
-                   _address(var_in) if run_var is not None else None, y.ctypes.data, _address(run_mean),
-                   _address(run_var), _address(mean_out), _address(inv_out))
+                   address(mean_in) if run_mean is not None else None,
+                   address(var_in) if run_var is not None else None, y.ctypes.data, address(run_mean),
+                   address(run_var), address(mean_out), address(inv_out))
     pieces = [partial(call, lo, hi) for lo, hi in _channel_parts(n, c, s, FWD_PASSES)]
-    return _runner([partial(parallel.run, pieces)], (g, k, x, y, mean_in, var_in, *vectors))
+    return runner([partial(parallel.run, pieces)], (g, k, x, y, mean_in, var_in, *vectors))
 
 
 def batch_norm_grad_loops(dy, x, scale, mean, inv_std, dx, dscale, dbias,
@@ -66,10 +66,10 @@ def batch_norm_grad_loops(dy, x, scale, mean, inv_std, dx, dscale, dbias,
     fns = native.batch_norm()
     n, c, s = dims
     vectors = (scale, mean, inv_std, dscale, dbias)
-    if fns is None or not _taken(dy, x, dx, *vectors) or any(v is not None and v.size != c for v in vectors):
+    if fns is None or not taken(dy, x, dx, *vectors) or any(v is not None and v.size != c for v in vectors):
         return None
     g = np.array(dims, np.int64)
     call = partial(fns.grad, g.ctypes.data, dy.ctypes.data, x.ctypes.data, scale.ctypes.data, mean.ctypes.data,
-                   inv_std.ctypes.data, _address(dx), _address(dscale), _address(dbias))
+                   inv_std.ctypes.data, address(dx), address(dscale), address(dbias))
     pieces = [partial(call, lo, hi) for lo, hi in _channel_parts(n, c, s, GRAD_PASSES)]
-    return _runner([partial(parallel.run, pieces)], (g, dy, x, dx, *vectors))
+    return runner([partial(parallel.run, pieces)], (g, dy, x, dx, *vectors))

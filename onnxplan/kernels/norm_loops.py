@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from onnxplan.kernels import native, parallel
-from onnxplan.kernels.registry import KernelContext, KernelFn
+from onnxplan.kernels.fused_calls import address, runner, taken
+from onnxplan.kernels.registry import KernelFn
 
 __all__ = ["FWD_PASSES", "GRAD_PASSES", "layer_norm_grad_loops", "layer_norm_loops"]
 
@@ -34,29 +35,8 @@ FWD_PASSES = 3
 GRAD_PASSES = 4
 
 
-def _taken(*arrays) -> bool:
-    """Every array given (None: absent) a float32 C-contiguous host array."""
-    return all(isinstance(a, np.ndarray) and a.dtype == np.float32 and a.flags.c_contiguous
-               for a in arrays if a is not None)
-
-
-def _address(a) -> int | None:
-    return None if a is None else int(a.ctypes.data)
-
-
 def _geometry(rows: int, m: int, simplified: bool) -> np.ndarray:
     return np.array([rows, m, int(simplified)], np.int64)
-
-
-def _runner(tasks: list[Callable[[], Any]], keep: tuple) -> KernelFn:
-    """The kernel: `tasks` in turn, each a parallel run of its pieces; `keep` holds the arrays
-    whose addresses the pieces carry (alive while the kernel is)."""
-
-    def run(ctx_: KernelContext, inputs_: list, outputs_: list, _keep=keep) -> None:
-        for task in tasks:
-            task()
-
-    return run
 
 
 def layer_norm_loops(x, scale, bias, y, mean_out, inv_out, rows: int, m: int, eps: float,
@@ -64,16 +44,16 @@ def layer_norm_loops(x, scale, bias, y, mean_out, inv_out, rows: int, m: int, ep
     """(Simplified)LayerNormalization by the loops, its rows cut across the compute threads;
     None where they do not take it (the numpy path)."""
     fns = native.layer_norm()
-    if fns is None or not _taken(x, scale, bias, y, mean_out, inv_out) or scale.size != m:
+    if fns is None or not taken(x, scale, bias, y, mean_out, inv_out) or scale.size != m:
         return None
     if bias is not None and bias.size != m:
         return None
     g, c = _geometry(rows, m, simplified), np.array([eps], np.float32)
     call = partial(fns.fwd, g.ctypes.data, c.ctypes.data, x.ctypes.data, scale.ctypes.data,
-                   None if simplified else _address(bias), y.ctypes.data, None if simplified else _address(mean_out),
-                   _address(inv_out))
+                   None if simplified else address(bias), y.ctypes.data, None if simplified else address(mean_out),
+                   address(inv_out))
     pieces = [partial(call, lo, hi) for lo, hi in parallel.row_parts(np, rows, m, passes=FWD_PASSES)]
-    return _runner([partial(parallel.run, pieces)], (g, c, x, scale, bias, y, mean_out, inv_out))
+    return runner([partial(parallel.run, pieces)], (g, c, x, scale, bias, y, mean_out, inv_out))
 
 
 def layer_norm_grad_loops(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b, rows: int, m: int,
@@ -83,16 +63,16 @@ def layer_norm_grad_loops(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s,
     and `partial_b`, m floats each), dscale and dbias by columns, then dX by rows, each across
     the compute threads; None where they do not take it (the numpy path)."""
     fns = native.layer_norm()
-    if fns is None or not _taken(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b):
+    if fns is None or not taken(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b):
         return None
     if scale.size != m or inv.size != rows or (mean is not None and mean.size != rows):
         return None
     g = _geometry(rows, m, simplified)
-    mean_at = None if simplified else _address(mean)
+    mean_at = None if simplified else address(mean)
     cols = partial(fns.grad_cols, g.ctypes.data, dy.ctypes.data, x.ctypes.data, mean_at, inv.ctypes.data,
-                   _address(dscale), _address(dbias), _address(partial_s), _address(partial_b))
+                   address(dscale), address(dbias), address(partial_s), address(partial_b))
     by_rows = partial(fns.grad_rows, g.ctypes.data, dy.ctypes.data, x.ctypes.data, scale.ctypes.data, mean_at,
-                      inv.ctypes.data, _address(dx))
+                      inv.ctypes.data, address(dx))
     tasks: list[Callable[[], Any]] = []
     for r0 in range(0, rows, rows_per_chunk):
         k = min(rows_per_chunk, rows - r0)
@@ -104,4 +84,4 @@ def layer_norm_grad_loops(dy, x, scale, mean, inv, dx, dscale, dbias, partial_s,
                                                 for lo, hi in parallel.bounds(m, parts)]))
         if dx is not None:
             tasks.append(partial(parallel.run, [partial(by_rows, r0 + lo, r0 + hi) for lo, hi in row_ranges]))
-    return _runner(tasks, (g, dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b))
+    return runner(tasks, (g, dy, x, scale, mean, inv, dx, dscale, dbias, partial_s, partial_b))
