@@ -204,6 +204,9 @@ def test_rounds_combine_as_the_median_of_each_rounds_median():
     failed = {**runs[1], "median_step_seconds": None, "peak_bytes": None, "error": "killed"}
     out = combine_rounds([runs[0], failed, runs[2]], "peak_bytes", "error")
     assert out["error"] == "killed" and out["median_step_seconds"] is None and out["rounds"] == 3
+    untimed = {**runs[1], "median_step_seconds": None, "min_step_seconds": None, "max_step_seconds": None}
+    out = combine_rounds([runs[0], untimed], "peak_bytes", "error")  # no error, but no step timed
+    assert out["median_step_seconds"] is None and out["round_median_step_seconds"] is None
     one = combine_rounds(runs[:1], "peak_bytes", "error")
     assert one["median_step_seconds"] == 0.05 and one["rounds"] == 1 and one["steps_timed"] == 5
 

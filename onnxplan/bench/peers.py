@@ -47,12 +47,15 @@ def combine_rounds(runs: list[dict[str, Any]], peak: str, error: str) -> dict[st
     failed = next((r for r in runs if r.get(error)), None)
     if failed is not None:
         return {**failed, "rounds": len(runs), "round_median_step_seconds": None}
-    medians = [r["median_step_seconds"] for r in runs]
+    medians: list[float] | None = [r["median_step_seconds"] for r in runs]
     out = dict(runs[0])
-    if all(m is not None for m in medians):
-        out.update(median_step_seconds=statistics.median(medians),
+    if all(m is not None for m in medians or ()):
+        out.update(median_step_seconds=statistics.median(medians or ()),
                    min_step_seconds=min(r["min_step_seconds"] for r in runs),
                    max_step_seconds=max(r["max_step_seconds"] for r in runs))
+    else:  # a round timed no step: no step figure
+        medians = None
+        out.update(median_step_seconds=None, min_step_seconds=None, max_step_seconds=None)
     out["steps_timed"] = sum(r.get("steps_timed") or 0 for r in runs)
     peaks = [r[peak] for r in runs if r.get(peak) is not None]
     out[peak] = max(peaks) if peaks else None
