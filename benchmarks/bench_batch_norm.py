@@ -9,8 +9,6 @@ Usage: python benchmarks/bench_batch_norm.py [--threads 1] [--rounds 3]
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,9 +16,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_sce import _bound, fused_against_numpy  # noqa: E402
-from onnxplan import settings  # noqa: E402
-from onnxplan.threads import use_threads  # noqa: E402
+from benchmarks.bench_sce import _bound, fused_bench_args, print_fused_table, use_path  # noqa: E402
 
 MS = "com.microsoft"
 # (n, c, h, w): resnet18 b8's first stage and last stage, ResNet-50 b8's widest 1x1 output
@@ -29,8 +25,7 @@ CASES = [(8, 64, 56, 56), (8, 512, 7, 7), (8, 256, 56, 56)]
 
 def _nodes(shape: tuple, native: bool, rng) -> tuple:
     """(the forward's call, the gradient's call) on the fused or the numpy path."""
-    os.environ["ONNXPLAN_NATIVE_KERNELS"] = "1" if native else "0"
-    settings.reload()
+    use_path(native)
     f, c = np.float32, shape[1]
     x, dy = rng.standard_normal(shape, dtype=f), rng.standard_normal(shape, dtype=f)
     scale, bias, mean, var = (rng.standard_normal(c, dtype=f) for _ in range(4))
@@ -46,21 +41,11 @@ def _nodes(shape: tuple, native: bool, rng) -> tuple:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    use_threads(args.threads)
+    args = fused_bench_args(__doc__).parse_args()
     rng = np.random.default_rng(0)
-    print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}\n")
-    print("| n x c x h x w | fwd fused us | fwd numpy us | fused/numpy | grad fused us | grad numpy us | fused/numpy |")
-    print("|---|---|---|---|---|---|---|")
-    for shape in CASES:
-        calls = max(5, min(200, 20_000_000 // int(np.prod(shape))))
-        cells = fused_against_numpy(lambda native: _nodes(shape, native, rng), args.rounds, calls)
-        print(f"| {'x'.join(map(str, shape))} | {cells[0]} | {cells[1]} |")
-    os.environ.pop("ONNXPLAN_NATIVE_KERNELS", None)
-    settings.reload()
+    cases = [("x".join(map(str, shape)), lambda native, shape=shape: _nodes(shape, native, rng),
+              max(5, min(200, 20_000_000 // int(np.prod(shape))))) for shape in CASES]
+    print_fused_table(args, "n x c x h x w", "fwd", cases)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,38 @@ def fused_against_numpy(nodes, rounds: int, calls: int) -> list[str]:
     return [f"{best[True, k]:.1f} | {best[False, k]:.1f} | {best[True, k] / best[False, k]:.2f}" for k in range(count)]
 
 
-def _nodes(shape: tuple, reduction: str, native: bool, rng) -> tuple:
-    """(the loss's call, the gradient's call) on the fused or the numpy path."""
+def use_path(native: bool) -> None:
+    """The fused loops (True) or the numpy path (False) for the kernels bound from now on."""
     os.environ["ONNXPLAN_NATIVE_KERNELS"] = "1" if native else "0"
     settings.reload()
+
+
+def fused_bench_args(doc: str) -> argparse.ArgumentParser:
+    """The fused-against-numpy benches' options: --threads, --rounds."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    return ap
+
+
+def print_fused_table(args, first: str, nodes: str, cases: list[tuple[str, Callable[[bool], tuple], int]]) -> None:
+    """At args.threads, one table row per case (its first cells, its nodes(native) -> (forward's
+    call, gradient's call), calls per round): the fused path against the numpy path
+    (fused_against_numpy); then the environment's own choice of path again."""
+    use_threads(args.threads)
+    print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}\n")
+    print(f"| {first} | {nodes} fused us | {nodes} numpy us | fused/numpy | grad fused us | grad numpy us | fused/numpy |")
+    print("|" + "---|" * (first.count("|") + 7))
+    for label, make, calls in cases:
+        cells = fused_against_numpy(make, args.rounds, calls)
+        print(f"| {label} | {cells[0]} | {cells[1]} |")
+    os.environ.pop("ONNXPLAN_NATIVE_KERNELS", None)
+    settings.reload()
+
+
+def _nodes(shape: tuple, reduction: str, native: bool, rng) -> tuple:
+    """(the loss's call, the gradient's call) on the fused or the numpy path."""
+    use_path(native)
     n, c, rest = shape[0], shape[1], shape[2:]
     scores = rng.standard_normal(shape, dtype=np.float32)
     labels = rng.integers(0, c, (n, *rest)).astype(np.int64)
@@ -84,22 +113,13 @@ def _nodes(shape: tuple, reduction: str, native: bool, rng) -> tuple:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = fused_bench_args(__doc__)
     ap.add_argument("--big", action="store_true")
     args = ap.parse_args()
-    use_threads(args.threads)
     rng = np.random.default_rng(0)
-    print(f"threads {args.threads}, load average {os.getloadavg()[0]:.2f}\n")
-    print("| scores | loss fused us | loss numpy us | fused/numpy | grad fused us | grad numpy us | fused/numpy |")
-    print("|---|---|---|---|---|---|---|")
-    for shape, reduction in CASES + (BIG if args.big else []):
-        calls = max(5, min(2000, 20_000_000 // int(np.prod(shape))))
-        cells = fused_against_numpy(lambda native: _nodes(shape, reduction, native, rng), args.rounds, calls)
-        print(f"| {'x'.join(map(str, shape))} | {cells[0]} | {cells[1]} |")
-    os.environ.pop("ONNXPLAN_NATIVE_KERNELS", None)
-    settings.reload()
+    cases = [("x".join(map(str, shape)), lambda native, shape=shape, r=reduction: _nodes(shape, r, native, rng),
+              max(5, min(2000, 20_000_000 // int(np.prod(shape))))) for shape, reduction in CASES + (BIG if args.big else [])]
+    print_fused_table(args, "scores", "loss", cases)
 
 
 if __name__ == "__main__":
