@@ -162,12 +162,15 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
+def _enabled_library() -> ctypes.CDLL | None:
+    """The library, or None where it cannot be had or ONNXPLAN_NATIVE_KERNELS=0 turns it off."""
+    return _library() if settings.current().native_kernels else None
+
+
 def adamw() -> Callable[..., None] | None:
     """adamw_f32(n, p, g, m, v, p_out, m_out, v_out, constants, mode) with addresses as ints
     (ctypes releases the interpreter lock for the call), or None: the numpy path."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return lib.adamw_f32 if lib is not None else None
 
 
@@ -185,9 +188,7 @@ class SmallConv:
 
 def small_conv() -> SmallConv | None:
     """The small conv's loops, or None: the BLAS path (kernels/conv_small.py)."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return SmallConv(lib.small_conv_fwd, lib.small_conv_dw) if lib is not None else None
 
 
@@ -208,9 +209,7 @@ class Sce:
 
 def sce() -> Sce | None:
     """The SCE loops, or None: the numpy path (kernels/softmax_loss.py)."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return Sce(lib.sce_loss_f32, lib.sce_grad_f32) if lib is not None else None
 
 
@@ -230,9 +229,7 @@ class DepthwiseConv:
 
 def depthwise_conv() -> DepthwiseConv | None:
     """The depthwise conv's loops, or None: the numpy paths (kernels/conv_depthwise_loops.py)."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return DepthwiseConv(lib.dw_conv_fwd, lib.dw_conv_dx, lib.dw_conv_dw) if lib is not None else None
 
 
@@ -254,9 +251,7 @@ class LayerNorm:
 
 def layer_norm() -> LayerNorm | None:
     """The layer norms' loops, or None: the numpy paths (kernels/norm.py)."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return LayerNorm(lib.ln_fwd_f32, lib.ln_grad_cols_f32, lib.ln_grad_rows_f32) if lib is not None else None
 
 
@@ -264,9 +259,7 @@ def scatter_add_rows() -> Callable[..., None] | None:
     """scatter_add_rows_f32(out, index, values, count, width) with addresses as ints (ctypes
     releases the interpreter lock): out[index[k]] += values[k], rows of `width` floats, k in
     order; or None: numpy's add.at."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return lib.scatter_add_rows_f32 if lib is not None else None
 
 
@@ -286,7 +279,5 @@ class BatchNorm:
 
 def batch_norm() -> BatchNorm | None:
     """The training BatchNorm's loops, or None: the numpy paths (kernels/batch_norm.py)."""
-    if not settings.current().native_kernels:
-        return None
-    lib = _library()
+    lib = _enabled_library()
     return BatchNorm(lib.bn_fwd_f32, lib.bn_grad_f32) if lib is not None else None
