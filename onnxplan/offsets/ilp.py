@@ -16,9 +16,14 @@ __all__ = ["DECOMPOSE_ABOVE", "ilp_offsets", "best_heuristic_offsets", "pyramid_
 
 # Above this many sized buffers the address ILP is solved window by window (_decomposed).
 DECOMPOSE_ABOVE = 600
-# a search stops at WALL_GUARD x its (deterministic) time limit of wall time whatever it has done:
-# only a machine loaded several times over its cores reaches it (then runs may differ)
+# a search stops at wall_guard(its deterministic time limit) of wall time whatever it has done:
+# only a machine loaded several times over its cores reaches it (then runs may differ). CP-SAT's
+# deterministic time leaves out its fixed costs (presolve, the model's load: ~0.5 s of wall for
+# 0.04 of deterministic time on 210 buffers here, 5 s with the cores loaded 3x over), so a guard
+# of a multiple alone stopped short searches at a point the load chose (a plan differed between
+# `plan` and `run` in CI); the floor keeps it a guard against a hang
 WALL_GUARD = 4.0
+WALL_GUARD_FLOOR_SECONDS = 20.0
 WINDOW_BUFFERS = 150  # buffers wholly inside one window
 
 _HEURISTICS = (best_fit_offsets, greedy_size_offsets, sort_offsets)
@@ -54,6 +59,11 @@ def pyramid_preplacement(buffers: Iterable[Buffer]) -> dict[str, int]:
     return placed
 
 
+def wall_guard(time_limit: float) -> float:
+    """Wall seconds a search with a deterministic limit of `time_limit` may take at most."""
+    return WALL_GUARD * time_limit + WALL_GUARD_FLOOR_SECONDS
+
+
 def ilp_offsets(
     buffers: Iterable[Buffer],
     *,
@@ -74,7 +84,7 @@ def ilp_offsets(
     core each), spent by one worker with a fixed seed: the same buffers give the same offsets
     in every process and under any load (a wall-clock limit stopped the search at a point the
     machine's load chose, so a budget's plan changed from call to call). A wall-clock guard of
-    WALL_GUARD times the limit stops a search on a machine so loaded it would run on.
+    wall_guard(limit) stops a search on a machine so loaded it would run on.
     """
     start = time.perf_counter()
     bufs = unique_buffers(buffers)
@@ -160,7 +170,7 @@ def _solve_addresses(
     solver = cp_model.CpSolver()
     if time_limit is not None:
         solver.parameters.max_deterministic_time = time_limit
-        solver.parameters.max_time_in_seconds = WALL_GUARD * time_limit
+        solver.parameters.max_time_in_seconds = wall_guard(time_limit)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     status = solve_cp_sat(solver, model, "ILP offsets")
@@ -193,7 +203,7 @@ def _decomposed(bufs: list[Buffer], seed: OffsetPlan, time_limit: float | None, 
     while True:
         left = None if time_limit is None else time_limit - spent
         arena = max(off[b.name] + units[b.name] for b in sized)
-        over_wall = time_limit is not None and time.perf_counter() - start > WALL_GUARD * time_limit
+        over_wall = time_limit is not None and time.perf_counter() - start > wall_guard(time_limit)
         if arena <= bound or (left is not None and left <= 0.1) or over_wall:
             break
         peaks = sorted({t for b in sized if off[b.name] + units[b.name] == arena for t in (b.first, b.last)}
