@@ -114,6 +114,7 @@ def test_matmul_kernels_allocate_no_temporaries(op, domain, a_shape, b_shape, at
     b_eff = b.swapaxes(-1, -2) if tb else b
     out_shape = np.matmul(a_eff, b_eff).shape
     run, outputs = arena_run(op, [a, b], [("float32", out_shape)], attrs, domain)
+    run()  # the process's first product looks up the GEMM pool (kernels/gemm_calls.py) once
     assert peak_bytes(run) < 16 * 1024  # the output is >= 256 KiB
     np.testing.assert_allclose(outputs[0], np.matmul(a_eff, b_eff), rtol=1e-4, atol=1e-4)
 

@@ -126,6 +126,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM", 1 << 40)
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_SPLIT", 1 << 40)
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1 << 40)
+        monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_NATIVE", 1 << 40)
     got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
     assert pieces == (2 if small and n == 2 else 1)
     for a, b in zip(want, got):
@@ -143,15 +144,17 @@ def test_split_off_runs_whole(monkeypatch):
         assert pieces == 1, name
 
 
-@pytest.mark.parametrize("a_shape, b_shape, on, off", [
-    ((1024, 128), (128, 128), (2, False), (1, False)),  # transformer b16's projections, 16.8 M
-    ((16, 4, 64, 64), (16, 4, 64, 32), (2, True), (1, False)),  # its attention products, 8.4 M
-    ((64, 784), (784, 256), (1, False), (1, False)),  # mlp b64's first layer, 12.8 M: whole
+@pytest.mark.parametrize("a_shape, b_shape, on, off, pool", [
+    ((1024, 128), (128, 128), (2, False), (1, False), (2, False)),  # transformer b16's projections, 16.8 M
+    ((16, 4, 64, 64), (16, 4, 64, 32), (2, True), (1, False), (2, True)),  # its attention products, 8.4 M
+    ((64, 784), (784, 256), (1, False), (1, False), (2, False)),  # mlp b64's first layer, 12.8 M
+    ((64, 256), (256, 128), (1, False), (1, False), (1, False)),  # its second, 2.1 M: whole
 ])
-def test_products_split_with_the_switch(a_shape, b_shape, on, off):
+def test_products_split_with_the_switch(a_shape, b_shape, on, off, pool):
     """At 2 threads with ONNXPLAN_SPLIT_KERNELS on, a product splits in two from MIN_ELEMS x
-    GEMM_MACS_PER_ELEM_SPLIT multiply-adds a piece, or x GEMM_MACS_PER_ELEM_BATCHES by batches; with
-    it off from MIN_ELEMS x GEMM_MACS_PER_ELEM (as before). (pieces, by batches)"""
+    GEMM_MACS_PER_ELEM_SPLIT multiply-adds a piece, or x GEMM_MACS_PER_ELEM_BATCHES by batches,
+    on the GEMM pool from MIN_ELEMS x GEMM_MACS_PER_ELEM_NATIVE either way; with it off from
+    MIN_ELEMS x GEMM_MACS_PER_ELEM (as before). (pieces, by batches)"""
     a, b = np.ones(a_shape, F), np.ones(b_shape, F)
     before = threads.current().threads
     try:
@@ -159,6 +162,7 @@ def test_products_split_with_the_switch(a_shape, b_shape, on, off):
         for split, want in ((True, on), (False, off)):
             with settings.override(split_kernels=split):
                 assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F)) == want, split
+        assert matmul._product_parts(a, b, np.empty(np.matmul(a, b).shape, F), native=True) == pool
     finally:
         threads.use_threads(before)
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxplan import settings
-from onnxplan.kernels import _xp, parallel
+from onnxplan import settings, threads
+from onnxplan.kernels import _xp, gemm_calls, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
-__all__ = ["blas_matmul", "fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
+__all__ = ["Product", "blas_matmul", "fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
 
 MS = "com.microsoft"
 # A product splits across the compute threads from MIN_ELEMS * GEMM_MACS_PER_ELEM multiply-adds
@@ -29,6 +29,12 @@ GEMM_MACS_PER_ELEM_SPLIT = 8
 # time at 2 threads, the least of 12 steps under load 3.5 (each piece packs the other operand
 # whole; reports/threads.md, session 12): those stay at GEMM_MACS_PER_ELEM_SPLIT.
 GEMM_MACS_PER_ELEM_BATCHES = 4
+# On the GEMM pool (kernels/gemm_calls.py: a worker starts its calls without the interpreter
+# lock) a product splits from 4 M multiply-adds a piece, by rows or columns alike: mlp b64's
+# 64 x 784 x 256 (12.8 M) took 0.64x its whole time in two pieces on 2 idle vCPUs, its dW
+# (784 x 64 x 256) 0.64x, 512 x 128 x 512 0.63x; 64 x 256 x 128 (2 M) gained nothing
+# (reports/threads.md, session 21).
+GEMM_MACS_PER_ELEM_NATIVE = 4
 # A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
 # piece packs all of the other operand, and a piece of few rows against many columns (a
 # convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
@@ -56,20 +62,23 @@ def matmul_into(xp, a, b, out) -> None:
     split_matmul(xp, a, b, out)
 
 
-def _product_parts(a, b, out) -> tuple[int, bool]:
+def _product_parts(a, b, out, native: bool = False) -> tuple[int, bool]:
     """(how many pieces out = a @ b is cut into, whether by its batch axis): by its multiply-adds,
-    MIN_ELEMS times GEMM_MACS_PER_ELEM_BATCHES a piece where out has batches for every piece,
-    else GEMM_MACS_PER_ELEM_SPLIT (GEMM_MACS_PER_ELEM with ONNXPLAN_SPLIT_KERNELS off)."""
+    MIN_ELEMS times GEMM_MACS_PER_ELEM_NATIVE a piece on the GEMM pool (`native`), else
+    GEMM_MACS_PER_ELEM_BATCHES where out has batches for every piece, else
+    GEMM_MACS_PER_ELEM_SPLIT (GEMM_MACS_PER_ELEM with ONNXPLAN_SPLIT_KERNELS off)."""
     if a.ndim < 2 or b.ndim < 2:
         return 1, False
     macs = out.size * a.shape[-1]
     if not settings.current().split_kernels:
         return parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM), False
+    per_batch = GEMM_MACS_PER_ELEM_NATIVE if native else GEMM_MACS_PER_ELEM_BATCHES
     if out.ndim >= 3:
-        parts = parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM_BATCHES)
+        parts = parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * per_batch)
         if 1 < parts <= out.shape[0]:
             return parts, True
-    return parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * GEMM_MACS_PER_ELEM_SPLIT), False
+    per_piece = GEMM_MACS_PER_ELEM_NATIVE if native else GEMM_MACS_PER_ELEM_SPLIT
+    return parallel.parts_for(macs, min_elems=parallel.MIN_ELEMS * per_piece), False
 
 
 def _operand_batch(x, out_ndim: int, lo: int, hi: int):
@@ -80,39 +89,82 @@ def _operand_batch(x, out_ndim: int, lo: int, hi: int):
     return x[(slice(None),) * axis + (slice(lo, hi),)]
 
 
+def _cut(out, parts: int, by_batches: bool) -> tuple[str, list[tuple[int, int]]] | None:
+    """How split_matmul cuts out into `parts` pieces (its docstring): ("batches", "columns" or
+    "rows", the (lo, hi) bounds), or None where it is not cut."""
+    rows, cols = out.shape[-2], out.shape[-1]
+    if by_batches or (out.ndim >= 3 and out.shape[0] >= parts):
+        return "batches", parallel.bounds(out.shape[0], parts)
+    if cols >= parts * MIN_PIECE_COLUMNS or (rows < parts <= cols):
+        return "columns", parallel.bounds(cols, parts)
+    if rows >= parts:
+        return "rows", parallel.bounds(rows, parts)
+    return None
+
+
+def _piece_views(a, b, out, cut: str, lo: int, hi: int) -> tuple:
+    """(a, b, out) of one piece of the cut."""
+    if cut == "batches":
+        return _operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi), out[lo:hi]
+    if cut == "columns":
+        return a, b[..., lo:hi], out[..., lo:hi]
+    return a[..., lo:hi, :], b, out[..., lo:hi, :]
+
+
+class Product:
+    """out = a @ b as split_matmul computes it, with the cut and the GEMM pool's calls worked out
+    once for the thread policy and the settings in force (again when either changes): a bound
+    kernel's views are the same every step."""
+
+    def __init__(self, xp, a, b, out) -> None:
+        self.xp, self.a, self.b, self.out = xp, a, b, out
+        self._key: tuple[object, object] | None = None
+        self._cut: tuple[str, list[tuple[int, int]]] | None = None
+        self._gemm: gemm_calls.GemmPool | None = None
+        self._calls = None
+
+    def _prepare(self) -> None:
+        xp, a, b, out = self.xp, self.a, self.b, self.out
+        gemm = gemm_calls.pool() if xp is np else None
+        parts, by_batches = _product_parts(a, b, out, gemm is not None) if xp is np else (1, False)
+        self._cut = _cut(out, parts, by_batches) if parts > 1 else None
+        self._calls = None
+        if gemm is not None and self._cut is not None:
+            self._calls = gemm_calls.product_calls(a, b, out, *self._cut, BLAS_ROW_BLOCK)
+        self._gemm = gemm if self._calls is not None else None
+
+    def __call__(self) -> None:
+        key = (threads.current(), settings.current())
+        if self._key is None or self._key[0] is not key[0] or self._key[1] is not key[1]:
+            self._prepare()
+            self._key = key
+        xp, a, b, out = self.xp, self.a, self.b, self.out
+        if self._cut is None:
+            if xp is np:
+                blas_matmul(a, b, out)
+            else:
+                xp.matmul(a, b, out=out)
+        elif self._gemm is not None:
+            gemm, calls = self._gemm, self._calls
+            parallel.run_elsewhere(lambda workers: gemm.run(calls, workers))
+        else:
+            cut, bounds = self._cut
+            parallel.run([lambda lo=lo, hi=hi: blas_matmul(*_piece_views(a, b, out, cut, lo, hi))
+                          for lo, hi in bounds])
+
+
 def split_matmul(xp, a, b, out) -> None:
     """xp.matmul(a, b, out=out), cut for the compute threads (BLAS runs on one: onnxplan.threads)
     into pieces of out's leading batch axis, else of its columns when each piece keeps at least
     MIN_PIECE_COLUMNS of them, else of its rows, else of its columns; every piece one BLAS call
-    into its own part of `out` (no copy). A piece runs on whichever thread is free first
-    (kernels.parallel), so a busy core never stalls the product. The bits may differ from one
-    whole call's (OpenBLAS's kernel choice depends on the sizes), as they did between BLAS's own
-    thread counts: GEMM results depend on the thread count."""
-    parts, by_batches = _product_parts(a, b, out) if xp is np else (1, False)
-    if parts <= 1:
-        if xp is np:
-            blas_matmul(a, b, out)
-        else:
-            xp.matmul(a, b, out=out)
-        return
-    rows, cols = out.shape[-2], out.shape[-1]
-    if by_batches or (out.ndim >= 3 and out.shape[0] >= parts):
-        def piece(lo: int, hi: int):
-            return lambda: blas_matmul(_operand_batch(a, out.ndim, lo, hi), _operand_batch(b, out.ndim, lo, hi),
-                                       out[lo:hi])
-        size = out.shape[0]
-    elif cols >= parts * MIN_PIECE_COLUMNS or (rows < parts <= cols):
-        def piece(lo: int, hi: int):
-            return lambda: blas_matmul(a, b[..., lo:hi], out[..., lo:hi])
-        size = cols
-    elif rows >= parts:
-        def piece(lo: int, hi: int):
-            return lambda: blas_matmul(a[..., lo:hi, :], b, out[..., lo:hi, :])
-        size = rows
-    else:
-        blas_matmul(a, b, out)
-        return
-    parallel.run([piece(lo, hi) for lo, hi in parallel.bounds(size, parts)])
+    (per matrix, per BLAS_ROW_BLOCK rows) into its own part of `out` (no copy, no scratch). The
+    calls run on the GEMM pool (kernels/gemm_calls.py: no interpreter lock) where numpy would
+    make them as cblas_sgemm calls, else the pieces on the Python pool (kernels.parallel); either
+    way a call runs on whichever thread is free first, so a busy core never stalls the product.
+    The bits may differ from one whole call's (OpenBLAS's kernel choice depends on the sizes), as
+    they did between BLAS's own thread counts: GEMM results depend on the thread count. A bound
+    kernel keeps a Product instead (its cut and calls worked out once)."""
+    Product(xp, a, b, out)()
 
 
 def blas_matmul(a, b, out) -> None:
@@ -174,8 +226,10 @@ def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
     scaled = ctx.scratch_array(0, c.shape, c.dtype) if c is not None and beta not in (0.0, 1.0) \
         and c.size > 16384 else None
 
+    product = Product(xp, a, b, y)
+
     def work() -> None:
-        split_matmul(xp, a, b, y)
+        product()
         _scale(xp, y, alpha)
         if c is None or beta == 0.0:
             return
@@ -208,10 +262,10 @@ def _bind_matmul(ctx: KernelContext, inputs, outputs):
     """matmul_into's views chosen once: one matmul call per step, same bits."""
     if ctx.xp is not np:
         return None
-    a, b, out = _matmul_views(inputs[0], inputs[1], outputs[0])
+    product = Product(np, *_matmul_views(inputs[0], inputs[1], outputs[0]))
 
     def run(ctx_, inputs_, outputs_):
-        split_matmul(np, a, b, out)
+        product()
 
     return run
 
@@ -244,11 +298,11 @@ def _bind_fused_matmul(ctx: KernelContext, inputs, outputs):
     attrs = ctx.attrs
     a = fused_operand(inputs[0], bool(attrs.get("transA", 0)), bool(attrs.get("transBatchA", 0)))
     b = fused_operand(inputs[1], bool(attrs.get("transB", 0)), bool(attrs.get("transBatchB", 0)))
-    a, b, out = _matmul_views(a, b, outputs[0])
+    product = Product(np, *_matmul_views(a, b, outputs[0]))
     y, alpha = outputs[0], float(attrs.get("alpha", 1.0))
 
     def run(ctx_, inputs_, outputs_):
-        split_matmul(np, a, b, out)
+        product()
         _scale(np, y, alpha)
 
     return run

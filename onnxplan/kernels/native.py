@@ -47,9 +47,14 @@ and CPU):
   index's row added in the order of the indices, as numpy's add.at adds them (its bits), where
   add.at takes ~7 ns an element (0.8 ms for a transformer's 1024 x 128 rows).
 
+- the GEMM pool (kernels/gemm_calls.py): a product's cblas_sgemm calls (numpy's own BLAS, the
+  calls numpy makes: its bits) claimed by the calling thread and the library's worker threads,
+  none of which takes the interpreter lock.
+
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()` and `batch_norm()` are None and the kernels take the numpy paths.
+`scatter_add_rows()`, `batch_norm()` and `gemm_calls()` are None and the kernels take the numpy
+paths (the Python pool for products).
 """
 
 from __future__ import annotations
@@ -69,12 +74,13 @@ from pathlib import Path
 from onnxplan import settings
 from onnxplan.kernels.native_source import SOURCE as _HEAD_SOURCE
 from onnxplan.kernels.native_source_channels import CHANNELS_SOURCE
+from onnxplan.kernels.native_source_gemm import GEMM_SOURCE
 from onnxplan.kernels.native_source_rows import ROWS_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
-           "BatchNorm", "DepthwiseConv", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
+           "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
            "layer_norm", "library_path",
-           "scatter_add_rows", "sce", "small_conv"]
+           "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
 ADAMW_CONSTANTS = ("lr", "alpha", "beta", "one_minus_alpha", "one_minus_beta", "eps", "wd", "alpha_corr",
@@ -84,8 +90,8 @@ SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its doub
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
-SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE  # one library
-_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC")
+SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE  # one library
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
@@ -101,8 +107,11 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "ln_grad_rows_f32": [_P] * 7 + [_I, _I],
                "scatter_add_rows_f32": [_P] * 3 + [_I, _I],
                "bn_fwd_f32": [_P] * 12 + [_I, _I],
-               "bn_grad_f32": [_P] * 9 + [_I, _I]}
-_RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I}  # the others return nothing
+               "bn_grad_f32": [_P] * 9 + [_I, _I],
+               "gemm_calls": [_P, _P, _I, _I, _I, _P],
+               "gemm_prewake": [_I, _I],
+               "gemm_hush": []}
+_RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
 
 
 def _compiler() -> str | None:
@@ -281,3 +290,21 @@ def batch_norm() -> BatchNorm | None:
     """The training BatchNorm's loops, or None: the numpy paths (kernels/batch_norm.py)."""
     lib = _enabled_library()
     return BatchNorm(lib.bn_fwd_f32, lib.bn_grad_f32) if lib is not None else None
+
+
+@dataclass(frozen=True)
+class GemmPoolCalls:
+    """The GEMM pool's entry points (addresses as ints; ctypes releases the interpreter lock;
+    kernels/gemm_calls.py): run(sgemm, calls, count, workers, spin_ns, out) -> seconds taken;
+    prewake(workers, spin_ns): wake the workers for a job about to come; hush(): spinning workers
+    sleep now."""
+
+    run: Callable[..., float]
+    prewake: Callable[..., None]
+    hush: Callable[[], None]
+
+
+def gemm_calls() -> GemmPoolCalls | None:
+    """The GEMM pool's entry points, or None: the Python pool."""
+    lib = _enabled_library()
+    return GemmPoolCalls(lib.gemm_calls, lib.gemm_prewake, lib.gemm_hush) if lib is not None else None

@@ -37,7 +37,8 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.settings import Settings
 
-__all__ = ["MIN_ELEMS", "Outcomes", "outcomes", "parts_for", "row_parts", "rows", "run", "splits", "ufunc"]
+__all__ = ["MIN_ELEMS", "Outcomes", "outcomes", "parts_for", "row_parts", "rows", "run", "run_elsewhere", "splits",
+           "ufunc"]
 
 # Elements per piece, for a kernel of one pass over its arrays, below which splitting does not
 # pay: measured on 2 cores (a VM), a float32 multiply over 300K elements took 0.036 ms on one
@@ -201,6 +202,16 @@ def _help(pieces: _Pieces) -> None:
             return
 
 
+def _hush_gemm_pool() -> None:
+    """The GEMM pool's workers (kernels/gemm_calls.py) that spin for their next job sleep now:
+    this pool's workers need the cores."""
+    from onnxplan.kernels import gemm_calls
+
+    gemm = gemm_calls.pool()
+    if gemm is not None:
+        gemm.hush()
+
+
 def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
     """Run every task on this thread and the pool's workers, each task on whichever thread
     claims it first; return when all are done (the first failure is raised, after all have
@@ -224,6 +235,7 @@ def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
         pieces.drain()
     else:
         helpers = min(len(tasks) - 1, max(1, threads.current().compute - 1))
+        _hush_gemm_pool()
         _active.append(pieces)  # list.append and remove are atomic under the interpreter lock
         for worker in _workers(helpers)[:helpers]:
             worker.nudge()
@@ -237,6 +249,19 @@ def run(tasks: Sequence[Callable[[], None]], score: bool = True) -> None:
             outcomes.note(time.perf_counter() - start, own_end - start, ran, len(tasks))
     if pieces.error is not None:
         raise pieces.error
+
+
+def run_elsewhere(run_with: Callable[[int], tuple[float, float, int, int]]) -> None:
+    """A split run on a pool outside this module (kernels/gemm_calls.py): `run_with(helpers)` runs
+    it with up to that many helper threads beside the calling one (none while splits have been
+    losing: the module's docstring) and returns (seconds taken, the calling thread's own seconds,
+    pieces it ran, pieces); scored as `run` scores its runs."""
+    global splits
+    splits += 1
+    hand_out = outcomes.hand_out()
+    took, own, ran, count = run_with(max(1, threads.current().compute - 1) if hand_out else 0)
+    if hand_out and not getattr(_unscored, "depth", 0):
+        outcomes.note(took, own, ran, count)
 
 
 def row_parts(xp, rows: int, width: int, passes: int = 1, min_rows: int = 1) -> list[tuple[int, int]]:

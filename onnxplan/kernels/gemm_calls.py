@@ -1,0 +1,168 @@
+"""A product's BLAS calls run on the fused library's GEMM pool (kernels/native_source_gemm.py).
+
+kernels/parallel.py hands pieces to Python threads: a worker must take the interpreter lock
+before it can call BLAS, which the caller holds until it enters its own piece, so on two vCPUs
+its piece began 36-82 us late and mlp's 64 x 784 x 256 product lost when cut in two
+(reports/threads.md, sessions 12 and 17). Here the calling thread describes every cblas_sgemm
+call of the product (the calls numpy's matmul makes for each piece: the same arguments, so the
+same bits as np.matmul on that piece) and hands the list to one C call, in which it and the
+pool's workers claim calls one at a time without the interpreter lock: a worker the machine has
+not run claims nothing, and the caller never waits for it.
+
+`product_calls` makes a product's calls where numpy would make them (float32 matrices of at least two
+rows, columns and inner length, BLAS-compatible strides: one of each operand's two axes of unit
+stride, as numpy's is_blasable2d asks), and gives None where numpy does something else (a
+vector product, A @ A.T through syrk, strides BLAS cannot take, an output overlapping an input):
+the caller then keeps the Python pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from onnxplan import settings
+from onnxplan.kernels import native
+
+__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls"]
+
+CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
+# How long a worker spins for the next job (after a job, or woken by prewake) before it sleeps:
+# long enough for the caller's work between prewake and the job (describing the calls)
+SPIN_NS = 1_000_000
+_SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # numpy's OpenBLAS: 64-bit integers
+_F32 = 4
+_FLOAT32 = np.dtype(np.float32)
+
+
+@functools.cache
+def sgemm_address() -> int | None:
+    """The address of cblas_sgemm (64-bit integers) in the BLAS numpy loaded, or None (another
+    BLAS, or 32-bit integers: the Python pool then)."""
+    import threadpoolctl
+
+    for info in threadpoolctl.threadpool_info():
+        if info.get("user_api") != "blas" or info.get("internal_api") != "openblas":
+            continue
+        try:
+            lib = ctypes.CDLL(info["filepath"])
+        except OSError:
+            continue
+        for name in _SGEMM_SYMBOLS:
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return ctypes.cast(fn, ctypes.c_void_p).value
+    return None
+
+
+def _blasable(s_row: int, s_col: int, cols: int) -> bool:
+    """numpy's is_blasable2d for float32 (strides in bytes): unit stride along a row, a row
+    stride that is whole elements and at least a row long."""
+    return s_col == _F32 and s_row % _F32 == 0 and s_row // _F32 >= cols
+
+
+def _operand(x, rows: int, cols: int) -> tuple[int, int] | None:
+    """(trans, ld) numpy's matmul passes BLAS for a [rows x cols] operand, or None."""
+    s_row, s_col = x.strides[-2], x.strides[-1]
+    if s_row < 0 or s_col < 0:
+        return None
+    if _blasable(s_row, s_col, cols):
+        return NO_TRANS, s_row // _F32
+    if _blasable(s_col, s_row, rows):
+        return TRANS, s_col // _F32
+    return None
+
+
+def _address(x) -> int:
+    return x.__array_interface__["data"][0]
+
+
+def product_calls(a, b, out, cut: str, bounds: Sequence[tuple[int, int]], row_block: int) -> np.ndarray | None:
+    """The cblas_sgemm calls np.matmul makes for each piece of out = a @ b (`cut` "batches",
+    "columns" or "rows" of out at `bounds`; each piece's rows by blocks of at most `row_block`,
+    as matmul.blas_matmul calls it), as the [calls x CALL_FIELDS] int64 array the pool reads;
+    None where numpy would make other calls (the module's docstring). The addresses are the
+    pieces' own (a piece's view starts where its slice does): no array is sliced here."""
+    if not (a.dtype == b.dtype == out.dtype == _FLOAT32) or out.ndim not in (2, 3) or a.ndim < 2 or b.ndim < 2:
+        return None
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    if max(a.ndim, b.ndim) > out.ndim or min(m, k) < 2:
+        return None
+    ta, tb = _operand(a, m, k), _operand(b, k, n)
+    if ta is None or tb is None or not _blasable(out.strides[-2], out.strides[-1], n):
+        return None
+    pa, pb, pc = _address(a), _address(b), _address(out)
+    if pa == pb or np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        return None  # A @ A.T may go to syrk in numpy (its bits, not sgemm's); an overlap is copied
+    batch = [x.strides[0] if x.ndim == 3 and x.shape[0] != 1 else 0 for x in (a, b, out)]
+    if min(batch) < 0:
+        return None
+    lda, ldb, ldc = ta[1], tb[1], out.strides[-2] // _F32
+    a_row = lda * _F32 if ta[0] == NO_TRANS else _F32  # bytes from one row of a to the next
+    b_col = _F32 if tb[0] == NO_TRANS else ldb * _F32  # from one column of b to the next
+    c_row = ldc * _F32
+    calls: list[tuple[int, ...]] = []
+    whole = [(0, out.shape[0])] if out.ndim == 3 else [(0, 1)]
+    for lo, hi in bounds if cut == "batches" else whole:
+        for i in range(lo, hi):
+            ai, bi, ci = pa + i * batch[0], pb + i * batch[1], pc + i * batch[2]
+            cols = bounds if cut == "columns" else [(0, n)]
+            rows = bounds if cut == "rows" else [(0, m)]
+            for c0, c1 in cols:
+                for r0, r1 in rows:
+                    for q0, q1 in _blocks(r0, r1, row_block):
+                        if q1 - q0 < 2 or c1 - c0 < 2:
+                            return None  # a vector product: numpy calls gemv
+                        calls.append((ROW_MAJOR, ta[0], tb[0], q1 - q0, c1 - c0, k, ai + q0 * a_row, lda,
+                                      bi + c0 * b_col, ldb, ci + q0 * c_row + c0 * _F32, ldc))
+    return np.array(calls, dtype=np.int64).reshape(len(calls), CALL_FIELDS)
+
+
+def _blocks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
+    """lo..hi in as few equal blocks of at most `size` as matmul.blas_matmul cuts its rows."""
+    count = -(-(hi - lo) // size)
+    return [(lo + (hi - lo) * j // count, lo + (hi - lo) * (j + 1) // count) for j in range(count)]
+
+
+class GemmPool:
+    """The fused library's gemm_calls and numpy's cblas_sgemm."""
+
+    def __init__(self, fns: native.GemmPoolCalls, sgemm: int) -> None:
+        self._fn = fns.run
+        self._prewake = fns.prewake
+        self.hush = fns.hush  # spinning workers sleep now (another pool needs the cores)
+        self._sgemm = sgemm
+        self._out = np.zeros(2, np.float64)
+
+    def prewake(self, workers: int) -> None:
+        """Wake up to `workers` pool threads for a job about to be handed out."""
+        self._prewake(workers, SPIN_NS)
+
+    def run(self, table: np.ndarray, workers: int) -> tuple[float, float, int, int]:
+        """Run every call of `table` (product_calls) on this thread and up to `workers` pool threads;
+        (seconds taken, seconds this thread spent on its calls, how many it ran, how many there
+        were)."""
+        out = self._out
+        took = self._fn(self._sgemm, table.ctypes.data, len(table), workers, SPIN_NS, out.ctypes.data)
+        return took, float(out[0]), int(out[1]), len(table)
+
+
+def pool() -> GemmPool | None:
+    """The GEMM pool, or None where the fused library or numpy's ILP64 cblas_sgemm cannot be had
+    (or ONNXPLAN_NATIVE_KERNELS=0): kernels.parallel's Python pool then. Looked up once per
+    settings (onnxplan.settings.reload makes new ones)."""
+    global _cached
+    now = settings.current()
+    if _cached is None or _cached[0] is not now:
+        fn = native.gemm_calls()
+        address = sgemm_address() if fn is not None else None
+        _cached = (now, GemmPool(fn, address) if address else None)
+    return _cached[1]
+
+
+_cached: tuple[object, GemmPool | None] | None = None
