@@ -159,9 +159,9 @@ def pool() -> GemmPool | None:
     global _cached
     now = settings.current()
     if _cached is None or _cached[0] is not now:
-        fn = native.gemm_calls()
-        address = sgemm_address() if fn is not None else None
-        _cached = (now, GemmPool(fn, address) if address else None)
+        fns = native.gemm_calls()
+        address = sgemm_address() if fns is not None else None
+        _cached = (now, GemmPool(fns, address) if fns is not None and address else None)
     return _cached[1]
 
 

@@ -111,6 +111,10 @@ def _piece_views(a, b, out, cut: str, lo: int, hi: int) -> tuple:
     return a[..., lo:hi, :], b, out[..., lo:hi, :]
 
 
+def _piece_task(a, b, out, cut: str, lo: int, hi: int) -> Callable[[], None]:
+    return lambda: blas_matmul(*_piece_views(a, b, out, cut, lo, hi))
+
+
 class Product:
     """out = a @ b as split_matmul computes it, with the cut and the GEMM pool's calls worked out
     once for the thread policy and the settings in force (again when either changes): a bound
@@ -121,7 +125,7 @@ class Product:
         self._key: tuple[object, object] | None = None
         self._cut: tuple[str, list[tuple[int, int]]] | None = None
         self._gemm: gemm_calls.GemmPool | None = None
-        self._calls = None
+        self._calls: np.ndarray | None = None
 
     def _prepare(self) -> None:
         xp, a, b, out = self.xp, self.a, self.b, self.out
@@ -144,13 +148,12 @@ class Product:
                 blas_matmul(a, b, out)
             else:
                 xp.matmul(a, b, out=out)
-        elif self._gemm is not None:
+        elif self._gemm is not None and self._calls is not None:
             gemm, calls = self._gemm, self._calls
             parallel.run_elsewhere(lambda workers: gemm.run(calls, workers))
         else:
             cut, bounds = self._cut
-            parallel.run([lambda lo=lo, hi=hi: blas_matmul(*_piece_views(a, b, out, cut, lo, hi))
-                          for lo, hi in bounds])
+            parallel.run([_piece_task(a, b, out, cut, lo, hi) for lo, hi in bounds])
 
 
 def split_matmul(xp, a, b, out) -> None:
