@@ -12,9 +12,12 @@ the same with idle OpenMP workers asleep (OMP_WAIT_POLICY=PASSIVE) 23 ms.
 
 The policy, for `threads = N` (default: $ONNXPLAN_THREADS where set, else the cores this
 process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
-- BLAS (numpy's GEMMs): 1 thread. Our GEMM kernels cut each product into pieces of rows
-  or batches across onnxplan's own kernel pool (kernels/matmul.split_matmul), where the calling
-  thread runs every piece no worker has started. OpenBLAS splits a GEMM statically between the
+- BLAS (numpy's GEMMs): 1 thread. Our GEMM kernels cut each product into pieces of rows,
+  columns or batches (kernels/matmul.split_matmul) whose BLAS calls run on the GEMM pool: N - 1
+  C threads of the fused library (kernels/gemm_calls.py) that call numpy's OpenBLAS without the
+  interpreter lock, where the calling thread runs every call no worker has started; after a job
+  they spin 1 ms for the next one (a sleeping vCPU wakes ~40 us late), and sleep at once when
+  onnxplan's Python kernel workers get pieces. Without the fused library: the Python workers. OpenBLAS splits a GEMM statically between the
   caller and its workers and the caller spins until every worker's part is done: when other
   processes keep the cores busy, each GEMM waits a scheduler time slice for a descheduled
   worker (mlp's step 30-300 ms instead of 1; reports/threads.md, session 10).
@@ -155,7 +158,11 @@ class ThreadSettings:
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields, and `gemm_pool`: the GEMM pool's workers (kernels/gemm_calls.py; None where
+        no product has run in this process)."""
+        from onnxplan.kernels import gemm_calls
+
+        return {**asdict(self), "gemm_pool": gemm_calls.workers_in_use()}
 
 
 def _pools() -> list[dict]:
@@ -236,7 +243,7 @@ def torch_loaded(torch: Any) -> None:
     global _current
     settings = current()
     intra, interop = _configure_torch(torch, _torch_threads(settings.compute))
-    _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
+    _current = ThreadSettings(**{**asdict(settings), "torch_intra": intra, "torch_interop": interop,
                                  "openmp": _pool_threads(_pools(), "openmp")})
 
 

@@ -164,3 +164,26 @@ def test_probe_env_none_removes_a_variable(monkeypatch):
 
 def _env_target() -> dict:
     return {"var": os.environ.get("ONNXPLAN_TEST_VAR"), "other": os.environ.get("ONNXPLAN_OTHER")}
+
+
+def test_the_record_says_what_the_gemm_pool_got():
+    """`gemm_pool`: unknown (None) until a product ran in the process, then the compute threads
+    less the caller (the pool's C workers), or 0 where the pool cannot be had."""
+    out = _child("import json, numpy as np\n"
+                 "from onnxplan import threads\n"
+                 "from onnxplan.kernels import matmul\n"
+                 "before = threads.use_threads(3).as_dict()['gemm_pool']\n"
+                 "a = np.ones((8, 8), np.float32)\n"
+                 "matmul.split_matmul(np, a, a, np.empty((8, 8), np.float32))\n"
+                 "print(json.dumps([before, threads.current().as_dict()['gemm_pool']]))")
+    from onnxplan.kernels import gemm_calls
+
+    assert out == [None, 2 if gemm_calls.pool() is not None else 0]
+    off = _child("import json, numpy as np\n"
+                 "from onnxplan import threads\n"
+                 "from onnxplan.kernels import matmul\n"
+                 "threads.use_threads(3)\n"
+                 "a = np.ones((8, 8), np.float32)\n"
+                 "matmul.split_matmul(np, a, a, np.empty((8, 8), np.float32))\n"
+                 "print(json.dumps(threads.current().as_dict()['gemm_pool']))", {"ONNXPLAN_NATIVE_KERNELS": "0"})
+    assert off == 0

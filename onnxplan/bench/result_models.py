@@ -89,7 +89,7 @@ class BenchRow:
     pool_threads: Annotated[dict[str, Any] | None, doc(
         "what each thread pool of our run's process got (onnxplan.threads `ThreadSettings`: `threads`, "
         "`compute`, `blas`, `openmp`, `torch_intra`, `torch_interop`, `ort_intra`, `ort_inter`, `swap_io`, "
-        "`omp_wait_policy`, `blas_library`, `note`); null when not measured")] = None
+        "`omp_wait_policy`, `blas_library`, `note`, `gemm_pool`: the GEMM pool's C workers); null when not measured")] = None
     ort_threads: Annotated[dict[str, Any] | None, doc("the same for ONNX Runtime's process")] = None
     torch_threads: Annotated[dict[str, Any] | None, doc("the same for PyTorch's process")] = None
 

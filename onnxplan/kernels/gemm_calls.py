@@ -27,12 +27,15 @@ import numpy as np
 from onnxplan import settings
 from onnxplan.kernels import native
 
-__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls"]
+__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls", "workers_in_use"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
-# How long a worker spins for the next job (after a job, or woken by prewake) before it sleeps:
-# long enough for the caller's work between prewake and the job (describing the calls)
+# How long a worker spins for the next job after one before it sleeps. A sleeping thread took
+# ~40 us to wake on the 2-vCPU VM (more after a long sleep): mlp b64's two split products, ~1 ms
+# apart, took their whole time in the step when the workers slept between them (node alone: 0.7-0.9x;
+# the step: 1.0-1.1x), and the step 0.82-0.88x with 0.3-1 ms of spinning (reports/threads.md, session
+# 21). Hushed (asleep at once) when the Python pool hands out pieces (kernels/parallel.py).
 SPIN_NS = 1_000_000
 _SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # numpy's OpenBLAS: 64-bit integers
 _F32 = 4
@@ -134,14 +137,9 @@ class GemmPool:
 
     def __init__(self, fns: native.GemmPoolCalls, sgemm: int) -> None:
         self._fn = fns.run
-        self._prewake = fns.prewake
         self.hush = fns.hush  # spinning workers sleep now (another pool needs the cores)
         self._sgemm = sgemm
         self._out = np.zeros(2, np.float64)
-
-    def prewake(self, workers: int) -> None:
-        """Wake up to `workers` pool threads for a job about to be handed out."""
-        self._prewake(workers, SPIN_NS)
 
     def run(self, table: np.ndarray, workers: int) -> tuple[float, float, int, int]:
         """Run every call of `table` (product_calls) on this thread and up to `workers` pool threads;
@@ -150,6 +148,17 @@ class GemmPool:
         out = self._out
         took = self._fn(self._sgemm, table.ctypes.data, len(table), workers, SPIN_NS, out.ctypes.data)
         return took, float(out[0]), int(out[1]), len(table)
+
+
+def workers_in_use() -> int | None:
+    """The GEMM pool's worker threads at the thread policy in force (onnxplan.threads): compute
+    threads less the caller where the pool is in use, 0 where it cannot be had, None where this
+    process has not looked it up (no product has run)."""
+    from onnxplan import threads
+
+    if _cached is None:
+        return None
+    return max(0, threads.current().compute - 1) if _cached[1] is not None else 0
 
 
 def pool() -> GemmPool | None:

@@ -109,7 +109,6 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "bn_fwd_f32": [_P] * 12 + [_I, _I],
                "bn_grad_f32": [_P] * 9 + [_I, _I],
                "gemm_calls": [_P, _P, _I, _I, _I, _P],
-               "gemm_prewake": [_I, _I],
                "gemm_hush": []}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
 
@@ -296,15 +295,13 @@ def batch_norm() -> BatchNorm | None:
 class GemmPoolCalls:
     """The GEMM pool's entry points (addresses as ints; ctypes releases the interpreter lock;
     kernels/gemm_calls.py): run(sgemm, calls, count, workers, spin_ns, out) -> seconds taken;
-    prewake(workers, spin_ns): wake the workers for a job about to come; hush(): spinning workers
-    sleep now."""
+    hush(): the workers spinning for a next job sleep now."""
 
     run: Callable[..., float]
-    prewake: Callable[..., None]
     hush: Callable[[], None]
 
 
 def gemm_calls() -> GemmPoolCalls | None:
     """The GEMM pool's entry points, or None: the Python pool."""
     lib = _enabled_library()
-    return GemmPoolCalls(lib.gemm_calls, lib.gemm_prewake, lib.gemm_hush) if lib is not None else None
+    return GemmPoolCalls(lib.gemm_calls, lib.gemm_hush) if lib is not None else None

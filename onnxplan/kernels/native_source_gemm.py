@@ -12,7 +12,7 @@ GEMM_SOURCE = r"""
    done and waits only for calls a worker has begun (a worker the machine has not run yet claims
    none: the caller runs them). One job at a time: a caller that finds the pool busy (another
    thread's job) runs its calls itself. Idle workers spin `spin_ns` for the next job (a sleeping
-   thread takes ~40 us to wake here, 0.1 ms after a longer sleep), then sleep on a condition
+   thread took ~40 us to wake on the 2-vCPU VM, longer after a long sleep), then sleep on a condition
    variable; gemm_hush sends them to sleep at once. */
 typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
                            const float *, int64_t, float, float *, int64_t);
@@ -105,19 +105,6 @@ static int gp_start(int want) {
 /* Spinning workers go to sleep now: another pool (kernels/parallel.py's Python workers) is about
    to need the cores. */
 void gemm_hush(void) { atomic_fetch_add(&GP.hush, 1); }
-
-/* Wake up to `workers` pool threads now, to spin `spin_ns` for the job the caller is about to
-   hand out (a sleeping thread takes ~40 us to wake on a 2-vCPU VM: the caller's own work before
-   gemm_calls hides it). */
-void gemm_prewake(int64_t workers, int64_t spin_ns) {
-    atomic_store(&GP.spin_ns, spin_ns);
-    pthread_mutex_lock(&GP.mu);
-    int woken = gp_start((int)workers);
-    GP.gen++;
-    atomic_store(&GP.seen, GP.gen);
-    if (woken > 1) pthread_cond_broadcast(&GP.wake); else if (woken) pthread_cond_signal(&GP.wake);
-    pthread_mutex_unlock(&GP.mu);
-}
 
 /* Run `count` calls (GC_FIELDS int64 each) with up to `workers` pool threads beside this one;
    out[0] = seconds this thread spent on its own calls, out[1] = how many it ran; returns the
