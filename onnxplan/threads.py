@@ -61,7 +61,7 @@ from typing import Any
 from onnxplan.settings import ENV, Settings
 from onnxplan.settings import current as current_settings
 
-__all__ = ["ThreadSettings", "available_cores", "current", "ort_session_options", "peer_environment",
+__all__ = ["ThreadSettings", "available_cores", "current", "gemm_pool_found", "ort_session_options", "peer_environment",
            "prepare_process", "resolve_threads", "use_threads"]
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
@@ -72,6 +72,7 @@ _gomp_spins: bool | None = None  # libgomp loaded before prepare_process with it
 _we_set_policy = False  # OMP_WAIT_POLICY=PASSIVE is ours, not the user's
 _current: ThreadSettings | None = None
 _torch_alone = False
+_gemm_pool: bool | None = None  # whether the GEMM pool runs products here (gemm_pool_found); None: not known
 
 
 def _libgomp_loaded() -> bool:
@@ -157,12 +158,10 @@ class ThreadSettings:
     blas_library: str = ""  # e.g. "openblas 0.3.31 SkylakeX pthreads" (the kernel it dispatched to)
     note: str = ""
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields, and `gemm_pool`: the GEMM pool's workers (kernels/gemm_calls.py; None where
-        no product has run in this process)."""
-        from onnxplan.kernels import gemm_calls
+    gemm_pool: int | None = None  # the GEMM pool's C workers (kernels/gemm_calls.py); None: not looked up yet
 
-        return {**asdict(self), "gemm_pool": gemm_calls.workers_in_use()}
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def _pools() -> list[dict]:
@@ -229,8 +228,21 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
         threads=n, compute=compute, blas=_pool_threads(pools, "blas"), openmp=_pool_threads(pools, "openmp"),
         torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
         swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"),
-        blas_library=_blas_library(pools), note=note)
+        blas_library=_blas_library(pools), note=note, gemm_pool=_gemm_pool_workers(compute))
     return _current
+
+
+def _gemm_pool_workers(compute: int) -> int | None:
+    return None if _gemm_pool is None else max(0, compute - 1) if _gemm_pool else 0
+
+
+def gemm_pool_found(available: bool) -> None:
+    """Called by kernels/gemm_calls.py when it looks the GEMM pool up: whether the pool runs this
+    process's products (its workers: the compute threads less the caller), recorded from now on."""
+    global _gemm_pool, _current
+    _gemm_pool = available
+    if _current is not None:
+        _current = ThreadSettings(**{**_current.as_dict(), "gemm_pool": _gemm_pool_workers(_current.compute)})
 
 
 def current() -> ThreadSettings:
@@ -243,7 +255,7 @@ def torch_loaded(torch: Any) -> None:
     global _current
     settings = current()
     intra, interop = _configure_torch(torch, _torch_threads(settings.compute))
-    _current = ThreadSettings(**{**asdict(settings), "torch_intra": intra, "torch_interop": interop,
+    _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
                                  "openmp": _pool_threads(_pools(), "openmp")})
 
 

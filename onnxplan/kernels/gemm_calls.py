@@ -24,10 +24,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from onnxplan import settings
+from onnxplan import settings, threads
 from onnxplan.kernels import native
 
-__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls", "workers_in_use"]
+__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
@@ -150,17 +150,6 @@ class GemmPool:
         return took, float(out[0]), int(out[1]), len(table)
 
 
-def workers_in_use() -> int | None:
-    """The GEMM pool's worker threads at the thread policy in force (onnxplan.threads): compute
-    threads less the caller where the pool is in use, 0 where it cannot be had, None where this
-    process has not looked it up (no product has run)."""
-    from onnxplan import threads
-
-    if _cached is None:
-        return None
-    return max(0, threads.current().compute - 1) if _cached[1] is not None else 0
-
-
 def pool() -> GemmPool | None:
     """The GEMM pool, or None where the fused library or numpy's ILP64 cblas_sgemm cannot be had
     (or ONNXPLAN_NATIVE_KERNELS=0): kernels.parallel's Python pool then. Looked up once per
@@ -171,6 +160,7 @@ def pool() -> GemmPool | None:
         fns = native.gemm_calls()
         address = sgemm_address() if fns is not None else None
         _cached = (now, GemmPool(fns, address) if fns is not None and address else None)
+        threads.gemm_pool_found(_cached[1] is not None)
     return _cached[1]
 
 
