@@ -34,7 +34,7 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
 # How long a worker spins for the next job after one before it sleeps. A sleeping thread took
 # ~40 us to wake on the 2-vCPU VM (more after a long sleep): mlp b64's two split products, ~1 ms
 # apart, took their whole time in the step when the workers slept between them (node alone: 0.7-0.9x;
-# the step: 1.0-1.1x), and the step 0.82-0.88x with 0.3-1 ms of spinning (reports/threads.md, session
+# the step: 1.0-1.1x), and the step 0.81-0.88x with 0.3-1 ms of spinning (reports/threads.md, session
 # 21). Hushed (asleep at once) when the Python pool hands out pieces (kernels/parallel.py).
 SPIN_NS = 1_000_000
 _SGEMM_SYMBOLS = ("scipy_cblas_sgemm64_", "cblas_sgemm64_")  # numpy's OpenBLAS: 64-bit integers
@@ -139,13 +139,12 @@ class GemmPool:
         self._fn = fns.run
         self.hush = fns.hush  # spinning workers sleep now (another pool needs the cores)
         self._sgemm = sgemm
-        self._out = np.zeros(2, np.float64)
 
     def run(self, table: np.ndarray, workers: int) -> tuple[float, float, int, int]:
         """Run every call of `table` (product_calls) on this thread and up to `workers` pool threads;
         (seconds taken, seconds this thread spent on its calls, how many it ran, how many there
         were)."""
-        out = self._out
+        out = np.zeros(2, np.float64)  # per call: two threads may run products at once (interop)
         took = self._fn(self._sgemm, table.ctypes.data, len(table), workers, SPIN_NS, out.ctypes.data)
         return took, float(out[0]), int(out[1]), len(table)
 
