@@ -93,3 +93,19 @@ def n_threads(request, monkeypatch):
     threads.use_threads(request.param)
     yield request.param
     threads.use_threads(before)
+
+
+@pytest.fixture
+def split(monkeypatch):
+    """Pieces of at least 64 elements (onnxplan.kernels.parallel), 3 compute threads: small arrays
+    and products are split (tests/test_parallel.py, tests/test_kernels_gemm_pool.py). The splits'
+    score starts afresh: one the tests before left losing would run every piece on the caller."""
+    from onnxplan import threads
+    from onnxplan.kernels import parallel
+
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+    monkeypatch.setattr(parallel, "outcomes", parallel.Outcomes())
+    before = threads.current().threads
+    threads.use_threads(3)
+    yield
+    threads.use_threads(before)

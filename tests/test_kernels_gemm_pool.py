@@ -12,21 +12,11 @@ import threading
 import numpy as np
 import pytest
 
-from onnxplan import settings, threads
-from onnxplan.kernels import gemm_calls, matmul, native, parallel
+from onnxplan import settings
+from onnxplan.kernels import gemm_calls, matmul, native
 
 _REAL_POOL = gemm_calls.pool
 pytestmark = pytest.mark.skipif(gemm_calls.pool() is None, reason="no C compiler or no ILP64 OpenBLAS in numpy")
-
-
-@pytest.fixture
-def split(monkeypatch):
-    """Pieces of at least 64 multiply-adds a piece's element, 3 compute threads."""
-    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    before = threads.current().threads
-    threads.use_threads(3)
-    yield
-    threads.use_threads(before)
 
 
 def _operand(rng, rows: int, cols: int, batch: int, kind: int):

@@ -16,16 +16,6 @@ from onnxplan.kernels import _xp, parallel
 from tests.kernel_harness import RNG, call_kernel
 
 
-@pytest.fixture
-def split(monkeypatch):
-    """Pieces of at least 64 elements, 3 compute threads: the small arrays below are split."""
-    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    before = threads.current().threads
-    threads.use_threads(3)
-    yield
-    threads.use_threads(before)
-
-
 def test_pieces_cover_every_row_once(split):
     assert parallel.bounds(10, 3) == [(0, 3), (3, 6), (6, 10)]
     assert parallel.parts_for(64 * 10) == 3 and parallel.parts_for(100) == 1
