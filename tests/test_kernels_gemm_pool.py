@@ -70,6 +70,27 @@ def test_the_pool_computes_the_python_pools_bits(split, monkeypatch):
     assert len(ran) > 100 and max(ran) > 2
 
 
+def test_four_dimensional_products_take_the_pool(split, monkeypatch):
+    """Attention's products: 4-D operands that are transposed views of (batch, sequence, heads,
+    width) tensors, K transposed, and a leading or inner batch axis broadcast: bitwise the
+    Python pool's, within rounding of numpy's whole product, and through the pool."""
+    rng = np.random.default_rng(7)
+    ran = []
+    real_run = gemm_calls.GemmPool.run
+    monkeypatch.setattr(gemm_calls.GemmPool, "run", lambda self, table, workers: ran.append(len(table))
+                        or real_run(self, table, workers))
+    q = rng.standard_normal((6, 40, 4, 24), dtype=np.float32).transpose(0, 2, 1, 3)  # (6, 4, 40, 24)
+    k = rng.standard_normal((6, 40, 4, 24), dtype=np.float32).transpose(0, 2, 3, 1)  # (6, 4, 24, 40)
+    p = rng.standard_normal((6, 4, 40, 40), dtype=np.float32)
+    cases = [(q, k), (p, q), (p.swapaxes(-1, -2), q), (q, k[:1]), (q[:, :1], k), (q[0], k)]
+    for a, b in cases:
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        pooled, python = _both_paths(monkeypatch, a, b, shape)
+        np.testing.assert_array_equal(pooled, python)
+        np.testing.assert_allclose(pooled, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    assert len(ran) == len(cases) and min(ran) >= 24
+
+
 def test_a_call_left_out_or_misplaced_is_seen(split, monkeypatch):
     """The comparison above fails on a planted fault: the last call dropped (its block stays
     NaN), or the first call's output shifted one row down (its first row stays NaN)."""

@@ -90,7 +90,7 @@ def product_calls(a, b, out, cut: str, bounds: Sequence[tuple[int, int]], row_bl
     as matmul.blas_matmul calls it), as the [calls x CALL_FIELDS] int64 array the pool reads;
     None where numpy would make other calls (the module's docstring). The addresses are the
     pieces' own (a piece's view starts where its slice does): no array is sliced here."""
-    if not (a.dtype == b.dtype == out.dtype == _FLOAT32) or out.ndim not in (2, 3) or a.ndim < 2 or b.ndim < 2:
+    if not (a.dtype == b.dtype == out.dtype == _FLOAT32) or out.ndim < 2 or a.ndim < 2 or b.ndim < 2:
         return None
     m, k = a.shape[-2:]
     n = b.shape[-1]
@@ -102,28 +102,43 @@ def product_calls(a, b, out, cut: str, bounds: Sequence[tuple[int, int]], row_bl
     pa, pb, pc = _address(a), _address(b), _address(out)
     if pa == pb or np.may_share_memory(out, a) or np.may_share_memory(out, b):
         return None  # A @ A.T may go to syrk in numpy (its bits, not sgemm's); an overlap is copied
-    batch = [x.strides[0] if x.ndim == 3 and x.shape[0] != 1 else 0 for x in (a, b, out)]
-    if min(batch) < 0:
+    steps = [_batch_strides(x, out.ndim) for x in (a, b, out)]
+    if min(min(s, default=0) for s in steps) < 0:
         return None
     lda, ldb, ldc = ta[1], tb[1], out.strides[-2] // _F32
     a_row = lda * _F32 if ta[0] == NO_TRANS else _F32  # bytes from one row of a to the next
     b_col = _F32 if tb[0] == NO_TRANS else ldb * _F32  # from one column of b to the next
     c_row = ldc * _F32
     calls: list[tuple[int, ...]] = []
-    whole = [(0, out.shape[0])] if out.ndim == 3 else [(0, 1)]
-    for lo, hi in bounds if cut == "batches" else whole:
-        for i in range(lo, hi):
-            ai, bi, ci = pa + i * batch[0], pb + i * batch[1], pc + i * batch[2]
-            cols = bounds if cut == "columns" else [(0, n)]
-            rows = bounds if cut == "rows" else [(0, m)]
-            for c0, c1 in cols:
-                for r0, r1 in rows:
-                    for q0, q1 in _blocks(r0, r1, row_block):
-                        if q1 - q0 < 2 or c1 - c0 < 2:
-                            return None  # a vector product: numpy calls gemv
-                        calls.append((ROW_MAJOR, ta[0], tb[0], q1 - q0, c1 - c0, k, ai + q0 * a_row, lda,
-                                      bi + c0 * b_col, ldb, ci + q0 * c_row + c0 * _F32, ldc))
+    cols = bounds if cut == "columns" else [(0, n)]
+    rows = bounds if cut == "rows" else [(0, m)]
+    for index in _matrices(out.shape[:-2], bounds if cut == "batches" else None):
+        ai, bi, ci = (p + sum(i * s for i, s in zip(index, st)) for p, st in zip((pa, pb, pc), steps))
+        for c0, c1 in cols:
+            for r0, r1 in rows:
+                for q0, q1 in _blocks(r0, r1, row_block):
+                    if q1 - q0 < 2 or c1 - c0 < 2:
+                        return None  # a vector product: numpy calls gemv
+                    calls.append((ROW_MAJOR, ta[0], tb[0], q1 - q0, c1 - c0, k, ai + q0 * a_row, lda,
+                                  bi + c0 * b_col, ldb, ci + q0 * c_row + c0 * _F32, ldc))
     return np.array(calls, dtype=np.int64).reshape(len(calls), CALL_FIELDS)
+
+
+def _batch_strides(x, out_ndim: int) -> list[int]:
+    """x's stride in bytes along each of out's batch axes (0 where x broadcasts along it: an
+    axis x lacks or has once), as numpy's matmul steps through them."""
+    lead = out_ndim - x.ndim
+    return [0 if i < lead or x.shape[i - lead] == 1 else x.strides[i - lead] for i in range(out_ndim - 2)]
+
+
+def _matrices(batch_shape: tuple[int, ...], lead: Sequence[tuple[int, int]] | None) -> list[tuple[int, ...]]:
+    """The batch index of every matrix of out, in the pieces' order: the leading batch axis by
+    the cut's bounds (`lead`; None: whole), the other batch axes in full."""
+    if not batch_shape:
+        return [()]
+    ranges = lead if lead is not None else [(0, batch_shape[0])]
+    inner = list(np.ndindex(*batch_shape[1:]))
+    return [(i, *rest) for lo, hi in ranges for i in range(lo, hi) for rest in inner]
 
 
 def _blocks(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
