@@ -50,10 +50,13 @@ and CPU):
 - the GEMM pool (kernels/gemm_calls.py): a product's cblas_sgemm calls (numpy's own BLAS, the
   calls numpy makes: its bits) claimed by the calling thread and the library's worker threads,
   none of which takes the interpreter lock.
+- Transpose of 32-bit elements where the permutation is a batched matrix transpose
+  (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
+  torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()` and `gemm_calls()` are None and the kernels take the numpy
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()` and `transpose32()` are None and the kernels take the numpy
 paths (the Python pool for products).
 """
 
@@ -76,10 +79,11 @@ from onnxplan.kernels.native_source import SOURCE as _HEAD_SOURCE
 from onnxplan.kernels.native_source_channels import CHANNELS_SOURCE
 from onnxplan.kernels.native_source_gemm import GEMM_SOURCE
 from onnxplan.kernels.native_source_rows import ROWS_SOURCE
+from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "layer_norm", "library_path",
+           "layer_norm", "library_path", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -90,7 +94,7 @@ SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its doub
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
-SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE  # one library
+SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE + TRANSPOSE_SOURCE  # one library
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -109,7 +113,8 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "bn_fwd_f32": [_P] * 12 + [_I, _I],
                "bn_grad_f32": [_P] * 9 + [_I, _I],
                "gemm_calls": [_P, _P, _I, _I, _I, _P],
-               "gemm_hush": []}
+               "gemm_hush": [],
+               "transpose32": [_P, _P] + [_I] * 6}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
 
 
@@ -305,3 +310,11 @@ def gemm_calls() -> GemmPoolCalls | None:
     """The GEMM pool's entry points, or None: the Python pool."""
     lib = _enabled_library()
     return GemmPoolCalls(lib.gemm_calls, lib.gemm_hush) if lib is not None else None
+
+
+def transpose32() -> Callable[..., None] | None:
+    """transpose32(x, y, rows, cols, b0, b1, c0, c1) with addresses as ints (ctypes releases the
+    interpreter lock): y[b] = x[b]^T for batches b0..b1, x's columns c0..c1, of contiguous 32-bit
+    [rows x cols] matrices (kernels/transpose.py); or None: numpy's or torch's copy."""
+    lib = _enabled_library()
+    return lib.transpose32 if lib is not None else None

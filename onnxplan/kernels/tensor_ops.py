@@ -10,6 +10,7 @@ import numpy as np
 from onnxplan.ir.cast import cast_attrs, cast_into
 from onnxplan.kernels import _torch, _xp
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
+from onnxplan.kernels.transpose import native_transpose
 
 __all__ = ["slice_indices"]
 
@@ -65,7 +66,7 @@ def _prepare_transpose(ctx: KernelContext, inputs: list, outputs: list, bound: b
     """The transposed view of the input made once: a step is one copy (torch's or xp's)."""
     x, out = inputs[0], outputs[0]
     perm = _perm(ctx, x)
-    fast = _torch_transpose(ctx.xp, x, out, perm)
+    fast = native_transpose(ctx.xp, x, out, perm) or _torch_transpose(ctx.xp, x, out, perm)
     if fast is not None:
         return lambda ctx, inputs, outputs: fast()
     src = ctx.xp.transpose(x, perm)
