@@ -53,6 +53,8 @@ def _case(name: str) -> tuple:
         "gelu_grad": ("GeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "fast_gelu_grad": ("FastGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "relu_grad": ("ReluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "silu": ("QuickGelu", MS, [r(odd)], [(odd,)], {"alpha": 1.0}),
+        "silu_grad": ("QuickGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {"alpha": 1.0}),
         "batch_norm": ("BatchNormInternal", MS, [bn_x, r(6), r(6), r(6), positive], [bn_x.shape] + [(6,)] * 4,
                        {"epsilon": 1e-5, "momentum": 0.9}),
         "batch_norm_grad": ("BatchNormalizationGrad", MS, [r(*bn_x.shape), bn_x, r(6), r(6), positive],
@@ -81,7 +83,7 @@ def _case(name: str) -> tuple:
 
 CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
          "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
-         "gelu_grad", "fast_gelu_grad", "relu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
+         "gelu_grad", "fast_gelu_grad", "relu_grad", "silu", "silu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
          "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch", "sce_grad",
          "sce_grad_none_3d"]
 

@@ -47,6 +47,7 @@ def _torch_by_ranges(xp: Any, arrays: list, passes: int, call: Callable[..., Any
 # Passes per element (kernels.parallel.parts_for) of the torch operators cut by ranges: a GELU
 # or its gradient (erf, exp) weighs as several ufunc passes, ReLU's gradient as one.
 GELU_PASSES = 4
+SILU_PASSES = 3  # SiLU and its gradient: an exp and a division
 
 
 def _torch_ran(step: TorchStep, ctx: KernelContext, inputs: list, outputs: list) -> bool:
@@ -314,8 +315,8 @@ def _silu_alpha(ctx) -> bool:
 def _torch_quick_gelu(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0])):
         return None
-    op, tx, to = _torch.aten().silu.out, _torch.tensor(inputs[0]), _torch.tensor(outputs[0])
-    return lambda ctx, inputs, outputs: op(tx, out=to)
+    op = _torch.aten().silu.out
+    return _torch_by_ranges(ctx.xp, [outputs[0], inputs[0]], SILU_PASSES, lambda to, tx: op(tx, out=to))
 
 
 @kernel("QuickGelu", MS, overwrites=UNARY, bind=_torch_quick_gelu)
@@ -433,9 +434,9 @@ def fast_gelu_grad(ctx, inputs, outputs):
 def _torch_quick_gelu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
     if not (_silu_alpha(ctx) and _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1])):
         return None
-    t = _torch.tensor
-    op, tdy, tx, to = _torch.aten().silu_backward.grad_input, t(inputs[0]), t(inputs[1]), t(outputs[0])
-    return lambda ctx, inputs, outputs: op(tdy, tx, grad_input=to)
+    op = _torch.aten().silu_backward.grad_input
+    return _torch_by_ranges(ctx.xp, [outputs[0], inputs[0], inputs[1]], SILU_PASSES,
+                            lambda to, tdy, tx: op(tdy, tx, grad_input=to))
 
 
 @kernel("QuickGeluGrad", MS, overwrites=BINARY, bind=_torch_quick_gelu_grad)
