@@ -12,6 +12,7 @@ from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.result_models import BenchRow, FailedRow
 from onnxplan.bench.results import dumps_results, rows_to_csv
+from onnxplan.bench.sweep import DEFAULT_WARMUP
 from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
     check_output,
@@ -41,7 +42,7 @@ def bench_command(
                                         "name the built-in sets."),
     peers: str = typer.Option(None, "--peers", help="Peers to measure: ort,torch (default), or none."),
     repeat: int = typer.Option(5, "--repeat", help="Timed steps per measured run (after --warmup)."),
-    warmup: int = typer.Option(1, "--warmup", help="Untimed first steps per measured run."),
+    warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed first steps per measured run (a fresh process's first steps run slow, ours and the peers')."),
     rounds: int = typer.Option(1, "--rounds", help="Fresh processes per measured figure, ours and the peers "
                                "alternating round by round; a step figure is the median over rounds of each "
                                "round's median (on a shared machine a process's level moves by up to a third: "

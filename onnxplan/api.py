@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
 from onnxplan.bench.peers import parse_peers
+from onnxplan.bench.sweep import DEFAULT_WARMUP
 from onnxplan.budget import DEFAULT_PROFILE, CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
 from onnxplan.errors import UsageError
@@ -162,7 +163,7 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
-          repeat: int = 3, warmup: int = 1, measure: bool = False, time_limit: float | None = None,
+          repeat: int = 3, warmup: int = DEFAULT_WARMUP, measure: bool = False, time_limit: float | None = None,
           budget: str | int | None = None, threads: int | None = None, rounds: int = 1) -> pd.DataFrame:
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan

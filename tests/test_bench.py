@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from onnxplan.bench import ROW_FIELDS, load_results
 from onnxplan.bench.strategies import DEFAULT_STRATEGIES, Strategy, parse_strategies, parse_strategy
+from onnxplan.bench.sweep import DEFAULT_WARMUP
 from onnxplan.cli.app import app
 from onnxplan.errors import UsageError
 
@@ -97,7 +98,7 @@ def test_measured_columns_come_from_measure_run(tmp_path, monkeypatch):
     class FakeExecutor:
         @staticmethod
         def measure_run(folder, plan, *, steps, warmup, seed, threads):
-            assert steps == 3 and warmup == 1 and threads == 1  # bench's --threads reaches the run
+            assert steps == 3 and warmup == DEFAULT_WARMUP and threads == 1  # bench's --threads reaches the run
             return ({"losses": [2.5, 2.4, 2.3], "step_seconds": [0.3, 0.1, 0.2], "threads": {"blas": 1}},
                     plan.peak_bytes + 1000)
 

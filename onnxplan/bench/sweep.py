@@ -30,6 +30,14 @@ from onnxplan.threads import resolve_threads
 __all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 
 
+# Untimed steps before a measured run's timed ones (bench --warmup). A fresh process's first steps
+# run slow on both sides: ours took 5.9, 2.2, 1.7, 1.65, then 1.5 ms on mlp b64 at 2 threads (its
+# code paths' first runs, the thread pools' first jobs; a second executor in the same process ran
+# at 1.5 ms from its second step), ONNX Runtime's 5.2, then 2.1-2.3 ms (reports/threads.md, session
+# 22). After one warm-up step, the median of 5 timed steps still held ours' second to fourth.
+DEFAULT_WARMUP = 3
+
+
 @dataclass
 class BenchConfig:
     """What one bench run does; `to_json` is stored in the results' `config`."""
@@ -39,7 +47,7 @@ class BenchConfig:
     batch: int | None = None
     peers: list[str] = field(default_factory=lambda: ["ort", "torch"])
     repeat: int = 5
-    warmup: int = 1
+    warmup: int = DEFAULT_WARMUP
     measure: bool = True
     time_limit: float | None = None  # None: the anytime default
     budgets: dict[str, int] = field(default_factory=dict)  # model (or "*") -> bytes
