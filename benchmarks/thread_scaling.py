@@ -14,7 +14,7 @@ this process may use (what `onnxplan run` does).
 round (the paired figure of ours at every core against ours at one thread, reports/threads.md).
 
 Usage: python benchmarks/thread_scaling.py [MODEL[:BATCH] ...] [--corpus] [--threads 1,2]
-           [--rounds 3] [--steps 5] [--warmup 1] [--peers ort,torch] [--out reports/threads.md]
+           [--rounds 3] [--steps 5] [--warmup 3] [--peers ort,torch] [--out reports/threads.md]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import onnxplan
 from onnxplan.bench.peers import measure_peer
+from onnxplan.bench.sweep import DEFAULT_WARMUP
 from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.threads import available_cores
@@ -53,7 +54,7 @@ def _median_of_rounds(values: list[float]) -> tuple[float | None, float | None]:
     return mid, max(abs(v - mid) / mid for v in values)
 
 
-def _ours(step, prep: Prepared, steps: int, threads: int, warmup: int = 1) -> tuple[float | None, dict | None, str | None]:
+def _ours(step, prep: Prepared, steps: int, threads: int, warmup: int = DEFAULT_WARMUP) -> tuple[float | None, dict | None, str | None]:
     try:
         res, _ = measure_run(step.request, None, steps=steps, warmup=warmup, prepared=prep, threads=threads)
     except Exception as exc:  # noqa: BLE001 - a failed run is a cell of the table
@@ -62,7 +63,7 @@ def _ours(step, prep: Prepared, steps: int, threads: int, warmup: int = 1) -> tu
 
 
 def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tuple[str, ...] = ("ort", "torch"),
-                warmup: int = 1) -> dict:
+                warmup: int = DEFAULT_WARMUP) -> dict:
     name, _, b = item.partition(":")
     step = onnxplan.load(name, batch=int(b) if b else None)
     plan = onnxplan.plan(step)
@@ -162,7 +163,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--corpus-rounds", type=int, default=None, help="rounds for the corpus (default: --rounds)")
     ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=1,
+    ap.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
                     help="untimed steps first, every runner alike (how warm the timed steps are moved ours by "
                          "5-24%% of a cell under load, ONNX Runtime by 0-10%%: reports/threads.md, session 14)")
     ap.add_argument("--peers", default="ort,torch", help="peers to run beside ours, comma-separated ('' for none)")
