@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnxplan import settings, threads
-from onnxplan.kernels import matmul, parallel, scratch
+from onnxplan.kernels import gemm_calls, matmul, parallel, scratch
 from tests.kernel_harness import MS, RNG, call_kernel, make_node
 
 F = np.float32
@@ -171,32 +171,47 @@ def test_products_split_with_the_switch(a_shape, b_shape, on, off, pool):
 
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("transposed", [False, True], ids=["plain", "transposed"])
-def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, monkeypatch):
-    """Cut by its batch axis (attention's products, FusedMatMul's transposed operand a strided
-    view), a batched product makes each batch's matrix in one BLAS call as the whole product
-    does: bit for bit the same at 1 and 2 threads, with pieces forced."""
+@pytest.mark.parametrize("gemm_pool", [True, False], ids=["gemm-pool", "python-pool"])
+def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, gemm_pool, monkeypatch):
+    """Cut by its batch axis (attention's 4-D products, FusedMatMul's transposed operand a
+    strided view), a batched product makes each batch's matrix in one BLAS call as the whole
+    product does: bit for bit the same at 1 and 2 threads, with pieces forced, on the GEMM pool
+    (one call per matrix) and on the Python pool (pieces of batches)."""
     a = RNG.standard_normal((8, 4, 24, 24)).astype(F)
     a = np.swapaxes(a, -1, -2) if transposed else a
     b = RNG.standard_normal((8, 4, 24, 16)).astype(F)
     want = np.matmul(a, b)
     monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
     monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1)
-    most = [1]
-    run = parallel.run
+    monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_NATIVE", 1)
+    if not gemm_pool:
+        monkeypatch.setattr(gemm_calls, "pool", lambda: None)
+    elif gemm_calls.pool() is None:
+        pytest.skip("no GEMM pool (no C compiler or no ILP64 OpenBLAS)")
+    most, calls = [1], []
+    run, pool_run = parallel.run, gemm_calls.GemmPool.run
     before = threads.current().threads
 
     def counting(tasks):
         most[0] = max(most[0], len(tasks))
         run(tasks)
 
+    def pool_counting(self, table, workers):
+        calls.append(len(table))
+        return pool_run(self, table, workers)
+
     try:
         threads.use_threads(n)
         monkeypatch.setattr(parallel, "run", counting)
+        monkeypatch.setattr(gemm_calls.GemmPool, "run", pool_counting)
         got = np.full(want.shape, np.nan, F)
         matmul.split_matmul(np, a, b, got)
     finally:
         threads.use_threads(before)
-    assert most[0] == n
+    if gemm_pool:
+        assert calls == ([] if n == 1 else [8 * 4]) and most[0] == 1
+    else:
+        assert most[0] == n and calls == []
     np.testing.assert_array_equal(want, got)
 
 
