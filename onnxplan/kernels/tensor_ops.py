@@ -63,7 +63,8 @@ def _torch_transpose(xp, x, out, perm):
 
 
 def _prepare_transpose(ctx: KernelContext, inputs: list, outputs: list, bound: bool) -> KernelFn:
-    """The transposed view of the input made once: a step is one copy (torch's or xp's)."""
+    """The transposed view of the input made once: a step is one copy (the C loop's for a matrix
+    transpose, kernels/transpose.py; else torch's or xp's)."""
     x, out = inputs[0], outputs[0]
     perm = _perm(ctx, x)
     fast = native_transpose(ctx.xp, x, out, perm) or _torch_transpose(ctx.xp, x, out, perm)
