@@ -61,7 +61,7 @@ def native_transpose(xp, x, out, perm: Sequence[int]) -> Callable[[], None] | No
     if shape is None:
         return None
     batch, rows, cols = shape
-    px, py = x.__array_interface__["data"][0], out.__array_interface__["data"][0]
+    px, py = x.ctypes.data, out.ctypes.data
     parts = parallel.parts_for(x.size, xp)
     if parts <= 1:
         return functools.partial(fn, px, py, rows, cols, 0, batch, 0, cols)
