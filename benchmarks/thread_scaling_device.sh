@@ -32,7 +32,7 @@ from onnxruntime.training import api  # noqa: F401 - the ORT peer's training API
 from onnxplan.kernels import native
 from onnxplan.threads import available_cores
 print("ort", onnxruntime.__version__, "torch", torch.__version__, "numpy", numpy.__version__, "onnx", onnx.__version__,
-      "cores", available_cores(), "native", native._library() is not None)
+      "cores", available_cores(), "fused loops", native.adamw() is not None)
 PY
 cat "$OUT/env.txt"
 timeout "$(left 420)" python3 benchmarks/thread_scaling.py ${ZOO:-transformer:16 gpt:16 mlp:64 resnet18:16 vgg16:16} \
