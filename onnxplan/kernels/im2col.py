@@ -11,7 +11,7 @@ import numpy as np
 
 from onnxplan import settings
 from onnxplan.ir.windows import Window, extent, reads_padding
-from onnxplan.kernels import parallel
+from onnxplan.kernels import native, parallel
 
 __all__ = ["IM2COL_THEN_PASSES", "MIN_ROW", "by_rows", "col2im_add", "im2col", "im2col_then", "image_parts",
            "padded_source", "view", "window_views"]
@@ -186,6 +186,30 @@ def im2col_then(xp, win: Window, x, col, src, then: Callable[[int, int], None]) 
     return True
 
 
+def _element_strides(a, dims: int) -> list[int] | None:
+    """a's strides in elements along its first `dims` axes, its last two axes one contiguous
+    block (of a window's rows); None where the C loop cannot walk it so."""
+    e = a.itemsize
+    if (a.shape[-1] > 1 and a.strides[-1] != e) or (a.shape[-2] > 1 and a.strides[-2] != a.shape[-1] * e):
+        return None
+    if any(st % e or st < 0 for st in a.strides[:dims]):
+        return None
+    return [st // e for st in a.strides[:dims]]
+
+
+def _native_geometry(xp, win: Window, x, col) -> np.ndarray | None:
+    """The C loop's geometry (native.col2im_add) for x (nb, C, H, W) and its columns col (C, kh,
+    kw, nb, oh, ow) of a 2-D window, float32 on the host; None where it does not apply (numpy's
+    adds then)."""
+    if xp is not np or len(win.kernel) != 2 or x.dtype != np.float32 or col.dtype != np.float32:
+        return None
+    x_steps, col_steps = _element_strides(x, 2), _element_strides(col, 4)
+    if x_steps is None or col_steps is None:
+        return None
+    return np.array([*x.shape, *win.kernel, *win.out_dims, *win.strides, *win.pads_begin, *win.dilations,
+                     *x_steps, *col_steps], np.int64)
+
+
 def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
@@ -230,6 +254,11 @@ def col2im_add(xp, win: Window, col, dx) -> None:
 
 
 def _col2im_add_whole(xp, win: Window, col, dx) -> None:
+    fn = native.col2im_add()
+    geometry = _native_geometry(xp, win, dx, col) if fn is not None else None
+    if fn is not None and geometry is not None:
+        fn(geometry.ctypes.data, col.ctypes.data, dx.ctypes.data)
+        return
     dxt = dx.swapaxes(0, 1)
     every = (slice(None), slice(None))
     for tap in win.taps():

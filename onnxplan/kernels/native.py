@@ -53,16 +53,22 @@ and CPU):
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
+- col2im's accumulation for 2-D windows (kernels/im2col.py): numpy's adds tap by tap over a
+  small map's short rows (resnet18's 8 x 8 and 4 x 4) paid their per-row overhead on every row;
+  the loop adds each element's taps in the order numpy's adds do, one float add at a time (the
+  same bits, a NaN's sign and payload aside: C may take either NaN operand of an add), a tap's
+  outputs one run of the plane where strides are 1 and rows keep their width.
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()`, `gemm_calls()` and `transpose32()` are None and the kernels take the numpy
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()` and `col2im_add()` are None and the kernels take the numpy
 paths (the Python pool for products).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -77,13 +83,14 @@ from pathlib import Path
 from onnxplan import settings
 from onnxplan.kernels.native_source import SOURCE as _HEAD_SOURCE
 from onnxplan.kernels.native_source_channels import CHANNELS_SOURCE
+from onnxplan.kernels.native_source_columns import COLUMNS_SOURCE
 from onnxplan.kernels.native_source_gemm import GEMM_SOURCE
 from onnxplan.kernels.native_source_rows import ROWS_SOURCE
 from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "layer_norm", "library_path", "transpose32",
+           "col2im_add", "layer_norm", "library_path", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -94,7 +101,7 @@ SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its doub
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
 SCE_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}  # the SCE loops' reduction codes (geometry's g[5])
 
-SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE + TRANSPOSE_SOURCE  # one library
+SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE + TRANSPOSE_SOURCE + COLUMNS_SOURCE  # one library
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -114,17 +121,34 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "bn_grad_f32": [_P] * 9 + [_I, _I],
                "gemm_calls": [_P, _P, _I, _I, _I, _P],
                "gemm_hush": [],
-               "transpose32": [_P, _P] + [_I] * 6}
+               "transpose32": [_P, _P] + [_I] * 6,
+               "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
 
 
+# Every lookup of a loop (adamw(), col2im_add()...) finds the library through _compiler and
+# library_path; kernels look some up at each call (col2im for each ConvGrad), so both are kept
+# cheap: the PATH search, /proc/cpuinfo and the source's hash are made once (~0.3 ms a lookup
+# when each was made again).
+
+
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return os.environ.get("CC") or _which("cc", os.environ.get("PATH")) or _which("gcc", os.environ.get("PATH"))
+
+
+@functools.cache
+def _which(name: str, path: str | None) -> str | None:
+    return shutil.which(name, path=path)
 
 
 def _cpu_key() -> str:
     """What -march=native compiles for: the CPU's model and flags (a cache shared by machines
     of other CPUs must not hand them this one's library)."""
+    return _cpu_info()
+
+
+@functools.cache
+def _cpu_info() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
@@ -135,9 +159,18 @@ def _cpu_key() -> str:
 
 def library_path(cc: str) -> Path:
     """Where the compiled library for this source, compiler, flags and CPU is kept."""
-    key = "\n".join([SOURCE, cc, " ".join(_FLAGS), _cpu_key(), sys.platform])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return settings.current().cache_dir.parent / "native" / f"fused-{digest}.so"
+    return _path_in(settings.current().cache_dir, _digest(cc, _cpu_key()))
+
+
+@functools.lru_cache(maxsize=16)
+def _path_in(cache_dir: Path, digest: str) -> Path:
+    return cache_dir.parent / "native" / f"fused-{digest}.so"
+
+
+@functools.lru_cache(maxsize=16)
+def _digest(cc: str, cpu: str) -> str:
+    key = "\n".join([SOURCE, cc, " ".join(_FLAGS), cpu, sys.platform])
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def _build(cc: str, path: Path) -> bool:
@@ -318,3 +351,14 @@ def transpose32() -> Callable[..., None] | None:
     [rows x cols] matrices (kernels/transpose.py); or None: numpy's or torch's copy."""
     lib = _enabled_library()
     return lib.transpose32 if lib is not None else None
+
+
+
+def col2im_add() -> Callable[..., None] | None:
+    """col2im_add_f32(g, col, dx) with addresses as ints (ctypes releases the interpreter lock):
+    dx[n, c, iy, ix] += col[c, ky, kx, n, oy, ox] of a 2-D window, each element's taps in
+    row-major order; `g` is an int64 array (nb, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
+    x_n, x_c, col_c, col_ky, col_kx, col_n: strides in elements; kernels/im2col.py). Or None:
+    numpy's adds tap by tap."""
+    lib = _enabled_library()
+    return lib.col2im_add_f32 if lib is not None else None
