@@ -188,7 +188,7 @@ def im2col_then(xp, win: Window, x, col, src, then: Callable[[int, int], None]) 
 
 def _element_strides(a, dims: int) -> list[int] | None:
     """a's strides in elements along its first `dims` axes, its last two axes one contiguous
-    block (of a window's rows); None where the C loop cannot walk it so."""
+    block (of a window's rows); None where the C loops cannot walk it so."""
     e = a.itemsize
     if (a.shape[-1] > 1 and a.strides[-1] != e) or (a.shape[-2] > 1 and a.strides[-2] != a.shape[-1] * e):
         return None
@@ -198,9 +198,9 @@ def _element_strides(a, dims: int) -> list[int] | None:
 
 
 def _native_geometry(xp, win: Window, x, col) -> np.ndarray | None:
-    """The C loop's geometry (native.col2im_add) for x (nb, C, H, W) and its columns col (C, kh,
-    kw, nb, oh, ow) of a 2-D window, float32 on the host; None where it does not apply (numpy's
-    adds then)."""
+    """The C loops' geometry (native.im2col, native.col2im_add) for x (nb, C, H, W) and its
+    columns col (C, kh, kw, nb, oh, ow) of a 2-D window, float32 on the host; None where they do
+    not apply (numpy's copies and adds then)."""
     if xp is not np or len(win.kernel) != 2 or x.dtype != np.float32 or col.dtype != np.float32:
         return None
     x_steps, col_steps = _element_strides(x, 2), _element_strides(col, 4)
@@ -213,7 +213,9 @@ def _native_geometry(xp, win: Window, x, col) -> np.ndarray | None:
 def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     """col[c, *k, n, *o] = x[n, c, o * s - p + k * d] (0 in the padding), every channel at once.
 
-    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). One strided copy of x's windows, from
+    x: (nb, C, *in_dims); col: (C, *kernel, nb, *out_dims). A window by_rows takes: one copy a
+    tap (_im2col_by_rows); else a 2-D window of float32 through the C loop (native.im2col) where
+    it is compiled; else one strided copy of x's windows, from
     `src` (nb, C, *extent), scratch for x's zero-padded copy, when the window reads padding; with
     no `src` there, one strided copy per tap with the padding zeroed around it (a large dense
     conv: long inner loops, and no input-sized copy).
@@ -221,6 +223,11 @@ def _im2col_whole(xp, win: Window, x, col, src=None) -> None:
     sp = len(win.kernel)
     if src is not None and by_rows(win) and reads_padding(win):
         _im2col_by_rows(xp, win, x, col, src)
+        return
+    fn = native.im2col()
+    geometry = _native_geometry(xp, win, x, col) if fn is not None else None
+    if fn is not None and geometry is not None:
+        fn(geometry.ctypes.data, x.ctypes.data, col.ctypes.data)
         return
     if src is None and reads_padding(win):
         xt = x.swapaxes(0, 1)

@@ -53,6 +53,9 @@ and CPU):
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
+- im2col for 2-D windows whose columns numpy copies row by row through a strided view (strided
+  windows, maps narrower than im2col.MIN_ROW: hf-regnet's 3 x 3 maps, 2.4 ns a column element):
+  a plain loop, words moved as they are (the same bits).
 - col2im's accumulation for 2-D windows (kernels/im2col.py): numpy's adds tap by tap over a
   small map's short rows (resnet18's 8 x 8 and 4 x 4) paid their per-row overhead on every row;
   the loop adds each element's taps in the order numpy's adds do, one float add at a time (the
@@ -61,7 +64,7 @@ and CPU):
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()` and `col2im_add()` are None and the kernels take the numpy
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `im2col()` and `col2im_add()` are None and the kernels take the numpy
 paths (the Python pool for products).
 """
 
@@ -90,7 +93,7 @@ from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "col2im_add", "layer_norm", "library_path", "transpose32",
+           "col2im_add", "im2col", "layer_norm", "library_path", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -122,6 +125,7 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "gemm_calls": [_P, _P, _I, _I, _I, _P],
                "gemm_hush": [],
                "transpose32": [_P, _P] + [_I] * 6,
+               "im2col_f32": [_P] * 3,
                "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
 
@@ -352,6 +356,14 @@ def transpose32() -> Callable[..., None] | None:
     lib = _enabled_library()
     return lib.transpose32 if lib is not None else None
 
+
+
+def im2col() -> Callable[..., None] | None:
+    """im2col_f32(g, x, col) with addresses as ints (ctypes releases the interpreter lock):
+    col[c, ky, kx, n, oy, ox] = x[n, c, iy, ix] of a 2-D window, 0 outside the image; `g` as
+    col2im_add's. Or None: numpy's strided copies."""
+    lib = _enabled_library()
+    return lib.im2col_f32 if lib is not None else None
 
 
 def col2im_add() -> Callable[..., None] | None:

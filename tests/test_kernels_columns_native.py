@@ -1,8 +1,9 @@
-"""col2im's accumulation by the fused C loop (onnxplan.kernels.native.col2im_add): numpy's
-tap-by-tap adds bit for bit (-0.0 and infinities included; NaN where numpy gives NaN, of either
-sign: C may take either NaN operand of an add) over strides, pads, dilations,
-bands of output rows and the parts a split hands each thread; the loop seen to run; what it does
-not take (not float32, rows not contiguous) stays on numpy."""
+"""im2col and col2im's accumulation by the fused C loops (onnxplan.kernels.native.im2col and
+col2im_add). im2col: numpy's strided copy word for word (NaN payloads included), by the tap table
+and row by row. col2im: numpy's tap-by-tap adds bit for bit (-0.0 and infinities included; NaN
+where numpy gives NaN, of either sign: C may take either NaN operand of an add). Over strides,
+pads, dilations, bands of output rows and the parts a split hands each thread; the loops seen to
+run; what they do not take (not float32, rows not contiguous) stays on numpy."""
 
 from __future__ import annotations
 
@@ -121,3 +122,80 @@ def test_negative_zeros_stay_negative(geometry):
     by_numpy, by_loop, ran = _both(win, col, dx)
     assert ran == 1 and np.signbit(by_numpy).all()
     _assert_same_bits(by_loop, by_numpy)
+
+
+def _im2col_both(win, x, src=None) -> tuple[np.ndarray, np.ndarray, int]:
+    """col from numpy's strided copies and from the loop's (NaN-filled first); how often the loop ran."""
+    ran = 0
+    loop = native.im2col()
+
+    def counted(*args):
+        nonlocal ran
+        ran += 1
+        loop(*args)
+
+    shape = (x.shape[1], *win.kernel, x.shape[0], *win.out_dims)
+    by_numpy, by_loop = np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32)
+    with settings.override(native_kernels=False):
+        im2col.im2col(np, win, x, by_numpy, src)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "im2col", lambda: counted)
+        im2col.im2col(np, win, x, by_loop, src)
+    return by_numpy, by_loop, ran
+
+
+def _payloads(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """x with NaNs of several payloads and signs, infinities and -0.0 among its values."""
+    words = x.reshape(-1).view(np.uint32)
+    for word in (0x7FC00001, 0xFFC12345, 0x7F800001, 0x7F800000, 0xFF800000, 0x80000000):
+        words[rng.integers(0, words.size, max(1, words.size // 60))] = word
+    return x
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize("band", [False, True], ids=["whole", "band"])
+def test_im2col_by_the_loop_moves_numpys_words(geometry, band):
+    rng = np.random.default_rng(5)
+    win = _window(*geometry)
+    if band and win.out_dims[0] > 1:
+        win = win.band(1, win.out_dims[0])
+    x = _payloads(rng.standard_normal((3, 4, *win.in_dims)).astype(np.float32), rng)
+    by_numpy, by_loop, ran = _im2col_both(win, x)
+    assert ran == 1
+    np.testing.assert_array_equal(by_loop.view(np.uint32), by_numpy.view(np.uint32))
+
+
+@pytest.mark.parametrize("hw,images", [((6, 7), 2), ((66, 65), 4)], ids=["tap-table", "rows"])
+def test_im2col_by_table_and_by_rows_alike(hw, images):
+    """A strided window small enough for the tap table, and one whose table would pass
+    IM2COL_TABLE entries (9 x 4 images x 33 x 33 outputs): the rows; both numpy's words."""
+    rng = np.random.default_rng(9)
+    win = _window(hw, (3, 3), (2, 2), (1, 1), (1, 1))
+    x = _payloads(rng.standard_normal((images, 3, *hw)).astype(np.float32), rng)
+    by_numpy, by_loop, ran = _im2col_both(win, x)
+    assert ran == 1 and (9 * images * win.out_dims[0] * win.out_dims[1] > 32768) == (hw == (66, 65))
+    np.testing.assert_array_equal(by_loop.view(np.uint32), by_numpy.view(np.uint32))
+
+
+@pytest.mark.parametrize("images", [4, 1], ids=["by-images", "one-image-by-channels"])
+def test_im2col_each_threads_part_is_the_whole_ones_words(images, split):
+    rng = np.random.default_rng(13)
+    win = _window((7, 7), (3, 3), (2, 2), (1, 1), (1, 1))
+    x = rng.standard_normal((images, 6, 7, 7)).astype(np.float32)
+    assert len(im2col.image_parts(np, images, 6, 6 * 9 * images * 16)) == 3
+    by_numpy, by_loop, ran = _im2col_both(win, x)
+    assert ran == 3
+    np.testing.assert_array_equal(by_loop.view(np.uint32), by_numpy.view(np.uint32))
+
+
+def test_by_rows_windows_keep_numpys_copy_a_tap():
+    """A unit-stride window as wide as its input with a padded source: the one-copy-a-tap path
+    (faster there than the loop), not the loop."""
+    rng = np.random.default_rng(17)
+    win = _window((8, 8), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert im2col.by_rows(win)
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    src = np.empty(2 * 3 * (10 * 8 + 2), np.float32)
+    by_numpy, by_loop, ran = _im2col_both(win, x, src)
+    assert ran == 0
+    np.testing.assert_array_equal(by_loop, by_numpy)
