@@ -2,7 +2,6 @@
 compiled into the one fused library by kernels/native.py."""
 
 COLUMNS_SOURCE = r"""
-#include <stdlib.h>
 /* ---- im2col and col2im's accumulation for a 2-D window (kernels/im2col.py) ----
    g: nb, c, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, then strides in elements: the image's
    x_n, x_c (each plane of h x w contiguous) and the columns' col_c, col_ky, col_kx, col_n (each
@@ -24,17 +23,16 @@ static inline void col_span(int64_t size, int64_t n_out, int64_t s, int64_t off,
    block in one loop of nb * oh * ow, where row by row a small map (3 x 3, 6 x 6) takes a loop of
    a row's 3 or 6 (least of 100, C, 8 images, 3 x 3 taps: 368 x 3 x 3 0.12 ms against 0.55 row by
    row; 152 x 6 x 6 0.19 / 0.45; 64 x 32 x 32 at stride 2 0.64 / 0.63). Where the table would be
-   larger than IM2COL_TABLE entries, the images' blocks are not one run, an offset does not fit
-   32 bits or the table cannot be had: 0, and the rows. */
-#define IM2COL_TABLE 32768
+   larger than IM2COL_TABLE entries (64 KiB on the calling thread's stack: nothing allocated), the
+   images' blocks are not one run or an offset does not fit 32 bits: 0, and the rows. */
+#define IM2COL_TABLE 16384
 static int im2col_table(const int64_t *g, const uint32_t *x, uint32_t *col) {
     const int64_t nb = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[6], ow = g[7],
                   sh = g[8], sw = g[9], ph = g[10], pw = g[11], dh = g[12], dw = g[13];
     const int64_t xn = g[14], cc = g[16], cky = g[17], ckx = g[18], cn = g[19];
     const int64_t block = nb * oh * ow;
     if (cn != oh * ow || kh * kw * block > IM2COL_TABLE || (nb - 1) * xn + h * w > INT32_MAX) return 0;
-    int32_t *table = (int32_t *)malloc((size_t)(kh * kw * block) * sizeof(int32_t));
-    if (table == NULL) return 0;
+    int32_t table[IM2COL_TABLE];
     for (int64_t ky = 0; ky < kh; ky++)
         for (int64_t kx = 0; kx < kw; kx++) {
             int32_t *t = table + (ky * kw + kx) * block;
@@ -55,7 +53,6 @@ static int im2col_table(const int64_t *g, const uint32_t *x, uint32_t *col) {
                 for (int64_t j = 0; j < block; j++) dst[j] = t[j] >= 0 ? plane[t[j]] : 0u;
             }
     }
-    free(table);
     return 1;
 }
 
@@ -102,14 +99,17 @@ void im2col_f32(const int64_t *g, const uint32_t *x, uint32_t *col) {
    (oy, ox) land at plane[(oy + ky * dh - ph) * w + ox + kx * dw - pw], one run of the plane from
    its first output inside the image to its last, the outputs between that wrap around a row edge
    masked out (they add -0.0, which leaves every float as it is, -0.0 and NaNs included). One loop of a plane's length a tap,
-   where row by row takes one of a row's (a 4 x 4 map: 4). 0 where the masks' bytes cannot be had. */
+   where row by row takes one of a row's (a 4 x 4 map: 4). The masks on the calling thread's
+   stack (64 KiB: nothing allocated); 0 where they would pass COL2IM_MASKS words (a map that
+   large has rows long enough). */
+#define COL2IM_MASKS 16384
 static int col2im_runs(const int64_t *g, const float *col, float *dx) {
     const int64_t nb = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[6],
                   ph = g[10], pw = g[11], dh = g[12], dw = g[13];
     const int64_t xn = g[14], xc = g[15], cc = g[16], cky = g[17], ckx = g[18], cn = g[19];
     const int64_t len = oh * w;
-    uint32_t *keep = (uint32_t *)malloc((size_t)(kw * len) * sizeof(uint32_t));
-    if (keep == NULL) return 0;
+    if (kw * len > COL2IM_MASKS) return 0;
+    uint32_t keep[COL2IM_MASKS];
     for (int64_t kx = 0; kx < kw; kx++) {  /* keep[kx][i]: output column i % w of tap column kx lands inside */
         int64_t x0, x1;
         col_span(w, w, 1, kx * dw - pw, &x0, &x1);
@@ -140,7 +140,6 @@ static int col2im_runs(const int64_t *g, const float *col, float *dx) {
                 }
             }
         }
-    free(keep);
     return 1;
 }
 
