@@ -81,3 +81,16 @@ def test_the_library_is_kept_per_cpu_and_flags(monkeypatch):
     here = native.library_path(cc)
     monkeypatch.setattr(native, "_cpu_key", lambda: "another cpu")
     assert native.library_path(cc) != here
+
+
+def test_a_loops_lookup_reads_and_hashes_nothing_again(monkeypatch):
+    """Kernels look their loops up at each call (col2im for every ConvGrad): after the first
+    lookup, no PATH search, no read of /proc/cpuinfo, no hash of the source (each was ~0.1 ms)."""
+    assert native.adamw() is not None
+    calls = []
+    monkeypatch.setattr(native.hashlib, "sha256", lambda *a: calls.append("hash"))
+    monkeypatch.setattr(native.shutil, "which", lambda *a, **k: calls.append("which"))
+    monkeypatch.setattr("builtins.open", lambda *a, **k: calls.append("open"))
+    for _ in range(3):
+        assert native.adamw() is not None and native.col2im_add() is not None and native.im2col() is not None
+    assert calls == []
