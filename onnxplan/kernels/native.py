@@ -53,9 +53,10 @@ and CPU):
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
-- im2col for 2-D windows whose columns numpy copies row by row through a strided view (strided
-  windows, maps narrower than im2col.MIN_ROW: hf-regnet's 3 x 3 maps, 2.4 ns a column element):
-  a plain loop, words moved as they are (the same bits).
+- im2col for 2-D windows whose columns numpy copies in short runs through a strided view
+  (strided windows, maps narrower than im2col.MIN_ROW: hf-regnet's 3 x 3 maps, 2.4 ns a column
+  element): a table of each tap's offsets, made once a call, gathers a channel's tap in one loop
+  (row by row where the table would be large); words moved as they are (the same bits).
 - col2im's accumulation for 2-D windows (kernels/im2col.py): numpy's adds tap by tap over a
   small map's short rows (resnet18's 8 x 8 and 4 x 4) paid their per-row overhead on every row;
   the loop adds each element's taps in the order numpy's adds do, one float add at a time (the
@@ -355,7 +356,6 @@ def transpose32() -> Callable[..., None] | None:
     [rows x cols] matrices (kernels/transpose.py); or None: numpy's or torch's copy."""
     lib = _enabled_library()
     return lib.transpose32 if lib is not None else None
-
 
 
 def im2col() -> Callable[..., None] | None:

@@ -29,7 +29,7 @@ static inline void col_span(int64_t size, int64_t n_out, int64_t s, int64_t off,
 static int im2col_table(const int64_t *g, const uint32_t *x, uint32_t *col) {
     const int64_t nb = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[6], ow = g[7],
                   sh = g[8], sw = g[9], ph = g[10], pw = g[11], dh = g[12], dw = g[13];
-    const int64_t xn = g[14], cc = g[16], cky = g[17], ckx = g[18], cn = g[19];
+    const int64_t xn = g[14], xc = g[15], cc = g[16], cky = g[17], ckx = g[18], cn = g[19];
     const int64_t block = nb * oh * ow;
     if (cn != oh * ow || kh * kw * block > IM2COL_TABLE || (nb - 1) * xn + h * w > INT32_MAX) return 0;
     int32_t table[IM2COL_TABLE];
@@ -45,7 +45,7 @@ static int im2col_table(const int64_t *g, const uint32_t *x, uint32_t *col) {
                     }
         }
     for (int64_t ci = 0; ci < c; ci++) {
-        const uint32_t *plane = x + ci * g[15];
+        const uint32_t *plane = x + ci * xc;
         for (int64_t ky = 0; ky < kh; ky++)
             for (int64_t kx = 0; kx < kw; kx++) {
                 uint32_t *dst = col + ci * cc + ky * cky + kx * ckx;
@@ -98,10 +98,10 @@ void im2col_f32(const int64_t *g, const uint32_t *x, uint32_t *col) {
 /* col2im_add_f32 for unit strides and output rows as wide as the input's: a tap's outputs
    (oy, ox) land at plane[(oy + ky * dh - ph) * w + ox + kx * dw - pw], one run of the plane from
    its first output inside the image to its last, the outputs between that wrap around a row edge
-   masked out (they add -0.0, which leaves every float as it is, -0.0 and NaNs included). One loop of a plane's length a tap,
-   where row by row takes one of a row's (a 4 x 4 map: 4). The masks on the calling thread's
-   stack (64 KiB: nothing allocated); 0 where they would pass COL2IM_MASKS words (a map that
-   large has rows long enough). */
+   masked out (they add -0.0, which leaves every float as it is, -0.0 and NaNs included). One
+   loop of a plane's length a tap, where row by row takes one of a row's (a 4 x 4 map: 4). The
+   masks on the calling thread's stack (64 KiB: nothing allocated); 0 where they would pass
+   COL2IM_MASKS words (a map that large has rows long enough). */
 #define COL2IM_MASKS 16384
 static int col2im_runs(const int64_t *g, const float *col, float *dx) {
     const int64_t nb = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[6],
