@@ -49,24 +49,29 @@ def _assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
-def _both(win, col, dx) -> tuple[np.ndarray, np.ndarray, int]:
-    """dx after col2im_add on numpy's path and on the loop's; how often the loop ran."""
+def _numpy_and_loop(loop_name: str, run, fresh) -> tuple[np.ndarray, np.ndarray, int]:
+    """run(out) on numpy's path and on the C loop `native.<loop_name>`, each into its own
+    fresh() output: (numpy's, the loop's, how often the loop ran)."""
     ran = 0
-    loop = native.col2im_add()
+    loop = getattr(native, loop_name)()
 
     def counted(*args):
         nonlocal ran
         ran += 1
         loop(*args)
 
+    by_numpy, by_loop = fresh(), fresh()
     with settings.override(native_kernels=False), np.errstate(invalid="ignore"):  # inf - inf
-        by_numpy = dx.copy()
-        im2col.col2im_add(np, win, col, by_numpy)
-    by_loop = dx.copy()
+        run(by_numpy)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "col2im_add", lambda: counted)
-        im2col.col2im_add(np, win, col, by_loop)
+        mp.setattr(native, loop_name, lambda: counted)
+        run(by_loop)
     return by_numpy, by_loop, ran
+
+
+def _both(win, col, dx) -> tuple[np.ndarray, np.ndarray, int]:
+    """dx after col2im_add on numpy's path and on the loop's; how often the loop ran."""
+    return _numpy_and_loop("col2im_add", lambda out: im2col.col2im_add(np, win, col, out), dx.copy)
 
 
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
@@ -126,22 +131,9 @@ def test_negative_zeros_stay_negative(geometry):
 
 def _im2col_both(win, x, src=None) -> tuple[np.ndarray, np.ndarray, int]:
     """col from numpy's strided copies and from the loop's (NaN-filled first); how often the loop ran."""
-    ran = 0
-    loop = native.im2col()
-
-    def counted(*args):
-        nonlocal ran
-        ran += 1
-        loop(*args)
-
     shape = (x.shape[1], *win.kernel, x.shape[0], *win.out_dims)
-    by_numpy, by_loop = np.full(shape, np.nan, np.float32), np.full(shape, np.nan, np.float32)
-    with settings.override(native_kernels=False):
-        im2col.im2col(np, win, x, by_numpy, src)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "im2col", lambda: counted)
-        im2col.im2col(np, win, x, by_loop, src)
-    return by_numpy, by_loop, ran
+    return _numpy_and_loop("im2col", lambda out: im2col.im2col(np, win, x, out, src),
+                           lambda: np.full(shape, np.nan, np.float32))
 
 
 def _payloads(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -146,14 +146,10 @@ def _which(name: str, path: str | None) -> str | None:
     return shutil.which(name, path=path)
 
 
+@functools.cache
 def _cpu_key() -> str:
     """What -march=native compiles for: the CPU's model and flags (a cache shared by machines
     of other CPUs must not hand them this one's library)."""
-    return _cpu_info()
-
-
-@functools.cache
-def _cpu_info() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
@@ -164,18 +160,13 @@ def _cpu_info() -> str:
 
 def library_path(cc: str) -> Path:
     """Where the compiled library for this source, compiler, flags and CPU is kept."""
-    return _path_in(settings.current().cache_dir, _digest(cc, _cpu_key()))
+    return _library_file(settings.current().cache_dir, cc, _cpu_key())
 
 
 @functools.lru_cache(maxsize=16)
-def _path_in(cache_dir: Path, digest: str) -> Path:
-    return cache_dir.parent / "native" / f"fused-{digest}.so"
-
-
-@functools.lru_cache(maxsize=16)
-def _digest(cc: str, cpu: str) -> str:
+def _library_file(cache_dir: Path, cc: str, cpu: str) -> Path:
     key = "\n".join([SOURCE, cc, " ".join(_FLAGS), cpu, sys.platform])
-    return hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_dir.parent / "native" / f"fused-{hashlib.sha256(key.encode()).hexdigest()[:24]}.so"
 
 
 def _build(cc: str, path: Path) -> bool:
