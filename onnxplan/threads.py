@@ -30,6 +30,13 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   workers sleep all the same: OMP_WAIT_POLICY=PASSIVE is set before torch loads libgomp
   (prepare_process, called when onnxplan is imported); where libgomp was loaded before that (a
   program imported torch before onnxplan) its workers spin (`note` says so).
+  OpenMP's thread count belongs to each thread (an ICV): torch.set_num_threads sizes the teams
+  of the thread that calls it, and a thread that never did opens a team of every core at its
+  first torch operator. onnxplan's kernel workers run torch operators (a GELU's half), so each
+  applies the policy to itself (`adopt_in_this_thread`) when the policy changes: a worker that
+  did not, at 2 threads, ran each piece on a team of 2 beside the calling thread's piece, 3
+  runnable threads on 2 cores (the caller's half of a 512K-element GELU took 0.48 ms, 0.2 of it
+  descheduled, against 0.25 alone; reports/threads.md, session 25).
 - torch's inter-op pool: 1 (nothing onnxplan runs uses inter-op parallelism).
 - ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
   between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
@@ -61,8 +68,8 @@ from typing import Any
 from onnxplan.settings import ENV, Settings
 from onnxplan.settings import current as current_settings
 
-__all__ = ["ThreadSettings", "available_cores", "current", "gemm_pool_found", "ort_session_options", "peer_environment",
-           "prepare_process", "resolve_threads", "use_threads"]
+__all__ = ["ThreadSettings", "adopt_in_this_thread", "available_cores", "current", "gemm_pool_found", "generation",
+           "ort_session_options", "peer_environment", "prepare_process", "resolve_threads", "use_threads"]
 
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 KEEP_OPENMP_ENV = ENV["keep_openmp_wait"]  # "1": leave OpenMP's waiting as it is (a peer's process)
@@ -73,6 +80,7 @@ _we_set_policy = False  # OMP_WAIT_POLICY=PASSIVE is ours, not the user's
 _current: ThreadSettings | None = None
 _torch_alone = False
 _gemm_pool: bool | None = None  # whether the GEMM pool runs products here (gemm_pool_found); None: not known
+_generation = 0  # counts the times the policy was applied (use_threads, torch_loaded): adopt_in_this_thread's cue
 
 
 def _libgomp_loaded() -> bool:
@@ -207,7 +215,7 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
     this process, and to torch when it loads later (onnxplan.kernels._torch.load). Returns
     what each pool got. `torch_alone`: torch's pool is the only one that works here (the
     PyTorch peer), so it gets every thread even where its idle workers spin."""
-    global _current, _torch_alone
+    global _current, _torch_alone, _generation
     import threadpoolctl
 
     prepare_process()
@@ -229,7 +237,23 @@ def use_threads(threads: int | None = None, *, swapping: bool = False, torch_alo
         torch_intra=torch_intra, torch_interop=torch_interop, ort_intra=compute, ort_inter=1,
         swap_io=1 if swapping else 0, omp_wait_policy=os.environ.get(WAIT_POLICY_ENV, "default"),
         blas_library=_blas_library(pools), note=note, gemm_pool=_gemm_pool_workers(compute))
+    _generation += 1
     return _current
+
+
+def generation() -> int:
+    """How many times the policy was applied in this process: a thread that adopted it at one
+    count adopts it again when the count moves (adopt_in_this_thread)."""
+    return _generation
+
+
+def adopt_in_this_thread() -> None:
+    """Apply the policy's per-thread part to the calling thread: torch's intra-op (OpenMP)
+    thread count, which torch.set_num_threads sets for its caller only (the docstring). For the
+    threads onnxplan starts that run kernels; a no-op until torch is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(_torch_threads(current().compute))
 
 
 def _gemm_pool_workers(compute: int) -> int | None:
@@ -252,9 +276,10 @@ def current() -> ThreadSettings:
 
 def torch_loaded(torch: Any) -> None:
     """Called by onnxplan.kernels._torch.load after importing torch: size its pools now."""
-    global _current
+    global _current, _generation
     settings = current()
     intra, interop = _configure_torch(torch, _torch_threads(settings.compute))
+    _generation += 1
     _current = ThreadSettings(**{**settings.as_dict(), "torch_intra": intra, "torch_interop": interop,
                                  "openmp": _pool_threads(_pools(), "openmp")})
 

@@ -187,3 +187,44 @@ def test_the_record_says_what_the_gemm_pool_got():
                  "matmul.split_matmul(np, a, a, np.empty((8, 8), np.float32))\n"
                  "print(json.dumps(threads.current().as_dict()['gemm_pool']))", {"ONNXPLAN_NATIVE_KERNELS": "0"})
     assert off == 0
+
+
+_WORKER_OPENMP = """
+import json, threading, threadpoolctl
+import onnxplan
+from onnxplan import threads
+from onnxplan.kernels import _torch, parallel
+
+def on_a_worker(read):
+    # two tasks that must run on two threads: the caller's waits for the worker's
+    seen, ready = {}, threading.Event()
+    def first():
+        assert ready.wait(60)
+    def second():
+        seen['value'] = read()
+        ready.set()
+    parallel.outcomes.score = 0.0  # hand pieces out
+    parallel.run([first, second])
+    return seen['value']
+
+def icv():  # OpenMP's thread count as the calling thread sees it (threadpoolctl asks omp_get_max_threads)
+    return [p['num_threads'] for p in threadpoolctl.threadpool_info() if p['user_api'] == 'openmp']
+
+_torch.load()
+threads.use_threads(2)
+got = [on_a_worker(icv)]
+libs = threadpoolctl.ThreadpoolController().select(user_api='openmp')
+on_a_worker(lambda: libs.lib_controllers[0].set_num_threads(5))  # a worker's ICV gone stale
+threads.use_threads(2)  # the policy applied again: the worker adopts it at its next wake
+got.append(on_a_worker(icv))
+print(json.dumps(got))
+"""
+
+
+def test_kernel_workers_run_torch_at_the_policys_threads():
+    """OpenMP's thread count is per thread: a kernel worker that never set it would open a team
+    of OMP_NUM_THREADS (here 3) at its first torch operator; each worker adopts the policy
+    (torch at 1 thread in onnxplan's step), again when the policy is applied again."""
+    pytest.importorskip("torch")
+    got = _child(_WORKER_OPENMP, env={"OMP_NUM_THREADS": "3"})
+    assert got == [[1], [1]]

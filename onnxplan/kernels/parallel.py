@@ -122,8 +122,12 @@ class _Worker(threading.Thread):
             pass
 
     def run(self) -> None:
+        adopted = -1  # the policy's count (threads.generation) this thread last applied to itself
         while True:
             self._wake.acquire()
+            if adopted != threads.generation():  # torch's thread count is per thread: set ours
+                adopted = threads.generation()
+                threads.adopt_in_this_thread()
             for pieces in tuple(_active):
                 pieces.drain()
 
