@@ -33,10 +33,13 @@ process may run on: os.sched_getaffinity, capped by a cgroup CPU quota):
   OpenMP's thread count belongs to each thread (an ICV): torch.set_num_threads sizes the teams
   of the thread that calls it, and a thread that never did opens a team of every core at its
   first torch operator. onnxplan's kernel workers run torch operators (a GELU's half), so each
-  applies the policy to itself (`adopt_in_this_thread`) when the policy changes: a worker that
-  did not, at 2 threads, ran each piece on a team of 2 beside the calling thread's piece, 3
-  runnable threads on 2 cores (the caller's half of a 512K-element GELU took 0.48 ms, 0.2 of it
-  descheduled, against 0.25 alone; reports/threads.md, session 25).
+  applies the policy to itself (`adopt_in_this_thread`) when the policy changes. A worker that
+  did not ran each piece on a team of 2 at 2 threads; where OpenMP's idle workers spin (torch
+  imported before onnxplan: a Python program's usual order) that team's second thread kept a
+  core from the calling thread (the caller's half of a 512K-element GELU: 0.48 ms, 0.2 of it
+  descheduled, against 0.25 alone), and transformer b16's 2-thread step took 46.5 ms instead of
+  30.9 (medians; reports/threads.md, session 25). With idle workers asleep it cost nothing
+  measurable.
 - torch's inter-op pool: 1 (nothing onnxplan runs uses inter-op parallelism).
 - ONNX Runtime sessions: intra-op N, inter-op 1, sequential execution. A session that runs
   between our kernels (verification) does not spin when idle (`session.intra_op.allow_spinning`
