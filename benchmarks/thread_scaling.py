@@ -10,6 +10,10 @@ numpy's BLAS 1 in ours, whose GEMMs split across its own kernel pool). A cell is
 relative distance of a round from that median. "default" is ours with no --threads: every core
 this process may use (what `onnxplan run` does).
 
+A ratio is given twice: the ratio of the two cells, and "paired", the median over rounds of
+the ratio within a round (the two runs seconds apart, not a whole pass over the thread counts
+apart), which a slow spell of a shared machine moves less: it weighs on both runs of a round.
+
 `--peers ''` runs ours alone: ours at each thread count in fresh processes, interleaved round by
 round (the paired figure of ours at every core against ours at one thread, reports/threads.md).
 
@@ -83,13 +87,29 @@ def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tu
                 pools[f"{peer}@{n}"] = fig.get("threads")
                 errors += [f"{peer}@{n}: {fig['error']}"] if fig.get("error") else []
     cells = {f"{r}@{n}": _median_of_rounds(samples.get((r, n), [])) for r in RUNNERS for n in counts}
+    lo, hi = counts[0], counts[-1]
+    paired = {f"ours@{hi}/ours@{lo}": _paired(samples.get(("ours", hi), []), samples.get(("ours", lo), []))}
+    paired.update({f"ours@{n}/ort@{n}": _paired(samples.get(("ours", n), []), samples.get(("ort", n), []))
+                   for n in counts})
     return {"model": item, "batch": step.request.batch, "peak_bytes": plan.peak_bytes,
             "ms": {k: (v[0] * 1e3 if v[0] is not None else None) for k, v in cells.items()},
-            "spread": {k: v[1] for k, v in cells.items()}, "pools": pools, "errors": sorted(set(errors))}
+            "spread": {k: v[1] for k, v in cells.items()}, "paired": paired,
+            "rounds_ms": {f"{r}@{n}": [None if v is None else v * 1e3 for v in vs] for (r, n), vs in samples.items()},
+            "pools": pools, "errors": sorted(set(errors))}
+
+
+def _paired(a: list[float | None], b: list[float | None]) -> float | None:
+    """The median over rounds of round i's a / b (rounds where both ran): the docstring's "paired"."""
+    ratios = [x / y for x, y in zip(a, b) if x is not None and y]
+    return statistics.median(ratios) if ratios else None
 
 
 def _ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
+
+
+def _both(ratio: float | None, paired: float | None) -> str:
+    return f"{_fmt(ratio, '.2f')} ({_fmt(paired, '.2f')} paired)" if paired is not None else _fmt(ratio, ".2f")
 
 
 def _fmt(x, spec=".1f") -> str:
@@ -106,9 +126,10 @@ def table(rows: list[dict], counts: list[int]) -> list[str]:
         cells = [r["model"]]
         cells += [f"{_fmt(ms[f'{x}@{n}'])} (±{_fmt(100 * (r['spread'][f'{x}@{n}'] or 0), '.0f')}%)"
                   for n in counts for x in RUNNERS]
-        cells += [_fmt(_ratio(ms[f"ours@{n}"], ms[f"ort@{n}"]), ".2f") for n in counts]
+        paired = r.get("paired", {})
+        cells += [_both(_ratio(ms[f"ours@{n}"], ms[f"ort@{n}"]), paired.get(f"ours@{n}/ort@{n}")) for n in counts]
         cells += [_fmt(_ratio(ms[f"ours@{n}"], ms[f"torch@{n}"]), ".2f") for n in counts]
-        cells += [_fmt(_ratio(ms[f"ours@{hi}"], ms[f"ours@{lo}"]), ".2f")]
+        cells += [_both(_ratio(ms[f"ours@{hi}"], ms[f"ours@{lo}"]), paired.get(f"ours@{hi}/ours@{lo}"))]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -117,9 +138,11 @@ def summary(rows: list[dict], counts: list[int], label: str) -> list[str]:
     out = []
     for n in counts:
         ratios = [x for x in (_ratio(r["ms"][f"ours@{n}"], r["ms"][f"ort@{n}"]) for r in rows) if x is not None]
+        paired = [x for x in (r.get("paired", {}).get(f"ours@{n}/ort@{n}") for r in rows) if x is not None]
         if ratios:
             out.append(f"- {label}, {n} thread(s): median ours/ORT **{statistics.median(ratios):.2f}** "
-                       f"over {len(ratios)} models (best {min(ratios):.2f}, worst {max(ratios):.2f})")
+                       f"over {len(ratios)} models (best {min(ratios):.2f}, worst {max(ratios):.2f})"
+                       + (f"; paired {statistics.median(paired):.2f}" if paired else ""))
     return out
 
 
