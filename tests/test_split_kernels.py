@@ -150,7 +150,8 @@ def test_split_off_runs_whole(monkeypatch):
     ((1024, 128), (128, 128), (2, False), (1, False), (2, False)),  # transformer b16's projections, 16.8 M
     ((16, 4, 64, 64), (16, 4, 64, 32), (2, True), (1, False), (2, True)),  # its attention products, 8.4 M
     ((64, 784), (784, 256), (1, False), (1, False), (2, False)),  # mlp b64's first layer, 12.8 M
-    ((64, 256), (256, 128), (1, False), (1, False), (1, False)),  # its second, 2.1 M: whole
+    ((64, 256), (256, 128), (1, False), (1, False), (2, False)),  # its second, 2.1 M: on the pool only
+    ((64, 128), (128, 128), (1, False), (1, False), (1, False)),  # 1 M: whole everywhere
 ])
 def test_products_split_with_the_switch(a_shape, b_shape, on, off, pool):
     """At 2 threads with ONNXPLAN_SPLIT_KERNELS on, a product splits in two from MIN_ELEMS x

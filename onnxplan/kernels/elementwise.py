@@ -167,7 +167,8 @@ def where(ctx, inputs, outputs):
 # ---- activations -------------------------------------------------------------------------------
 @kernel("Relu", overwrites=UNARY)
 def relu(ctx, inputs, outputs):
-    ctx.xp.maximum(inputs[0], 0, out=outputs[0])
+    """max(X, 0), cut into pieces of rows across the compute threads when large (NaN stays NaN)."""
+    parallel.ufunc(ctx.xp, "maximum", outputs[0], inputs[0], inputs[0].dtype.type(0))
 
 
 @kernel("Sigmoid", overwrites=UNARY)

@@ -30,11 +30,14 @@ GEMM_MACS_PER_ELEM_SPLIT = 8
 # whole; reports/threads.md, session 12): those stay at GEMM_MACS_PER_ELEM_SPLIT.
 GEMM_MACS_PER_ELEM_BATCHES = 4
 # On the GEMM pool (kernels/gemm_calls.py: a worker starts its calls without the interpreter
-# lock) a product splits from 4 M multiply-adds a piece, by rows or columns alike: mlp b64's
+# lock) a product splits from 1 M multiply-adds a piece, by rows or columns alike: mlp b64's
 # 64 x 784 x 256 (12.8 M) took 0.64x its whole time in two pieces on 2 idle vCPUs, its dW
-# (784 x 64 x 256) 0.64x, 512 x 128 x 512 0.63x; 64 x 256 x 128 (2 M) gained nothing
-# (reports/threads.md, session 21).
-GEMM_MACS_PER_ELEM_NATIVE = 4
+# (784 x 64 x 256) 0.64x, 512 x 128 x 512 0.63x (reports/threads.md, session 21). Its 64 x 256 x
+# 128 products (2.1 M, ~58 us) split too since session 26: 0.80x alone with a warm cache, 1.15x
+# with 8 MB evicted before each (session 21), but within the step (the pool's workers spinning
+# from the products before) mlp b64's step took 0.905-0.93x at 2 threads, transformer, GPT b16 and
+# resnet18 b8 alike (in-process A/B, reports/threads.md, session 26).
+GEMM_MACS_PER_ELEM_NATIVE = 1
 # A product is cut by columns where each piece keeps this many (else by rows): one BLAS call per
 # piece packs all of the other operand, and a piece of few rows against many columns (a
 # convolution's 64 output channels x 25088 positions) runs its kernel on short panels. Least of 7,
