@@ -1,6 +1,6 @@
 """The kernels cut across the compute threads by ONNXPLAN_SPLIT_KERNELS (a convolution's chunk by
 images, MaxPool with Indices by images, LayerNorm and its gradient by rows and columns, softmax and its gradient by rows, GELU,
-its gradient and ReLU's by aligned ranges, BatchNorm and its gradient by channels,
+its gradient and ReLU's by aligned ranges, ReLU by rows, BatchNorm and its gradient by channels,
 SoftmaxCrossEntropyLossGrad by rows; a batched product by batches): bit for bit their one-thread result, at 1 and 2
 threads, on sizes above the split threshold (lowered: pieces of 64 elements) and below it."""
 
@@ -24,6 +24,8 @@ def _case(name: str) -> tuple:
     image, w = r(4, 3, 34, 34), r(5, 3, 3, 3)
     conv = {"pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
     odd = 64 * 41 + 13  # ranges cut at multiples of 64, a tail of 13
+    relu_x = r(odd)
+    relu_x[[5, 2000]] = np.nan, -0.0  # NaN stays NaN, -0 gives numpy's 0
     bn_x, positive = r(4, 6, 5, 7), (np.abs(r(6)) + 0.5).astype(F)
     big_x, big_pos, ln_x = r(2, 8, 40, 40), (np.abs(r(8)) + 0.5).astype(F), r(4, 64, 80)
     def log_probs(*shape):  # a log-softmax along axis 1
@@ -52,6 +54,7 @@ def _case(name: str) -> tuple:
         "fast_gelu": ("FastGelu", MS, [r(odd)], [(odd,)], {}),
         "gelu_grad": ("GeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "fast_gelu_grad": ("FastGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
+        "relu": ("Relu", "", [relu_x], [(odd,)], {}),
         "relu_grad": ("ReluGrad", MS, [r(odd), r(odd)], [(odd,)], {}),
         "silu": ("QuickGelu", MS, [r(odd)], [(odd,)], {"alpha": 1.0}),
         "silu_grad": ("QuickGeluGrad", MS, [r(odd), r(odd)], [(odd,)], {"alpha": 1.0}),
@@ -83,7 +86,7 @@ def _case(name: str) -> tuple:
 
 CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_norm", "layer_norm_grad",
          "layer_norm_grad_no_dx", "rms_norm_grad", "softmax", "log_softmax", "softmax_grad", "gelu", "fast_gelu",
-         "gelu_grad", "fast_gelu_grad", "relu_grad", "silu", "silu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
+         "gelu_grad", "fast_gelu_grad", "relu", "relu_grad", "silu", "silu_grad", "batch_norm", "batch_norm_grad", "batch_norm_grad_no_dx",
          "batch_norm_torch", "batch_norm_grad_torch", "layer_norm_torch", "layer_norm_grad_torch", "sce_grad",
          "sce_grad_none_3d"]
 
