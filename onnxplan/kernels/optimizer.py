@@ -155,7 +155,7 @@ def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
         lr_corr = f(f(lr) * f(np.sqrt(beta_corr))) / alpha_corr
     c.update(alpha_corr=alpha_corr, beta_corr=beta_corr, lr_corr=f(lr_corr))
     c["vector"] = np.array([c[name] for name in native.ADAMW_CONSTANTS], np.float32)  # the fused loop's
-    c["vector_address"] = int(c["vector"].ctypes.data)  # ~3 us a read: read once a step, not once a call
+    c["vector_address"] = int(c["vector"].ctypes.data)  # 1.4-3 us a read: once a step, not once a call
     return c
 
 

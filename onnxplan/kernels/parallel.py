@@ -302,7 +302,7 @@ def rows(out, fn: Callable[..., None], *ins, xp=np, min_elems: int | None = None
 def ufunc(xp, name: str, out, *ins, **kwargs) -> None:
     """xp.<name>(*ins, out=out, **kwargs), cut into pieces of out's rows when it is large."""
     op = getattr(xp, name)
-    if xp is not np or out.size < 2 * MIN_ELEMS:  # one piece (parts_for): called as it is, ~4 us sooner
+    if parts_for(out.size, xp) <= 1:  # one piece: called as it is, ~4 us sooner than through rows
         op(*ins, out=out, **kwargs)
         return
     rows(out, lambda o, *xs: op(*xs, out=o, **kwargs), *ins, xp=xp)
