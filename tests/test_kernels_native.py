@@ -14,7 +14,8 @@ from tests.kernel_harness import call_kernel
 pytestmark = pytest.mark.skipif(native.adamw() is None, reason="no C compiler: the numpy path only")
 
 
-def _adamw_update(numel: int, mode: int, wd: float, step: int, in_place: bool, *, fused: bool) -> list[np.ndarray]:
+def _adamw_update(numel: int, mode: int, wd: float, step: int, in_place: bool, *, fused: bool,
+                  correct_bias: int = 1) -> list[np.ndarray]:
     """One AdamWUpdate node through the kernel harness (its declared scratch), fused or numpy."""
     rng = np.random.default_rng(numel + mode)
     p = rng.standard_normal(numel).astype(np.float32)
@@ -25,7 +26,7 @@ def _adamw_update(numel: int, mode: int, wd: float, step: int, in_place: bool, *
     v[:3] = 0  # sqrt(0) + eps
     lr, st = np.array([1e-3], np.float32), np.array([step], np.int64)
     node = Node("u", "AdamWUpdate", "onnxplan", ["lr", "s", "p", "g", "m", "v"], ["p1", "m1", "v1"],
-                {"weight_decay": wd, "adam_mode": mode, "epsilon": 1e-8})
+                {"weight_decay": wd, "adam_mode": mode, "epsilon": 1e-8, "correct_bias": correct_bias})
     ins = [lr, st, p, g, m, v]
     outs = [p, m, v] if in_place else [np.full_like(p, np.nan) for _ in range(3)]
     with settings.override(native_kernels=fused):
@@ -41,6 +42,52 @@ def test_the_fused_adamw_is_bitwise_the_numpy_one(numel, mode, wd, in_place):
     fused = _adamw_update(numel, mode, wd, 3, in_place, fused=True)
     plain = _adamw_update(numel, mode, wd, 3, in_place, fused=False)
     for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5000])
+@pytest.mark.parametrize("correct_bias", [1, 0])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("path", ["bound", "plain"])
+def test_the_fused_loops_bias_corrections_are_the_numpy_paths(monkeypatch, step, correct_bias, mode, path):
+    """The loop makes the step's bias corrections itself (pow in double, cast to float, as ORT):
+    the numpy path's bits at the first step, a later one and far on, bound or plain."""
+    import tests.kernel_harness as harness
+
+    monkeypatch.setattr(harness, "KERNEL_PATH", path)
+    fused = _adamw_update(4099, mode, 0.01, step, False, fused=True, correct_bias=correct_bias)
+    plain = _adamw_update(4099, mode, 0.01, step, False, fused=False, correct_bias=correct_bias)
+    for a, b in zip(fused, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_large_parameter_runs_in_ranges_on_the_gemm_pool(monkeypatch):
+    """From 2 x POOLED_ADAMW_MIN elements at 2 threads, a parameter's update is one GEMM-pool job
+    of two ranges (claimed without the interpreter lock): the same bits as one range."""
+    from onnxplan.kernels import gemm_calls
+
+    if gemm_calls.pool() is None:
+        pytest.skip("no GEMM pool (no ILP64 OpenBLAS)")
+    numel = 2 * optimizer.POOLED_ADAMW_MIN + 5
+    jobs: list[tuple[int, int]] = []
+    pool_run = gemm_calls.GemmPool.run
+
+    def counting(self, table, workers, kind=gemm_calls.SGEMM, fn=None):
+        jobs.append((kind, len(table)))
+        return pool_run(self, table, workers, kind, fn)
+
+    before = threads.current().threads
+    try:
+        threads.use_threads(1)
+        one = _adamw_update(numel, 0, 0.01, 4, False, fused=True)
+        assert jobs == []
+        threads.use_threads(2)
+        monkeypatch.setattr(gemm_calls.GemmPool, "run", counting)
+        two = _adamw_update(numel, 0, 0.01, 4, False, fused=True)
+    finally:
+        threads.use_threads(before)
+    assert jobs == [(gemm_calls.ADAMW, 2)]
+    for a, b in zip(one, two):
         np.testing.assert_array_equal(a, b)
 
 

@@ -27,9 +27,10 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.kernels import native
 
-__all__ = ["CALL_FIELDS", "GemmPool", "pool", "product_calls"]
+__all__ = ["ADAMW", "CALL_FIELDS", "SGEMM", "GemmPool", "pool", "product_calls"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
+SGEMM, ADAMW = 0, 1  # the kinds of call a job holds (native_source_gemm.py's GC_SGEMM, GC_ADAMW)
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
 # How long a worker spins for the next job after one before it sleeps. A sleeping thread took
 # ~40 us to wake on the 2-vCPU VM (more after a long sleep): mlp b64's two split products, ~1 ms
@@ -155,12 +156,13 @@ class GemmPool:
         self.hush = fns.hush  # spinning workers sleep now (another pool needs the cores)
         self._sgemm = sgemm
 
-    def run(self, table: np.ndarray, workers: int) -> tuple[float, float, int, int]:
-        """Run every call of `table` (product_calls) on this thread and up to `workers` pool threads;
-        (seconds taken, seconds this thread spent on its calls, how many it ran, how many there
-        were)."""
+    def run(self, table: np.ndarray, workers: int, kind: int = SGEMM, fn: int | None = None) -> tuple[float, float, int, int]:
+        """Run every call of `table` (product_calls; or, of kind ADAMW, a parameter's ranges to
+        the fused loop at `fn`) on this thread and up to `workers` pool threads; (seconds taken,
+        seconds this thread spent on its calls, how many it ran, how many there were)."""
         out = np.zeros(2, np.float64)  # per call: two threads may run products at once (interop)
-        took = self._fn(self._sgemm, table.ctypes.data, len(table), workers, SPIN_NS, out.ctypes.data)
+        took = self._fn(self._sgemm if fn is None else fn, table.ctypes.data, len(table), workers, SPIN_NS,
+                        out.ctypes.data, kind)
         return took, float(out[0]), int(out[1]), len(table)
 
 

@@ -98,8 +98,7 @@ __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CON
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
-ADAMW_CONSTANTS = ("lr", "alpha", "beta", "one_minus_alpha", "one_minus_beta", "eps", "wd", "alpha_corr",
-                   "beta_corr", "lr_corr", "lr_wd")
+ADAMW_CONSTANTS = ("lr", "alpha", "beta", "eps", "wd", "correct_bias")
 SMALL_CONV_M = 8  # output channels the small conv's loops hold in registers at most
 SMALL_CONV_ACC = 4096  # dW elements a small_conv_dw call sums at most (its double accumulators)
 DEPTHWISE_MAX_TAPS = 1024  # kernel positions the depthwise dW loop accumulates at most (DW_MAX_TAPS)
@@ -109,7 +108,7 @@ SOURCE = _HEAD_SOURCE + ROWS_SOURCE + CHANNELS_SOURCE + GEMM_SOURCE + TRANSPOSE_
 _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC", "-pthread")
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
+_SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [_I, ctypes.c_int],
                "small_conv_fwd": [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I],
                "small_conv_dw": [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I],
                "sce_loss_f32": [_P] * 7 + [_I, _I],
@@ -123,7 +122,7 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [ctypes.c_int],
                "scatter_add_rows_f32": [_P] * 3 + [_I, _I],
                "bn_fwd_f32": [_P] * 12 + [_I, _I],
                "bn_grad_f32": [_P] * 9 + [_I, _I],
-               "gemm_calls": [_P, _P, _I, _I, _I, _P],
+               "gemm_calls": [_P, _P, _I, _I, _I, _P, _I],
                "gemm_hush": [],
                "transpose32": [_P, _P] + [_I] * 6,
                "im2col_f32": [_P] * 3,
@@ -210,7 +209,7 @@ def _enabled_library() -> ctypes.CDLL | None:
 
 
 def adamw() -> Callable[..., None] | None:
-    """adamw_f32(n, p, g, m, v, p_out, m_out, v_out, constants, mode) with addresses as ints
+    """adamw_f32(n, p, g, m, v, p_out, m_out, v_out, constants, step, mode) with addresses as ints
     (ctypes releases the interpreter lock for the call), or None: the numpy path."""
     lib = _enabled_library()
     return lib.adamw_f32 if lib is not None else None
@@ -328,7 +327,7 @@ def batch_norm() -> BatchNorm | None:
 @dataclass(frozen=True)
 class GemmPoolCalls:
     """The GEMM pool's entry points (addresses as ints; ctypes releases the interpreter lock;
-    kernels/gemm_calls.py): run(sgemm, calls, count, workers, spin_ns, out) -> seconds taken;
+    kernels/gemm_calls.py): run(fn, calls, count, workers, spin_ns, out, kind) -> seconds taken;
     hush(): the workers spinning for a next job sleep now."""
 
     run: Callable[..., float]

@@ -8,11 +8,19 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 /* ONNX Runtime's AdamWOptimizer (orttraining cpu adamw.cc), one element at a time; outputs may be
-   the inputs themselves (each element read before it is written). c: see ADAMW_CONSTANTS. */
+   the inputs themselves (each element read before it is written). c: lr, alpha, beta, eps, weight
+   decay, correct_bias (1 or 0; see ADAMW_CONSTANTS); the bias corrections for `step` as ORT makes
+   them: pow in double, cast to float, the rest in float (as kernels/optimizer.py's numpy path). */
 void adamw_f32(int64_t n, const float *p, const float *g, const float *m, const float *v,
-               float *po, float *mo, float *vo, const float *c, int mode) {
-    const float lr = c[0], alpha = c[1], beta = c[2], oma = c[3], omb = c[4], eps = c[5], wd = c[6],
-                acorr = c[7], bcorr = c[8], lrc = c[9], lrwd = c[10];
+               float *po, float *mo, float *vo, const float *c, int64_t step, int mode) {
+    const float lr = c[0], alpha = c[1], beta = c[2], eps = c[3], wd = c[4];
+    const float oma = 1.0f - alpha, omb = 1.0f - beta, lrwd = lr * wd;
+    float acorr = 1.0f, bcorr = 1.0f, lrc = lr;
+    if (c[5] != 0.0f) {
+        acorr = 1.0f - (float)pow((double)alpha, (double)step);
+        bcorr = 1.0f - (float)pow((double)beta, (double)step);
+        lrc = (lr * sqrtf(bcorr)) / acorr;
+    }
     if (mode == 0) {  /* PyTorch form: decay first; bias corrections on m and v */
 #pragma GCC ivdep
         for (int64_t i = 0; i < n; i++) {

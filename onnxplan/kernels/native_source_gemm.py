@@ -1,5 +1,6 @@
-"""The C source of the GEMM pool (kernels/gemm_calls.py): a product's BLAS calls run by the
-calling thread and the library's own worker threads, none of which takes the interpreter lock.
+"""The C source of the GEMM pool (kernels/gemm_calls.py): a product's BLAS calls (or a large
+parameter's AdamW ranges, kernels/optimizer.py) run by the calling thread and the library's own
+worker threads, none of which takes the interpreter lock.
 Compiled into the one fused library by kernels/native.py."""
 
 GEMM_SOURCE = r"""
@@ -16,8 +17,12 @@ GEMM_SOURCE = r"""
    variable; gemm_hush sends them to sleep at once. */
 typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
                            const float *, int64_t, float, float *, int64_t);
-/* a call: order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (alpha 1, beta 0: numpy's) */
-enum { GC_FIELDS = 12, GC_MAX_WORKERS = 256 };
+typedef void (*adamw_fn)(int64_t, const float *, const float *, const float *, const float *, float *,
+                         float *, float *, const float *, int64_t, int);
+/* a call of kind GC_SGEMM: order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (alpha 1, beta
+   0: numpy's); of kind GC_ADAMW: adamw_f32's n, p, g, m, v, p', m', v', constants, step, mode (a
+   range of one parameter's update: kernels/optimizer.py), the last field unused */
+enum { GC_FIELDS = 12, GC_MAX_WORKERS = 256, GC_SGEMM = 0, GC_ADAMW = 1 };
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;
@@ -32,7 +37,8 @@ static struct {
     atomic_long spin_ns;
     atomic_long seen;       /* the last job a worker looked at (a spinning worker's signal) */
     atomic_long hush;       /* bumped by gemm_hush: spinning workers sleep now */
-    sgemm64_fn fn;
+    void *fn;
+    int kind;
     const int64_t *calls;
     int64_t count;
 } GP = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
@@ -43,12 +49,21 @@ static double gp_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+static void gp_call(int kind, void *fn, const int64_t *c) {
+    if (kind == GC_ADAMW)
+        ((adamw_fn)fn)(c[0], (const float *)(intptr_t)c[1], (const float *)(intptr_t)c[2],
+                       (const float *)(intptr_t)c[3], (const float *)(intptr_t)c[4], (float *)(intptr_t)c[5],
+                       (float *)(intptr_t)c[6], (float *)(intptr_t)c[7], (const float *)(intptr_t)c[8], c[9],
+                       (int)c[10]);
+    else
+        ((sgemm64_fn)fn)((int)c[0], (int)c[1], (int)c[2], c[3], c[4], c[5], 1.0f, (const float *)(intptr_t)c[6],
+                         c[7], (const float *)(intptr_t)c[8], c[9], 0.0f, (float *)(intptr_t)c[10], c[11]);
+}
+
 static int64_t gp_drain(void) {
     int64_t ran = 0, i;
     while ((i = atomic_fetch_add(&GP.next, 1)) < GP.count) {
-        const int64_t *c = GP.calls + i * GC_FIELDS;
-        GP.fn((int)c[0], (int)c[1], (int)c[2], c[3], c[4], c[5], 1.0f, (const float *)(intptr_t)c[6], c[7],
-              (const float *)(intptr_t)c[8], c[9], 0.0f, (float *)(intptr_t)c[10], c[11]);
+        gp_call(GP.kind, GP.fn, GP.calls + i * GC_FIELDS);
         atomic_fetch_add(&GP.done, 1);
         ran++;
     }
@@ -106,23 +121,21 @@ static int gp_start(int want) {
    to need the cores. */
 void gemm_hush(void) { atomic_fetch_add(&GP.hush, 1); }
 
-/* Run `count` calls (GC_FIELDS int64 each) with up to `workers` pool threads beside this one;
-   out[0] = seconds this thread spent on its own calls, out[1] = how many it ran; returns the
-   seconds from the start to the last call done. */
-double gemm_calls(void *fn, const int64_t *calls, int64_t count, int64_t workers, int64_t spin_ns, double *out) {
+/* Run `count` calls of `kind` (GC_FIELDS int64 each) to `fn` with up to `workers` pool threads
+   beside this one; out[0] = seconds this thread spent on its own calls, out[1] = how many it ran;
+   returns the seconds from the start to the last call done. */
+double gemm_calls(void *fn, const int64_t *calls, int64_t count, int64_t workers, int64_t spin_ns, double *out,
+                  int64_t kind) {
     double t0 = gp_now();
     int expected = 0;
     if (workers <= 0 || count <= 1 || !atomic_compare_exchange_strong(&GP.busy, &expected, 1)) {
-        for (int64_t i = 0; i < count; i++) {
-            const int64_t *c = calls + i * GC_FIELDS;
-            ((sgemm64_fn)fn)((int)c[0], (int)c[1], (int)c[2], c[3], c[4], c[5], 1.0f, (const float *)(intptr_t)c[6],
-                             c[7], (const float *)(intptr_t)c[8], c[9], 0.0f, (float *)(intptr_t)c[10], c[11]);
-        }
+        for (int64_t i = 0; i < count; i++) gp_call((int)kind, fn, calls + i * GC_FIELDS);
         out[0] = gp_now() - t0;
         out[1] = (double)count;
         return out[0];
     }
-    GP.fn = (sgemm64_fn)fn;
+    GP.fn = fn;
+    GP.kind = (int)kind;
     GP.calls = calls;
     GP.count = count;
     atomic_store(&GP.spin_ns, spin_ns);

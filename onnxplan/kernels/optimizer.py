@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from collections.abc import Callable
@@ -10,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan import threads
 from onnxplan.ir.graph import Node
-from onnxplan.kernels import _xp, native, parallel
+from onnxplan.kernels import _xp, gemm_calls, native, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
 
 __all__ = ["CHUNK", "adamw_constants", "optimizer_overwrites"]
@@ -25,6 +27,12 @@ CHUNK = 1 << 16  # elements per pass: the optimizer's temporaries live in 2 x CH
 # mlp's fc1 (200K elements) in two pieces took 0.26-0.39 ms against 0.21-0.23 whole (session 9,
 # load 1-1.5), 0.25 against 0.22 least of 160 (session 10, load 5); reports/threads.md.
 ADAMW_SPLIT_PASSES = 4
+# The fused loop's parameter splits on the GEMM pool (kernels/gemm_calls.py: its C workers claim
+# ranges without the interpreter lock, still spinning from the step's products) from this many
+# elements a range; on the Python pool from MIN_ELEMS (a worker's wake-up and the lock, ~0.1 ms).
+# The loop streams 7 arrays (~0.4-0.7 ns an element on one core): mlp b64's fc1.weight (200K
+# elements, 80-140 us) ran whole on the calling thread at any thread count before.
+POOLED_ADAMW_MIN = 1 << 15
 
 
 def optimizer_overwrites(first_param: int):
@@ -153,10 +161,16 @@ def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
         alpha_corr = f(1) - f(math.pow(float(c["alpha"]), step))
         beta_corr = f(1) - f(math.pow(float(c["beta"]), step))
         lr_corr = f(f(lr) * f(np.sqrt(beta_corr))) / alpha_corr
-    c.update(alpha_corr=alpha_corr, beta_corr=beta_corr, lr_corr=f(lr_corr))
-    c["vector"] = np.array([c[name] for name in native.ADAMW_CONSTANTS], np.float32)  # the fused loop's
+    c.update(alpha_corr=alpha_corr, beta_corr=beta_corr, lr_corr=f(lr_corr), step=step)
+    c["vector"] = _loop_constants(c)
     c["vector_address"] = int(c["vector"].ctypes.data)  # 1.4-3 us a read: once a step, not once a call
     return c
+
+
+def _loop_constants(fixed: dict) -> np.ndarray:
+    """The fused loop's constants (native.ADAMW_CONSTANTS; it makes the step's bias corrections
+    itself) from _adamw_fixed's."""
+    return np.array([fixed[name] for name in native.ADAMW_CONSTANTS], np.float32)
 
 
 @functools.lru_cache(maxsize=64)
@@ -232,16 +246,43 @@ class _FusedRange:
     addresses: tuple[int, ...]
 
     def run(self, c: dict) -> None:
-        self.fn(self.n, *self.addresses, c["vector_address"], c["mode"])
+        self.fn(self.n, *self.addresses, c["vector_address"], c["step"], c["mode"])
 
 
-def _fused_parts(arrays: list, xp) -> list[list[_FusedRange]] | None:
-    """The fused loop's parts (one pass per element: pieces of MIN_ELEMS elements and more), or
-    None where it does not apply: not numpy, not float32, a non-contiguous array, no compiler."""
+class _PooledRanges:
+    """One parameter's fused update as ranges on the GEMM pool: one ADAMW call a range (n and
+    the addresses of p, g, m, v, p', m', v' at its start; the step's constants and the mode
+    filled in as it runs), claimed by the calling thread and the pool's workers."""
+
+    def __init__(self, pool: gemm_calls.GemmPool, fn: Callable[..., None], flats: list, parts: int) -> None:
+        self.pool, self.fn = pool, ctypes.cast(fn, ctypes.c_void_p).value
+        bounds = parallel.bounds(flats[0].size, parts)
+        self.table = np.zeros((parts, gemm_calls.CALL_FIELDS), np.int64)
+        for row, (lo, hi) in zip(self.table, bounds):
+            row[:8] = [hi - lo, *(a[lo:].ctypes.data for a in flats)]
+
+    def run(self, c: dict) -> None:
+        table, pool, fn = self.table, self.pool, self.fn
+        table[:, 8], table[:, 9], table[:, 10] = c["vector_address"], c["step"], c["mode"]
+        if threads.current().compute > 1:
+            parallel.run_elsewhere(lambda workers: pool.run(table, workers, gemm_calls.ADAMW, fn))
+        else:
+            pool.run(table, 0, gemm_calls.ADAMW, fn)
+
+
+def _fused_parts(arrays: list, xp) -> list[list[_FusedRange]] | list[list[_PooledRanges]] | None:
+    """The fused loop's parts: on the GEMM pool (one part of ranges of POOLED_ADAMW_MIN elements
+    and more) where there is one, else ranges of MIN_ELEMS and more (one pass per element) for
+    the Python pool; or None where the loop does not apply: not numpy, not float32, a
+    non-contiguous array, no compiler."""
     fn = native.adamw() if xp is np else None
     if fn is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
         return None
     flats = [_flat(a) for a in arrays]
+    pool = gemm_calls.pool()
+    pooled = parallel.parts_for(flats[0].size, xp, min_elems=POOLED_ADAMW_MIN) if pool is not None else 1
+    if pool is not None and pooled > 1:
+        return [[_PooledRanges(pool, fn, flats, pooled)]]
     bounds = parallel.bounds(flats[0].size, parallel.parts_for(flats[0].size, xp))
     return [[_FusedRange(fn, hi - lo, tuple(a[lo:].ctypes.data for a in flats))] for lo, hi in bounds if hi > lo]
 
@@ -257,7 +298,7 @@ def _adamw_pieces(p, g, m, v, p_out, m_out, v_out, s1, s2, xp=np) -> list[list]:
 
 def _adamw_part(xp, c: dict, pieces: list) -> None:
     for piece in pieces:
-        if isinstance(piece, _FusedRange):
+        if isinstance(piece, (_FusedRange, _PooledRanges)):
             piece.run(c)
         else:
             _adamw_chunk(xp, c, *piece)
@@ -312,10 +353,22 @@ def _bind_adamw_update(ctx: KernelContext, inputs: list, outputs: list):
     s1, s2 = _scratch_pair(ctx, inputs[2].dtype)
     pieces = _adamw_pieces(*inputs[2:6], *outputs[:3], s1, s2)  # type: ignore[call-arg]  # mypy: *list fills all
 
-    def run(ctx, inputs, outputs):
-        _adamw_parts(np, _adamw_constant_arrays(key, float(lr[0]), int(step[0])), pieces)
+    if not all(isinstance(piece, (_FusedRange, _PooledRanges)) for part in pieces for piece in part):
+        def run(ctx, inputs, outputs):
+            _adamw_parts(np, _adamw_constant_arrays(key, float(lr[0]), int(step[0])), pieces)
 
-    return run
+        return run
+    # the fused loop: the node's own constants, its learning rate written in as it runs (the
+    # loop makes the bias corrections: no step's constants to make, ~10-25 us a step)
+    vector = _loop_constants(_adamw_fixed(key, float(lr[0])))
+    c = {"vector_address": int(vector.ctypes.data), "mode": int(ctx.attrs.get("adam_mode", 0)), "step": 0}
+
+    def run_fused(ctx, inputs, outputs):
+        vector[0] = lr[0]
+        c["step"] = int(step[0])
+        _adamw_parts(np, c, pieces)
+
+    return run_fused
 
 
 @kernel("AdamWUpdate", OURS, overwrites={0: (2,), 1: (4,), 2: (5,)}, updates_state=True,
