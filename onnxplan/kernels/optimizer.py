@@ -7,7 +7,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -252,10 +252,11 @@ class _FusedRange:
 class _PooledRanges:
     """One parameter's fused update as ranges on the GEMM pool: one ADAMW call a range (n and
     the addresses of p, g, m, v, p', m', v' at its start; the step's constants and the mode
-    filled in as it runs), claimed by the calling thread and the pool's workers."""
+    filled in as it runs), claimed by the calling thread and the pool's workers. At one compute
+    thread the calling thread runs them all."""
 
     def __init__(self, pool: gemm_calls.GemmPool, fn: Callable[..., None], flats: list, parts: int) -> None:
-        self.pool, self.fn = pool, ctypes.cast(fn, ctypes.c_void_p).value
+        self.pool, self.fn = pool, ctypes.cast(cast(Any, fn), ctypes.c_void_p).value  # the loop's address
         bounds = parallel.bounds(flats[0].size, parts)
         self.table = np.zeros((parts, gemm_calls.CALL_FIELDS), np.int64)
         for row, (lo, hi) in zip(self.table, bounds):
