@@ -36,7 +36,7 @@ from pathlib import Path
 
 import onnxplan
 from onnxplan.bench.peers import measure_peer
-from onnxplan.bench.sweep import DEFAULT_WARMUP
+from onnxplan.bench.sweep import DEFAULT_WARMUP, DEFAULT_WARMUP_SECONDS
 from onnxplan.executor.measure import measure_run
 from onnxplan.executor.prepare import Prepared, adopt_plan
 from onnxplan.threads import available_cores
@@ -60,7 +60,8 @@ def _median_of_rounds(values: list[float]) -> tuple[float | None, float | None]:
 
 def _ours(step, prep: Prepared, steps: int, threads: int, warmup: int = DEFAULT_WARMUP) -> tuple[float | None, dict | None, str | None]:
     try:
-        res, _ = measure_run(step.request, None, steps=steps, warmup=warmup, prepared=prep, threads=threads)
+        res, _ = measure_run(step.request, None, steps=steps, warmup=warmup, prepared=prep, threads=threads,
+                             warmup_seconds=DEFAULT_WARMUP_SECONDS)
     except Exception as exc:  # noqa: BLE001 - a failed run is a cell of the table
         return None, None, f"{type(exc).__name__}: {str(exc)[:200]}"
     return statistics.median(res["step_seconds"]), res.get("threads"), None
@@ -82,7 +83,8 @@ def bench_model(item: str, counts: list[int], rounds: int, steps: int, peers: tu
             pools[f"ours@{n}"] = got
             errors += [f"ours@{n}: {err}"] if err else []
             for peer in peers:
-                fig = measure_peer(peer, step.folder, steps, warmup=warmup, threads=n)
+                fig = measure_peer(peer, step.folder, steps, warmup=warmup, threads=n,
+                                   warmup_seconds=DEFAULT_WARMUP_SECONDS)
                 samples.setdefault((peer, n), []).append(fig["median_step_seconds"])
                 pools[f"{peer}@{n}"] = fig.get("threads")
                 errors += [f"{peer}@{n}: {fig['error']}"] if fig.get("error") else []
@@ -153,7 +155,8 @@ def write(args, groups: dict[str, list[dict]], counts: list[int], started: list[
              f"`python benchmarks/thread_scaling.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}` on "
              f"{platform.processor() or platform.machine()}, {available_cores()} cores available; load average "
              f"{started[0]:.1f} at the start, {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end. Every cell: "
-             f"a fresh process per run (the default plan for ours), {args.warmup} warm-up + "
+             f"a fresh process per run (the default plan for ours), {args.warmup} warm-up steps (at least "
+             f"{DEFAULT_WARMUP_SECONDS:g} s of them) + "
              f"{args.steps} timed steps, the median over the rounds of each round's median step "
              "(± the largest distance of a round from it). Pools per process (onnxplan.threads): "
              "OpenMP and torch intra-op N, torch inter-op 1, ORT intra-op N / inter-op 1, numpy's BLAS 1 "

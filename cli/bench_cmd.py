@@ -12,7 +12,7 @@ from onnxplan.bench.dask_sweep import open_client, run_bench_dask
 from onnxplan.bench.peers import parse_peers
 from onnxplan.bench.result_models import BenchRow, FailedRow
 from onnxplan.bench.results import dumps_results, rows_to_csv
-from onnxplan.bench.sweep import DEFAULT_WARMUP
+from onnxplan.bench.sweep import DEFAULT_WARMUP, DEFAULT_WARMUP_SECONDS, check_timing
 from onnxplan.cli import options as opt
 from onnxplan.cli.common import (
     check_output,
@@ -43,6 +43,10 @@ def bench_command(
     peers: str = typer.Option(None, "--peers", help="Peers to measure: ort,torch (default), or none."),
     repeat: int = typer.Option(5, "--repeat", help="Timed steps per measured run (after --warmup)."),
     warmup: int = typer.Option(DEFAULT_WARMUP, "--warmup", help="Untimed first steps per measured run (a fresh process's first steps run slow, ours and the peers')."),
+    warmup_seconds: float = typer.Option(DEFAULT_WARMUP_SECONDS, "--warmup-seconds",
+                                         help="...and on until the warm-up has lasted this long (ONNX Runtime "
+                                              "reaches its steady step only after tens of steps of a small model); "
+                                              "0: exactly --warmup steps."),
     rounds: int = typer.Option(1, "--rounds", help="Fresh processes per measured figure, ours and the peers "
                                "alternating round by round; a step figure is the median over rounds of each "
                                "round's median (on a shared machine a process's level moves by up to a third: "
@@ -84,7 +88,7 @@ def bench_command(
     """
     handle_errors(_bench)(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit,
                           budget, out, fresh, csv_out, html_out, md_out, json_out, train, freeze,
-                          workers, scheduler, threads, rounds)
+                          workers, scheduler, threads, rounds, warmup_seconds)
 
 
 def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
@@ -100,11 +104,10 @@ def _budgets(items: list[str] | None, models: list[str]) -> dict[str, int]:
 
 def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure, time_limit, budget, out,
            fresh, csv_out, html_out, md_out, json_out, train=None, freeze=None, workers=None,
-           scheduler=None, threads=None, rounds=1) -> None:
+           scheduler=None, threads=None, rounds=1, warmup_seconds=DEFAULT_WARMUP_SECONDS) -> None:
     if batch is not None and batch <= 0:
         raise UsageError(f"invalid --batch {batch}: must be a positive integer")
-    if repeat < 1 or warmup < 0 or rounds < 1:
-        raise UsageError("--repeat and --rounds must be >= 1 and --warmup >= 0")
+    check_timing(repeat, warmup, rounds, warmup_seconds)
     check_time_limit(time_limit)
     if workers is not None and scheduler is not None:
         raise UsageError("give --workers N (a local cluster) or --scheduler ADDRESS, not both")
@@ -115,7 +118,8 @@ def _bench(models, all_models, batch, strategies, peers, repeat, warmup, measure
     names = model_names(models, all_models)
     config = BenchConfig(names, parse_strategies(strategies), batch, peer_list,
                          repeat, warmup, measure, time_limit, _budgets(budget, names), tuple(train or ()),
-                         tuple(freeze or ()), threads=resolve_threads(threads), rounds=rounds)
+                         tuple(freeze or ()), threads=resolve_threads(threads), rounds=rounds,
+                         warmup_seconds=warmup_seconds)
     doc = new_results(config.to_json())
     if out is not None and out.exists() and not fresh:
         old = load_results(out)  # a malformed file is exit 2, and it is left as it was

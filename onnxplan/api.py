@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from onnxplan.bench import BenchConfig, new_results, parse_strategies, run_bench
 from onnxplan.bench.peers import parse_peers
-from onnxplan.bench.sweep import DEFAULT_WARMUP
+from onnxplan.bench.sweep import DEFAULT_WARMUP, DEFAULT_WARMUP_SECONDS, check_timing
 from onnxplan.budget import DEFAULT_PROFILE, CostModel, MemoryRequest, cost_model, plan_for_budget
 from onnxplan.device import array_module
 from onnxplan.errors import UsageError
@@ -164,16 +164,19 @@ def run(step: Step, plan: Plan | None = None, *, steps: int = 3, warmup: int = 1
 
 def bench(models: Iterable[str], *, strategies: str = "default", batch: int | None = None, peers: str = "none",
           repeat: int = 3, warmup: int = DEFAULT_WARMUP, measure: bool = False, time_limit: float | None = None,
-          budget: str | int | None = None, threads: int | None = None, rounds: int = 1) -> pd.DataFrame:
+          budget: str | int | None = None, threads: int | None = None, rounds: int = 1,
+          warmup_seconds: float = DEFAULT_WARMUP_SECONDS) -> pd.DataFrame:
     """Sweep models x strategies (bench's names, e.g. "auto,nntrainer+sort"): one row per
     (model, strategy) with the columns of onnxplan/bench/SCHEMA.md. `measure`: run each plan
     (`repeat` timed steps) and measure its peak; `peers`: "ort,torch" measures those too; every
     measurement at `threads` (onnxplan.threads; None: every available core), in `rounds` fresh
-    processes (bench --rounds)."""
+    processes (bench --rounds), after `warmup` steps and at least `warmup_seconds` of warm-up."""
     check_time_limit(time_limit)
+    check_timing(repeat, warmup, rounds, warmup_seconds)
     budgets = {} if budget is None else {"*": parse_size(budget) if isinstance(budget, str) else budget}
     config = BenchConfig(list(models), parse_strategies(strategies), batch, parse_peers(peers), repeat, warmup,
-                         measure, time_limit, budgets, threads=resolve_threads(threads), rounds=rounds)
+                         measure, time_limit, budgets, threads=resolve_threads(threads), rounds=rounds,
+                         warmup_seconds=warmup_seconds)
     doc: dict[str, Any] = run_bench(config, new_results(config.to_json()), save=lambda d: None)
     import pandas as pd  # 0.3 s to import: on use, so that every CLI command does not pay it
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +22,11 @@ __all__ = [
     "read_metadata",
     "run_steps",
     "step_specs",
+    "warm_up_steps",
 ]
+
+# The most warm-up steps warm_up_steps runs to fill its seconds (a model of ~0.1 ms a step).
+MAX_WARMUP_STEPS = 10_000
 
 def read_input_specs(artifact_dir: str | Path) -> tuple[list[InputSpec], InputSpec | None]:
     """The model inputs and the labels of an artifact folder, from its onnxplan.json (labels
@@ -57,11 +64,31 @@ def make_step_batch(
     return batch
 
 
-def run_steps(trainer, batches) -> dict[str, list[float]]:
-    """Run trainer.step(batch) -> (loss, seconds) over the batches: losses and step seconds."""
+def warm_up_steps(warmup: int, seconds: float = 0.0) -> Iterator[int]:
+    """The indices of a run's warm-up steps: 0..warmup-1, then on until `seconds` have passed
+    since the first began (at most MAX_WARMUP_STEPS); none when `warmup` is 0. The caller feeds
+    step k batch k % warmup."""
+    start = time.perf_counter()
+    for k in range(MAX_WARMUP_STEPS if warmup > 0 else 0):
+        if k >= warmup and time.perf_counter() - start >= seconds:
+            return
+        yield k
+
+
+def run_steps(trainer, batches, warmup: int = 0, warmup_seconds: float = 0.0) -> dict[str, Any]:
+    """Run trainer.step(batch) -> (loss, seconds): warm-up steps on batches[:warmup] (cycled
+    until `warmup_seconds` have passed: warm_up_steps), then batches[warmup:]; every step's loss
+    and seconds, and how many of them were warm-up (`warmup_steps`)."""
     losses, seconds = [], []
-    for batch in batches:
+
+    def run(batch) -> None:
         loss, elapsed = trainer.step(batch)
         losses.append(loss)
         seconds.append(elapsed)
-    return {"losses": losses, "step_seconds": seconds}
+
+    for k in warm_up_steps(warmup, warmup_seconds):
+        run(batches[k % warmup])
+    warm = len(seconds)
+    for batch in batches[warmup:]:
+        run(batch)
+    return {"losses": losses, "step_seconds": seconds, "warmup_steps": warm}

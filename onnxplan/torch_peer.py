@@ -364,12 +364,14 @@ def run_torch(artifact_dir: str | Path, steps: int = 3, seed: int = 0) -> dict[s
     return run_steps(TorchTrainer(model, meta), batches)
 
 
-def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None) -> dict:
+def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None, warmup: int = 0,
+                 warmup_seconds: float = 0.0) -> dict:
     """Memory-probe entry point: baseline after imports, step data and the ONNX file are loaded;
     measured: parameters, gradients, optimizer state and the steps' activations. `threads`:
     torch's pools as onnxplan.threads sizes ours (None: every available core); OpenMP waits as
-    for any PyTorch user (bench runs this with threads.peer_environment())."""
-    meta, batches, model = _setup(artifact_dir, steps, seed)
+    for any PyTorch user (bench runs this with threads.peer_environment()). `steps` timed steps
+    after the warm-up (data.run_steps: `warmup` steps, on until `warmup_seconds`)."""
+    meta, batches, model = _setup(artifact_dir, warmup + steps, seed)
     settings = use_threads(threads, torch_alone=True)
     mark_baseline()
-    return {**run_steps(TorchTrainer(model, meta), batches), "threads": settings.as_dict()}
+    return {**run_steps(TorchTrainer(model, meta), batches, warmup, warmup_seconds), "threads": settings.as_dict()}

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from onnxplan.bench import ROW_FIELDS, load_results
 from onnxplan.bench.strategies import DEFAULT_STRATEGIES, Strategy, parse_strategies, parse_strategy
-from onnxplan.bench.sweep import DEFAULT_WARMUP
+from onnxplan.bench.sweep import DEFAULT_WARMUP, DEFAULT_WARMUP_SECONDS
 from onnxplan.cli.app import app
 from onnxplan.errors import UsageError
 
@@ -97,8 +97,9 @@ def test_measured_columns_come_from_measure_run(tmp_path, monkeypatch):
 
     class FakeExecutor:
         @staticmethod
-        def measure_run(folder, plan, *, steps, warmup, seed, threads):
+        def measure_run(folder, plan, *, steps, warmup, seed, threads, warmup_seconds):
             assert steps == 3 and warmup == DEFAULT_WARMUP and threads == 1  # bench's --threads reaches the run
+            assert warmup_seconds == DEFAULT_WARMUP_SECONDS
             return ({"losses": [2.5, 2.4, 2.3], "step_seconds": [0.3, 0.1, 0.2], "threads": {"blas": 1}},
                     plan.peak_bytes + 1000)
 
@@ -174,7 +175,7 @@ def test_identical_plans_are_run_once(tmp_path, monkeypatch):
 
     class CountingExecutor:
         @staticmethod
-        def measure_run(folder, plan, *, steps, warmup, seed, threads):
+        def measure_run(folder, plan, *, steps, warmup, seed, threads, warmup_seconds):
             calls.append(plan.planner)
             return {"losses": [1.0], "step_seconds": [0.1] * steps}, 1234
 
@@ -220,11 +221,11 @@ def test_rounds_alternate_ours_and_the_peers(tmp_path, monkeypatch):
 
     class FakeExecutor:
         @staticmethod
-        def measure_run(folder, plan, *, steps, warmup, seed, threads):
+        def measure_run(folder, plan, *, steps, warmup, seed, threads, warmup_seconds):
             calls.append("ours")
             return {"losses": [2.0], "step_seconds": [next(level)] * steps}, 4096
 
-    def fake_peer(peer, folder, repeat, warmup, threads=None):
+    def fake_peer(peer, folder, repeat, warmup, threads=None, warmup_seconds=0.0):
         calls.append(peer)
         s = next(level)
         return {"peak_bytes": 1 << 20, "median_step_seconds": s, "min_step_seconds": s, "max_step_seconds": s,

@@ -107,7 +107,7 @@ def row_task(config: BenchConfig, model: str, strategy: Strategy, folder: str | 
     if config.measure:
         with _timed_run_lock():
             row.update(measure_rounds(where, plan, config.repeat, config.warmup, config.rounds,
-                                      threads=config.thread_count))
+                                      threads=config.thread_count, warmup_seconds=config.warmup_seconds))
         row["measured"] = row["measured_peak_bytes"] is not None
     return row, plan_entry(plan, strategy.name, meta.get("batch"))
 
@@ -116,7 +116,8 @@ def peer_task(config: BenchConfig, model: str, peer: str, folder: str | None = N
     """On a worker: one peer's figures for one model, as measure_peer gives them."""
     where = _model(config, model, folder)[0]
     with _timed_run_lock():
-        figures = combine_rounds([measure_peer(peer, where, config.repeat, config.warmup, threads=config.thread_count)
+        figures = combine_rounds([measure_peer(peer, where, config.repeat, config.warmup, threads=config.thread_count,
+                                               warmup_seconds=config.warmup_seconds)
                                   for _ in range(config.rounds)], "peak_bytes", "error")
     return {**figures, "host": platform.node()}
 

@@ -11,7 +11,7 @@ from onnxplan.bench.peers import combine_rounds, step_stats
 __all__ = ["MEASURED_FIELDS", "executor_available", "measure_plan", "measure_rounds"]
 
 MEASURED_FIELDS = ("measured_peak_bytes", "median_step_seconds", "min_step_seconds", "max_step_seconds",
-                   "steps_timed", "first_loss", "measure_error", "pool_threads", "rounds",
+                   "steps_timed", "warmup_steps", "first_loss", "measure_error", "pool_threads", "rounds",
                    "round_median_step_seconds")
 
 
@@ -36,9 +36,9 @@ def _empty(error: str | None) -> dict[str, Any]:
 
 
 def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: int = 0,
-                 threads: int | None = None) -> dict[str, Any]:
+                 threads: int | None = None, warmup_seconds: float = 0.0) -> dict[str, Any]:
     """Measured peak (probe: peak RSS increase from just before the arena) and step latency of
-    `plan` run by onnxplan's executor: `warmup` untimed steps, then `repeat` timed ones, at
+    `plan` run by onnxplan's executor: `warmup` untimed steps (on until `warmup_seconds`), then `repeat` timed ones, at
     `threads` (onnxplan.threads; None: every available core; `pool_threads` records what each
     pool got). Never raises for a failed run: the figures are null and measure_error says why
     (also when there is no executor)."""
@@ -47,7 +47,7 @@ def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: i
         return _empty("onnxplan.executor is not available in this version")
     try:
         res = executor.measure_run(Path(artifact_dir), plan, steps=repeat, warmup=warmup, seed=seed,
-                                   threads=threads)
+                                   threads=threads, warmup_seconds=warmup_seconds)
     except Exception as exc:  # noqa: BLE001 (a kernel or probe failure is a result of the row, not a crash)
         return _empty(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
     peak = None
@@ -60,12 +60,14 @@ def measure_plan(artifact_dir: Path, plan, repeat: int, warmup: int = 1, seed: i
     out.update(step_stats(seconds, 0))  # measure_run times only the steps after its warm-up
     out["measured_peak_bytes"] = peak if peak is not None else res.get("measured_peak_bytes")
     out["first_loss"] = losses[0]
+    out["warmup_steps"] = res.get("warmup_steps")
     out["pool_threads"] = res.get("threads")
     return out
 
 
 def measure_rounds(artifact_dir: Path, plan, repeat: int, warmup: int = 1, rounds: int = 1,
-                   threads: int | None = None) -> dict[str, Any]:
+                   threads: int | None = None, warmup_seconds: float = 0.0) -> dict[str, Any]:
     """measure_plan in `rounds` fresh processes back to back, combined (peers.combine_rounds)."""
-    runs = [measure_plan(artifact_dir, plan, repeat, warmup, threads=threads) for _ in range(rounds)]
+    runs = [measure_plan(artifact_dir, plan, repeat, warmup, threads=threads, warmup_seconds=warmup_seconds)
+            for _ in range(rounds)]
     return combine_rounds(runs, "measured_peak_bytes", "measure_error")

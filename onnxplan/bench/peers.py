@@ -63,20 +63,23 @@ def combine_rounds(runs: list[dict[str, Any]], peak: str, error: str) -> dict[st
 
 
 def measure_peer(peer: str, artifact_dir: Path, repeat: int, warmup: int = 1, seed: int = 0,
-                 timeout_s: float = 900.0, threads: int | None = None) -> dict[str, Any]:
-    """One peer's peak RSS increase and step latency: warmup + repeat seeded steps in a fresh
-    interpreter, its pools sized for `threads` as ours are (onnxplan.threads; None: every
-    available core), OpenMP waiting as for a user of that library (no policy of onnxplan's). Never raises for a failed run: the figure is null and `error` says why."""
-    kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": warmup + repeat, "seed": seed,
-              "threads": threads}
+                 timeout_s: float = 900.0, threads: int | None = None, warmup_seconds: float = 0.0) -> dict[str, Any]:
+    """One peer's peak RSS increase and step latency: `repeat` seeded steps in a fresh interpreter
+    after `warmup` (and on until `warmup_seconds`: data.run_steps), its pools sized for `threads`
+    as ours are (onnxplan.threads; None: every available core), OpenMP waiting as for a user of
+    that library (no policy of onnxplan's). Never raises for a failed run: the figure is null
+    and `error` says why."""
+    kwargs = {"artifact_dir": str(Path(artifact_dir).resolve()), "steps": repeat, "seed": seed,
+              "threads": threads, "warmup": warmup, "warmup_seconds": warmup_seconds}
     try:
         probe = probe_peak(_TARGETS[peer], kwargs, timeout_s=timeout_s, env=peer_environment())
     except ProbeError as exc:
         return {"peak_bytes": None, **step_stats([], 0), "first_loss": None, "error": str(exc)[:300]}
     losses = probe.result.get("losses") or [None]
-    return {"peak_bytes": probe.peak_increase_bytes, **step_stats(probe.result.get("step_seconds", []), warmup),
+    warm = int(probe.result.get("warmup_steps", warmup))
+    return {"peak_bytes": probe.peak_increase_bytes, **step_stats(probe.result.get("step_seconds", []), warm),
             "first_loss": losses[0], "error": None, "probe_method": probe.method,
-            "threads": probe.result.get("threads")}
+            "threads": probe.result.get("threads"), "warmup_steps": warm}
 
 
 def peer_row_fields(peer: str, figures: dict[str, Any] | None) -> dict[str, Any]:

@@ -56,6 +56,8 @@ class BenchRow:
     min_step_seconds: Annotated[float | None, doc("the fastest timed step")] = None
     max_step_seconds: Annotated[float | None, doc("the slowest timed step")] = None
     steps_timed: Annotated[int | None, doc("timed steps")] = None
+    warmup_steps: Annotated[int | None, doc(
+        "untimed steps run first (the first round's): `--warmup`, on until `--warmup-seconds`")] = None
     first_loss: Annotated[float | None, doc("the run's first loss")] = None
     measure_error: Annotated[str | None, doc("why there is no measurement")] = None
     rounds: Annotated[int | None, doc(
@@ -131,6 +133,7 @@ class PeerFigures:
     min_step_seconds: Annotated[float | None, doc("fastest step")] = None
     max_step_seconds: Annotated[float | None, doc("slowest step")] = None
     steps_timed: Annotated[int | None, doc("timed steps")] = None
+    warmup_steps: Annotated[int | None, doc("untimed steps run first (the first round's), as a row's")] = None
     first_loss: Annotated[float | None, doc("first loss")] = None
     error: Annotated[str | None, doc("why there is no figure")] = None
     probe_method: Annotated[str | None, doc("how the peak was measured")] = None
@@ -191,7 +194,7 @@ class ResultsFile:
     machine: Annotated[MachineInfo, doc("where the run came from (MachineInfo)")] = field(default_factory=MachineInfo)
     config: Annotated[dict[str, Any], doc(
         "`models`, `strategies` (names, in sweep order), `batch` (null: each model's own), `peers`, `repeat` "
-        "(timed steps), `warmup` (untimed steps), `rounds` (fresh processes per figure), `measure`, `time_limit` (s per ILP), `budgets` (model or `\"*\"` "
+        "(timed steps), `warmup` (untimed steps), `warmup_seconds` (the warm-up's least length), `rounds` (fresh processes per figure), `measure`, `time_limit` (s per ILP), `budgets` (model or `\"*\"` "
         "-> bytes), `threads`; `train`, `freeze`, `model_options` when given")] = field(default_factory=dict)
     buffer_columns: Annotated[tuple[str, ...], doc(
         "`[\"name\", \"bytes\", \"class\", \"first_eo\", \"last_eo\", \"offset\"]`: the columns of a plan's "

@@ -19,7 +19,7 @@ from onnxplan.bench.results import ROW_FIELDS, peer_key, plan_key, row_key
 from onnxplan.bench.strategies import Strategy
 from onnxplan.budget import DEFAULT_PROFILE, MemoryRequest, chosen_strategy, cost_model, plan_for_budget
 from onnxplan.data import read_metadata
-from onnxplan.errors import OnnxplanError
+from onnxplan.errors import OnnxplanError, UsageError
 from onnxplan.json_models import record_of
 from onnxplan.loading.request import LoadRequest
 from onnxplan.loading.resolve import resolve_artifacts
@@ -27,7 +27,7 @@ from onnxplan.loading.step import step_at
 from onnxplan.planning import plan_step
 from onnxplan.threads import resolve_threads
 
-__all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
+__all__ = ["BenchConfig", "check_timing", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 
 
 # Untimed steps before a measured run's timed ones (bench --warmup). A fresh process's first steps
@@ -36,6 +36,21 @@ __all__ = ["BenchConfig", "count_tasks", "plan_entry", "plan_one", "run_bench"]
 # at 1.5 ms from its second step), ONNX Runtime's 5.2, then 2.1-2.3 ms (reports/threads.md, session
 # 22). After one warm-up step, the median of 5 timed steps still held ours' second to fourth.
 DEFAULT_WARMUP = 3
+# ... and on until the warm-up has lasted this long (bench --warmup-seconds), for ours and the
+# peers alike. ONNX Runtime reaches its steady step only after tens of steps of a small model: on
+# mlp b64 at 2 threads, three fresh processes took 1.10 / 0.96 / 1.00 ms a step over steps 3-10
+# and 0.88 / 0.90 / 0.91 over steps 100-200 (ours 0.83 / 1.13 / 0.98 and 0.84 / 1.17 / 0.93: its
+# level from step 3; reports/threads.md, session 27). Three steps of warm-up timed ORT ~10% slow
+# on mlp; a quarter of a second is ~250 of its steps, and 1-3 of a larger model's.
+DEFAULT_WARMUP_SECONDS = 0.25
+MAX_WARMUP_SECONDS = 600.0
+
+
+def check_timing(repeat: int, warmup: int, rounds: int, warmup_seconds: float) -> None:
+    """A UsageError unless the measured runs' counts make sense (bench and onnxplan.bench)."""
+    if repeat < 1 or warmup < 0 or rounds < 1 or not 0 <= warmup_seconds <= MAX_WARMUP_SECONDS:
+        raise UsageError(f"--repeat and --rounds must be >= 1, --warmup >= 0 and --warmup-seconds "
+                         f"0-{MAX_WARMUP_SECONDS:g} (got {repeat}, {rounds}, {warmup}, {warmup_seconds:g})")
 
 
 @dataclass
@@ -57,6 +72,7 @@ class BenchConfig:
     model_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     threads: int | None = None  # ours and the peers' (onnxplan.threads); None: every available core
     rounds: int = 1  # fresh processes per measured figure, ours and the peers alternating
+    warmup_seconds: float = DEFAULT_WARMUP_SECONDS  # the warm-up runs on until it has lasted this long
 
     def request(self, model: str):
         """The LoadRequest that resolves `model`'s artifacts."""
@@ -68,7 +84,7 @@ class BenchConfig:
     def to_json(self) -> dict[str, Any]:
         return {"models": list(self.models), "strategies": [s.name for s in self.strategies],
                 "batch": self.batch, "peers": list(self.peers), "repeat": self.repeat,
-                "warmup": self.warmup, "rounds": self.rounds, "measure": self.measure, "time_limit": self.time_limit,
+                "warmup": self.warmup, "warmup_seconds": self.warmup_seconds, "rounds": self.rounds, "measure": self.measure, "time_limit": self.time_limit,
                 "budgets": dict(self.budgets), "threads": self.thread_count,
                 **({"train": list(self.train)} if self.train else {}),
                 **({"freeze": list(self.freeze)} if self.freeze else {}),
@@ -227,10 +243,12 @@ def _measure_model(config: BenchConfig, model: str, folder, planned: list[tuple]
         of = f" (round {r + 1}/{config.rounds})" if config.rounds > 1 else ""
         for fp, (name, plan) in distinct.items():
             advance(f"{model} {name}: running{of}", 0)
-            ours[fp].append(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count))
+            ours[fp].append(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count,
+                                         warmup_seconds=config.warmup_seconds))
         for peer in peers:
             advance(f"{model}: {peer} (probe){of}", 0)
-            theirs[peer].append(measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count))
+            theirs[peer].append(measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count,
+                                             warmup_seconds=config.warmup_seconds))
     figures = {fp: combine_rounds(runs, "measured_peak_bytes", "measure_error") for fp, runs in ours.items()}
     for key, row, fp, _ in measured:
         name, _ = distinct[fp]

@@ -23,7 +23,7 @@ class MeasureError(ProbeError):
 
 def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int = 0, seed: int = 0,
                  learning_rate: float | None = None, batch: int | None = None,
-                 dims: list | None = None, threads: int | None = None) -> dict:
+                 dims: list | None = None, threads: int | None = None, warmup_seconds: float = 0.0) -> dict:
     """Run in the probe's child: adopt the plan, build the data and the initial state, mark the
     baseline, then allocate the arena and state region and run warm-up and measured steps.
 
@@ -48,8 +48,9 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
         import onnxplan.executor.piece_io  # noqa: F401
     mark_baseline()
     ex, losses, seconds = execute(prep, batches, params, steps=steps, warmup=warmup,
-                                  learning_rate=learning_rate, check_arena=False, threads=threads)
-    return {"losses": losses, "step_seconds": seconds, "threads": current_threads().as_dict(), "arena_bytes": prep.plan.arena_bytes,
+                                  learning_rate=learning_rate, check_arena=False, threads=threads,
+                                  warmup_seconds=warmup_seconds)
+    return {"losses": losses, "step_seconds": seconds, "warmup_steps": ex.warmup_steps, "threads": current_threads().as_dict(), "arena_bytes": prep.plan.arena_bytes,
             "state_region_bytes": ex.layout.nbytes, "persistent_bytes": prep.plan.persistent_bytes,
             "peak_bytes": prep.plan.peak_bytes, "swap": ex.swap.summary() if ex.swap is not None else None}
 
@@ -57,18 +58,19 @@ def probe_target(folder: str, plan_path: str = "-", steps: int = 3, warmup: int 
 def measure_run(folder_or_request: str | Path | LoadRequest, plan_options_or_plan: PlanOptions | Plan | None = None,
                 *, steps: int = 3, warmup: int = 0, seed: int = 0, learning_rate: float | None = None,
                 prepared: Prepared | None = None, timeout_s: float = 600.0,
-                threads: int | None = None) -> tuple[dict, int]:
+                threads: int | None = None, warmup_seconds: float = 0.0) -> tuple[dict, int]:
     """Run the plan in a fresh interpreter through onnxplan.memprobe: (its result, measured peak).
 
     The result holds losses, step_seconds, arena_bytes, state_region_bytes, persistent_bytes,
     peak_bytes (planned) and `probe` (baseline and peak RSS, method). The plan is made here
     (or given) and handed to the child as JSON on its stdin; the child re-checks it against the model.
-    `threads` sizes the child's thread pools (onnxplan.threads; None: every available core)."""
+    `threads` sizes the child's thread pools (onnxplan.threads; None: every available core);
+    the warm-up runs `warmup` steps, on until `warmup_seconds` (runner.execute)."""
     req = folder_or_request if isinstance(folder_or_request, LoadRequest) else LoadRequest(str(folder_or_request))
     prep = prepared or prepare(req, plan_options_or_plan)
     kwargs = {"folder": str(Path(prep.folder).resolve()), "plan_path": "-", "steps": steps,
               "warmup": warmup, "seed": seed, "learning_rate": learning_rate, "batch": req.batch,
-              "dims": [list(d) for d in req.dims], "threads": threads}
+              "dims": [list(d) for d in req.dims], "threads": threads, "warmup_seconds": warmup_seconds}
     try:  # the plan goes through the child's stdin: no temporary file to leave behind
         res = probe_peak("onnxplan.executor.measure:probe_target", kwargs, timeout_s=timeout_s,
                          stdin=prep.plan.dumps())

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from onnxplan import settings
+from onnxplan.data import warm_up_steps
 from onnxplan.errors import ModelError, OnnxplanError, UsageError
 from onnxplan.executor import interop
 from onnxplan.executor.arena import Arena
@@ -80,6 +81,7 @@ class Executor:
                              "above swap's floor")
         self.graph, self.plan, self.xp = graph, plan, xp
         self.random = Randomness(seed)
+        self.warmup_steps = 0  # the warm-up steps execute() ran before it restored the initial state
         self.random.keep = recompute_draws(n.name for n in graph.nodes)
         self.layout = state_layout(graph)
         self.arena = Arena(plan.arena_bytes, xp)
@@ -415,10 +417,12 @@ def check_batches(graph: StepGraph, batch: dict[str, np.ndarray]) -> None:
 def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warmup: int,
             learning_rate: float | None, check_arena: bool, xp: Any = np,
             threads: int | None = None, swap_dir: str | Path | None = None,
-            on_step: Callable[[str], None] | None = None) -> tuple[Executor, list, list]:
-    """Warm up on the initial state, restore it, run the measured steps: (executor, losses, seconds).
-    `threads` sizes every thread pool of the process first (onnxplan.threads; None: every
-    available core); `on_step(text)` is told which step starts (progress)."""
+            on_step: Callable[[str], None] | None = None, warmup_seconds: float = 0.0) -> tuple[Executor, list, list]:
+    """Warm up on the initial state (`warmup` steps on batches 0.., on until `warmup_seconds`:
+    data.warm_up_steps), restore it, run the measured steps: (executor, losses, seconds); the
+    executor's `warmup_steps` says how many warm-up steps ran. `threads` sizes every thread pool
+    of the process first (onnxplan.threads; None: every available core); `on_step(text)` is told
+    which step starts (progress)."""
     on_step = on_step or (lambda text: None)
     use_threads(threads, swapping=bool(prepared.plan.swaps))
     ex = Executor(prepared.graph, prepared.plan, xp=xp, check_arena=check_arena, swap_dir=swap_dir)
@@ -426,9 +430,10 @@ def execute(prepared: Prepared, batches: list, params: dict, *, steps: int, warm
         ex.learning_rate = float(learning_rate)
     if warmup:
         ex.load_state(params)
-        for k in range(warmup):
-            on_step(f"warm-up step {k + 1}/{warmup}")
-            ex.step(batches[k])
+        for k in warm_up_steps(warmup, warmup_seconds):
+            on_step(f"warm-up step {k + 1}/{warmup}" if k < warmup else f"warm-up step {k + 1} ({warmup_seconds:g} s)")
+            ex.step(batches[k % warmup])
+            ex.warmup_steps = k + 1
     ex.load_state(params)
     losses, seconds = [], []
     for k in range(steps):

@@ -24,6 +24,8 @@ def _ms(s: float | None) -> str:
 def timing_note(cfg: dict[str, Any]) -> str:
     """'5 timed steps after 1 warm-up, in 3 fresh processes (the median of their medians)'."""
     text = f"{cfg.get('repeat', '?')} timed steps after {cfg.get('warmup', '?')} warm-up"
+    if cfg.get("warmup_seconds"):
+        text += f" (and at least {cfg['warmup_seconds']:g} s of it)"
     rounds = cfg.get("rounds") or 1
     return text + (f", in {rounds} fresh processes each (the median of their medians)" if rounds > 1 else "")
 

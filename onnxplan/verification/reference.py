@@ -162,20 +162,22 @@ def run_reference(
                                step_seconds=timed["step_seconds"])
 
 
-def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None) -> dict:
+def probe_target(artifact_dir: str, steps: int = 3, seed: int = 0, threads: int | None = None, warmup: int = 0,
+                 warmup_seconds: float = 0.0) -> dict:
     """Memory-probe entry point (run in a child by onnxplan.memprobe): JSON-able losses and timings.
 
     Baseline: interpreter, torch and onnxruntime imported, step data generated; nothing of
     the model loaded. The measured section loads the checkpoint, builds the training and
-    optimizer sessions and runs the steps.
+    optimizer sessions and runs the steps: `steps` timed ones after the warm-up (data.run_steps:
+    `warmup` steps, on until `warmup_seconds`).
     """
     onnxruntime.set_default_logger_severity(3)
-    specs, batches = _step_batches(artifact_dir, steps, seed)
+    specs, batches = _step_batches(artifact_dir, warmup + steps, seed)
     with tempfile.TemporaryDirectory(prefix="onnxplan-ref-") as scratch:
         paths = artifact_paths(artifact_dir, scratch)
         settings = use_threads(threads)
         mark_baseline()
         trainer = _OrtTrainer(paths, None, beside_our_kernels=False)
         trainer.check_feeds(specs)
-        return {**run_steps(trainer, batches), "threads": settings.as_dict()}
+        return {**run_steps(trainer, batches, warmup, warmup_seconds), "threads": settings.as_dict()}
 
