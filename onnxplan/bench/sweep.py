@@ -176,8 +176,8 @@ def run_bench(config: BenchConfig, doc: dict[str, Any], save: Callable[[dict], N
     Rows already in `doc` (same model, batch, strategy; measured when measuring, at this run's
     threads and rounds) are kept and skipped, and so are peers already measured. A model's
     plans are made first; then, round by round, each distinct plan runs in a fresh process and
-    each peer in its own (alternating, so that a slow spell of the machine falls on all of
-    them). `save(doc)` runs after every model's rows and peers, so an interrupted run resumes
+    each peer in its own (alternating, ours first in one round and the peers first in the next,
+    so that a slow spell of the machine, or a drift, falls on all of them alike). `save(doc)` runs after every model's rows and peers, so an interrupted run resumes
     where it stopped. `advance(text, n)` reports progress in units of count_tasks(config).
     """
     rows = {row_key(r): r for r in doc["rows"]}
@@ -239,16 +239,22 @@ def _measure_model(config: BenchConfig, model: str, folder, planned: list[tuple]
         distinct.setdefault(fp, (key[2], plan))
     ours: dict[str, list] = {fp: [] for fp in distinct}
     theirs: dict[str, list] = {p: [] for p in peers}
-    for r in range(config.rounds):
-        of = f" (round {r + 1}/{config.rounds})" if config.rounds > 1 else ""
+    def run_ours(of: str) -> None:
         for fp, (name, plan) in distinct.items():
             advance(f"{model} {name}: running{of}", 0)
             ours[fp].append(measure_plan(folder, plan, config.repeat, config.warmup, threads=config.thread_count,
                                          warmup_seconds=config.warmup_seconds))
+
+    def run_peers(of: str) -> None:
         for peer in peers:
             advance(f"{model}: {peer} (probe){of}", 0)
             theirs[peer].append(measure_peer(peer, folder, config.repeat, config.warmup, threads=config.thread_count,
                                              warmup_seconds=config.warmup_seconds))
+
+    for r in range(config.rounds):  # ours first in odd rounds, the peers first in even ones
+        of = f" (round {r + 1}/{config.rounds})" if config.rounds > 1 else ""
+        for run in (run_ours, run_peers) if r % 2 == 0 else (run_peers, run_ours):
+            run(of)
     figures = {fp: combine_rounds(runs, "measured_peak_bytes", "measure_error") for fp, runs in ours.items()}
     for key, row, fp, _ in measured:
         name, _ = distinct[fp]
