@@ -62,13 +62,13 @@ def test_the_fused_loops_bias_corrections_are_the_numpy_paths(monkeypatch, step,
 
 
 def test_a_large_parameter_runs_in_ranges_on_the_gemm_pool(monkeypatch):
-    """From 2 x POOLED_ADAMW_MIN elements at 2 threads, a parameter's update is one GEMM-pool job
+    """From 2 x POOLED_MIN_ELEMS elements at 2 threads, a parameter's update is one GEMM-pool job
     of two ranges (claimed without the interpreter lock): the same bits as one range."""
     from onnxplan.kernels import gemm_calls
 
     if gemm_calls.pool() is None:
         pytest.skip("no GEMM pool (no ILP64 OpenBLAS)")
-    numel = 2 * optimizer.POOLED_ADAMW_MIN + 5
+    numel = 2 * gemm_calls.POOLED_MIN_ELEMS + 5
     jobs: list[tuple[int, int]] = []
     pool_run = gemm_calls.GemmPool.run
 

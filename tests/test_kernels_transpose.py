@@ -44,17 +44,35 @@ def test_every_matrix_transpose_moves_the_bits():
     assert _check_all(np.random.default_rng(0)) >= 75
 
 
-def test_cut_across_threads_by_matrices_and_by_columns(split, monkeypatch):
+@pytest.mark.parametrize("on", ["gemm-pool", "python-pool"])
+def test_cut_across_threads_by_matrices_and_by_columns(split, monkeypatch, on):
     """With pieces from 64 elements on 3 threads, both cuts (matrices; one matrix's columns in
-    multiples of the tile) give the same bits."""
+    multiples of the tile) give the same bits, as calls on the GEMM pool (kind TRANSPOSE32) and
+    as the Python pool's pieces."""
+    from onnxplan.kernels import gemm_calls
+
     cuts = set()
-    real = transpose.parallel.run
+    if on == "gemm-pool":
+        if gemm_calls.pool() is None:
+            pytest.skip("no GEMM pool (no ILP64 OpenBLAS)")
+        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", 64)
+        real_pool = gemm_calls.GemmPool.run
 
-    def run(calls, *args, **kwargs):
-        cuts.add("columns" if all(c.args[4:6] == calls[0].args[4:6] for c in calls) else "matrices")
-        real(calls, *args, **kwargs)
+        def pool_run(self, table, workers, kind=gemm_calls.SGEMM, fn=None):
+            assert kind == gemm_calls.TRANSPOSE32 and len(table) > 1
+            cuts.add("columns" if (table[:, 4:6] == table[0, 4:6]).all() else "matrices")
+            return real_pool(self, table, workers, kind, fn)
 
-    monkeypatch.setattr(transpose.parallel, "run", run)
+        monkeypatch.setattr(gemm_calls.GemmPool, "run", pool_run)
+    else:
+        monkeypatch.setattr(gemm_calls, "pool", lambda: None)
+        real = transpose.parallel.run
+
+        def run(calls, *args, **kwargs):
+            cuts.add("columns" if all(c.args[4:6] == calls[0].args[4:6] for c in calls) else "matrices")
+            real(calls, *args, **kwargs)
+
+        monkeypatch.setattr(transpose.parallel, "run", run)
     assert _check_all(np.random.default_rng(1), dtypes=(np.float32,)) >= 25
     assert cuts == {"columns", "matrices"}
 

@@ -21,16 +21,26 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 
 from onnxplan import settings, threads
-from onnxplan.kernels import native
+from onnxplan.kernels import native, parallel
 
-__all__ = ["ADAMW", "CALL_FIELDS", "SGEMM", "GemmPool", "pool", "product_calls"]
+__all__ = ["ADAMW", "CALL_FIELDS", "POOLED_MIN_ELEMS", "SGEMM", "TRANSPOSE32", "GemmPool", "PooledCalls", "pool",
+           "pooled_parts", "product_calls"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
-SGEMM, ADAMW = 0, 1  # the kinds of call a job holds (native_source_gemm.py's GC_SGEMM, GC_ADAMW)
+SGEMM, ADAMW, TRANSPOSE32 = 0, 1, 2  # the kinds of call a job holds (native_source_gemm.py's GC_*)
+# A fused loop's work (AdamW's ranges, a transpose's matrices or columns) splits on the pool from
+# this many elements a piece (the Python pool's pieces, kernels.parallel's MIN_ELEMS, are 1 M:
+# a Python worker's wake-up and the interpreter lock cost ~0.1 ms). Smaller pieces lost: a
+# parameter's update runs right after its gradient, whose lines sit in the caller's cache; cut in
+# two, a transformer's 65K-element ff weights took 67-78 us against 45-52 whole (step medians, in
+# one process, 2 threads), mlp b64's fc1.weight (200K) 55 against ~80 but its step no less (0.998).
+# At 128K, resnet18 b8's updates took 7.4 ms a step against 8.1 (reports/threads.md, session 27).
+POOLED_MIN_ELEMS = 1 << 17
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enums
 # How long a worker spins for the next job after one before it sleeps. A sleeping thread took
 # ~40 us to wake on the 2-vCPU VM (more after a long sleep): mlp b64's two split products, ~1 ms
@@ -164,6 +174,38 @@ class GemmPool:
         took = self._fn(self._sgemm if fn is None else fn, table.ctypes.data, len(table), workers, SPIN_NS,
                         out.ctypes.data, kind)
         return took, float(out[0]), int(out[1]), len(table)
+
+
+class PooledCalls:
+    """A kernel's pieces as one job of calls of `kind` to the fused loop `fn` (a ctypes
+    function), one table row a piece (its arguments, as native_source_gemm.py's gp_call reads
+    them): run by the calling thread and the pool's workers (kernels.parallel.run_elsewhere
+    scores the split), by the calling thread alone at one compute thread. `table` may be updated
+    between calls (a step's constants)."""
+
+    def __init__(self, gemm: GemmPool, kind: int, fn: Any, rows: Sequence[Sequence[int]]) -> None:
+        self.pool, self.kind = gemm, kind
+        self.fn = ctypes.cast(cast(Any, fn), ctypes.c_void_p).value  # the loop's address
+        self.table = np.zeros((len(rows), CALL_FIELDS), np.int64)
+        for out, row in zip(self.table, rows):
+            out[:len(row)] = row
+
+    def __call__(self) -> None:
+        gemm, table, kind, fn = self.pool, self.table, self.kind, self.fn
+        if threads.current().compute > 1:
+            parallel.run_elsewhere(lambda workers: gemm.run(table, workers, kind, fn))
+        else:
+            gemm.run(table, 0, kind, fn)
+
+
+def pooled_parts(numel: int) -> tuple[GemmPool | None, int]:
+    """(the pool, how many pieces) for a fused loop over `numel` elements on the GEMM pool:
+    pieces of POOLED_MIN_ELEMS and more for the compute threads; (None, 1) where there is no
+    pool (the Python pool's thresholds then)."""
+    gemm = pool()
+    if gemm is None:
+        return None, 1
+    return gemm, parallel.parts_for(numel, np, min_elems=POOLED_MIN_ELEMS)
 
 
 def pool() -> GemmPool | None:

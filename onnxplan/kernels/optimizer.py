@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from onnxplan import threads
 from onnxplan.ir.graph import Node
 from onnxplan.kernels import _xp, gemm_calls, native, parallel
 from onnxplan.kernels.registry import KernelContext, kernel
@@ -27,12 +25,6 @@ CHUNK = 1 << 16  # elements per pass: the optimizer's temporaries live in 2 x CH
 # mlp's fc1 (200K elements) in two pieces took 0.26-0.39 ms against 0.21-0.23 whole (session 9,
 # load 1-1.5), 0.25 against 0.22 least of 160 (session 10, load 5); reports/threads.md.
 ADAMW_SPLIT_PASSES = 4
-# The fused loop's parameter splits on the GEMM pool (kernels/gemm_calls.py: its C workers claim
-# ranges without the interpreter lock, still spinning from the step's products) from this many
-# elements a range; on the Python pool from MIN_ELEMS (a worker's wake-up and the lock, ~0.1 ms).
-# The loop streams 7 arrays (~0.4-0.7 ns an element on one core): mlp b64's fc1.weight (200K
-# elements, 80-140 us) ran whole on the calling thread at any thread count before.
-POOLED_ADAMW_MIN = 1 << 15
 
 
 def optimizer_overwrites(first_param: int):
@@ -250,29 +242,22 @@ class _FusedRange:
 
 
 class _PooledRanges:
-    """One parameter's fused update as ranges on the GEMM pool: one ADAMW call a range (n and
-    the addresses of p, g, m, v, p', m', v' at its start; the step's constants and the mode
-    filled in as it runs), claimed by the calling thread and the pool's workers. At one compute
-    thread the calling thread runs them all."""
+    """One parameter's fused update as ranges on the GEMM pool (gemm_calls.PooledCalls, kind
+    ADAMW): n and the addresses of p, g, m, v, p', m', v' at a range's start; the step's
+    constants, step and mode filled in as it runs."""
 
-    def __init__(self, pool: gemm_calls.GemmPool, fn: Callable[..., None], flats: list, parts: int) -> None:
-        self.pool, self.fn = pool, ctypes.cast(cast(Any, fn), ctypes.c_void_p).value  # the loop's address
-        bounds = parallel.bounds(flats[0].size, parts)
-        self.table = np.zeros((parts, gemm_calls.CALL_FIELDS), np.int64)
-        for row, (lo, hi) in zip(self.table, bounds):
-            row[:8] = [hi - lo, *(a[lo:].ctypes.data for a in flats)]
+    def __init__(self, gemm: gemm_calls.GemmPool, fn: Callable[..., None], flats: list, parts: int) -> None:
+        rows = [[hi - lo, *(a[lo:].ctypes.data for a in flats)] for lo, hi in parallel.bounds(flats[0].size, parts)]
+        self.calls = gemm_calls.PooledCalls(gemm, gemm_calls.ADAMW, fn, rows)
 
     def run(self, c: dict) -> None:
-        table, pool, fn = self.table, self.pool, self.fn
+        table = self.calls.table
         table[:, 8], table[:, 9], table[:, 10] = c["vector_address"], c["step"], c["mode"]
-        if threads.current().compute > 1:
-            parallel.run_elsewhere(lambda workers: pool.run(table, workers, gemm_calls.ADAMW, fn))
-        else:
-            pool.run(table, 0, gemm_calls.ADAMW, fn)
+        self.calls()
 
 
 def _fused_parts(arrays: list, xp) -> list[list[_FusedRange]] | list[list[_PooledRanges]] | None:
-    """The fused loop's parts: on the GEMM pool (one part of ranges of POOLED_ADAMW_MIN elements
+    """The fused loop's parts: on the GEMM pool (one part of ranges of POOLED_MIN_ELEMS elements
     and more) where there is one, else ranges of MIN_ELEMS and more (one pass per element) for
     the Python pool; or None where the loop does not apply: not numpy, not float32, a
     non-contiguous array, no compiler."""
@@ -280,10 +265,9 @@ def _fused_parts(arrays: list, xp) -> list[list[_FusedRange]] | list[list[_Poole
     if fn is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
         return None
     flats = [_flat(a) for a in arrays]
-    pool = gemm_calls.pool()
-    pooled = parallel.parts_for(flats[0].size, xp, min_elems=POOLED_ADAMW_MIN) if pool is not None else 1
-    if pool is not None and pooled > 1:
-        return [[_PooledRanges(pool, fn, flats, pooled)]]
+    gemm, pooled = gemm_calls.pooled_parts(flats[0].size)
+    if gemm is not None and pooled > 1:
+        return [[_PooledRanges(gemm, fn, flats, pooled)]]
     bounds = parallel.bounds(flats[0].size, parallel.parts_for(flats[0].size, xp))
     return [[_FusedRange(fn, hi - lo, tuple(a[lo:].ctypes.data for a in flats))] for lo, hi in bounds if hi > lo]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from onnxplan.kernels import native, parallel
+from onnxplan.kernels import gemm_calls, native, parallel
 
 __all__ = ["TILE", "matrix_transpose", "native_transpose", "reduced_permutation"]
 
@@ -51,7 +51,8 @@ def matrix_transpose(shape: Sequence[int], perm: Sequence[int]) -> tuple[int, in
 def native_transpose(xp, x, out, perm: Sequence[int]) -> Callable[[], None] | None:
     """The step's call writing x.transpose(perm) into `out` through the C loop, its work cut
     across the compute threads (by matrices, else by x's columns: each part writes its own rows
-    of out); None where it does not apply (not host numpy, not 32-bit elements of one dtype,
+    of out) on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS elements a part (else on the
+    Python pool from kernels.parallel's MIN_ELEMS); None where it does not apply (not host numpy, not 32-bit elements of one dtype,
     not C-contiguous, not a matrix transpose, no compiled library)."""
     fn = native.transpose32()
     if fn is None or xp is not np or x.dtype != out.dtype or x.itemsize != 4 or x.size == 0 \
@@ -62,7 +63,8 @@ def native_transpose(xp, x, out, perm: Sequence[int]) -> Callable[[], None] | No
         return None
     batch, rows, cols = shape
     px, py = x.ctypes.data, out.ctypes.data
-    parts = parallel.parts_for(x.size, xp)
+    gemm, pooled = gemm_calls.pooled_parts(x.size)
+    parts = pooled if gemm is not None else parallel.parts_for(x.size, xp)
     if parts <= 1:
         return functools.partial(fn, px, py, rows, cols, 0, batch, 0, cols)
     if batch >= parts:
@@ -70,5 +72,9 @@ def native_transpose(xp, x, out, perm: Sequence[int]) -> Callable[[], None] | No
     else:
         tiles = -(-cols // TILE)
         pieces = [(0, batch, t0 * TILE, min(t1 * TILE, cols)) for t0, t1 in parallel.bounds(tiles, min(parts, tiles))]
+    if len(pieces) == 1:  # a matrix of fewer columns than two tiles
+        return functools.partial(fn, px, py, rows, cols, *pieces[0])
+    if gemm is not None:
+        return gemm_calls.PooledCalls(gemm, gemm_calls.TRANSPOSE32, fn, [(px, py, rows, cols, *p) for p in pieces])
     calls = [functools.partial(fn, px, py, rows, cols, *piece) for piece in pieces]
     return lambda: parallel.run(calls)
