@@ -1,6 +1,7 @@
-"""The C source of the GEMM pool (kernels/gemm_calls.py): a product's BLAS calls (or a large
-parameter's AdamW ranges, kernels/optimizer.py) run by the calling thread and the library's own
-worker threads, none of which takes the interpreter lock.
+"""The C source of the GEMM pool (kernels/gemm_calls.py): a product's BLAS calls (or a fused
+loop's pieces: a large parameter's AdamW ranges, a blocked transpose's; gemm_calls.PooledCalls)
+run by the calling thread and the library's own worker threads, none of which takes the
+interpreter lock.
 Compiled into the one fused library by kernels/native.py."""
 
 GEMM_SOURCE = r"""

@@ -130,13 +130,16 @@ def _adamw_fixed(key: tuple, lr: float) -> dict:
     f = np.float32
     alpha, beta = f(attrs.get("alpha", 0.9)), f(attrs.get("beta", 0.999))
     lr32, wd = f(lr), f(attrs.get("weight_decay", 0.0))
-    return {
+    c: dict[str, Any] = {
         "lr": lr32, "alpha": alpha, "beta": beta, "one_minus_alpha": f(1) - alpha,
         "one_minus_beta": f(1) - beta, "eps": f(attrs.get("epsilon", 1e-8)),
         "wd": wd, "mode": int(attrs.get("adam_mode", 0)),
         "lr_wd": lr32 * wd,  # float32, as the numpy chunk's decay multiplies by it
         "correct_bias": int(attrs.get("correct_bias", 1)) == 1,
     }
+    c["vector"] = _loop_constants(c)  # the fused loop's: it makes the step's bias corrections itself
+    c["vector_address"] = int(c["vector"].ctypes.data)  # 1.4-3 us a read: once, not once a call
+    return c
 
 
 _CORRECTIONS = ("alpha_corr", "beta_corr", "lr_corr")
@@ -154,8 +157,6 @@ def _adamw_constants(key: tuple, lr: float, step: int) -> dict:
         beta_corr = f(1) - f(math.pow(float(c["beta"]), step))
         lr_corr = f(f(lr) * f(np.sqrt(beta_corr))) / alpha_corr
     c.update(alpha_corr=alpha_corr, beta_corr=beta_corr, lr_corr=f(lr_corr), step=step)
-    c["vector"] = _loop_constants(c)
-    c["vector_address"] = int(c["vector"].ctypes.data)  # 1.4-3 us a read: once a step, not once a call
     return c
 
 
@@ -175,8 +176,7 @@ def _adamw_constant_arrays(key: tuple, lr: float, step: int) -> dict:
     """The same constants as 0-d float32 arrays, for numpy: a ufunc takes a 0-d array operand
     in about half the time of a numpy scalar (same value, same float32 arithmetic)."""
     c = _adamw_constants(key, lr, step)
-    return {**_adamw_fixed_arrays(key, lr), **{k: np.array(c[k]) for k in _CORRECTIONS}, "vector": c["vector"],
-            "vector_address": c["vector_address"]}
+    return {**_adamw_fixed_arrays(key, lr), **{k: np.array(c[k]) for k in _CORRECTIONS}}
 
 
 def _adamw_chunk(xp, c: dict, pc, gc, mc, vc, pco, mo, vo, t1, t2) -> None:
