@@ -68,7 +68,7 @@ class _Run:
     """One executor of the plan, bound at `threads` with the split on or off."""
 
     def __init__(self, prep: Prepared, threads: int, split: bool, params: dict, batches: list,
-                 interop: bool = True) -> None:
+                 interop: str = "all") -> None:
         self.threads, self.split, self.params, self.batches = threads, split, params, batches
         self._enter()
         with settings.override(interop=interop):
@@ -179,7 +179,7 @@ def model_tables(model: str, args: argparse.Namespace) -> list[str]:
     prep = prepare(_request(model))
     params, batches = initial_parameters(prep.folder), step_batches(prep.folder, 1, 0)
     runs: dict = {(t, s): _Run(prep, t, s, params, batches) for t in (1, 2) for s in (True, False)}
-    runs["no pairs"] = _Run(prep, 2, True, params, batches, interop=False)
+    runs["no pairs"] = _Run(prep, 2, True, params, batches, interop="off")
     return _op_table(model, args, runs) + _paired_steps(args, runs)
 
 

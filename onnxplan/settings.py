@@ -51,9 +51,10 @@ class Settings:
     # the non-GEMM kernels cut across the compute threads (BatchNorm, LayerNorm, softmax, AdamW, a
     # convolution's chunk; "0": they run whole on the calling thread, as before; read when a kernel binds)
     split_kernels: bool = True
-    # "1": two independent nodes at once at 2+ compute threads (executor/interop.py; off: one at a
-    # time; read when an executor binds)
-    interop: bool = False
+    # which independent nodes run two at once at 2+ compute threads (executor/interop.py; read when
+    # an executor binds): "products" (two matrix products as one GEMM-pool job), "all" ("1": any
+    # two of 1 MiB or more, through the Python pool), "off" ("0": one node at a time)
+    interop: str = "products"
     threads: str = ""  # the default of --threads ("": every core this process may use)
     keep_openmp_wait: bool = False  # "1": leave OpenMP's wait policy as it is (a peer's process)
     probe_method: str = "clear_refs"  # how the memory probe resets the peak ("sampled": the fallback)
@@ -78,7 +79,7 @@ class Settings:
             native_kernels=raw["native_kernels"] != "0",
             bind_kernels=raw["bind_kernels"] != "0",
             split_kernels=raw["split_kernels"] != "0",
-            interop=raw["interop"] == "1",
+            interop=_interop(raw["interop"], base.interop),
             threads=(raw["threads"] or "").strip(),
             keep_openmp_wait=raw["keep_openmp_wait"] == "1",
             probe_method=raw["probe_method"] or base.probe_method,
@@ -89,6 +90,12 @@ class Settings:
             model_sources=base.model_sources if raw["model_sources"] is None else raw["model_sources"].strip(),
             profile_cache=(raw["profile_cache"] or "").strip().lower() not in ("off", "0", "no", "false"),
         )
+
+
+def _interop(raw: str | None, default: str) -> str:
+    """ONNXPLAN_INTEROP's mode: "0"/"off", "products", "1"/"all" (anything else: the default)."""
+    value = (raw or "").strip().lower()
+    return {"0": "off", "off": "off", "products": "products", "1": "all", "all": "all"}.get(value, default)
 
 
 _current: Settings | None = None

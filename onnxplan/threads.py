@@ -3,8 +3,9 @@
 A process that runs a training step holds several thread pools: the BLAS numpy loaded
 (OpenBLAS: our GEMMs), OpenMP (torch's intra-op pool: our kernels on torch operators, the
 PyTorch peer), torch's inter-op pool, ONNX Runtime's pools in every session onnxplan creates
-(verification, the ORT peer) and the swap I/O worker. Our executor runs one kernel at a time,
-so one pool works while the others idle; the step is fast at N threads only if an idle pool's
+(verification, the ORT peer) and the swap I/O worker. Our executor runs one kernel at a time
+(or two matrix products as one GEMM-pool job: executor/interop.py), so one pool works while the
+others idle; the step is fast at N threads only if an idle pool's
 workers sleep instead of spinning on the cores the working pool needs. Measured on 2 cores
 (transformer b16, one step): BLAS 1 + torch 1 thread 28 ms; BLAS 2 + torch 2 with OpenMP's
 default waiting 336 ms (an idle pool's workers spin: 3-4 runnable threads on 2 cores);

@@ -11,6 +11,7 @@ from onnxplan import settings, threads
 from onnxplan.executor import interop
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import Executor, KernelError, initial_parameters, step_batches
+from onnxplan.kernels import matmul
 from onnxplan.loading import open_step
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.step_analysis import step_analysis
@@ -39,9 +40,9 @@ def every_node_pairs(monkeypatch):
     monkeypatch.setattr(interop, "PAIR_MIN_BYTES", 0)
 
 
-def _executor(prep: Prepared, n: int, on: bool) -> Executor:
+def _executor(prep: Prepared, n: int, mode: str) -> Executor:
     threads.use_threads(n)
-    with settings.override(interop=on):
+    with settings.override(interop=mode):
         return Executor(prep.graph, prep.plan)
 
 
@@ -142,20 +143,29 @@ def _check_schedule(ex: Executor, schedule: list[tuple[int, ...]]) -> list[str]:
     return wrong
 
 
+PRODUCTS = {"Gemm", "MatMul", "FusedMatMul", "TransposeMatMul"}
+CONV_NETS = {"nnt-conv2d"}  # no two independent products
+
+
+@pytest.mark.parametrize("mode", ["all", "products"])
 @pytest.mark.parametrize("model", slow_if_large(MODELS))
-def test_every_pair_is_disjoint_on_the_plans_offsets(model, every_node_pairs):
-    ex = _executor(_prepared(model), 2, True)
-    touches = [interop.touch(c.inputs, c.outputs, c.ctx.scratch, c.writeback) for c in ex.calls]
-    random = step_analysis(ex.graph).random
-    schedule = interop.pair_schedule(touches, [c.node.name in random for c in ex.calls])
-    assert ex.pairs == [e for e in schedule if len(e) == 2] and ex.pairs, model
-    assert sorted(i for e in schedule for i in e) == list(range(len(ex.calls)))
-    assert _check_schedule(ex, schedule) == []
+def test_every_pair_is_disjoint_on_the_plans_offsets(model, mode, every_node_pairs):
+    """The schedule the executor runs: every call once, no pair (nor hoisted node) touching a
+    byte the other writes, on the plan's own offsets; "products" pairs two matrix products only."""
+    ex = _executor(_prepared(model), 2, mode)
+    if mode == "products" and model in CONV_NETS:
+        assert ex.paired is None and not ex.pairs
+        return
+    assert ex.pairs == [e for e in ex.schedule if len(e) == 2] and ex.pairs, model
+    assert sorted(i for e in ex.schedule for i in e) == list(range(len(ex.calls)))
+    assert _check_schedule(ex, ex.schedule) == []
+    if mode == "products":
+        assert {ex.calls[k].node.op_type for pair in ex.pairs for k in pair} <= PRODUCTS
 
 
 def test_the_plan_check_finds_a_dependent_pair(every_node_pairs):
     """The check above fails on a wrong schedule: each node paired with the next (a chain)."""
-    ex = _executor(_prepared("mlp"), 2, True)
+    ex = _executor(_prepared("mlp"), 2, "all")
     chain = [(i, i + 1) for i in range(0, len(ex.calls) - 1, 2)]
     assert _check_schedule(ex, chain)
 
@@ -167,10 +177,32 @@ def test_a_paired_step_is_bitwise_the_sequential_one(model, every_node_pairs):
     """At 2 threads the paired step equals the sequential step at 2 threads, at 1 thread (no
     pairs run) the one at 1 thread (the two differ where a GEMM is cut in pieces: kernels/matmul.py)."""
     prep = _prepared(model)
-    paired = _executor(prep, 2, True)
+    paired = _executor(prep, 2, "all")
     assert paired.paired is not None and len(paired.paired) < len(paired.calls)
+    _same_steps(prep, paired, lambda n: _executor(prep, n, "off"), model)
+
+
+@pytest.mark.parametrize("model", slow_if_large([m for m in MODELS if m not in CONV_NETS]))
+def test_paired_products_are_bitwise_the_sequential_step_with_whole_products(model, monkeypatch):
+    """A pair's products run whole (kernels.matmul.ProductPair: the calls of one compute
+    thread, as one GEMM-pool job): with no product cut in pieces anywhere else either, the
+    paired step at 2 threads equals the sequential one at 2 threads, and at 1 thread the
+    sequential one at 1 thread."""
+    monkeypatch.setattr(matmul, "_product_parts", lambda *args, **kwargs: (1, False))
+    jobs = []
+    original = matmul.ProductPair.__call__
+    monkeypatch.setattr(matmul.ProductPair, "__call__", lambda self: jobs.append(original(self)) or jobs[-1])
+    prep = _prepared(model)
+    paired = _executor(prep, 2, "products")
+    assert paired.paired is not None and paired.pairs
+    _same_steps(prep, paired, lambda n: _executor(prep, n, "off"), model)
+    if matmul.gemm_calls.pool() is not None:  # the fused library's GEMM pool: every pair one job at 2 threads
+        assert len(jobs) == 6 * len(paired.pairs) and all(jobs), jobs
+
+
+def _same_steps(prep: Prepared, paired: Executor, sequential, model: str) -> None:
     for n in (2, 1, 2):
-        want = _steps(_executor(prep, n, False), prep, n)
+        want = _steps(sequential(n), prep, n)
         losses, state = _steps(paired, prep, n)
         assert losses == want[0], (model, n)
         for name, value in want[1].items():
@@ -179,20 +211,21 @@ def test_a_paired_step_is_bitwise_the_sequential_one(model, every_node_pairs):
 
 def test_pairs_only_where_nothing_else_runs_beside_the_kernels(every_node_pairs):
     prep = _prepared("mlp")
-    assert _executor(prep, 2, False).paired is None
+    assert _executor(prep, 2, "off").paired is None
     threads.use_threads(2)
     assert Executor(prep.graph, prep.plan, check_arena=True).paired is None
     assert Executor(prep.graph, prep.plan, wrap=lambda node, fn: fn).paired is None
 
 
-def test_no_tensor_sized_allocation_in_a_paired_step(every_node_pairs):
+@pytest.mark.parametrize("mode", ["all", "products"])
+def test_no_tensor_sized_allocation_in_a_paired_step(mode, every_node_pairs):
     prep = _prepared("transformer")
-    assert step_peak(prep, _executor(prep, 2, True)) < STEP_ALLOWANCE_BYTES
+    assert step_peak(prep, _executor(prep, 2, mode)) < STEP_ALLOWANCE_BYTES
 
 
 def test_a_failing_kernel_in_a_pair_names_its_node(every_node_pairs):
     prep = _prepared("mlp")
-    ex = _executor(prep, 2, True)
+    ex = _executor(prep, 2, "all")
     victim = ex.calls[ex.pairs[0][1]]
 
     def broken(ctx, inputs, outputs):

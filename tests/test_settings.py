@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from onnxplan import settings
 from onnxplan.kernels import _torch
@@ -23,7 +24,7 @@ def test_the_environment_gives_the_settings(tmp_path):
     got = Settings.from_environ(env)
     assert got == Settings(cache_dir=tmp_path, swap_bandwidth="2e8", torch_kernels=False, bind_kernels=False,
                            threads="3", keep_openmp_wait=True, probe_method="sampled", progress="lines",
-                           debug=True, parallel_min_elems=64, native_kernels=False, interop=True)
+                           debug=True, parallel_min_elems=64, native_kernels=False, interop="all")
     assert Settings.from_environ({}) == Settings()
     assert Settings.from_environ({ENV["debug"]: "0", ENV["torch_kernels"]: "1"}) == Settings()
 
@@ -62,3 +63,10 @@ def test_no_module_but_settings_reads_an_onnxplan_variable():
     found = {str(path): lines for folder in SOURCES.values() for path in sorted(Path(folder).rglob("*.py"))
              if path.name != "settings.py" and (lines := _environment_reads(path.read_text()))}
     assert not found, f"ONNXPLAN_* read outside onnxplan/settings.py: {found}"
+
+
+@pytest.mark.parametrize(("raw", "mode"), [(None, "products"), ("0", "off"), ("off", "off"), ("1", "all"),
+                                           ("all", "all"), (" Products ", "products")])
+def test_interop_modes(raw, mode):
+    env = {} if raw is None else {ENV["interop"]: raw}
+    assert Settings.from_environ(env).interop == mode

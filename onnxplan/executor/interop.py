@@ -25,10 +25,18 @@ A pair runs through parallel.run: the calling thread claims A, a kernel worker B
 done first runs the unclaimed pieces of the other's own split (parallel._help), so a node that
 cuts itself in pieces keeps both threads busy inside a pair too.
 
-Off by default (ONNXPLAN_INTEROP=1 turns it on): on the 2-core VM the pairs found in the zoo's
-plans are few and small (transformer b16: at most ~1.6 ms of a ~20 ms step could overlap even
-with free hand-offs; at PAIR_MIN_BYTES, 18 pairs of GEMMs that split themselves anyway), and
-paired rounds under load measured no gain (reports/threads.md, session 13).
+Two modes (ONNXPLAN_INTEROP, onnxplan.settings). "all" ("1"): any two nodes of PAIR_MIN_BYTES
+or more, on the Python pool; on the 2-core VM the pairs found in the zoo's plans are few and
+small (transformer b16: at most ~1.6 ms of a ~20 ms step could overlap even with free
+hand-offs; at PAIR_MIN_BYTES, 18 pairs of GEMMs that split themselves anyway), and paired rounds
+under load measured no gain (reports/threads.md, session 13). "products", the default: only two
+bound matrix products pair, of any size, each pair one job on the GEMM pool with each product
+cut for half the compute threads (kernels.matmul.ProductPair: whole at 2 threads, where run one
+after the other each is cut in two and each piece packs the other operand again): transformer
+b16's step 0.96-0.98x, mlp b64's 0.98x, GPT b16's 0.99-1.0x (in-process A/B, session 28). Many
+more products would pair but for the plan: a linear layer's input gradient is often placed on
+the bytes its weight gradient's input frees (they follow each other in the order), so the two
+must run in turn (GPT b16: 7 pairs; its ff layers' gradients do not pair).
 
 Nothing is allocated: both nodes work in their planned bytes, so the arena and its planned peak
 are unchanged (the kernels allocate no tensor-sized memory: tests/test_temporaries.py). Each
@@ -94,7 +102,8 @@ def pair_schedule(touches: Sequence[Touch], random: Sequence[bool], *, window: i
                   least: int | None = None) -> list[tuple[int, ...]]:
     """The calls in order, as (i,) or (i, j) (j run alongside i, hoisted over the calls between
     them): greedy, each call paired with the first later one the module's rule allows; nodes
-    touching fewer than `least` bytes (PAIR_MIN_BYTES, read at call time) run alone."""
+    that draw at random (`random`), or touch fewer than `least` bytes (PAIR_MIN_BYTES, read at
+    call time), run alone. A caller pairing only some kinds of node marks the others random."""
     least = PAIR_MIN_BYTES if least is None else least
     n = len(touches)
     taken = [False] * n
@@ -134,3 +143,15 @@ def pair_runner(run: Callable[[Sequence[Callable[[], None]]], None],
     """One call that runs `first` and `second` at once through `run` (parallel.run's claims)."""
     both = (first, second)
     return lambda: run(both)
+
+
+def job_runner(together: Callable[[], bool], first: Callable[[], None],
+               second: Callable[[], None]) -> Callable[[], None]:
+    """One call that runs a pair as one job (`together()`: kernels.matmul.ProductPair), or, where
+    the job cannot be had (it returns False), `first` then `second`."""
+    def run() -> None:
+        if not together():
+            first()
+            second()
+
+    return run

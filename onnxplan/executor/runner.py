@@ -21,8 +21,9 @@ from onnxplan.executor.check_arena import ArenaChecker
 from onnxplan.executor.prepare import Prepared, prepare
 from onnxplan.ir.graph import StepGraph
 from onnxplan.kernels import _xp, parallel
+from onnxplan.kernels.matmul import ProductPair, ProductWork
 from onnxplan.kernels.random import DEFAULT_SEED, Randomness, recompute_draws
-from onnxplan.kernels.registry import KernelContext, bound_kernel, find_kernel
+from onnxplan.kernels.registry import PAIRABLE, KernelContext, bound_kernel, find_kernel
 from onnxplan.loading.request import LoadRequest
 from onnxplan.passes.split import is_piece_node
 from onnxplan.plan import Plan
@@ -130,23 +131,38 @@ class Executor:
         # pieces, wrapped kernels, the arena check or a GPU
         plain = xp is np and wrap is None and not plan.swaps and self.pieces is None and not check_arena
         self.pairs: list[tuple[int, int]] = []  # (i, j): calls[j] runs alongside calls[i] (interop.py)
-        self.paired = self._pair_calls() if plain and settings.current().interop else None
+        self.schedule: list[tuple[int, ...]] = []  # the paired step's order: (i,) alone, (i, j) a pair
+        mode = settings.current().interop
+        self.paired = self._pair_calls(mode == "products") if plain and mode != "off" else None
         if plan.swaps:  # last: a constructor failing earlier (a missing kernel) leaves no runtime open
             self.swap = SwapRuntime(graph, plan, self.binding, self.arena, folder=swap_dir, sync=check_arena)
             self.swap.attach(self.calls)
 
-    def _pair_calls(self) -> list[Callable[[], None]] | None:
+    def _pair_calls(self, products: bool) -> list[Callable[[], None]] | None:
         """The step as zero-argument calls, two independent nodes in one (interop.py's rule, on
-        the bound bytes; `self.pairs` their indices in `calls`); None when no two nodes pair."""
+        the bound bytes; `self.pairs` their indices in `calls`); None when no two nodes pair.
+        `products`: only bound matrix products pair, of any size, each pair one GEMM-pool job
+        (kernels.matmul.ProductPair); else any two nodes of interop.PAIR_MIN_BYTES or more, on
+        the Python pool."""
         random = step_analysis(self.graph).random
         touches = [interop.touch(c.inputs, c.outputs, c.ctx.scratch, c.writeback) for c in self.calls]
-        schedule = interop.pair_schedule(touches, [c.node.name in random for c in self.calls])
+        works: list[ProductWork | None] = [getattr(c.fn, PAIRABLE, None) if products and not c.writeback else None
+                                           for c in self.calls]
+        alone = [c.node.name in random or (products and w is None) for c, w in zip(self.calls, works)]
+        schedule = interop.pair_schedule(touches, alone, least=0 if products else None)
         self.pairs = [(e[0], e[1]) for e in schedule if len(e) == 2]
+        self.schedule = schedule
         if not self.pairs:
             return None
         one = [functools.partial(self._call, c) for c in self.calls]
-        return [one[e[0]] if len(e) == 1 else interop.pair_runner(parallel.run, one[e[0]], one[e[1]])
-                for e in schedule]
+
+        def pair(i: int, j: int) -> Callable[[], None]:
+            first, second = works[i], works[j]
+            if first is not None and second is not None:
+                return interop.job_runner(ProductPair(first, second), one[i], one[j])
+            return interop.pair_runner(parallel.run, one[i], one[j])
+
+        return [one[e[0]] if len(e) == 1 else pair(*e) for e in schedule]
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self, params: Mapping[str, np.ndarray], optimizer_state: Mapping[str, np.ndarray] | None = None,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from onnxplan import settings, threads
 from onnxplan.kernels import _xp, gemm_calls, parallel
-from onnxplan.kernels.registry import KernelContext, kernel
+from onnxplan.kernels.registry import PAIRABLE, KernelContext, KernelFn, kernel
 
-__all__ = ["Product", "blas_matmul", "fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
+__all__ = ["Product", "ProductPair", "ProductWork", "blas_matmul", "fused_matmul", "fused_operand", "gemm", "matmul", "matmul_into", "split_matmul"]
 
 MS = "com.microsoft"
 # A product splits across the compute threads from MIN_ELEMS * GEMM_MACS_PER_ELEM multiply-adds
@@ -159,6 +160,68 @@ class Product:
             parallel.run([_piece_task(a, b, out, cut, lo, hi) for lo, hi in bounds])
 
 
+    def calls_in(self, pieces: int) -> np.ndarray | None:
+        """The product's GEMM-pool calls cut into `pieces` pieces (1: whole, each matrix's rows by
+        BLAS_ROW_BLOCK as blas_matmul calls them: the bits of one compute thread), for a job it
+        shares with another product (ProductPair); None where it has none (the module's
+        gemm_calls.product_calls: numpy would make other calls)."""
+        if self.xp is not np:
+            return None
+        out = self.out
+        cut = _cut(out, pieces, out.ndim >= 3 and out.shape[0] >= pieces) if pieces > 1 else None
+        cut = cut or ("rows", [(0, out.shape[-2])])
+        return gemm_calls.product_calls(self.a, self.b, out, *cut, BLAS_ROW_BLOCK)
+
+
+@dataclass(frozen=True)
+class ProductWork:
+    """A bound product kernel's work as the executor may pair it (executor/interop.py): its
+    Product, then `after` (alpha's scale, C's add; None: nothing)."""
+
+    product: Product
+    after: Callable[[], None] | None = None
+
+
+class ProductPair:
+    """Two independent products (executor/interop.py decides they are) as one job on the GEMM
+    pool, each cut for half the compute threads (whole at 2): the calling thread and a worker
+    each run one at the efficiency of one whole BLAS call, where run one after the other each is
+    cut in two and each piece packs the other operand whole again (mlp b64's dW and dX of fc2,
+    2 x 2.1 M multiply-adds: 116 -> 90 us; a transformer's 128 x 1024 x 128 pair 559 -> 499 us:
+    reports/threads.md, session 28). A worker the machine has not run claims nothing: the
+    calling thread then runs both, as it would alone. Made once per thread policy and settings."""
+
+    def __init__(self, first: ProductWork, second: ProductWork) -> None:
+        self.works = (first, second)
+        self._key: tuple[object, object] | None = None
+        self._job: tuple[gemm_calls.GemmPool, np.ndarray] | None = None
+
+    def _prepare(self) -> None:
+        self._job = None
+        compute, gemm = threads.current().compute, gemm_calls.pool()
+        if compute < 2 or gemm is None or not settings.current().split_kernels:
+            return
+        tables = [t for w in self.works if (t := w.product.calls_in(max(1, compute // 2))) is not None]
+        if len(tables) == len(self.works):
+            self._job = (gemm, np.concatenate(tables))
+
+    def __call__(self) -> bool:
+        """Both products, then each one's `after`; False, with nothing done, where they cannot
+        run as one job (the caller runs the two nodes one after the other)."""
+        key = (threads.current(), settings.current())
+        if self._key is None or self._key[0] is not key[0] or self._key[1] is not key[1]:
+            self._prepare()
+            self._key = key
+        if self._job is None:
+            return False
+        gemm, table = self._job
+        parallel.run_elsewhere(lambda workers: gemm.run(table, workers))
+        for w in self.works:
+            if w.after is not None:
+                w.after()
+        return True
+
+
 def split_matmul(xp, a, b, out) -> None:
     """xp.matmul(a, b, out=out), cut for the compute threads (BLAS runs on one: onnxplan.threads)
     into pieces of out's leading batch axis, else of its columns when each piece keeps at least
@@ -219,9 +282,10 @@ def _gemm_scratch(node, in_specs, out_specs) -> int:
     return c.nbytes
 
 
-def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
-    """Gemm's work with its views, attributes and scratch looked up now: the plain kernel runs it
-    at once, the bind rule once per step."""
+def _gemm_work(ctx: KernelContext, inputs, outputs) -> ProductWork:
+    """Gemm's work with its views, attributes and scratch looked up now: the product, then alpha's
+    scale and beta * C's add where there are any. The plain kernel runs it at once, the bind rule
+    once per step."""
     xp, attrs = ctx.xp, ctx.attrs
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
@@ -231,11 +295,10 @@ def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     scaled = ctx.scratch_array(0, c.shape, c.dtype) if c is not None and beta not in (0.0, 1.0) \
         and c.size > 16384 else None
+    if alpha == 1.0 and (c is None or beta == 0.0):
+        return ProductWork(Product(xp, a, b, y))
 
-    product = Product(xp, a, b, y)
-
-    def work() -> None:
-        product()
+    def after() -> None:
         _scale(xp, y, alpha)
         if c is None or beta == 0.0:
             return
@@ -247,33 +310,44 @@ def _gemm_work(ctx: KernelContext, inputs, outputs) -> Callable[[], None]:
             xp.multiply(c, c.dtype.type(beta), out=scaled)
             xp.add(y, scaled, out=y)
 
-    return work
+    return ProductWork(Product(xp, a, b, y), after)
+
+
+def _bound(work: ProductWork) -> KernelFn:
+    """A bound product kernel running `work`, which it carries for the executor's pairs
+    (registry.PAIRABLE: executor/interop.py)."""
+    product, after = work.product, work.after
+
+    def run(ctx_, inputs_, outputs_):
+        product()
+        if after is not None:
+            after()
+
+    setattr(run, PAIRABLE, work)
+    return run
 
 
 def _bind_gemm(ctx: KernelContext, inputs, outputs):
     """gemm's views and branches chosen once: the same calls, the same bits."""
     if ctx.xp is not np:
         return None
-    work = _gemm_work(ctx, inputs, outputs)
-    return lambda ctx_, inputs_, outputs_: work()
+    return _bound(_gemm_work(ctx, inputs, outputs))
 
 
 @kernel("Gemm", scratch=_gemm_scratch, bind=_bind_gemm)
 def gemm(ctx: KernelContext, inputs, outputs) -> None:
     """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
-    _gemm_work(ctx, inputs, outputs)()
+    work = _gemm_work(ctx, inputs, outputs)
+    work.product()
+    if work.after is not None:
+        work.after()
 
 
 def _bind_matmul(ctx: KernelContext, inputs, outputs):
     """matmul_into's views chosen once: one matmul call per step, same bits."""
     if ctx.xp is not np:
         return None
-    product = Product(np, *_matmul_views(inputs[0], inputs[1], outputs[0]))
-
-    def run(ctx_, inputs_, outputs_):
-        product()
-
-    return run
+    return _bound(ProductWork(Product(np, *_matmul_views(inputs[0], inputs[1], outputs[0]))))
 
 
 @kernel("MatMul", bind=_bind_matmul)
@@ -304,14 +378,9 @@ def _bind_fused_matmul(ctx: KernelContext, inputs, outputs):
     attrs = ctx.attrs
     a = fused_operand(inputs[0], bool(attrs.get("transA", 0)), bool(attrs.get("transBatchA", 0)))
     b = fused_operand(inputs[1], bool(attrs.get("transB", 0)), bool(attrs.get("transBatchB", 0)))
-    product = Product(np, *_matmul_views(a, b, outputs[0]))
     y, alpha = outputs[0], float(attrs.get("alpha", 1.0))
-
-    def run(ctx_, inputs_, outputs_):
-        product()
-        _scale(np, y, alpha)
-
-    return run
+    after = None if alpha == 1.0 else (lambda: _scale(np, y, alpha))
+    return _bound(ProductWork(Product(np, *_matmul_views(a, b, y)), after))
 
 
 @kernel("FusedMatMul", MS, bind=_bind_fused_matmul)

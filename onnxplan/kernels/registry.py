@@ -24,6 +24,7 @@ __all__ = [
     "KernelContext",
     "KernelDecl",
     "KernelFn",
+    "PAIRABLE",
     "Prepare",
     "bind_prepared",
     "bound_kernel",
@@ -38,6 +39,10 @@ __all__ = [
     "scratch_bytes",
     "updates_state",
 ]
+
+# The attribute a bound kernel carries when the executor may run it together with another node of
+# its kind (kernels.matmul.ProductWork: two products as one GEMM-pool job; executor/interop.py).
+PAIRABLE = "pairable"
 
 # output index -> input indices the kernel can write that output into (in place)
 Overwrites = Mapping[int, tuple[int, ...]]
@@ -221,6 +226,8 @@ def bound_kernel(decl: KernelDecl, ctx: KernelContext, inputs: list, outputs: li
         return plain(ctx_, inputs_, outputs_)
 
     run.__name__ = run.__qualname__ = f"bound_{getattr(plain, '__name__', 'kernel')}"
+    if hasattr(fast, PAIRABLE):
+        setattr(run, PAIRABLE, getattr(fast, PAIRABLE))
     return run
 
 
