@@ -11,7 +11,7 @@ from onnxplan import settings, threads
 from onnxplan.executor import interop
 from onnxplan.executor.prepare import Prepared
 from onnxplan.executor.runner import Executor, KernelError, initial_parameters, step_batches
-from onnxplan.kernels import matmul
+from onnxplan.kernels import matmul, parallel
 from onnxplan.loading import open_step
 from onnxplan.planning import PlanOptions, plan_step
 from onnxplan.step_analysis import step_analysis
@@ -183,12 +183,12 @@ def test_a_paired_step_is_bitwise_the_sequential_one(model, every_node_pairs):
 
 
 @pytest.mark.parametrize("model", slow_if_large([m for m in MODELS if m not in CONV_NETS]))
-def test_paired_products_are_bitwise_the_sequential_step_with_whole_products(model, monkeypatch):
-    """A pair's products run whole (kernels.matmul.ProductPair: the calls of one compute
-    thread, as one GEMM-pool job): with no product cut in pieces anywhere else either, the
-    paired step at 2 threads equals the sequential one at 2 threads, and at 1 thread the
-    sequential one at 1 thread."""
-    monkeypatch.setattr(matmul, "_product_parts", lambda *args, **kwargs: (1, False))
+def test_paired_products_are_bitwise_the_sequential_step(model, monkeypatch):
+    """A pair's products run as one GEMM-pool job, each cut as it is alone (kernels.matmul.
+    ProductPair): the paired step equals the sequential one at 2 threads and at 1, so a plan's
+    pairs (its offsets) change no number. With the products cut for 3 threads (pieces of 64
+    elements), the small models' products are cut in the pairs too."""
+    monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
     jobs = []
     original = matmul.ProductPair.__call__
     monkeypatch.setattr(matmul.ProductPair, "__call__", lambda self: jobs.append(original(self)) or jobs[-1])
@@ -196,8 +196,9 @@ def test_paired_products_are_bitwise_the_sequential_step_with_whole_products(mod
     paired = _executor(prep, 2, "products")
     assert paired.paired is not None and paired.pairs
     _same_steps(prep, paired, lambda n: _executor(prep, n, "off"), model)
-    if matmul.gemm_calls.pool() is not None:  # the fused library's GEMM pool: every pair one job at 2 threads
-        assert len(jobs) == 6 * len(paired.pairs) and all(jobs), jobs
+    assert len(jobs) == 6 * len(paired.pairs)  # every pair asked at each 2-thread step
+    if matmul.gemm_calls.pool() is not None:  # most pairs one job (not those numpy computes otherwise)
+        assert sum(jobs) > len(jobs) / 2, jobs
 
 
 def _same_steps(prep: Prepared, paired: Executor, sequential, model: str) -> None:

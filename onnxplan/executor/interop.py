@@ -18,10 +18,10 @@ run alongside an earlier node A (the pair runs before the nodes between them) wh
   so B computes the same bits earlier, and its output's bytes hold nothing live before it
   (a live buffer is touched by its producer or a reader between A and B, or it is disjoint from
   B's output in the plan as made);
-- B is at most WINDOW nodes after A, and both touch PAIR_MIN_BYTES or more (a hand-off costs
-  ~0.03 ms on the 2-core VM: reports/threads.md, session 12).
+- B is at most WINDOW nodes after A, and in mode "all" both touch PAIR_MIN_BYTES or more (a
+  Python hand-off costs ~0.03 ms on the 2-core VM: reports/threads.md, session 12).
 
-A pair runs through parallel.run: the calling thread claims A, a kernel worker B, and the thread
+In mode "all" a pair runs through parallel.run: the calling thread claims A, a kernel worker B, and the thread
 done first runs the unclaimed pieces of the other's own split (parallel._help), so a node that
 cuts itself in pieces keeps both threads busy inside a pair too.
 
@@ -30,13 +30,12 @@ or more, on the Python pool; on the 2-core VM the pairs found in the zoo's plans
 small (transformer b16: at most ~1.6 ms of a ~20 ms step could overlap even with free
 hand-offs; at PAIR_MIN_BYTES, 18 pairs of GEMMs that split themselves anyway), and paired rounds
 under load measured no gain (reports/threads.md, session 13). "products", the default: only two
-bound matrix products pair, of any size, each pair one job on the GEMM pool with each product
-cut for half the compute threads (kernels.matmul.ProductPair: whole at 2 threads, where run one
-after the other each is cut in two and each piece packs the other operand again): transformer
-b16's step 0.96-0.98x, mlp b64's 0.98x, GPT b16's 0.99-1.0x (in-process A/B, session 28). Many
-more products would pair but for the plan: a linear layer's input gradient is often placed on
-the bytes its weight gradient's input frees (they follow each other in the order), so the two
-must run in turn (GPT b16: 7 pairs; its ff layers' gradients do not pair).
+bound matrix products pair, of any size, each pair one job on the GEMM pool with each product cut
+as it is alone (kernels.matmul.ProductPair: the same bits): transformer b16's step 0.985x, mlp
+b64's 0.98x (in-process A/B, session 28). More products would pair but for the plan: a linear
+layer's input gradient is often placed on the bytes its weight gradient's input frees (the two
+follow each other in the order), so the two must run in turn (GPT b16: 7 pairs; its ff layers'
+gradients do not pair).
 
 Nothing is allocated: both nodes work in their planned bytes, so the arena and its planned peak
 are unchanged (the kernels allocate no tensor-sized memory: tests/test_temporaries.py). Each

@@ -141,11 +141,14 @@ class Product:
             self._calls = gemm_calls.product_calls(a, b, out, *self._cut, BLAS_ROW_BLOCK)
         self._gemm = gemm if self._calls is not None else None
 
-    def __call__(self) -> None:
+    def _ready(self) -> None:
         key = (threads.current(), settings.current())
         if self._key is None or self._key[0] is not key[0] or self._key[1] is not key[1]:
             self._prepare()
             self._key = key
+
+    def __call__(self) -> None:
+        self._ready()
         xp, a, b, out = self.xp, self.a, self.b, self.out
         if self._cut is None:
             if xp is np:
@@ -159,18 +162,17 @@ class Product:
             cut, bounds = self._cut
             parallel.run([_piece_task(a, b, out, cut, lo, hi) for lo, hi in bounds])
 
-
-    def calls_in(self, pieces: int) -> np.ndarray | None:
-        """The product's GEMM-pool calls cut into `pieces` pieces (1: whole, each matrix's rows by
-        BLAS_ROW_BLOCK as blas_matmul calls them: the bits of one compute thread), for a job it
-        shares with another product (ProductPair); None where it has none (the module's
-        gemm_calls.product_calls: numpy would make other calls)."""
-        if self.xp is not np:
+    def pool_calls(self) -> np.ndarray | None:
+        """The GEMM-pool calls that compute this product as __call__ does now (its pieces, or the
+        whole product's calls where it is not cut: the same calls, the same bits), for a job it
+        shares with another product (ProductPair); None where __call__ makes other calls (no
+        pool, the Python pool's pieces, or numpy's own: gemm_calls.product_calls)."""
+        self._ready()
+        if self.xp is not np or (self._cut is not None and self._calls is None):
             return None
-        out = self.out
-        cut = _cut(out, pieces, out.ndim >= 3 and out.shape[0] >= pieces) if pieces > 1 else None
-        cut = cut or ("rows", [(0, out.shape[-2])])
-        return gemm_calls.product_calls(self.a, self.b, out, *cut, BLAS_ROW_BLOCK)
+        if self._cut is not None:
+            return self._calls
+        return gemm_calls.product_calls(self.a, self.b, self.out, "rows", [(0, self.out.shape[-2])], BLAS_ROW_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -184,12 +186,16 @@ class ProductWork:
 
 class ProductPair:
     """Two independent products (executor/interop.py decides they are) as one job on the GEMM
-    pool, each cut for half the compute threads (whole at 2): the calling thread and a worker
-    each run one at the efficiency of one whole BLAS call, where run one after the other each is
-    cut in two and each piece packs the other operand whole again (mlp b64's dW and dX of fc2,
-    2 x 2.1 M multiply-adds: 116 -> 90 us; a transformer's 128 x 1024 x 128 pair 559 -> 499 us:
-    reports/threads.md, session 28). A worker the machine has not run claims nothing: the
-    calling thread then runs both, as it would alone. Made once per thread policy and settings."""
+    pool: every call of both, each product cut as it is alone (Product.pool_calls: the same
+    calls, the same bits as running the two in turn), claimed by the calling thread and the
+    workers as they come free. One hand-off instead of two, and no thread waits at the end of the
+    first product for the other's last piece: mlp b64's dW and dX of fc2 (2 x 2.1 M
+    multiply-adds) 112 -> 94 us, a transformer's 128 x 1024 x 512 pair 2.57 -> 2.31 ms, at 2
+    threads (reports/threads.md, session 28). Cut for half the threads each instead (whole at 2:
+    no operand packed twice) they took 82 us and 2.06 ms, but a product's bits would then depend
+    on whether the plan's offsets let it pair: plans that differ only in their memory (a
+    recomputation, a swap) must compute the same numbers. Made once per thread policy and
+    settings."""
 
     def __init__(self, first: ProductWork, second: ProductWork) -> None:
         self.works = (first, second)
@@ -198,10 +204,10 @@ class ProductPair:
 
     def _prepare(self) -> None:
         self._job = None
-        compute, gemm = threads.current().compute, gemm_calls.pool()
-        if compute < 2 or gemm is None or not settings.current().split_kernels:
+        gemm = gemm_calls.pool()
+        if threads.current().compute < 2 or gemm is None:
             return
-        tables = [t for w in self.works if (t := w.product.calls_in(max(1, compute // 2))) is not None]
+        tables = [t for w in self.works if (t := w.product.pool_calls()) is not None]
         if len(tables) == len(self.works):
             self._job = (gemm, np.concatenate(tables))
 
