@@ -203,3 +203,34 @@ def test_negative_log_likelihood_loss(reduction, weighted, ignore):
     inputs = [x, target] + ([rng.uniform(0.5, 2, 5).astype(np.float32)] if weighted else [])
     attrs = {"reduction": reduction} | ({"ignore_index": ignore} if ignore is not None else {})
     check("NegativeLogLikelihoodLoss", inputs, attrs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 64, 130])
+def test_the_fused_softmax_loop_against_float64(width, split, monkeypatch):
+    """The fused softmax loop (native.softmax_rows, by rows on the GEMM pool): against float64 for
+    rows narrower and wider than its eight lanes, values from -80 to 80 and -inf entries; cut by
+    rows across 3 threads it gives the whole loop's bits, and in place the bits out of place."""
+    from onnxplan.kernels import gemm_calls, native, softmax_loss
+
+    if native.softmax_rows() is None:
+        pytest.skip("no C compiler: torch's softmax")
+    rng = np.random.default_rng(width)
+    x = (rng.standard_normal((37, width)) * 30).clip(-80, 80).astype(F)
+    x[3, : max(1, width // 2)] = -np.inf
+    x3 = x.reshape(37, width, 1)
+    with np.errstate(invalid="ignore"):  # a row all -inf (width 1): NaN, as ORT's
+        want = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        want /= want.sum(axis=1, keepdims=True)
+    outs = []
+    for least in (1 << 30, 16):  # whole, then cut by rows on the pool
+        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
+        out = np.full_like(x, np.nan)
+        call = softmax_loss._native_softmax(np, x3, out.reshape(x3.shape))
+        assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 16)
+        call()
+        outs.append(out)
+    np.testing.assert_allclose(outs[0], want, rtol=2e-6, atol=1e-7)
+    np.testing.assert_array_equal(outs[1], outs[0])
+    inplace = x.copy()
+    softmax_loss._native_softmax(np, inplace.reshape(x3.shape), inplace.reshape(x3.shape))()
+    np.testing.assert_array_equal(inplace, outs[0])

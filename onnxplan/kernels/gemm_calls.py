@@ -28,11 +28,11 @@ import numpy as np
 from onnxplan import settings, threads
 from onnxplan.kernels import native, parallel
 
-__all__ = ["ADAMW", "CALL_FIELDS", "POOLED_MIN_ELEMS", "SGEMM", "TRANSPOSE32", "GemmPool", "PooledCalls", "pool",
+__all__ = ["ADAMW", "CALL_FIELDS", "POOLED_MIN_ELEMS", "ROWS", "SGEMM", "TRANSPOSE32", "GemmPool", "PooledCalls", "pool",
            "pooled_parts", "product_calls"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
-SGEMM, ADAMW, TRANSPOSE32 = 0, 1, 2  # the kinds of call a job holds (native_source_gemm.py's GC_*)
+SGEMM, ADAMW, TRANSPOSE32, ROWS = 0, 1, 2, 3  # the kinds of call a job holds (native_source_gemm.py's GC_*)
 # A fused loop's work (AdamW's ranges, a transpose's matrices or columns) splits on the pool from
 # this many elements a piece (the Python pool's pieces, kernels.parallel's MIN_ELEMS, are 1 M:
 # a Python worker's wake-up and the interpreter lock cost ~0.1 ms). Smaller pieces lost: a

@@ -94,7 +94,7 @@ from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "col2im_add", "im2col", "layer_norm", "library_path", "transpose32",
+           "col2im_add", "im2col", "layer_norm", "library_path", "softmax_rows", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -125,6 +125,7 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [_I, ctypes.c_int],
                "gemm_calls": [_P, _P, _I, _I, _I, _P, _I],
                "gemm_hush": [],
                "transpose32": [_P, _P] + [_I] * 6,
+               "softmax_rows_f32": [_P, _P] + [_I] * 3,
                "im2col_f32": [_P] * 3,
                "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
@@ -346,6 +347,14 @@ def transpose32() -> Callable[..., None] | None:
     [rows x cols] matrices (kernels/transpose.py); or None: numpy's or torch's copy."""
     lib = _enabled_library()
     return lib.transpose32 if lib is not None else None
+
+
+def softmax_rows() -> Callable[..., None] | None:
+    """softmax_rows_f32(x, y, r0, r1, c) with addresses as ints: the softmax of rows r0..r1 of
+    contiguous float32 [rows, c] arrays (y may be x; kernels/softmax_loss.py); or None: torch's or
+    numpy's."""
+    lib = _enabled_library()
+    return lib.softmax_rows_f32 if lib is not None else None
 
 
 def im2col() -> Callable[..., None] | None:

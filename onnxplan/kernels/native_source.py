@@ -244,6 +244,31 @@ static void lsm_row(const float *x, float *lp, int64_t c) {
     }
 }
 
+/* Softmax of rows r0..r1 of x [rows, c] into y (y may be x): per row m = the max, y = exp(x - m)
+   with s their sum (eight lanes in order along the row, the lanes added pairwise), then y *= 1 / s
+   (as ORT's MLAS and torch: one reciprocal a row). A piece of the GEMM pool's GC_ROWS jobs. */
+void softmax_rows_f32(const float *x, float *y, int64_t r0, int64_t r1, int64_t c) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *xr = x + r * c;
+        float *yr = y + r * c;
+        v8 m8 = (v8){0} - INFINITY, s8 = (v8){0};
+        for (int64_t j = 0; j < c; j += 8) m8 = vmax(m8, load8(xr + j, c - j < 8 ? c - j : 8, -INFINITY));
+        float m = m8[0];
+        for (int q = 1; q < 8; q++) m = m8[q] > m ? m8[q] : m;
+        for (int64_t j = 0; j < c; j += 8) {
+            const int64_t w = c - j < 8 ? c - j : 8;
+            const v8 e = vexp(load8(xr + j, w, -INFINITY) - m);
+            s8 += e;
+            store8(yr + j, e, w);
+        }
+        const float inv = 1.0f / (((s8[0] + s8[1]) + (s8[2] + s8[3])) + ((s8[4] + s8[5]) + (s8[6] + s8[7])));
+        for (int64_t j = 0; j < c; j += 8) {
+            const int64_t w = c - j < 8 ? c - j : 8;
+            store8(yr + j, load8(yr + j, w, 0.0f) * inv, w);
+        }
+    }
+}
+
 /* The log-softmax over c of a [c, d] block (d > 1), eight of its d columns at a time: per column
    the max, the sum of exp(x - max) over c in order, (x - max) - logf(sum). */
 static void lsm_cols(const float *x, float *lp, int64_t c, int64_t d) {

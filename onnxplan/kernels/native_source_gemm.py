@@ -21,11 +21,13 @@ typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, cons
 typedef void (*adamw_fn)(int64_t, const float *, const float *, const float *, const float *, float *,
                          float *, float *, const float *, int64_t, int);
 typedef void (*transpose_fn)(const uint32_t *, uint32_t *, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+typedef void (*rows_fn)(const float *, float *, int64_t, int64_t, int64_t);
 /* a call of kind GC_SGEMM: order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (alpha 1, beta
    0: numpy's); of kind GC_ADAMW: adamw_f32's n, p, g, m, v, p', m', v', constants, step, mode (a
    range of one parameter's update: kernels/optimizer.py), the last field unused; of kind
-   GC_TRANSPOSE32: transpose32's x, y, rows, cols, b0, b1, c0, c1 (kernels/transpose.py) */
-enum { GC_FIELDS = 12, GC_MAX_WORKERS = 256, GC_SGEMM = 0, GC_ADAMW = 1, GC_TRANSPOSE32 = 2 };
+   GC_TRANSPOSE32: transpose32's x, y, rows, cols, b0, b1, c0, c1 (kernels/transpose.py); of kind
+   GC_ROWS: a row loop's x, y, r0, r1, c (rows r0..r1 of [rows, c] arrays: softmax_rows_f32) */
+enum { GC_FIELDS = 12, GC_MAX_WORKERS = 256, GC_SGEMM = 0, GC_ADAMW = 1, GC_TRANSPOSE32 = 2, GC_ROWS = 3 };
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;
@@ -58,6 +60,8 @@ static void gp_call(int kind, void *fn, const int64_t *c) {
                        (const float *)(intptr_t)c[3], (const float *)(intptr_t)c[4], (float *)(intptr_t)c[5],
                        (float *)(intptr_t)c[6], (float *)(intptr_t)c[7], (const float *)(intptr_t)c[8], c[9],
                        (int)c[10]);
+    else if (kind == GC_ROWS)
+        ((rows_fn)fn)((const float *)(intptr_t)c[0], (float *)(intptr_t)c[1], c[2], c[3], c[4]);
     else if (kind == GC_TRANSPOSE32)
         ((transpose_fn)fn)((const uint32_t *)(intptr_t)c[0], (uint32_t *)(intptr_t)c[1], c[2], c[3], c[4], c[5], c[6],
                            c[7]);

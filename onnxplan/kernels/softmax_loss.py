@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp, native, parallel
+from onnxplan.kernels import _torch, _xp, gemm_calls, native, parallel
 from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
@@ -62,6 +62,26 @@ def _torch_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] 
                      for lo, hi in _row_parts(xp, x3.shape[0], x3.shape[1])])
 
 
+def _native_softmax(xp: Any, x3: Any, out3: Any) -> Callable[[], Any] | None:
+    """Softmax along the last axis of contiguous float32 rows by the fused loop
+    (native.softmax_rows), cut by rows on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS
+    elements a piece (no interpreter lock: torch's row kernel is cut across the Python workers);
+    None where it does not apply (the torch and numpy paths then)."""
+    if xp is not np or x3.shape[2] != 1 or x3.dtype != np.float32 or out3.dtype != np.float32:
+        return None
+    x2, y2 = x3[:, :, 0], out3[:, :, 0]
+    fn = native.softmax_rows()
+    if fn is None or not (x2.flags.c_contiguous and y2.flags.c_contiguous):
+        return None
+    rows, c = x2.shape
+    px, py = x2.ctypes.data, y2.ctypes.data
+    gemm, parts = gemm_calls.pooled_parts(x2.size)
+    if gemm is None or min(parts, rows) <= 1:
+        return partial(fn, px, py, 0, rows, c)
+    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn,
+                                  [(px, py, lo, hi, c) for lo, hi in parallel.bounds(rows, min(parts, rows))])
+
+
 # torch's row kernels ((log-)softmax and its gradient: a max, an exponential, a sum and a scale
 # per element) cut by rows across the compute threads as a kernel of this many passes would
 # (kernels.parallel.row_parts); every row computed as on one thread.
@@ -82,8 +102,9 @@ def _by_rows(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
 def _softmax(xp, x3, out3, log: bool) -> None:
     """out3 = (log)softmax of x3 along axis 1 (out3 may be x3's memory); as ORT/MLAS: subtract the
     max, exponentiate, and scale by 1/sum (softmax) or subtract log(sum) (log-softmax). Along the
-    last axis, torch's _(log_)softmax.out does the same (_torch_softmax)."""
-    step = _torch_softmax(xp, x3, out3, log)
+    last axis, the fused loop (_native_softmax; softmax of float32) or torch's _(log_)softmax.out
+    (_torch_softmax) does the same."""
+    step = _row_softmax(xp, x3, out3, log)
     if step is not None:
         step()
         return
@@ -106,11 +127,18 @@ def _as_kernel(call: Callable[[], Any] | None) -> KernelFn | None:
     return None if call is None else lambda ctx, inputs, outputs: call()
 
 
+def _row_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] | None:
+    """Along the last axis: the fused loop for a softmax (_native_softmax: at 2 threads GPT b16's
+    4096 x 64 scores took 216 us against torch's 409, 278 against 417 at 1), else torch's row
+    kernel; None where neither applies (the numpy path)."""
+    return (None if log else _native_softmax(xp, x3, out3)) or _torch_softmax(xp, x3, out3, log)
+
+
 def _bind_softmax(log: bool) -> BindRule:
     def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
-        """The plain kernel's torch branch (_torch_softmax) made once."""
+        """The plain kernel's row branch (_row_softmax) made once."""
         x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
-        return _as_kernel(_torch_softmax(ctx.xp, x3, out3, log))
+        return _as_kernel(_row_softmax(ctx.xp, x3, out3, log))
 
     return bind
 
