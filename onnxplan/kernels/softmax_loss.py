@@ -14,7 +14,9 @@ and their row chunks run the fused C loops of kernels/native.py (native.sce: one
 mlp's 64 x 10, ~4 us where the numpy path's ~15 calls took ~50-90): their log_prob and dlogits
 are the loops' bits (their own exp; within the tests' tolerances of ONNX Runtime), the same for
 a whole node and its row chunks and at any thread count. Everything else (float64, other label
-types, ONNXPLAN_NATIVE_KERNELS=0, no compiler, the GPU) takes the numpy/torch path below."""
+types, ONNXPLAN_NATIVE_KERNELS=0, no compiler, the GPU) takes the numpy/torch path below.
+Softmax along the last axis of float32 rows likewise runs a fused loop (native.softmax_rows, cut
+by rows on the GEMM pool: _native_softmax), LogSoftmax and the gradients torch's row kernels."""
 
 from __future__ import annotations
 
