@@ -119,6 +119,16 @@ def _piece_task(a, b, out, cut: str, lo: int, hi: int) -> Callable[[], None]:
     return lambda: blas_matmul(*_piece_views(a, b, out, cut, lo, hi))
 
 
+def _policy() -> tuple[object, object]:
+    """What a product's cut depends on: the thread policy and the settings in force (objects
+    replaced, never changed, when either changes)."""
+    return threads.current(), settings.current()
+
+
+def _same(key: tuple[object, object] | None, now: tuple[object, object]) -> bool:
+    return key is not None and key[0] is now[0] and key[1] is now[1]
+
+
 class Product:
     """out = a @ b as split_matmul computes it, with the cut and the GEMM pool's calls worked out
     once for the thread policy and the settings in force (again when either changes): a bound
@@ -142,10 +152,10 @@ class Product:
         self._gemm = gemm if self._calls is not None else None
 
     def _ready(self) -> None:
-        key = (threads.current(), settings.current())
-        if self._key is None or self._key[0] is not key[0] or self._key[1] is not key[1]:
+        now = _policy()
+        if not _same(self._key, now):
             self._prepare()
-            self._key = key
+            self._key = now
 
     def __call__(self) -> None:
         self._ready()
@@ -183,6 +193,11 @@ class ProductWork:
     product: Product
     after: Callable[[], None] | None = None
 
+    def __call__(self) -> None:
+        self.product()
+        if self.after is not None:
+            self.after()
+
 
 class ProductPair:
     """Two independent products (executor/interop.py decides they are) as one job on the GEMM
@@ -214,10 +229,10 @@ class ProductPair:
     def __call__(self) -> bool:
         """Both products, then each one's `after`; False, with nothing done, where they cannot
         run as one job (the caller runs the two nodes one after the other)."""
-        key = (threads.current(), settings.current())
-        if self._key is None or self._key[0] is not key[0] or self._key[1] is not key[1]:
+        now = _policy()
+        if not _same(self._key, now):
             self._prepare()
-            self._key = key
+            self._key = now
         if self._job is None:
             return False
         gemm, table = self._job
@@ -322,12 +337,8 @@ def _gemm_work(ctx: KernelContext, inputs, outputs) -> ProductWork:
 def _bound(work: ProductWork) -> KernelFn:
     """A bound product kernel running `work`, which it carries for the executor's pairs
     (registry.PAIRABLE: executor/interop.py)."""
-    product, after = work.product, work.after
-
     def run(ctx_, inputs_, outputs_):
-        product()
-        if after is not None:
-            after()
+        work()
 
     setattr(run, PAIRABLE, work)
     return run
@@ -343,10 +354,7 @@ def _bind_gemm(ctx: KernelContext, inputs, outputs):
 @kernel("Gemm", scratch=_gemm_scratch, bind=_bind_gemm)
 def gemm(ctx: KernelContext, inputs, outputs) -> None:
     """Y = alpha * op(A) @ op(B) + beta * C (C unidirectionally broadcast to Y)."""
-    work = _gemm_work(ctx, inputs, outputs)
-    work.product()
-    if work.after is not None:
-        work.after()
+    _gemm_work(ctx, inputs, outputs)()
 
 
 def _bind_matmul(ctx: KernelContext, inputs, outputs):
