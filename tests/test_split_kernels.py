@@ -92,13 +92,18 @@ CASES = ["conv", "conv_stride", "conv_grad", "conv_grad_dw", "layer_norm", "rms_
 
 
 def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, split: bool) -> tuple[list, int]:
-    """Our kernel at `n` threads, the split on or off: (outputs, most pieces of one parallel.run)."""
+    """Our kernel at `n` threads, the split on or off: (outputs, most pieces of one parallel.run
+    or of one GEMM-pool job: a fused loop's rows, gemm_calls.PooledCalls)."""
     most = [1]
-    run = parallel.run
+    run, pool_run = parallel.run, gemm_calls.GemmPool.run
 
     def counting(tasks):
         most[0] = max(most[0], len(tasks))
         run(tasks)
+
+    def counting_pool(self, table, workers, *args, **kwargs):
+        most[0] = max(most[0], len(table))
+        return pool_run(self, table, workers, *args, **kwargs)
 
     before = threads.current().threads
     node = make_node(op, inputs, [None if s is None else (F, s) for s in outs], attrs, domain)
@@ -106,10 +111,12 @@ def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, sp
     try:
         threads.use_threads(n)
         parallel.run = counting  # type: ignore[assignment]
+        gemm_calls.GemmPool.run = counting_pool  # type: ignore[method-assign]
         with settings.override(split_kernels=split):
             call_kernel(node, [a.copy() for a in inputs], got)
     finally:
         parallel.run = run  # type: ignore[assignment]
+        gemm_calls.GemmPool.run = pool_run  # type: ignore[method-assign]
         threads.use_threads(before)
     return got, most[0]
 
@@ -125,6 +132,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
     want, _ = _run(op, domain, inputs, outs, attrs, 1, split=False)
     if small:
         monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
+        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", 64)  # the fused loops' rows on the GEMM pool
         # split_matmul's cuts by rows or columns may round otherwise than one BLAS call (kernels/
         # matmul.py; reports/threads.md, session 10): GEMMs stay whole here, the convolutions' own
         # cut by images (one BLAS call per image either way) is what is checked

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxplan import settings
 from onnxplan.kernels import _torch, _xp, gemm_calls, native, parallel
 from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, bind_prepared, kernel, prepared_call
 
@@ -67,8 +68,9 @@ def _torch_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] 
 def _native_softmax(xp: Any, x3: Any, out3: Any) -> Callable[[], Any] | None:
     """Softmax along the last axis of contiguous float32 rows by the fused loop
     (native.softmax_rows), cut by rows on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS
-    elements a piece (no interpreter lock: torch's row kernel is cut across the Python workers);
-    None where it does not apply (the torch and numpy paths then)."""
+    elements a piece (no interpreter lock: torch's row kernel is cut across the Python workers;
+    whole with ONNXPLAN_SPLIT_KERNELS=0); None where it does not apply (the torch and numpy paths
+    then)."""
     if xp is not np or x3.shape[2] != 1 or x3.dtype != np.float32 or out3.dtype != np.float32:
         return None
     x2, y2 = x3[:, :, 0], out3[:, :, 0]
@@ -77,7 +79,7 @@ def _native_softmax(xp: Any, x3: Any, out3: Any) -> Callable[[], Any] | None:
         return None
     rows, c = x2.shape
     px, py = x2.ctypes.data, y2.ctypes.data
-    gemm, parts = gemm_calls.pooled_parts(x2.size)
+    gemm, parts = gemm_calls.pooled_parts(x2.size) if settings.current().split_kernels else (None, 1)
     if gemm is None or min(parts, rows) <= 1:
         return partial(fn, px, py, 0, rows, c)
     return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn,
