@@ -21,9 +21,9 @@ run alongside an earlier node A (the pair runs before the nodes between them) wh
 - B is at most WINDOW nodes after A, and in mode "all" both touch PAIR_MIN_BYTES or more (a
   Python hand-off costs ~0.03 ms on the 2-core VM: reports/threads.md, session 12).
 
-In mode "all" a pair runs through parallel.run: the calling thread claims A, a kernel worker B, and the thread
-done first runs the unclaimed pieces of the other's own split (parallel._help), so a node that
-cuts itself in pieces keeps both threads busy inside a pair too.
+In mode "all" a pair runs through parallel.run: the calling thread claims A, a kernel worker B,
+and the thread done first runs the unclaimed pieces of the other's own split (parallel._help),
+so a node that cuts itself in pieces keeps both threads busy inside a pair too.
 
 Two modes (ONNXPLAN_INTEROP, onnxplan.settings). "all" ("1"): any two nodes of PAIR_MIN_BYTES
 or more, on the Python pool; on the 2-core VM the pairs found in the zoo's plans are few and

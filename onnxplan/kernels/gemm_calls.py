@@ -168,8 +168,9 @@ class GemmPool:
 
     def run(self, table: np.ndarray, workers: int, kind: int = SGEMM, fn: int | None = None) -> tuple[float, float, int, int]:
         """Run every call of `table` (product_calls; or, of another kind, a fused loop's pieces
-        to the loop at address `fn`: PooledCalls, e.g. AdamW ranges, transpose pieces, softmax rows) on this thread and up to `workers` pool threads; (seconds taken,
-        seconds this thread spent on its calls, how many it ran, how many there were)."""
+        to the loop at address `fn`: PooledCalls, e.g. AdamW ranges, transpose pieces, softmax
+        rows) on this thread and up to `workers` pool threads; (seconds taken, seconds this
+        thread spent on its calls, how many it ran, how many there were)."""
         out = np.zeros(2, np.float64)  # per call: two threads may run products at once (interop)
         took = self._fn(self._sgemm if fn is None else fn, table.ctypes.data, len(table), workers, SPIN_NS,
                         out.ctypes.data, kind)

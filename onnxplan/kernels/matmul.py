@@ -195,6 +195,10 @@ class ProductWork:
 
     def __call__(self) -> None:
         self.product()
+        self.finish()
+
+    def finish(self) -> None:
+        """What follows the product (`after`), where there is anything."""
         if self.after is not None:
             self.after()
 
@@ -238,8 +242,7 @@ class ProductPair:
         gemm, table = self._job
         parallel.run_elsewhere(lambda workers: gemm.run(table, workers))
         for w in self.works:
-            if w.after is not None:
-                w.after()
+            w.finish()
         return True
 
 
