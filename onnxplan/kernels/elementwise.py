@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan.kernels import _torch, _xp, parallel
+from onnxplan import settings
+from onnxplan.kernels import _torch, _xp, gemm_calls, native, parallel
 from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, declare, kernel
 
 __all__: list[str] = []
@@ -245,36 +246,67 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-def torch_gelu(approximate: str | None) -> TorchStep:
-    """torch's gelu: Y = gelu(X), or with a bias input gelu(X + bias) (X + bias written into Y first,
-    Y may be X, then the GELU in place); approximate None: the node's attribute (ONNX Gelu-20)."""
+def native_gelu(xp: Any, out: Any, x: Any) -> Callable[[], Any] | None:
+    """out = the exact GELU of x by the fused loop (native.gelu: erf as torch's vectorised erf
+    computes it), over ranges of the elements on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS a
+    piece (no interpreter lock, where torch's operator was cut across the Python workers; whole
+    with ONNXPLAN_SPLIT_KERNELS=0); every element computed alone, so the same bits at any cut.
+    None where it does not apply (not host float32, not contiguous, out overlapping x other
+    than in place, no compiled library): torch's or numpy's path then."""
+    if xp is not np or x.dtype != np.float32 or out.dtype != np.float32 or x.shape != out.shape:
+        return None
+    if not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return None
+    px, py = x.ctypes.data, out.ctypes.data
+    if px != py and np.may_share_memory(x, out):
+        return None
+    fn = native.gelu()
+    if fn is None:
+        return None
+    n = out.size
+    gemm, parts = gemm_calls.pooled_parts(n) if settings.current().split_kernels else (None, 1)
+    if gemm is None or parts <= 1:
+        return partial(fn, px, py, 0, n, 0)
+    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn, [(px, py, lo, hi, 0) for lo, hi in parallel.bounds(n, parts)])
+
+
+def gelu_step(approximate: str | None) -> TorchStep:
+    """Y = gelu(X), or with a bias input gelu(X + bias) (X + bias written into Y first, Y may be
+    X, then the GELU in place); approximate None: the node's attribute (ONNX Gelu-20). The exact
+    GELU by the fused loop (native_gelu) where it applies, else (and the tanh form) torch's gelu."""
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         appr = approximate or _xp.attr_str(ctx.attrs.get("approximate"), "none")
         x, out = inputs[0], outputs[0]
         bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
-        if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
+        fused = native_gelu(ctx.xp, out, x if bias is None else out) if appr == "none" else None
+        if fused is None and (appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x)):
             return None
-        op, to = _torch.aten().gelu.out, _torch.tensor(out)
-        if bias is None:
-            return _torch_by_ranges(ctx.xp, [out, x], GELU_PASSES,
-                                    lambda to_, tx_: op(tx_, approximate=appr, out=to_))
+        if fused is None:
+            op, to = _torch.aten().gelu.out, _torch.tensor(out)
+            if bias is None:
+                return _torch_by_ranges(ctx.xp, [out, x], GELU_PASSES,
+                                        lambda to_, tx_: op(tx_, approximate=appr, out=to_))
+            fused = partial(op, to, approximate=appr, out=to)
+        elif bias is None:
+            return lambda ctx_, inputs_, outputs_: fused()
+        gelu_in_place = fused
 
         def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
             np.add(x, bias, out=out)
-            op(to, approximate=appr, out=to)
+            gelu_in_place()
 
         return run
 
     return step
 
 
-_TORCH_GELU, _TORCH_FAST_GELU = torch_gelu("none"), torch_gelu("tanh")
+_GELU, _FAST_GELU = gelu_step("none"), gelu_step("tanh")
 
 
-@kernel("Gelu", MS, overwrites=UNARY, bind=_TORCH_GELU)
+@kernel("Gelu", MS, overwrites=UNARY, bind=_GELU)
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
-    if _torch_ran(_TORCH_GELU, ctx, inputs, outputs):
+    if _torch_ran(_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(ctx.xp, lambda o, x: _gelu_block(ctx.xp, o, x), outputs[0], inputs[0])
 
@@ -291,12 +323,12 @@ def _fast_gelu_block(xp, o, x, bias=None) -> None:
     xp.multiply(u, t, out=o)
 
 
-@kernel("FastGelu", MS, overwrites=UNARY, bind=_TORCH_FAST_GELU)
+@kernel("FastGelu", MS, overwrites=UNARY, bind=_FAST_GELU)
 def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
     ins = [inputs[0]] + ([inputs[1]] if len(inputs) > 1 and inputs[1] is not None else [])
-    if _torch_ran(_TORCH_FAST_GELU, ctx, inputs, outputs):
+    if _torch_ran(_FAST_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, *v: _fast_gelu_block(xp, o, *v), outputs[0], *ins)
 

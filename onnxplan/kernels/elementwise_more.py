@@ -17,7 +17,7 @@ from onnxplan.kernels.elementwise import (
     _gelu_grad_block,
     _torch_ran,
     _unary,
-    torch_gelu,
+    gelu_step,
 )
 from onnxplan.kernels.registry import declare, kernel
 from onnxplan.ort import MS
@@ -161,14 +161,14 @@ def leaky_relu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], *inputs[:2])
 
 
-_TORCH_GELU, _TORCH_GELU_20 = torch_gelu("none"), torch_gelu(None)
+_GELU, _GELU_20 = gelu_step("none"), gelu_step(None)
 
 
-@kernel("BiasGelu", MS, overwrites=UNARY, bind=_TORCH_GELU)
+@kernel("BiasGelu", MS, overwrites=UNARY, bind=_GELU)
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
-    if _torch_ran(_TORCH_GELU, ctx, inputs, outputs):
+    if _torch_ran(_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, x, b: _gelu_block(xp, o, x + b), outputs[0], *inputs[:2])
 
@@ -187,12 +187,12 @@ def bias_fast_gelu_grad(ctx, inputs, outputs):
     _xp.blockwise(xp, lambda o, dy, x, b: _fast_gelu_grad_block(xp, o, dy, x + b), outputs[0], *inputs[:3])
 
 
-@kernel("Gelu", since=20, overwrites=UNARY, bind=_TORCH_GELU_20)
+@kernel("Gelu", since=20, overwrites=UNARY, bind=_GELU_20)
 def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp
     approximate = _xp.attr_str(ctx.attrs.get("approximate"), "none")
-    if _torch_ran(_TORCH_GELU_20, ctx, inputs, outputs):
+    if _torch_ran(_GELU_20, ctx, inputs, outputs):
         return
     if approximate == "tanh":
         _xp.blockwise(xp, lambda o, x: _fast_gelu_block(xp, o, x), outputs[0], inputs[0])

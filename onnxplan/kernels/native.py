@@ -54,6 +54,11 @@ and CPU):
   exp(x - max) by the SCE loops' vexp with their sum (eight lanes in order, added pairwise), then
   one reciprocal a row, by rows on the GEMM pool (a job of kind ROWS): not torch's bits, within
   4e-7 of float64 as torch's are; the same at any thread count (rows are cut, never a row).
+- the exact GELU of float32 (kernels/elementwise.py): erf by Abramowitz and Stegun's 7.1.26 (the
+  formula torch's vectorised erf uses; within 4e-7 of erf in float32, as torch's), exp by the SCE
+  loops' vexp, over ranges of the elements on the GEMM pool (a job of kind ROWS), where torch's
+  gelu ran across the Python workers: not torch's bits (its exp), within the same distance of
+  float64; the same at any thread count (each element alone).
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
@@ -69,7 +74,8 @@ and CPU):
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `im2col()` and `col2im_add()`
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `gelu()`, `im2col()` and
+`col2im_add()`
 are None and the kernels take the numpy or torch paths (the Python pool for products).
 """
 
@@ -98,7 +104,7 @@ from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "col2im_add", "im2col", "layer_norm", "library_path", "softmax_rows", "transpose32",
+           "col2im_add", "gelu", "im2col", "layer_norm", "library_path", "softmax_rows", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -130,6 +136,7 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [_I, ctypes.c_int],
                "gemm_hush": [],
                "transpose32": [_P, _P] + [_I] * 6,
                "softmax_rows_f32": [_P, _P] + [_I] * 3,
+               "gelu_f32": [_P, _P] + [_I] * 3,
                "im2col_f32": [_P] * 3,
                "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
@@ -351,6 +358,13 @@ def transpose32() -> Callable[..., None] | None:
     [rows x cols] matrices (kernels/transpose.py); or None: numpy's or torch's copy."""
     lib = _enabled_library()
     return lib.transpose32 if lib is not None else None
+
+
+def gelu() -> Callable[..., None] | None:
+    """gelu_f32(x, y, i0, i1, 0) with addresses as ints: the exact GELU of elements i0..i1 of
+    contiguous float32 arrays (y may be x; kernels/elementwise.py); or None: torch's or numpy's."""
+    lib = _enabled_library()
+    return lib.gelu_f32 if lib is not None else None
 
 
 def softmax_rows() -> Callable[..., None] | None:

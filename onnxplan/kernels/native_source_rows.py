@@ -135,4 +135,26 @@ void scatter_add_rows_f32(float *out, const int64_t *index, const float *values,
         for (int64_t j = 0; j < width; j++) o[j] += v[j];
     }
 }
+/* ---- the exact GELU (kernels/elementwise.py) ----
+   y = x * 0.5 * (1 + erf(x / sqrt 2)) for elements i0..i1 of contiguous float32 arrays (y may be
+   x), eight at a time: erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7; torch's own
+   vectorised erf is this formula), erf(z) = sign(z) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5))))
+   exp(-z z)), t = 1 / (1 + p |z|), exp by vexp (0 below -87.34: erf is 1 there). `unused` keeps
+   the GEMM pool's ROWS signature (a piece is elements, not rows). The same bits at any cut. */
+__attribute__((optimize("fp-contract=fast"))) void gelu_f32(const float *x, float *y, int64_t i0, int64_t i1, int64_t unused) {
+    (void)unused;
+    const vi8 sign = (vi8){0} + (int)0x80000000;
+    for (int64_t i = i0; i < i1; i += 8) {
+        const int64_t w = i1 - i < 8 ? i1 - i : 8;
+        const v8 v = load8(x + i, w, 0.0f);
+        const v8 z = v * 0.70710678118654752f;
+        const vi8 s = (vi8)z & sign;
+        const v8 a = (v8)((vi8)z & ~sign);
+        const v8 t = 1.0f / (a * 0.3275911f + 1.0f);
+        const v8 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+        const v8 e = vexp((v8)((vi8)(z * z) | sign));
+        const v8 erf = (v8)((vi8)(1.0f - poly * e) | s);
+        store8(y + i, v * 0.5f * (1.0f + erf), w);
+    }
+}
 """
