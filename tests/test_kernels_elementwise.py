@@ -194,53 +194,68 @@ def test_no_tensor_sized_allocation(op, domain, n_in):
     assert peak_bytes(lambda: fn(ctx, inputs, outputs)) < 4 * 1024 * 1024 // 8
 
 
+@pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 4099])
-def test_the_fused_gelu_loop_against_float64(size, split, monkeypatch):
-    """The exact GELU's fused loop (elementwise.native_gelu: erf by Abramowitz and Stegun 7.1.26
-    and the SCE loops' exp): within float64's value by erf's float32 error through 0.5 x plus
-    three roundings, on values around +-4 and the edges (+-0, subnormals, +-inf, NaN, +-3e38,
-    +-14), and on 4,099 values no further than 1.5x torch's gelu (the same erf formula); sizes
-    short of and past its eight lanes; cut on the GEMM pool across 3 threads it gives the whole
-    loop's bits, in place the bits out of place."""
+def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
+    """The exact GELU's fused loops (elementwise.native_gelu: erf by Abramowitz and Stegun 7.1.26
+    and the SCE loops' exp), the forward and (`grad`) ORT's GeluGrad: within float64's value by
+    erf's float32 error through 0.5 x (the gradient: 0.5 dY) plus three roundings, on values
+    around +-4 and the edges (+-0, subnormals, +-inf, NaN, +-3e38, +-14), and on 4,099 values no
+    further than 1.5x torch's gelu or gelu_backward (the same erf formula); sizes short of and
+    past eight lanes; cut on the GEMM pool across 3 threads the whole loop's bits, in place
+    (over X, and over dY) the bits out of place."""
     import math
 
     import torch
 
     from onnxplan.kernels import elementwise, gemm_calls, native
 
-    if native.gelu() is None:
+    if native.gelu(grad) is None:
         pytest.skip("no C compiler: torch's gelu")
     rng = np.random.default_rng(size)
     edges = np.array([0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38, np.inf, np.nan, 14.0, -14.0], F)
     x = np.concatenate([edges, (rng.standard_normal(size) * 4).astype(F)])
+    dy = (rng.standard_normal(x.size) * 2).astype(F) if grad else None
     outs = []
     for least in (1 << 30, 2):  # whole, then cut on the pool
         monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
         out = np.full_like(x, 7.0)
-        call = elementwise.native_gelu(np, out, x)
+        call = elementwise.native_gelu(np, out, x, dy)
         assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
         call()
         outs.append(out)
     np.testing.assert_array_equal(outs[1], outs[0])
-    inplace = x.copy()
-    elementwise.native_gelu(np, inplace, inplace)()
-    np.testing.assert_array_equal(inplace, outs[0])
+    for over in ([x] + ([dy] if grad else [])):
+        inplace = [a.copy() for a in (x, dy) if a is not None]
+        target = inplace[0] if over is x else inplace[1]
+        elementwise.native_gelu(np, target, *inplace)()
+        np.testing.assert_array_equal(target, outs[0])
     got = outs[0]
-    ours = torch.ops.aten.gelu(torch.from_numpy(x), approximate="none").numpy()
-    assert np.isposinf(got[6]) and np.isnan(got[7]) and np.isnan(ours[7])
+    tx = torch.from_numpy(x)
+    theirs = (torch.ops.aten.gelu_backward(torch.from_numpy(dy), tx, approximate="none") if grad
+              else torch.ops.aten.gelu(tx, approximate="none")).numpy()
+    assert np.isnan(got[7]) and np.isnan(theirs[7])
     xd = x.astype(np.float64)
-    fin = np.isfinite(xd)
-    want = xd[fin] * 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in xd[fin]]))
+    fin = np.isfinite(xd) & (np.abs(xd) < 1e30 if grad else True)  # the gradient of +-3e38: dY x pdf, 0 x inf
+    xf = xd[fin]
+    cdf = 0.5 * (1.0 + np.array([math.erf(v / math.sqrt(2.0)) for v in xf]))
+    if grad:
+        g = dy.astype(np.float64)[fin]
+        want = g * (cdf + xf * np.exp(-0.5 * xf * xf) / math.sqrt(2.0 * math.pi))
+        scale = np.abs(g)
+    else:
+        assert np.isposinf(got[6])
+        want, scale = xf * cdf, np.abs(xf)
     err = np.abs(got[fin] - want)
     # erf's error in float32 (the formula's 1.5e-7 and its evaluation's roundings: within 4e-7 for
-    # torch's and ours on 400K values) through 0.5 x, and three roundings of the result
-    assert np.all(err <= 2e-7 * np.abs(xd[fin]) + 3 * 2.0**-24 * np.abs(want) + 1e-45)
+    # torch's and ours on 400K values) through 0.5 x (0.5 dY), and three roundings of the result
+    assert np.all(err <= 2e-7 * scale + 3 * 2.0**-24 * np.abs(want) + 1e-45)
     if size > 1000:
-        assert err.max() <= 1.5 * np.abs(ours[fin] - want).max()
+        assert err.max() <= 1.5 * np.abs(theirs[fin] - want).max()
 
 
 def test_the_fused_gelu_loop_is_refused_where_it_cannot_run():
-    """No fused loop for float64, a strided view, or an output overlapping the input other than
+    """No fused loop for float64, a strided view, or an output overlapping an input other than
     in place (torch's or numpy's path takes those)."""
     from onnxplan.kernels import elementwise, native
 
@@ -252,6 +267,8 @@ def test_the_fused_gelu_loop_is_refused_where_it_cannot_run():
     buf = rand(72)
     assert elementwise.native_gelu(np, buf[8:72], buf[0:64]) is None
     assert elementwise.native_gelu(np, buf[:64], buf[:64]) is not None
+    assert elementwise.native_gelu(np, buf[8:72], x, buf[0:64]) is None  # dX overlapping dY
+    assert elementwise.native_gelu(np, buf[:64], x, buf[:64]) is not None
 
 
 def test_bias_gelu_by_the_fused_loop_matches_ort():

@@ -246,28 +246,29 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-def native_gelu(xp: Any, out: Any, x: Any) -> Callable[[], Any] | None:
-    """out = the exact GELU of x by the fused loop (native.gelu: erf as torch's vectorised erf
-    computes it), over ranges of the elements on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS a
-    piece (no interpreter lock, where torch's operator was cut across the Python workers; whole
-    with ONNXPLAN_SPLIT_KERNELS=0); every element computed alone, so the same bits at any cut.
-    None where it does not apply (not host float32, not contiguous, out overlapping x other
-    than in place, no compiled library): torch's or numpy's path then."""
-    if xp is not np or x.dtype != np.float32 or out.dtype != np.float32 or x.shape != out.shape:
+def native_gelu(xp: Any, out: Any, x: Any, dy: Any = None) -> Callable[[], Any] | None:
+    """out = the exact GELU of x, or with `dy` its gradient dY (Phi(X) + X phi(X)), by the fused
+    loop (native.gelu: erf as torch's vectorised erf computes it), over ranges of the elements on
+    the GEMM pool from gemm_calls.POOLED_MIN_ELEMS a piece (no interpreter lock, where torch's
+    operators were cut across the Python workers; whole with ONNXPLAN_SPLIT_KERNELS=0); every
+    element computed alone, so the same bits at any cut. None where it does not apply (not host
+    float32 of one shape, not contiguous, out overlapping an input other than in place, no
+    compiled library): torch's or numpy's path then."""
+    arrays = [out, x] + ([dy] if dy is not None else [])
+    if xp is not np or any(a.dtype != np.float32 or a.shape != out.shape or not a.flags.c_contiguous for a in arrays):
         return None
-    if not (x.flags.c_contiguous and out.flags.c_contiguous):
+    py = out.ctypes.data
+    if any(a.ctypes.data != py and np.may_share_memory(a, out) for a in arrays[1:]):
         return None
-    px, py = x.ctypes.data, out.ctypes.data
-    if px != py and np.may_share_memory(x, out):
-        return None
-    fn = native.gelu()
+    fn = native.gelu(grad=dy is not None)
     if fn is None:
         return None
+    first, last = (x.ctypes.data, 0) if dy is None else (dy.ctypes.data, x.ctypes.data)  # gelu_f32's, gelu_grad_f32's
     n = out.size
     gemm, parts = gemm_calls.pooled_parts(n) if settings.current().split_kernels else (None, 1)
     if gemm is None or parts <= 1:
-        return partial(fn, px, py, 0, n, 0)
-    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn, [(px, py, lo, hi, 0) for lo, hi in parallel.bounds(n, parts)])
+        return partial(fn, first, py, 0, n, last)
+    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn, [(first, py, lo, hi, last) for lo, hi in parallel.bounds(n, parts)])
 
 
 def gelu_step(approximate: str | None) -> TorchStep:
@@ -411,9 +412,13 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, cdf, out=o)
 
 
-def _torch_gelu_backward(approximate: str) -> TorchStep:
-    """torch's gelu_backward (`approximate`: "none" or "tanh"): dX from (dY, X)."""
+def gelu_grad_step(approximate: str) -> TorchStep:
+    """dX from (dY, X) (`approximate`: "none" or "tanh"): the exact form's fused loop
+    (native_gelu) where it applies, else torch's gelu_backward."""
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+        fused = native_gelu(ctx.xp, outputs[0], inputs[1], inputs[0]) if approximate == "none" else None
+        if fused is not None:
+            return lambda ctx_, inputs_, outputs_: fused()
         if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
             return None
         op = _torch.aten().gelu_backward.grad_input
@@ -422,14 +427,14 @@ def _torch_gelu_backward(approximate: str) -> TorchStep:
     return step
 
 
-_TORCH_GELU_GRAD, _TORCH_FAST_GELU_GRAD = _torch_gelu_backward("none"), _torch_gelu_backward("tanh")
+_GELU_GRAD, _FAST_GELU_GRAD = gelu_grad_step("none"), gelu_grad_step("tanh")
 
 
-@kernel("GeluGrad", MS, overwrites=BINARY, bind=_TORCH_GELU_GRAD)
+@kernel("GeluGrad", MS, overwrites=BINARY, bind=_GELU_GRAD)
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
-    if _torch_ran(_TORCH_GELU_GRAD, ctx, inputs, outputs):
+    if _torch_ran(_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
@@ -454,12 +459,12 @@ def _fast_gelu_grad_block(xp, o, dy, x) -> None:
     xp.multiply(dy, th, out=o)
 
 
-@kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_TORCH_FAST_GELU_GRAD)
+@kernel("FastGeluGrad", MS, overwrites=BINARY, bind=_FAST_GELU_GRAD)
 def fast_gelu_grad(ctx, inputs, outputs):
     """The derivative of the tanh-approximated GELU, times dY (ORT's formula; torch's
     gelu_backward(approximate="tanh"), the same formula, when it can take the arrays)."""
     xp = ctx.xp
-    if _torch_ran(_TORCH_FAST_GELU_GRAD, ctx, inputs, outputs):
+    if _torch_ran(_FAST_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _fast_gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 

@@ -54,10 +54,11 @@ and CPU):
   exp(x - max) by the SCE loops' vexp with their sum (eight lanes in order, added pairwise), then
   one reciprocal a row, by rows on the GEMM pool (a job of kind ROWS): not torch's bits, within
   4e-7 of float64 as torch's are; the same at any thread count (rows are cut, never a row).
-- the exact GELU of float32 (kernels/elementwise.py): erf by Abramowitz and Stegun's 7.1.26 (the
+- the exact GELU of float32 and its gradient (kernels/elementwise.py): erf by Abramowitz and Stegun's 7.1.26 (the
   formula torch's vectorised erf uses; within 4e-7 of erf in float32, as torch's), exp by the SCE
-  loops' vexp, over ranges of the elements on the GEMM pool (a job of kind ROWS), where torch's
-  gelu ran across the Python workers: not torch's bits (its exp), within the same distance of
+  loops' vexp (one per element: the gradient's normal density is erf's exponential), over ranges of
+  the elements on the GEMM pool (a job of kind ROWS), where torch's gelu and gelu_backward ran
+  across the Python workers: not torch's bits (its exp), within the same distance of
   float64; the same at any thread count (each element alone).
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
@@ -137,6 +138,7 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [_I, ctypes.c_int],
                "transpose32": [_P, _P] + [_I] * 6,
                "softmax_rows_f32": [_P, _P] + [_I] * 3,
                "gelu_f32": [_P, _P] + [_I] * 3,
+               "gelu_grad_f32": [_P, _P] + [_I] * 3,
                "im2col_f32": [_P] * 3,
                "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
@@ -360,11 +362,14 @@ def transpose32() -> Callable[..., None] | None:
     return lib.transpose32 if lib is not None else None
 
 
-def gelu() -> Callable[..., None] | None:
+def gelu(grad: bool = False) -> Callable[..., None] | None:
     """gelu_f32(x, y, i0, i1, 0) with addresses as ints: the exact GELU of elements i0..i1 of
-    contiguous float32 arrays (y may be x; kernels/elementwise.py); or None: torch's or numpy's."""
+    contiguous float32 arrays (y may be x; kernels/elementwise.py); `grad`: gelu_grad_f32(dy, dx,
+    i0, i1, x) its gradient (dx may be dy or x); or None: torch's or numpy's."""
     lib = _enabled_library()
-    return lib.gelu_f32 if lib is not None else None
+    if lib is None:
+        return None
+    return lib.gelu_grad_f32 if grad else lib.gelu_f32
 
 
 def softmax_rows() -> Callable[..., None] | None:

@@ -135,26 +135,44 @@ void scatter_add_rows_f32(float *out, const int64_t *index, const float *values,
         for (int64_t j = 0; j < width; j++) o[j] += v[j];
     }
 }
-/* ---- the exact GELU (kernels/elementwise.py) ----
-   y = x * 0.5 * (1 + erf(x / sqrt 2)) for elements i0..i1 of contiguous float32 arrays (y may be
-   x), eight at a time: erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7; torch's own
-   vectorised erf is this formula), erf(z) = sign(z) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5))))
-   exp(-z z)), t = 1 / (1 + p |z|), exp by vexp (0 below -87.34: erf is 1 there). `unused` keeps
-   the GEMM pool's ROWS signature (a piece is elements, not rows). The same bits at any cut. */
+/* ---- the exact GELU and its gradient (kernels/elementwise.py) ----
+   Elements i0..i1 of contiguous float32 arrays, eight at a time (the output may be an input):
+   erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7; torch's own vectorised erf is this
+   formula), erf(z) = sign(z) (1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e), t = 1 / (1 + p |z|),
+   e = exp(-z z) by vexp (0 below -87.34: erf is 1 there), z = x / sqrt 2. Every element alone:
+   the same bits at any cut. Each is a piece of the GEMM pool's ROWS jobs (x, y, r0, r1, c), its
+   "rows" elements. */
+static inline v8 gelu_erf(v8 z, v8 *e) {
+    const vi8 sign = (vi8){0} + (int)0x80000000;
+    const v8 a = (v8)((vi8)z & ~sign);
+    const v8 t = 1.0f / (a * 0.3275911f + 1.0f);
+    const v8 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    *e = vexp((v8)((vi8)(z * z) | sign));
+    return (v8)((vi8)(1.0f - poly * *e) | ((vi8)z & sign));
+}
+
+/* y = x * 0.5 * (1 + erf(x / sqrt 2)); `unused`: the ROWS call's width. */
 __attribute__((optimize("fp-contract=fast"))) void gelu_f32(const float *x, float *y, int64_t i0, int64_t i1, int64_t unused) {
     (void)unused;
-    const vi8 sign = (vi8){0} + (int)0x80000000;
     for (int64_t i = i0; i < i1; i += 8) {
         const int64_t w = i1 - i < 8 ? i1 - i : 8;
         const v8 v = load8(x + i, w, 0.0f);
-        const v8 z = v * 0.70710678118654752f;
-        const vi8 s = (vi8)z & sign;
-        const v8 a = (v8)((vi8)z & ~sign);
-        const v8 t = 1.0f / (a * 0.3275911f + 1.0f);
-        const v8 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-        const v8 e = vexp((v8)((vi8)(z * z) | sign));
-        const v8 erf = (v8)((vi8)(1.0f - poly * e) | s);
+        v8 e;
+        const v8 erf = gelu_erf(v * 0.70710678118654752f, &e);
         store8(y + i, v * 0.5f * (1.0f + erf), w);
+    }
+}
+
+/* ORT's GeluGrad (torch's gelu_backward): dx = dy (0.5 (1 + erf(x / sqrt 2)) + x kAlpha exp(-x x / 2)),
+   kAlpha = 1 / sqrt(2 pi); exp(-x x / 2) is erf's e. x's address in the ROWS call's last field. */
+__attribute__((optimize("fp-contract=fast"))) void gelu_grad_f32(const float *dy, float *dx, int64_t i0, int64_t i1, int64_t x_at) {
+    const float *x = (const float *)(intptr_t)x_at;
+    for (int64_t i = i0; i < i1; i += 8) {
+        const int64_t w = i1 - i < 8 ? i1 - i : 8;
+        const v8 v = load8(x + i, w, 0.0f), g = load8(dy + i, w, 0.0f);
+        v8 e;
+        const v8 erf = gelu_erf(v * 0.70710678118654752f, &e);
+        store8(dx + i, g * (0.5f * (1.0f + erf) + v * (0.39894228040143268f * e)), w);
     }
 }
 """
