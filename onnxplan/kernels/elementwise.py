@@ -27,8 +27,9 @@ GELU_GAMMA = 0.044715
 
 # A kernel's torch branch, written once: a TorchStep(ctx, inputs, outputs) returns, when torch can
 # take the node's arrays (output 0 and the inputs it names), the call with its zero-copy tensors
-# and aten op resolved, else None. It is the kernel's bind rule (made once), and the plain kernel
-# makes it and calls it at once (_torch_ran), falling back to numpy when it gives None.
+# and aten op resolved (GELU's and its gradient's: their fused loop first, gelu_step), else None.
+# It is the kernel's bind rule (made once), and the plain kernel makes it and calls it at once
+# (_torch_ran), falling back to numpy when it gives None.
 TorchStep = Callable[[KernelContext, list, list], "KernelFn | None"]
 
 
