@@ -58,9 +58,9 @@ def test_the_pool_computes_the_python_pools_bits(split, monkeypatch):
     ran = []
     real_run = gemm_calls.GemmPool.run
 
-    def counted(self, table, workers):
+    def counted(self, table, workers, **kw):
         ran.append(len(table))
-        return real_run(self, table, workers)
+        return real_run(self, table, workers, **kw)
 
     monkeypatch.setattr(gemm_calls.GemmPool, "run", counted)
     for a, b, shape in _random_products(0, 120):
@@ -77,8 +77,8 @@ def test_four_dimensional_products_take_the_pool(split, monkeypatch):
     rng = np.random.default_rng(7)
     ran = []
     real_run = gemm_calls.GemmPool.run
-    monkeypatch.setattr(gemm_calls.GemmPool, "run", lambda self, table, workers: ran.append(len(table))
-                        or real_run(self, table, workers))
+    monkeypatch.setattr(gemm_calls.GemmPool, "run", lambda self, table, workers, **kw: ran.append(len(table))
+                        or real_run(self, table, workers, **kw))
     q = rng.standard_normal((6, 40, 4, 24), dtype=np.float32).transpose(0, 2, 1, 3)  # (6, 4, 40, 24)
     k = rng.standard_normal((6, 40, 4, 24), dtype=np.float32).transpose(0, 2, 3, 1)  # (6, 4, 24, 40)
     p = rng.standard_normal((6, 4, 40, 40), dtype=np.float32)

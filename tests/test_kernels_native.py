@@ -72,9 +72,9 @@ def test_a_large_parameter_runs_in_ranges_on_the_gemm_pool(monkeypatch):
     jobs: list[tuple[int, int]] = []
     pool_run = gemm_calls.GemmPool.run
 
-    def counting(self, table, workers, kind=gemm_calls.SGEMM, fn=None):
+    def counting(self, table, workers, kind=gemm_calls.SGEMM, fn=None, **kw):
         jobs.append((kind, len(table)))
-        return pool_run(self, table, workers, kind, fn)
+        return pool_run(self, table, workers, kind, fn, **kw)
 
     before = threads.current().threads
     try:

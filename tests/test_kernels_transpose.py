@@ -58,10 +58,10 @@ def test_cut_across_threads_by_matrices_and_by_columns(split, monkeypatch, on):
         monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", 64)
         real_pool = gemm_calls.GemmPool.run
 
-        def pool_run(self, table, workers, kind=gemm_calls.SGEMM, fn=None):
+        def pool_run(self, table, workers, kind=gemm_calls.SGEMM, fn=None, **kw):
             assert kind == gemm_calls.TRANSPOSE32 and len(table) > 1
             cuts.add("columns" if (table[:, 4:6] == table[0, 4:6]).all() else "matrices")
-            return real_pool(self, table, workers, kind, fn)
+            return real_pool(self, table, workers, kind, fn, **kw)
 
         monkeypatch.setattr(gemm_calls.GemmPool, "run", pool_run)
     else:

@@ -208,9 +208,9 @@ def test_a_batched_product_cut_by_batches_is_bitwise_whole(n, transposed, gemm_p
         most[0] = max(most[0], len(tasks))
         run(tasks)
 
-    def pool_counting(self, table, workers):
+    def pool_counting(self, table, workers, **kw):
         calls.append(len(table))
-        return pool_run(self, table, workers)
+        return pool_run(self, table, workers, **kw)
 
     try:
         threads.use_threads(n)

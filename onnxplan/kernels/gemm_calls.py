@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -166,15 +167,30 @@ class GemmPool:
         self.hush = fns.hush  # spinning workers sleep now (another pool needs the cores)
         self._sgemm = sgemm
 
-    def run(self, table: np.ndarray, workers: int, kind: int = SGEMM, fn: int | None = None) -> tuple[float, float, int, int]:
+    def run(self, table: np.ndarray, workers: int, kind: int = SGEMM, fn: int | None = None, *,
+            address: int | None = None) -> tuple[float, float, int, int]:
         """Run every call of `table` (product_calls; or, of another kind, a fused loop's pieces
         to the loop at address `fn`: PooledCalls, e.g. AdamW ranges, transpose pieces, softmax
         rows) on this thread and up to `workers` pool threads; (seconds taken, seconds this
-        thread spent on its calls, how many it ran, how many there were)."""
-        out = np.zeros(2, np.float64)  # per call: two threads may run products at once (interop)
-        took = self._fn(self._sgemm if fn is None else fn, table.ctypes.data, len(table), workers, SPIN_NS,
-                        out.ctypes.data, kind)
+        thread spent on its calls, how many it ran, how many there were). `address`: the
+        table's, where the caller keeps it (numpy's `.ctypes.data` takes ~1.7 us a look-up)."""
+        out, out_at = _report()
+        took = self._fn(self._sgemm if fn is None else fn, table.ctypes.data if address is None else address,
+                        len(table), workers, SPIN_NS, out_at, kind)
         return took, float(out[0]), int(out[1]), len(table)
+
+
+_reports = threading.local()
+
+
+def _report() -> tuple[np.ndarray, int]:
+    """This thread's two floats the pool's C call reports into, and their address: one per thread
+    (two threads may run jobs at once: interop), made once."""
+    made = getattr(_reports, "made", None)
+    if made is None:
+        out = np.zeros(2, np.float64)
+        made = _reports.made = (out, out.ctypes.data)
+    return made
 
 
 class PooledCalls:
@@ -190,13 +206,14 @@ class PooledCalls:
         self.table = np.zeros((len(rows), CALL_FIELDS), np.int64)
         for out, row in zip(self.table, rows):
             out[:len(row)] = row
+        self.address = self.table.ctypes.data  # the table is updated in place, never replaced
 
     def __call__(self) -> None:
-        gemm, table, kind, fn = self.pool, self.table, self.kind, self.fn
+        gemm, table, kind, fn, at = self.pool, self.table, self.kind, self.fn, self.address
         if threads.current().compute > 1:
-            parallel.run_elsewhere(lambda workers: gemm.run(table, workers, kind, fn))
+            parallel.run_elsewhere(lambda workers: gemm.run(table, workers, kind, fn, address=at))
         else:
-            gemm.run(table, 0, kind, fn)
+            gemm.run(table, 0, kind, fn, address=at)
 
 
 def pooled_parts(numel: int) -> tuple[GemmPool | None, int]:

@@ -140,6 +140,7 @@ class Product:
         self._cut: tuple[str, list[tuple[int, int]]] | None = None
         self._gemm: gemm_calls.GemmPool | None = None
         self._calls: np.ndarray | None = None
+        self._calls_at = 0  # the table's address (GemmPool.run's `address`)
 
     def _prepare(self) -> None:
         xp, a, b, out = self.xp, self.a, self.b, self.out
@@ -150,6 +151,7 @@ class Product:
         if gemm is not None and self._cut is not None:
             self._calls = gemm_calls.product_calls(a, b, out, *self._cut, BLAS_ROW_BLOCK)
         self._gemm = gemm if self._calls is not None else None
+        self._calls_at = self._calls.ctypes.data if self._calls is not None else 0
 
     def _ready(self) -> None:
         now = _policy()
@@ -166,8 +168,8 @@ class Product:
             else:
                 xp.matmul(a, b, out=out)
         elif self._gemm is not None and self._calls is not None:
-            gemm, calls = self._gemm, self._calls
-            parallel.run_elsewhere(lambda workers: gemm.run(calls, workers))
+            gemm, calls, at = self._gemm, self._calls, self._calls_at
+            parallel.run_elsewhere(lambda workers: gemm.run(calls, workers, address=at))
         else:
             cut, bounds = self._cut
             parallel.run([_piece_task(a, b, out, cut, lo, hi) for lo, hi in bounds])
@@ -219,7 +221,7 @@ class ProductPair:
     def __init__(self, first: ProductWork, second: ProductWork) -> None:
         self.works = (first, second)
         self._key: tuple[object, object] | None = None
-        self._job: tuple[gemm_calls.GemmPool, np.ndarray] | None = None
+        self._job: tuple[gemm_calls.GemmPool, np.ndarray, int] | None = None
 
     def _prepare(self) -> None:
         self._job = None
@@ -228,7 +230,8 @@ class ProductPair:
             return
         tables = [t for w in self.works if (t := w.product.pool_calls()) is not None]
         if len(tables) == len(self.works):
-            self._job = (gemm, np.concatenate(tables))
+            table = np.concatenate(tables)
+            self._job = (gemm, table, table.ctypes.data)
 
     def __call__(self) -> bool:
         """Both products, then each one's `after`; False, with nothing done, where they cannot
@@ -239,8 +242,8 @@ class ProductPair:
             self._key = now
         if self._job is None:
             return False
-        gemm, table = self._job
-        parallel.run_elsewhere(lambda workers: gemm.run(table, workers))
+        gemm, table, at = self._job
+        parallel.run_elsewhere(lambda workers: gemm.run(table, workers, address=at))
         for w in self.works:
             w.finish()
         return True
