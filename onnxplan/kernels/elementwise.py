@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan import settings
 from onnxplan.kernels import _torch, _xp, gemm_calls, native, parallel
-from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, declare, kernel
+from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, call_step, declare, kernel
 
 __all__: list[str] = []
 
@@ -265,11 +264,7 @@ def native_gelu(xp: Any, out: Any, x: Any, dy: Any = None) -> Callable[[], Any] 
     if fn is None:
         return None
     first, last = (x.ctypes.data, 0) if dy is None else (dy.ctypes.data, x.ctypes.data)  # gelu_f32's, gelu_grad_f32's
-    n = out.size
-    gemm, parts = gemm_calls.pooled_parts(n) if settings.current().split_kernels else (None, 1)
-    if gemm is None or parts <= 1:
-        return partial(fn, first, py, 0, n, last)
-    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn, [(first, py, lo, hi, last) for lo, hi in parallel.bounds(n, parts)])
+    return gemm_calls.rows_job(fn, first, py, out.size, last, out.size)
 
 
 def gelu_step(approximate: str | None) -> TorchStep:
@@ -281,16 +276,16 @@ def gelu_step(approximate: str | None) -> TorchStep:
         x, out = inputs[0], outputs[0]
         bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
         fused = native_gelu(ctx.xp, out, x if bias is None else out) if appr == "none" else None
-        if fused is None and (appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x)):
-            return None
         if fused is None:
+            if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
+                return None
             op, to = _torch.aten().gelu.out, _torch.tensor(out)
             if bias is None:
                 return _torch_by_ranges(ctx.xp, [out, x], GELU_PASSES,
                                         lambda to_, tx_: op(tx_, approximate=appr, out=to_))
             fused = partial(op, to, approximate=appr, out=to)
-        elif bias is None:
-            return lambda ctx_, inputs_, outputs_: fused()
+        if bias is None:
+            return call_step(fused)
         gelu_in_place = fused
 
         def run(ctx: KernelContext, inputs: list, outputs: list) -> None:
@@ -419,7 +414,7 @@ def gelu_grad_step(approximate: str) -> TorchStep:
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         fused = native_gelu(ctx.xp, outputs[0], inputs[1], inputs[0]) if approximate == "none" else None
         if fused is not None:
-            return lambda ctx_, inputs_, outputs_: fused()
+            return call_step(fused)
         if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):
             return None
         op = _torch.aten().gelu_backward.grad_input

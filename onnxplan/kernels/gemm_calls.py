@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -30,7 +30,7 @@ from onnxplan import settings, threads
 from onnxplan.kernels import native, parallel
 
 __all__ = ["ADAMW", "CALL_FIELDS", "POOLED_MIN_ELEMS", "ROWS", "SGEMM", "TRANSPOSE32", "GemmPool", "PooledCalls", "pool",
-           "pooled_parts", "product_calls"]
+           "pooled_parts", "product_calls", "rows_job"]
 
 CALL_FIELDS = 12  # order, trans a, trans b, m, n, k, a, lda, b, ldb, c, ldc (as the C loop reads them)
 SGEMM, ADAMW, TRANSPOSE32, ROWS = 0, 1, 2, 3  # the kinds of call a job holds (native_source_gemm.py's GC_*)
@@ -214,6 +214,19 @@ class PooledCalls:
             parallel.run_elsewhere(lambda workers: gemm.run(table, workers, kind, fn, address=at))
         else:
             gemm.run(table, 0, kind, fn, address=at)
+
+
+def rows_job(fn: Any, first: int, second: int, rows: int, last: int, numel: int) -> Callable[[], Any]:
+    """A fused loop of kind ROWS, fn(first, second, r0, r1, last) over rows 0..rows (`numel`
+    elements in all), as one call: on the GEMM pool as ranges of rows of POOLED_MIN_ELEMS elements
+    and more (a PooledCalls), else whole on the calling thread (no pool, ONNXPLAN_SPLIT_KERNELS=0,
+    or one part). The kernels' loops of this kind: softmax's rows, the GELU's and its gradient's
+    elements."""
+    gemm, parts = pooled_parts(numel) if settings.current().split_kernels else (None, 1)
+    parts = min(parts, rows)
+    if gemm is None or parts <= 1:
+        return functools.partial(fn, first, second, 0, rows, last)
+    return PooledCalls(gemm, ROWS, fn, [(first, second, lo, hi, last) for lo, hi in parallel.bounds(rows, parts)])
 
 
 def pooled_parts(numel: int) -> tuple[GemmPool | None, int]:

@@ -54,12 +54,12 @@ and CPU):
   exp(x - max) by the SCE loops' vexp with their sum (eight lanes in order, added pairwise), then
   one reciprocal a row, by rows on the GEMM pool (a job of kind ROWS): not torch's bits, within
   4e-7 of float64 as torch's are; the same at any thread count (rows are cut, never a row).
-- the exact GELU of float32 and its gradient (kernels/elementwise.py): erf by Abramowitz and Stegun's 7.1.26 (the
-  formula torch's vectorised erf uses; within 4e-7 of erf in float32, as torch's), exp by the SCE
-  loops' vexp (one per element: the gradient's normal density is erf's exponential), over ranges of
-  the elements on the GEMM pool (a job of kind ROWS), where torch's gelu and gelu_backward ran
-  across the Python workers: not torch's bits (its exp), within the same distance of
-  float64; the same at any thread count (each element alone).
+- the exact GELU of float32 and its gradient (kernels/elementwise.py): erf by Abramowitz and
+  Stegun's 7.1.26 (the formula torch's vectorised erf uses; within 4e-7 of erf in float32, as
+  torch's), exp by the SCE loops' vexp (one per element: the gradient's normal density is erf's
+  exponential), over ranges of the elements on the GEMM pool (a job of kind ROWS), where torch's
+  gelu and gelu_backward ran across the Python workers: not torch's bits (its exp), within the
+  same distance of float64; the same at any thread count (each element alone).
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
@@ -75,9 +75,9 @@ and CPU):
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `gelu()`, `im2col()` and
-`col2im_add()`
-are None and the kernels take the numpy or torch paths (the Python pool for products).
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `gelu()`,
+`im2col()` and `col2im_add()` are None and the kernels take the numpy or torch paths (the Python
+pool for products).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ typedef void (*rows_fn)(const float *, float *, int64_t, int64_t, int64_t);
    0: numpy's); of kind GC_ADAMW: adamw_f32's n, p, g, m, v, p', m', v', constants, step, mode (a
    range of one parameter's update: kernels/optimizer.py), the last field unused; of kind
    GC_TRANSPOSE32: transpose32's x, y, rows, cols, b0, b1, c0, c1 (kernels/transpose.py); of kind
-   GC_ROWS: a row loop's x, y, r0, r1, c (rows r0..r1 of [rows, c] arrays: softmax_rows_f32) */
+   GC_ROWS: a row loop's x, y, r0, r1, c (rows r0..r1 of [rows, c] arrays: softmax_rows_f32; of
+   single elements: gelu_f32, and gelu_grad_f32 with dy as x, dx as y and x's address as c) */
 enum { GC_FIELDS = 12, GC_MAX_WORKERS = 256, GC_SGEMM = 0, GC_ADAMW = 1, GC_TRANSPOSE32 = 2, GC_ROWS = 3 };
 static struct {
     pthread_mutex_t mu;

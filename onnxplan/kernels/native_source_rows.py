@@ -135,14 +135,15 @@ void scatter_add_rows_f32(float *out, const int64_t *index, const float *values,
         for (int64_t j = 0; j < width; j++) o[j] += v[j];
     }
 }
+
 /* ---- the exact GELU and its gradient (kernels/elementwise.py) ----
    Elements i0..i1 of contiguous float32 arrays, eight at a time (the output may be an input):
    erf by Abramowitz and Stegun's 7.1.26 (|error| <= 1.5e-7; torch's own vectorised erf is this
    formula), erf(z) = sign(z) (1 - t (a1 + a2 t + a3 t^2 + a4 t^3 + a5 t^4) e), t = 1 / (1 + p |z|),
    e = exp(-z z) by vexp (0 below -87.34: erf is 1 there), z = x / sqrt 2; multiply-adds fused
    here (GCC's optimize attribute; the library's other loops keep -ffp-contract=off): 1.2-1.3x
-   faster, within the same error. Every element alone: the same bits at any cut. Each is a piece of the GEMM pool's ROWS jobs (x, y, r0, r1, c), its
-   "rows" elements. */
+   faster, within the same error. Every element alone: the same bits at any cut. Each is a piece
+   of the GEMM pool's ROWS jobs (x, y, r0, r1, c), its "rows" elements. */
 static inline v8 gelu_erf(v8 z, v8 *e) {
     const vi8 sign = (vi8){0} + (int)0x80000000;
     const v8 a = (v8)((vi8)z & ~sign);

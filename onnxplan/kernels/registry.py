@@ -88,6 +88,12 @@ BindRule = Callable[[KernelContext, list, list], "KernelFn | None"]
 Prepare = Callable[[KernelContext, list, list, bool], KernelFn]
 
 
+def call_step(call: Callable[[], Any] | None) -> KernelFn | None:
+    """A bound node's step running `call` (its arrays bound already: the step's arguments are
+    ignored); None for None."""
+    return None if call is None else lambda ctx, inputs, outputs: call()
+
+
 def prepared_call(prepare: Prepare, ctx: KernelContext, inputs: list, outputs: list) -> None:
     """The plain kernel of `prepare`: prepared for this call alone, then run."""
     prepare(ctx, inputs, outputs, False)(ctx, inputs, outputs)

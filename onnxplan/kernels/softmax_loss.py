@@ -28,9 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan import settings
 from onnxplan.kernels import _torch, _xp, gemm_calls, native, parallel
-from onnxplan.kernels.registry import BindRule, KernelContext, KernelFn, bind_prepared, kernel, prepared_call
+from onnxplan.kernels.registry import (
+    BindRule,
+    KernelContext,
+    KernelFn,
+    bind_prepared,
+    call_step,
+    kernel,
+    prepared_call,
+)
 
 __all__ = ["ORT_DEFAULT_IGNORE_INDEX"]
 
@@ -78,12 +85,7 @@ def _native_softmax(xp: Any, x3: Any, out3: Any) -> Callable[[], Any] | None:
     if fn is None or not (x2.flags.c_contiguous and y2.flags.c_contiguous):
         return None
     rows, c = x2.shape
-    px, py = x2.ctypes.data, y2.ctypes.data
-    gemm, parts = gemm_calls.pooled_parts(x2.size) if settings.current().split_kernels else (None, 1)
-    if gemm is None or min(parts, rows) <= 1:
-        return partial(fn, px, py, 0, rows, c)
-    return gemm_calls.PooledCalls(gemm, gemm_calls.ROWS, fn,
-                                  [(px, py, lo, hi, c) for lo, hi in parallel.bounds(rows, min(parts, rows))])
+    return gemm_calls.rows_job(fn, x2.ctypes.data, y2.ctypes.data, rows, c, x2.size)
 
 
 # torch's row kernels ((log-)softmax and its gradient: a max, an exponential, a sum and a scale
@@ -126,11 +128,6 @@ def _softmax(xp, x3, out3, log: bool) -> None:
         xp.multiply(out3, s, out=out3)
 
 
-def _as_kernel(call: Callable[[], Any] | None) -> KernelFn | None:
-    """A bound node's step: `call`, its arguments ignored (the arrays are bound)."""
-    return None if call is None else lambda ctx, inputs, outputs: call()
-
-
 def _row_softmax(xp: Any, x3: Any, out3: Any, log: bool) -> Callable[[], Any] | None:
     """Along the last axis: the fused loop for a softmax (_native_softmax: at 2 threads GPT b16's
     4096 x 64 scores took 216 us against torch's 409, 278 against 417 at 1), else torch's row
@@ -142,7 +139,7 @@ def _bind_softmax(log: bool) -> BindRule:
     def bind(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         """The plain kernel's row branch (_row_softmax) made once."""
         x3, out3 = _views(inputs[0].shape, int(ctx.attrs.get("axis", -1)), False, inputs[0], outputs[0])
-        return _as_kernel(_row_softmax(ctx.xp, x3, out3, log))
+        return call_step(_row_softmax(ctx.xp, x3, out3, log))
 
     return bind
 
@@ -210,7 +207,7 @@ def _bind_softmax_grad(coerce_2d: bool, default_axis: int) -> BindRule:
         """The plain kernel's torch branch (_torch_softmax_grad) made once."""
         (dy, y), out = inputs[:2], outputs[0]
         dy3, y3, out3 = _views(y.shape, int(ctx.attrs.get("axis", default_axis)), coerce_2d, dy, y, out)
-        return _as_kernel(_torch_softmax_grad(ctx.xp, dy3, y3, out3))
+        return call_step(_torch_softmax_grad(ctx.xp, dy3, y3, out3))
 
     return bind
 
