@@ -197,7 +197,7 @@ def test_no_tensor_sized_allocation(op, domain, n_in):
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 4099])
 def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
-    """The exact GELU's fused loops (elementwise.native_gelu: erf by Abramowitz and Stegun 7.1.26
+    """The exact GELU's fused loops (elementwise.native_activation: erf by Abramowitz and Stegun 7.1.26
     and the SCE loops' exp), the forward and (`grad`) ORT's GeluGrad: within float64's value by
     erf's float32 error through 0.5 x (the gradient: 0.5 dY) plus three roundings, on values
     around +-4 and the edges (+-0, subnormals, +-inf, NaN, +-3e38, +-14), and on 4,099 values no
@@ -210,7 +210,7 @@ def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
 
     from onnxplan.kernels import elementwise, gemm_calls, native
 
-    if native.gelu(grad) is None:
+    if native.activation("gelu", grad) is None:
         pytest.skip("no C compiler: torch's gelu")
     rng = np.random.default_rng(size)
     edges = np.array([0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38, np.inf, np.nan, 14.0, -14.0], F)
@@ -220,7 +220,7 @@ def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
     for least in (1 << 30, 2):  # whole, then cut on the pool
         monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
         out = np.full_like(x, 7.0)
-        call = elementwise.native_gelu(np, out, x, dy)
+        call = elementwise.native_activation(np, "gelu", out, x, dy)
         assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
         call()
         outs.append(out)
@@ -228,7 +228,7 @@ def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
     for over in ([x] + ([dy] if grad else [])):
         inplace = [a.copy() for a in (x, dy) if a is not None]
         target = inplace[0] if over is x else inplace[1]
-        elementwise.native_gelu(np, target, *inplace)()
+        elementwise.native_activation(np, "gelu", target, *inplace)()
         np.testing.assert_array_equal(target, outs[0])
     got = outs[0]
     tx = torch.from_numpy(x)
@@ -259,16 +259,58 @@ def test_the_fused_gelu_loop_is_refused_where_it_cannot_run():
     in place (torch's or numpy's path takes those)."""
     from onnxplan.kernels import elementwise, native
 
-    if native.gelu() is None:
+    if native.activation("gelu") is None:
         pytest.skip("no C compiler")
     x = rand(64)
-    assert elementwise.native_gelu(np, x.astype(np.float64), x.astype(np.float64)) is None
-    assert elementwise.native_gelu(np, rand(32), x[::2]) is None
+    assert elementwise.native_activation(np, "gelu", x.astype(np.float64), x.astype(np.float64)) is None
+    assert elementwise.native_activation(np, "gelu", rand(32), x[::2]) is None
     buf = rand(72)
-    assert elementwise.native_gelu(np, buf[8:72], buf[0:64]) is None
-    assert elementwise.native_gelu(np, buf[:64], buf[:64]) is not None
-    assert elementwise.native_gelu(np, buf[8:72], x, buf[0:64]) is None  # dX overlapping dY
-    assert elementwise.native_gelu(np, buf[:64], x, buf[:64]) is not None
+    assert elementwise.native_activation(np, "gelu", buf[8:72], buf[0:64]) is None
+    assert elementwise.native_activation(np, "gelu", buf[:64], buf[:64]) is not None
+    assert elementwise.native_activation(np, "gelu", buf[8:72], x, buf[0:64]) is None  # dX overlapping dY
+    assert elementwise.native_activation(np, "gelu", buf[:64], x, buf[:64]) is not None
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 4099])
+def test_the_fused_relu_loops_are_ort_bitwise(size, grad, monkeypatch):
+    """ReLU's fused loops (elementwise.native_activation "relu") give ONNX Runtime's Relu and
+    ReluGrad bit for bit, edges too (NaN and -0 kept by the forward, dX 0 where X is NaN, +-inf,
+    subnormals); sizes short of and past eight lanes; cut on the GEMM pool the whole loop's bits;
+    in place (over X, and over dY) the same; and the kernels' bound steps take the loop."""
+    from onnxplan.kernels import elementwise, gemm_calls, native
+
+    if native.activation("relu", grad) is None:
+        pytest.skip("no C compiler: numpy's maximum, torch's threshold_backward")
+    rng = np.random.default_rng(size + 7 * grad)
+    edges = np.array([0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38, np.inf, -np.inf, np.nan, -np.nan], F)
+    x = np.concatenate([edges, rng.standard_normal(size).astype(F)])
+    dy = np.concatenate([np.array([np.nan, np.inf, -1.0, 2.0, -0.0, 3.0, np.nan, 4.0, 5.0, -np.inf], F),
+                         rng.standard_normal(size).astype(F)]) if grad else None
+    want = ort_run("ReluGrad", [dy, x], domain=MS)[0] if grad else ort_run("Relu", [x])[0]
+    outs = []
+    for least in (1 << 30, 2):  # whole, then cut on the pool
+        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
+        out = np.full_like(x, 7.0)
+        call = elementwise.native_activation(np, "relu", out, x, dy)
+        assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
+        call()
+        outs.append(out)
+    for got in outs:
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    for over in ([x] + ([dy] if grad else [])):
+        inplace = [a.copy() for a in (x, dy) if a is not None]
+        target = inplace[0] if over is x else inplace[1]
+        elementwise.native_activation(np, "relu", target, *inplace)()
+        np.testing.assert_array_equal(target.view(np.uint32), want.view(np.uint32))
+    ins = [dy, x] if grad else [x]
+    node = Node("r", "ReluGrad" if grad else "Relu", MS if grad else "", ["a", "b"][:len(ins)], ["y"])
+    ctx = KernelContext(np, node, [None] * len(ins), [None])
+    out = np.full_like(x, 7.0)
+    step = (elementwise._relu_grad_step if grad else elementwise._native_relu)(ctx, ins, [out])
+    assert step is not None
+    step(ctx, ins, [out])
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def test_bias_gelu_by_the_fused_loop_matches_ort():

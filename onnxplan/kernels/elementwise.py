@@ -166,9 +166,17 @@ def where(ctx, inputs, outputs):
 
 
 # ---- activations -------------------------------------------------------------------------------
-@kernel("Relu", overwrites=UNARY)
+def _native_relu(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    return call_step(native_activation(ctx.xp, "relu", outputs[0], inputs[0]))
+
+
+@kernel("Relu", overwrites=UNARY, bind=_native_relu)
 def relu(ctx, inputs, outputs):
-    """max(X, 0), cut into pieces of rows across the compute threads when large (NaN stays NaN)."""
+    """max(X, 0): float32 by the fused loop (native_activation; X where X is NaN or -0, as ONNX
+    Runtime's), else numpy's maximum cut into pieces of rows across the compute threads when
+    large (NaN stays NaN)."""
+    if _torch_ran(_native_relu, ctx, inputs, outputs):
+        return
     parallel.ufunc(ctx.xp, "maximum", outputs[0], inputs[0], inputs[0].dtype.type(0))
 
 
@@ -246,36 +254,37 @@ def _gelu_block(xp, o, x) -> None:
     xp.copyto(o, t)
 
 
-def native_gelu(xp: Any, out: Any, x: Any, dy: Any = None) -> Callable[[], Any] | None:
-    """out = the exact GELU of x, or with `dy` its gradient dY (Phi(X) + X phi(X)), by the fused
-    loop (native.gelu: erf as torch's vectorised erf computes it), over ranges of the elements on
-    the GEMM pool from gemm_calls.POOLED_MIN_ELEMS a piece (no interpreter lock, where torch's
-    operators were cut across the Python workers; whole with ONNXPLAN_SPLIT_KERNELS=0); every
-    element computed alone, so the same bits at any cut. None where it does not apply (not host
-    float32 of one shape, not contiguous, out overlapping an input other than in place, no
-    compiled library): torch's or numpy's path then."""
+def native_activation(xp: Any, name: str, out: Any, x: Any, dy: Any = None) -> Callable[[], Any] | None:
+    """out = the activation `name` of x ("gelu": the exact GELU, erf as torch's vectorised erf
+    computes it; "relu": ONNX Runtime's select), or with `dy` its gradient dY (the GELU's
+    Phi(X) + X phi(X), ReLU's dY where X > 0), by the fused loop (native.activation) over ranges
+    of the elements on the GEMM pool from gemm_calls.POOLED_MIN_ELEMS a piece (no interpreter
+    lock, where torch's operators were cut across the Python workers; whole with
+    ONNXPLAN_SPLIT_KERNELS=0); every element computed alone, so the same bits at any cut. None
+    where it does not apply (not host float32 of one shape, not contiguous, out overlapping an
+    input other than in place, no compiled library): torch's or numpy's path then."""
     arrays = [out, x] + ([dy] if dy is not None else [])
     if xp is not np or any(a.dtype != np.float32 or a.shape != out.shape or not a.flags.c_contiguous for a in arrays):
         return None
     py = out.ctypes.data
     if any(a.ctypes.data != py and np.may_share_memory(a, out) for a in arrays[1:]):
         return None
-    fn = native.gelu(grad=dy is not None)
+    fn = native.activation(name, grad=dy is not None)
     if fn is None:
         return None
-    first, last = (x.ctypes.data, 0) if dy is None else (dy.ctypes.data, x.ctypes.data)  # gelu_f32's, gelu_grad_f32's
+    first, last = (x.ctypes.data, 0) if dy is None else (dy.ctypes.data, x.ctypes.data)  # NAME_f32's, NAME_grad_f32's
     return gemm_calls.rows_job(fn, first, py, out.size, last, out.size)
 
 
 def gelu_step(approximate: str | None) -> TorchStep:
     """Y = gelu(X), or with a bias input gelu(X + bias) (X + bias written into Y first, Y may be
     X, then the GELU in place); approximate None: the node's attribute (ONNX Gelu-20). The exact
-    GELU by the fused loop (native_gelu) where it applies, else (and the tanh form) torch's gelu."""
+    GELU by the fused loop (native_activation) where it applies, else (and the tanh form) torch's gelu."""
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
         appr = approximate or _xp.attr_str(ctx.attrs.get("approximate"), "none")
         x, out = inputs[0], outputs[0]
         bias = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
-        fused = native_gelu(ctx.xp, out, x if bias is None else out) if appr == "none" else None
+        fused = native_activation(ctx.xp, "gelu", out, x if bias is None else out) if appr == "none" else None
         if fused is None:
             if appr not in ("none", "tanh") or not _torch.usable(ctx.xp, out, x):
                 return None
@@ -363,7 +372,10 @@ def quick_gelu(ctx, inputs, outputs):
     _xp.blockwise(xp, block, outputs[0], inputs[0])
 
 
-def _torch_relu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+def _relu_grad_step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
+    fused = native_activation(ctx.xp, "relu", outputs[0], inputs[1], inputs[0])
+    if fused is not None:
+        return call_step(fused)
     if not _torch.usable(ctx.xp, outputs[0], *inputs[:2]):
         return None
     op = _torch.aten().threshold_backward.grad_input
@@ -371,11 +383,13 @@ def _torch_relu_grad(ctx: KernelContext, inputs: list, outputs: list) -> KernelF
                             lambda to, tdy, tx: op(tdy, tx, 0, grad_input=to))
 
 
-@kernel("ReluGrad", MS, overwrites=BINARY, bind=_torch_relu_grad)
+@kernel("ReluGrad", MS, overwrites=BINARY, bind=_relu_grad_step)
 def relu_grad(ctx, inputs, outputs):
-    """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places)."""
+    """dX = dY where X > 0 else 0 (X: the Relu input or output; both are > 0 at the same places):
+    float32 by the fused loop (native_activation; 0 where X is NaN, as ONNX Runtime's), else
+    torch's threshold_backward (dY where X is NaN) or numpy's."""
     xp = ctx.xp
-    if _torch_ran(_torch_relu_grad, ctx, inputs, outputs):
+    if _torch_ran(_relu_grad_step, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: xp.copyto(o, xp.where(x > 0, dy, 0)), outputs[0], *inputs[:2])
 
@@ -410,9 +424,9 @@ def _gelu_grad_block(xp, o, dy, x) -> None:
 
 def gelu_grad_step(approximate: str) -> TorchStep:
     """dX from (dY, X) (`approximate`: "none" or "tanh"): the exact form's fused loop
-    (native_gelu) where it applies, else torch's gelu_backward."""
+    (native_activation) where it applies, else torch's gelu_backward."""
     def step(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | None:
-        fused = native_gelu(ctx.xp, outputs[0], inputs[1], inputs[0]) if approximate == "none" else None
+        fused = native_activation(ctx.xp, "gelu", outputs[0], inputs[1], inputs[0]) if approximate == "none" else None
         if fused is not None:
             return call_step(fused)
         if not _torch.usable(ctx.xp, outputs[0], inputs[0], inputs[1]):

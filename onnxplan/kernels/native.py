@@ -60,6 +60,9 @@ and CPU):
   exponential), over ranges of the elements on the GEMM pool (a job of kind ROWS), where torch's
   gelu and gelu_backward ran across the Python workers: not torch's bits (its exp), within the
   same distance of float64; the same at any thread count (each element alone).
+- ReLU of float32 and its gradient, ONNX Runtime's selects (a NaN and -0 kept by the forward; dX
+  0 where X is NaN), on the GEMM pool from 128K elements as the GELU's: np.maximum's call and
+  torch's threshold_backward bound cost 9 us on mlp's 64 x 256, where one loop's call takes ~2.
 - Transpose of 32-bit elements where the permutation is a batched matrix transpose
   (kernels/transpose.py): blocks of 64 x 64, 8 x 8 tiles through registers, where numpy's and
   torch's strided copies moved 1-3 GB/s. Data moved, nothing computed: the same bits.
@@ -75,7 +78,7 @@ and CPU):
 
 Where no compiler is found, the compile fails, or ONNXPLAN_NATIVE_KERNELS=0
 (onnxplan.settings), `adamw()`, `small_conv()`, `sce()`, `depthwise_conv()`, `layer_norm()`,
-`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `gelu()`,
+`scatter_add_rows()`, `batch_norm()`, `gemm_calls()`, `transpose32()`, `softmax_rows()`, `activation()`,
 `im2col()` and `col2im_add()` are None and the kernels take the numpy or torch paths (the Python
 pool for products).
 """
@@ -105,7 +108,7 @@ from onnxplan.kernels.native_source_transpose import TRANSPOSE_SOURCE
 
 __all__ = ["ADAMW_CONSTANTS", "DEPTHWISE_MAX_TAPS", "SCE_REDUCTIONS", "SMALL_CONV_ACC", "SMALL_CONV_M",
            "BatchNorm", "DepthwiseConv", "GemmPoolCalls", "LayerNorm", "Sce", "SmallConv", "adamw", "batch_norm", "depthwise_conv",
-           "col2im_add", "gelu", "im2col", "layer_norm", "library_path", "softmax_rows", "transpose32",
+           "activation", "col2im_add", "im2col", "layer_norm", "library_path", "softmax_rows", "transpose32",
            "gemm_calls", "scatter_add_rows", "sce", "small_conv"]
 
 # The constants array the AdamW loop reads, in this order (float32 each; kernels/optimizer.py).
@@ -139,6 +142,8 @@ _SIGNATURES = {"adamw_f32": [_I] + [_P] * 8 + [_I, ctypes.c_int],
                "softmax_rows_f32": [_P, _P] + [_I] * 3,
                "gelu_f32": [_P, _P] + [_I] * 3,
                "gelu_grad_f32": [_P, _P] + [_I] * 3,
+               "relu_f32": [_P, _P] + [_I] * 3,
+               "relu_grad_f32": [_P, _P] + [_I] * 3,
                "im2col_f32": [_P] * 3,
                "col2im_add_f32": [_P] * 3}
 _RESTYPES = {"sce_loss_f32": _I, "sce_grad_f32": _I, "gemm_calls": ctypes.c_double}  # the others return nothing
@@ -362,14 +367,15 @@ def transpose32() -> Callable[..., None] | None:
     return lib.transpose32 if lib is not None else None
 
 
-def gelu(grad: bool = False) -> Callable[..., None] | None:
-    """gelu_f32(x, y, i0, i1, 0) with addresses as ints: the exact GELU of elements i0..i1 of
-    contiguous float32 arrays (y may be x; kernels/elementwise.py); `grad`: gelu_grad_f32(dy, dx,
-    i0, i1, x) its gradient (dx may be dy or x); or None: torch's or numpy's."""
+def activation(name: str, grad: bool = False) -> Callable[..., None] | None:
+    """The fused loop of an activation, `name` "gelu" (the exact GELU) or "relu":
+    NAME_f32(x, y, i0, i1, 0) with addresses as ints over elements i0..i1 of contiguous float32
+    arrays (y may be x; kernels/elementwise.py); `grad`: NAME_grad_f32(dy, dx, i0, i1, x) its
+    gradient (dx may be dy or x); or None: torch's or numpy's."""
     lib = _enabled_library()
     if lib is None:
         return None
-    return lib.gelu_grad_f32 if grad else lib.gelu_f32
+    return getattr(lib, f"{name}_grad_f32" if grad else f"{name}_f32")
 
 
 def softmax_rows() -> Callable[..., None] | None:

@@ -178,4 +178,25 @@ __attribute__((optimize("fp-contract=fast"))) void gelu_grad_f32(const float *dy
         store8(dx + i, g * (0.5f * (1.0f + erf) + v * (0.39894228040143268f * e)), w);
     }
 }
+
+/* ---- ReLU and its gradient (kernels/elementwise.py), ONNX Runtime's: y = x < 0 ? 0 : x (NaN and
+   -0 kept), dx = x > 0 ? dy : 0 (0 where x is NaN); selects, nothing rounded. Elements i0..i1,
+   eight at a time; the output may be an input. A piece of a ROWS job as the GELU's. */
+void relu_f32(const float *x, float *y, int64_t i0, int64_t i1, int64_t unused) {
+    (void)unused;
+    for (int64_t i = i0; i < i1; i += 8) {
+        const int64_t w = i1 - i < 8 ? i1 - i : 8;
+        const v8 v = load8(x + i, w, 0.0f);
+        store8(y + i, (v8)((vi8)v & ~(v < 0.0f)), w);
+    }
+}
+
+void relu_grad_f32(const float *dy, float *dx, int64_t i0, int64_t i1, int64_t x_at) {
+    const float *x = (const float *)(intptr_t)x_at;
+    for (int64_t i = i0; i < i1; i += 8) {
+        const int64_t w = i1 - i < 8 ? i1 - i : 8;
+        const v8 v = load8(x + i, w, 0.0f), g = load8(dy + i, w, 0.0f);
+        store8(dx + i, (v8)((vi8)g & (v > 0.0f)), w);
+    }
+}
 """
