@@ -26,9 +26,10 @@ GELU_GAMMA = 0.044715
 
 # A kernel's torch branch, written once: a TorchStep(ctx, inputs, outputs) returns, when torch can
 # take the node's arrays (output 0 and the inputs it names), the call with its zero-copy tensors
-# and aten op resolved (GELU's and its gradient's: their fused loop first, gelu_step), else None.
+# and aten op resolved (the GELU's, ReLU's and their gradients': their fused loop first,
+# native_activation), else None.
 # It is the kernel's bind rule (made once), and the plain kernel makes it and calls it at once
-# (_torch_ran), falling back to numpy when it gives None.
+# (_step_ran), falling back to numpy when it gives None.
 TorchStep = Callable[[KernelContext, list, list], "KernelFn | None"]
 
 
@@ -51,8 +52,9 @@ GELU_PASSES = 4
 SILU_PASSES = 3  # SiLU and its gradient: an exp and a division
 
 
-def _torch_ran(step: TorchStep, ctx: KernelContext, inputs: list, outputs: list) -> bool:
-    """Run `step`'s torch call on these arrays; False (nothing done) when torch cannot take them."""
+def _step_ran(step: TorchStep, ctx: KernelContext, inputs: list, outputs: list) -> bool:
+    """Run `step`'s call (torch's operator or a fused loop) on these arrays; False (nothing done)
+    when neither can take them."""
     call = step(ctx, inputs, outputs)
     if call is None:
         return False
@@ -175,7 +177,7 @@ def relu(ctx, inputs, outputs):
     """max(X, 0): float32 by the fused loop (native_activation; X where X is NaN or -0, as ONNX
     Runtime's), else numpy's maximum cut into pieces of rows across the compute threads when
     large (NaN stays NaN)."""
-    if _torch_ran(_native_relu, ctx, inputs, outputs):
+    if _step_ran(_native_relu, ctx, inputs, outputs):
         return
     parallel.ufunc(ctx.xp, "maximum", outputs[0], inputs[0], inputs[0].dtype.type(0))
 
@@ -199,7 +201,7 @@ def _torch_erf(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | No
 
 @kernel("Erf", overwrites=UNARY, bind=_torch_erf)
 def erf(ctx, inputs, outputs):
-    if _torch_ran(_torch_erf, ctx, inputs, outputs):
+    if _step_ran(_torch_erf, ctx, inputs, outputs):
         return
     _xp.erf(ctx.xp, inputs[0], outputs[0])
 
@@ -312,7 +314,7 @@ _GELU, _FAST_GELU = gelu_step("none"), gelu_step("tanh")
 @kernel("Gelu", MS, overwrites=UNARY, bind=_GELU)
 def gelu(ctx, inputs, outputs):
     """Y = 0.5 X (1 + erf(X / sqrt 2)), the exact GELU."""
-    if _torch_ran(_GELU, ctx, inputs, outputs):
+    if _step_ran(_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(ctx.xp, lambda o, x: _gelu_block(ctx.xp, o, x), outputs[0], inputs[0])
 
@@ -334,7 +336,7 @@ def fast_gelu(ctx, inputs, outputs):
     """Y = 0.5 U (1 + tanh(sqrt(2/pi) (U + 0.044715 U^3))), U = X (+ bias)."""
     xp = ctx.xp
     ins = [inputs[0]] + ([inputs[1]] if len(inputs) > 1 and inputs[1] is not None else [])
-    if _torch_ran(_FAST_GELU, ctx, inputs, outputs):
+    if _step_ran(_FAST_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, *v: _fast_gelu_block(xp, o, *v), outputs[0], *ins)
 
@@ -362,7 +364,7 @@ def _torch_quick_gelu(ctx: KernelContext, inputs: list, outputs: list) -> Kernel
 def quick_gelu(ctx, inputs, outputs):
     """Y = X sigmoid(alpha X); alpha 1 (SiLU) by torch's silu when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
-    if _torch_ran(_torch_quick_gelu, ctx, inputs, outputs):
+    if _step_ran(_torch_quick_gelu, ctx, inputs, outputs):
         return
 
     def block(o, x):
@@ -389,7 +391,7 @@ def relu_grad(ctx, inputs, outputs):
     float32 by the fused loop (native_activation; 0 where X is NaN, as ONNX Runtime's), else
     torch's threshold_backward (dY where X is NaN) or numpy's."""
     xp = ctx.xp
-    if _torch_ran(_relu_grad_step, ctx, inputs, outputs):
+    if _step_ran(_relu_grad_step, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: xp.copyto(o, xp.where(x > 0, dy, 0)), outputs[0], *inputs[:2])
 
@@ -444,7 +446,7 @@ _GELU_GRAD, _FAST_GELU_GRAD = gelu_grad_step("none"), gelu_grad_step("tanh")
 def gelu_grad(ctx, inputs, outputs):
     """dX = dY (Phi(X) + X phi(X)), Phi/phi the normal cdf/pdf (X: the Gelu input)."""
     xp = ctx.xp
-    if _torch_ran(_GELU_GRAD, ctx, inputs, outputs):
+    if _step_ran(_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
@@ -474,7 +476,7 @@ def fast_gelu_grad(ctx, inputs, outputs):
     """The derivative of the tanh-approximated GELU, times dY (ORT's formula; torch's
     gelu_backward(approximate="tanh"), the same formula, when it can take the arrays)."""
     xp = ctx.xp
-    if _torch_ran(_FAST_GELU_GRAD, ctx, inputs, outputs):
+    if _step_ran(_FAST_GELU_GRAD, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, dy, x: _fast_gelu_grad_block(xp, o, dy, x), outputs[0], *inputs[:2])
 
@@ -492,7 +494,7 @@ def quick_gelu_grad(ctx, inputs, outputs):
     """dX = dY s (1 + alpha X (1 - s)), s = sigmoid(alpha X); alpha 1 by torch's silu_backward
     (the same formula) when it can take the arrays."""
     xp, alpha = ctx.xp, float(ctx.attrs.get("alpha", 1.702))
-    if _torch_ran(_torch_quick_gelu_grad, ctx, inputs, outputs):
+    if _step_ran(_torch_quick_gelu_grad, ctx, inputs, outputs):
         return
 
     def block(o, dy, x):

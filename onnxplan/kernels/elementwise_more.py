@@ -15,7 +15,7 @@ from onnxplan.kernels.elementwise import (
     _fast_gelu_grad_block,
     _gelu_block,
     _gelu_grad_block,
-    _torch_ran,
+    _step_ran,
     _unary,
     gelu_step,
 )
@@ -168,7 +168,7 @@ _GELU, _GELU_20 = gelu_step("none"), gelu_step(None)
 def bias_gelu(ctx, inputs, outputs):
     """Y = Gelu(X + bias)."""
     xp = ctx.xp
-    if _torch_ran(_GELU, ctx, inputs, outputs):
+    if _step_ran(_GELU, ctx, inputs, outputs):
         return
     _xp.blockwise(xp, lambda o, x, b: _gelu_block(xp, o, x + b), outputs[0], *inputs[:2])
 
@@ -192,7 +192,7 @@ def gelu_onnx(ctx, inputs, outputs):
     """ONNX's Gelu (opset 20): exact (approximate="none") or the tanh approximation ("tanh")."""
     xp = ctx.xp
     approximate = _xp.attr_str(ctx.attrs.get("approximate"), "none")
-    if _torch_ran(_GELU_20, ctx, inputs, outputs):
+    if _step_ran(_GELU_20, ctx, inputs, outputs):
         return
     if approximate == "tanh":
         _xp.blockwise(xp, lambda o, x: _fast_gelu_block(xp, o, x), outputs[0], inputs[0])
