@@ -169,11 +169,20 @@ def _s(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _threads_used(threads: int | None) -> str:
+    """The thread count the runs got: `threads`, else the default (onnxplan.threads)."""
+    if threads:
+        return str(threads)
+    from onnxplan.threads import resolve_threads
+    return f"{resolve_threads(None)} (the default)"
+
+
 def markdown(rows: list[dict], args, started: str, load: str) -> str:
     lines = [f"# Models at real size: memory and speed ({date.today()})", "",
              f"`python benchmarks/real_size.py --models {','.join(args.models)} --steps {args.steps} "
-             f"--budgets {args.budgets} --threads {args.threads or 'default'}` on {platform.machine()}, "
-             f"{os.cpu_count()} cores; load average {started} at the start, {load} at the end. Every cell: a "
+             f"--budgets {args.budgets}" + (f" --threads {args.threads}" if args.threads else "") + "` on "
+             f"{platform.machine()}, {os.cpu_count()} cores, at {_threads_used(args.threads)} threads; load "
+             f"average {started} at the start, {load} at the end. Every cell: a "
              "fresh process, one warm-up step and the median of the timed steps; peaks are the process's peak "
              "RSS increase over a baseline taken before the model is loaded (parameters, gradients, optimizer "
              "state and activations count). Budgets: persistent state + 50% / 25% of the plain plan's "
