@@ -121,6 +121,11 @@ def _run(op: str, domain: str, inputs: list, outs: list, attrs: dict, n: int, sp
     return got, most[0]
 
 
+# A Conv of long maps (conv.DIRECT_LENGTH positions and more) runs one task an image
+# (conv._direct_by_slots): 4 images, 4 tasks.
+IMAGE_TASKS = {"conv": 4}
+
+
 @pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("small", [True, False], ids=["split", "whole"])
@@ -141,7 +146,7 @@ def test_a_split_kernel_is_bitwise_its_one_thread_result(name, n, small, monkeyp
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_BATCHES", 1 << 40)
         monkeypatch.setattr(matmul, "GEMM_MACS_PER_ELEM_NATIVE", 1 << 40)
     got, pieces = _run(op, domain, inputs, outs, attrs, n, split=True)
-    assert pieces == (2 if small and n == 2 else 1)
+    assert pieces == (IMAGE_TASKS.get(name, 2) if small and n == 2 else 1)
     for a, b in zip(want, got):
         if a is not None:
             np.testing.assert_array_equal(a, b)
@@ -299,55 +304,28 @@ def test_layer_norm_grad_column_parts_keep_two_columns(m, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_conv_chunks_rebalanced_for_the_threads():
-    """A chunk of 5 images cut 2 + 3 at 2 threads: chunks of 4 (2 + 2) end sooner; 6 images a
-    chunk (3 + 3) stay; one thread keeps the planned chunks."""
-    from onnxplan.kernels.conv import balanced
-    from onnxplan.kernels.conv_layout import Layout
-
-    lay = lambda nb: Layout(64, 112, nb, 112, 0, -1, -1, -1, 1)  # noqa: E731
-    assert balanced(lay(5), 2).nb == 4 and balanced(lay(6), 2).nb == 6
-    assert balanced(lay(5), 1).nb == 5 and balanced(lay(3), 2).nb == 2
-    assert balanced(lay(7), 3).nb == 6
-
-
-@pytest.mark.parametrize("min_elems, nb", [(4000, 4), (4500, 5)])
-def test_conv_chunks_stay_where_smaller_ones_would_not_split(min_elems, nb, monkeypatch):
-    """Chunks of 4 images (4000 column elements) cut in two from 4000 elements a pair of parts:
-    they replace the chunks of 5; from 4500 they would run whole: the planned 5 stay."""
-    from onnxplan.kernels import conv
-    from onnxplan.kernels.conv_layout import Layout
-
-    before = threads.current().threads
-    monkeypatch.setattr(parallel, "MIN_ELEMS", min_elems)
-    try:
-        threads.use_threads(2)
-        assert conv._even_chunks(np, Layout(64, 10, 5, 10, 0, -1, -1, -1, 1), 1000).nb == nb
-    finally:
-        threads.use_threads(before)
-
-
-@pytest.mark.parametrize("n", [1, 2])
-def test_a_rebalanced_conv_is_bitwise_its_one_thread_result(n, monkeypatch):
-    """Conv's chunks of 5 images (forced: the scratch holds them) at 2 threads run as chunks of 4,
-    each image's columns and GEMM its own: the outputs equal one thread's (chunks of 5), bit for bit."""
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_conv_by_image_slots_is_bitwise_its_one_thread_result(n, monkeypatch):
+    """A long-map Conv whose scratch holds 2 images (forced) over 7 images: at 2 and 3 threads one
+    task an image through the 2 image slots (3 threads: one waits for a slot), at 1 thread the
+    chunks of 2; the outputs equal one thread's, bit for bit."""
     from dataclasses import replace
 
-    from onnxplan.kernels import conv
+    from onnxplan.kernels import conv, im2col
 
     real = conv.layout
-    monkeypatch.setattr(conv, "layout", lambda *a, **k: replace(real(*a, **k), nb=5))
-    chunks = []
-    then = conv.im2col_then
-    monkeypatch.setattr(conv, "im2col_then", lambda xp, win, x, *a: chunks.append(x.shape[0]) or then(xp, win, x, *a))
+    monkeypatch.setattr(conv, "layout", lambda *a, **k: replace(real(*a, **k), nb=2))
+    slots = []
+    then = im2col.im2col_slots_then
+    monkeypatch.setattr(conv, "im2col_slots_then",
+                        lambda xp, win, x, col, *a: slots.append(col.shape[3]) or then(xp, win, x, col, *a))
     r = lambda *shape: RNG.standard_normal(shape).astype(F)  # noqa: E731
-    inputs, outs, attrs = [r(12, 3, 34, 34), r(5, 3, 3, 3), r(5)], [(12, 5, 34, 34)], {"pads": [1, 1, 1, 1]}
+    inputs, outs, attrs = [r(7, 3, 34, 34), r(5, 3, 3, 3), r(5)], [(7, 5, 34, 34)], {"pads": [1, 1, 1, 1]}
     want, _ = _run("Conv", "", inputs, outs, attrs, 1, split=True)
-    assert chunks == [5, 5, 2]
     monkeypatch.setattr(parallel, "MIN_ELEMS", 64)
-    chunks.clear()
+    slots.clear()
     got, pieces = _run("Conv", "", inputs, outs, attrs, n, split=True)
-    assert chunks == ([4, 4, 4] if n == 2 else [5, 5, 2]) and pieces == n
+    assert slots == [2] and pieces == (7 if n > 1 else 1)
     np.testing.assert_array_equal(got[0], want[0])
 
 

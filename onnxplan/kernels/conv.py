@@ -5,23 +5,25 @@ BLAS GEMM batched over the groups; pointwise convs without columns; depthwise on
 
 from __future__ import annotations
 
-from dataclasses import replace
 from math import prod
 
 import numpy as np
 
-from onnxplan import settings
 from onnxplan.kernels import conv_layout, parallel
 from onnxplan.kernels.conv_depthwise import depthwise_conv
 from onnxplan.kernels.conv_depthwise_loops import by_loops, depthwise_loops
 from onnxplan.kernels.conv_layout import Layout, chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_small import by_small, small_conv
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
-from onnxplan.kernels.im2col import IM2COL_THEN_PASSES, im2col, im2col_then, image_parts, view
+from onnxplan.kernels.im2col import (
+    im2col,
+    im2col_slots_then,
+    view,
+)
 from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
 
-__all__ = ["DIRECT_LENGTH", "balanced", "conv", "conv_scratch"]
+__all__ = ["DIRECT_LENGTH", "conv", "conv_scratch"]
 
 
 def conv_scratch(node, in_specs, out_specs) -> int:
@@ -72,35 +74,25 @@ def _bind_conv(ctx: KernelContext, inputs: list, outputs: list) -> KernelFn | No
 
 # Output positions per image from which a chunk of several images takes one GEMM per image
 # straight into Y (long rows: the GEMMs stay efficient, and Y is written once instead of through
-# the rows in scratch; measured: resnet18's 32x32 stem -15%, its 64-channel layers -7%).
+# the rows in scratch; measured: resnet18's 32x32 stem -15%, its 64-channel layers -7%); across
+# the compute threads one task an image through the chunk's image slots (_direct_by_slots).
 DIRECT_LENGTH = 1024
 
 
-def balanced(lay: Layout, parts: int) -> Layout:
-    """`lay` with as many images a chunk (at most its own) as keeps `parts` threads evenly busy
-    where each chunk's images are shared out among them (im2col_then): the largest count whose
-    chunks' longest shares add up to the least (nnt-conv2d's 64 images in chunks of 5, cut 2 + 3,
-    take 38 image-times at 2 threads; in chunks of 4, 32). Fewer images a chunk fit its scratch;
-    each image's columns and GEMM are its own either way: the same bits."""
-    if parts < 2 or lay.nb <= parts or lay.band != lay.rows_out:
-        return lay
-
-    def path(nb: int) -> int:
-        full, last = divmod(lay.n, nb)
-        return full * -(-nb // parts) + -(-last // parts)
-
-    best = min(range(lay.nb, parts - 1, -1), key=path)  # the first least: the largest count
-    return lay if best == lay.nb else replace(lay, nb=best)
-
-
-def _even_chunks(xp, lay: Layout, per_image: int) -> Layout:
-    """balanced() for the parts im2col_then cuts a chunk into (`per_image` column elements an
-    image), where the smaller chunks still cut into as many parts (else the planned chunks)."""
-    def parts(nb: int) -> int:
-        return len(image_parts(xp, nb, 1, per_image * nb, passes=IM2COL_THEN_PASSES))
-
-    even = balanced(lay, parts(lay.nb))
-    return even if parts(even.nb) == parts(lay.nb) else lay
+def _direct_by_slots(ctx: KernelContext, lay: Layout, win, x, w3, y3, group: int) -> bool:
+    """Every image's columns, then at once its GEMM into Y, one task an image on the compute
+    threads, the layout's chunk of `lay.nb` images used as that many image slots taken in turn
+    (im2col_slots_then): no thread waits at the end of a chunk for another's image (resnet18 b8's
+    64-channel 32x32 layers at 2 threads, chunks of 2 images: 6.7-7.0 -> 5.8-6.0 ms a Conv, 15.0
+    -> 12.8-13.9 a ConvGrad, whose dX is this Conv); the same calls, the same bits. False where it
+    does not split (the chunks then, every image's GEMM on the calling thread)."""
+    n, c, m = x.shape[0], x.shape[1], y3.shape[1]
+    length, ckg = y3.shape[2], w3.shape[2]
+    col = ctx.scratch_array(lay.col, (c, *win.kernel, lay.nb, *win.out_dims), x.dtype)
+    per_slot = col.reshape(group, ckg, lay.nb, length).transpose(2, 0, 1, 3)
+    out = view(ctx.xp, y3, (n, group, m // group, length))
+    src = chunk_source(ctx, lay, win, lay.nb, c, x.dtype)
+    return im2col_slots_then(ctx.xp, win, x, col, src, lambda i, k: np.matmul(w3, per_slot[k], out=out[i]))
 
 
 @kernel("Conv", scratch=conv_scratch, bind=_bind_conv)
@@ -137,23 +129,18 @@ def conv(ctx: KernelContext, inputs, outputs) -> None:
     else:
         lay = layout(x.shape, w.shape, y.shape[2:], group, x.itemsize, True, False,
                      one_copy(win, x.shape, w.shape, y.shape, group))
-        if lay.nb > 1 and length >= DIRECT_LENGTH and settings.current().split_kernels:
-            lay = _even_chunks(xp, lay, c * prod(win.kernel) * length)
-        for n0, nb, b0, b1 in lay.chunks():
+        direct = lay.nb > 1 and length >= DIRECT_LENGTH
+        for n0, nb, b0, b1 in (() if direct and _direct_by_slots(ctx, lay, win, x, w3, y3, group) else lay.chunks()):
             sub = win.band(b0, b1)
             span = nb * (b1 - b0) * rest
             col = ctx.scratch_array(lay.col, (c, *win.kernel, nb, *sub.out_dims), x.dtype)
             src = chunk_source(ctx, lay, sub, nb, c, x.dtype)
             cols = col.reshape(group, ckg, span)
-            if nb > 1 and length >= DIRECT_LENGTH:  # a GEMM per image into Y, its columns a strided block
-                per_image = cols.reshape(group, ckg, nb, length).transpose(2, 0, 1, 3)
-                out = view(xp, y3[n0:n0 + nb], (nb, group, mg, length))
-                if not im2col_then(xp, sub, x[n0:n0 + nb], col, src,
-                                   lambda lo, hi: np.matmul(w3, per_image[lo:hi], out=out[lo:hi])):
-                    im2col(xp, sub, x[n0:n0 + nb], col, src)
-                    split_matmul(xp, w3, per_image, out)
-                continue
             im2col(xp, sub, x[n0:n0 + nb], col, src)
+            if direct:  # a GEMM per image into Y, its columns a strided block
+                split_matmul(xp, w3, cols.reshape(group, ckg, nb, length).transpose(2, 0, 1, 3),
+                             view(xp, y3[n0:n0 + nb], (nb, group, mg, length)))
+                continue
             if nb == 1:
                 split_matmul(xp, w3, cols, view(xp, y3[n0, :, b0 * rest:b1 * rest], (group, mg, span)))
                 continue

@@ -4,12 +4,13 @@ image's channels) across the compute threads (kernels.parallel)."""
 from __future__ import annotations
 
 import functools
+import queue
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from onnxplan import settings
+from onnxplan import settings, threads
 from onnxplan.ir.windows import Window, extent, reads_padding
 from onnxplan.kernels import native, parallel
 
@@ -183,6 +184,39 @@ def im2col_then(xp, win: Window, x, col, src, then: Callable[[int, int], None]) 
         return run
 
     parallel.run([task(part) for part in parts])
+    return True
+
+
+def im2col_slots_then(xp, win: Window, x, col, src, then: Callable[[int, int], None]) -> bool:
+    """Each image of x (all of them, not one chunk) into one of col's `slots` image slots (col:
+    (C, *kernel, slots, *out_dims), src: the padded source's scratch for as many images, or
+    None), followed on the same thread by then(i, k), the work on image i's columns in slot k
+    (its own GEMM); a slot is taken again once its image's work is done. One task per image, so no
+    thread waits at the end of a chunk for another's image (im2col_then's chunks): the same calls
+    on the same columns, the same bits. False, with nothing done, where it does not split (one
+    slot or image, one compute thread, ONNXPLAN_SPLIT_KERNELS=0)."""
+    slots, n = col.shape[len(win.kernel) + 1], x.shape[0]
+    if min(slots, n) < 2 or threads.current().compute < 2 or not settings.current().split_kernels:
+        return False
+    if len(image_parts(xp, slots, x.shape[1], col.size, passes=IM2COL_THEN_PASSES)) <= 1:
+        return False  # small columns: im2col_then's rule
+    sp = len(win.kernel)
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for k in range(slots):
+        free.put(k)
+
+    def task(i: int) -> Callable[[], None]:
+        def run() -> None:
+            k = free.get()  # at most `slots` tasks hold one: a task waits only where threads > slots
+            try:
+                _, col_k, src_k = _image_part(sp, ("n", k, k + 1), x[:slots], col, src)
+                _im2col_whole(xp, win, x[i:i + 1], col_k, src_k)
+                then(i, k)
+            finally:
+                free.put(k)
+        return run
+
+    parallel.run([task(i) for i in range(n)])
     return True
 
 
