@@ -15,11 +15,7 @@ from onnxplan.kernels.conv_depthwise_loops import by_loops, depthwise_loops
 from onnxplan.kernels.conv_layout import Layout, chunk_source, conv_window, layout, one_copy
 from onnxplan.kernels.conv_small import by_small, small_conv
 from onnxplan.kernels.conv_taps import by_taps, taps_accumulate, taps_choices, taps_layout
-from onnxplan.kernels.im2col import (
-    im2col,
-    im2col_slots_then,
-    view,
-)
+from onnxplan.kernels.im2col import im2col, im2col_slots_then, view
 from onnxplan.kernels.matmul import split_matmul
 from onnxplan.kernels.registry import KernelContext, KernelFn, kernel, prepared_call
 
