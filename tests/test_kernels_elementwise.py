@@ -273,7 +273,7 @@ def test_the_fused_gelu_loop_is_refused_where_it_cannot_run():
 
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 4099])
-def test_the_fused_relu_loops_are_ort_bitwise(size, grad, monkeypatch):
+def test_the_fused_relu_loops_are_ort_bitwise(size, grad, split, monkeypatch):
     """ReLU's fused loops (elementwise.native_activation "relu") give ONNX Runtime's Relu and
     ReluGrad bit for bit, edges too (NaN and -0 kept by the forward, dX 0 where X is NaN, +-inf,
     subnormals); sizes short of and past eight lanes; cut on the GEMM pool the whole loop's bits;
