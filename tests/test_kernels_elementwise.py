@@ -194,6 +194,26 @@ def test_no_tensor_sized_allocation(op, domain, n_in):
     assert peak_bytes(lambda: fn(ctx, inputs, outputs)) < 4 * 1024 * 1024 // 8
 
 
+def _fused_loop_runs(monkeypatch, name: str, x, dy) -> list:
+    """The outputs of native_activation(`name`) on x (with dy: its gradient): whole, cut on the
+    GEMM pool (pieces from 2 elements), then in place over X and (gradient) over dY."""
+    from onnxplan.kernels import elementwise, gemm_calls
+
+    outs = []
+    for least in (1 << 30, 2):  # whole, then cut on the pool
+        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
+        out = np.full_like(x, 7.0)
+        call = elementwise.native_activation(np, name, out, x, dy)
+        assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
+        call()
+        outs.append(out)
+    for over in range(1 if dy is None else 2):
+        inplace = [a.copy() for a in (x, dy) if a is not None]
+        elementwise.native_activation(np, name, inplace[over], *inplace)()
+        outs.append(inplace[over])
+    return outs
+
+
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 4099])
 def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
@@ -208,7 +228,7 @@ def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
 
     import torch
 
-    from onnxplan.kernels import elementwise, gemm_calls, native
+    from onnxplan.kernels import native
 
     if native.activation("gelu", grad) is None:
         pytest.skip("no C compiler: torch's gelu")
@@ -216,21 +236,9 @@ def test_the_fused_gelu_loops_against_float64(size, grad, split, monkeypatch):
     edges = np.array([0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38, np.inf, np.nan, 14.0, -14.0], F)
     x = np.concatenate([edges, (rng.standard_normal(size) * 4).astype(F)])
     dy = (rng.standard_normal(x.size) * 2).astype(F) if grad else None
-    outs = []
-    for least in (1 << 30, 2):  # whole, then cut on the pool
-        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
-        out = np.full_like(x, 7.0)
-        call = elementwise.native_activation(np, "gelu", out, x, dy)
-        assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
-        call()
-        outs.append(out)
-    np.testing.assert_array_equal(outs[1], outs[0])
-    for over in ([x] + ([dy] if grad else [])):
-        inplace = [a.copy() for a in (x, dy) if a is not None]
-        target = inplace[0] if over is x else inplace[1]
-        elementwise.native_activation(np, "gelu", target, *inplace)()
-        np.testing.assert_array_equal(target, outs[0])
-    got = outs[0]
+    got, *others = _fused_loop_runs(monkeypatch, "gelu", x, dy)
+    for other in others:
+        np.testing.assert_array_equal(other, got)
     tx = torch.from_numpy(x)
     theirs = (torch.ops.aten.gelu_backward(torch.from_numpy(dy), tx, approximate="none") if grad
               else torch.ops.aten.gelu(tx, approximate="none")).numpy()
@@ -278,7 +286,7 @@ def test_the_fused_relu_loops_are_ort_bitwise(size, grad, split, monkeypatch):
     ReluGrad bit for bit, edges too (NaN and -0 kept by the forward, dX 0 where X is NaN, +-inf,
     subnormals); sizes short of and past eight lanes; cut on the GEMM pool the whole loop's bits;
     in place (over X, and over dY) the same; and the kernels' bound steps take the loop."""
-    from onnxplan.kernels import elementwise, gemm_calls, native
+    from onnxplan.kernels import elementwise, native
 
     if native.activation("relu", grad) is None:
         pytest.skip("no C compiler: numpy's maximum, torch's threshold_backward")
@@ -288,21 +296,8 @@ def test_the_fused_relu_loops_are_ort_bitwise(size, grad, split, monkeypatch):
     dy = np.concatenate([np.array([np.nan, np.inf, -1.0, 2.0, -0.0, 3.0, np.nan, 4.0, 5.0, -np.inf], F),
                          rng.standard_normal(size).astype(F)]) if grad else None
     want = ort_run("ReluGrad", [dy, x], domain=MS)[0] if grad else ort_run("Relu", [x])[0]
-    outs = []
-    for least in (1 << 30, 2):  # whole, then cut on the pool
-        monkeypatch.setattr(gemm_calls, "POOLED_MIN_ELEMS", least)
-        out = np.full_like(x, 7.0)
-        call = elementwise.native_activation(np, "relu", out, x, dy)
-        assert call is not None and isinstance(call, gemm_calls.PooledCalls) == (least == 2)
-        call()
-        outs.append(out)
-    for got in outs:
+    for got in _fused_loop_runs(monkeypatch, "relu", x, dy):
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    for over in ([x] + ([dy] if grad else [])):
-        inplace = [a.copy() for a in (x, dy) if a is not None]
-        target = inplace[0] if over is x else inplace[1]
-        elementwise.native_activation(np, "relu", target, *inplace)()
-        np.testing.assert_array_equal(target.view(np.uint32), want.view(np.uint32))
     ins = [dy, x] if grad else [x]
     node = Node("r", "ReluGrad" if grad else "Relu", MS if grad else "", ["a", "b"][:len(ins)], ["y"])
     ctx = KernelContext(np, node, [None] * len(ins), [None])
