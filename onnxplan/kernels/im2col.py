@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from onnxplan import settings, threads
+from onnxplan import settings
 from onnxplan.ir.windows import Window, extent, reads_padding
 from onnxplan.kernels import native, parallel
 
-__all__ = ["IM2COL_THEN_PASSES", "MIN_ROW", "by_rows", "col2im_add", "im2col", "im2col_then", "image_parts",
-           "padded_source", "view", "window_views"]
+__all__ = ["IM2COL_THEN_PASSES", "MIN_ROW", "by_rows", "col2im_add", "im2col", "im2col_slots_then", "im2col_then",
+           "image_parts", "padded_source", "view", "window_views"]
 
 
 def view(xp, a, shape):
@@ -196,10 +196,10 @@ def im2col_slots_then(xp, win: Window, x, col, src, then: Callable[[int, int], N
     on the same columns, the same bits. False, with nothing done, where it does not split (one
     slot or image, one compute thread, ONNXPLAN_SPLIT_KERNELS=0)."""
     slots, n = col.shape[len(win.kernel) + 1], x.shape[0]
-    if min(slots, n) < 2 or threads.current().compute < 2 or not settings.current().split_kernels:
+    if min(slots, n) < 2 or not settings.current().split_kernels:
         return False
     if len(image_parts(xp, slots, x.shape[1], col.size, passes=IM2COL_THEN_PASSES)) <= 1:
-        return False  # small columns: im2col_then's rule
+        return False  # one compute thread, or small columns: im2col_then's rule
     sp = len(win.kernel)
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for k in range(slots):
